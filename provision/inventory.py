@@ -1,0 +1,211 @@
+"""The on-disk record of a cluster, one YAML file per cluster in the state dir.
+
+State dir: `$MGPU_CLOUD_HOME`, default `~/.mgpu-cloud`:
+
+    clusters/NAME.yaml     the Inventory (0600; written atomically: temp file + fsync + rename)
+    clusters/NAME.lock     flock'ed while a command acts on the cluster
+    keys/NAME/             the cluster's ed25519 key (0600), known_hosts, node host keys
+
+Contract: a provider records every resource through `InventoryStore.record` the moment its id
+exists, before making the next call, so a crash never leaves something billed that `down`
+cannot find. Inventories hold ids, addresses and key *paths*, never credentials.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime as dt
+import fcntl
+import os
+import shutil
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from provision.errors import (
+    ClusterBusyError,
+    ClusterExistsError,
+    ClusterNotFoundError,
+    MgpuError,
+)
+from provision.spec import validate_cluster_name
+
+CLUSTER_TAG = "mgpu-cloud-cluster"
+
+
+def state_home() -> Path:
+    return Path(os.environ.get("MGPU_CLOUD_HOME", "~/.mgpu-cloud")).expanduser()
+
+
+class ResourceRecord(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    kind: str
+    id: str
+    name: str | None = None
+    region: str | None = None
+    zone: str | None = None
+    extra: dict[str, str] = Field(default_factory=dict)
+
+
+class NodeRecord(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    name: str
+    rank: int
+    address: str = Field(description="where the controller connects over SSH")
+    port: int = 22
+    private_address: str = Field(description="where the other nodes reach this one")
+    user: str = "root"
+    slots: int = 1
+    host_key: str | None = Field(None, description="pinned public host key, 'type base64'")
+    resource_id: str | None = None
+    zone: str | None = None
+    identity_file: str | None = None
+    proxy_jump: str | None = None
+
+
+class Inventory(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    name: str
+    provider: str
+    status: Literal["creating", "ready", "destroying"] = "creating"
+    created_at: str = Field(
+        default_factory=lambda: dt.datetime.now(dt.UTC).isoformat(timespec="seconds")
+    )
+    spec: dict[str, Any] = Field(default_factory=dict)
+    resources: list[ResourceRecord] = Field(default_factory=list)
+    nodes: list[NodeRecord] = Field(default_factory=list)
+    key_path: str | None = None
+    known_hosts_path: str | None = None
+    hourly_cost_usd: float = 0.0
+    remote_root: str = ".mgpu-cloud"
+    nccl_env: dict[str, str] = Field(default_factory=dict)
+    container_image: str | None = Field(None, description="jobs run inside this image when set")
+    wait_for_gpu: bool = Field(False, description="bootstrap waits for nvidia-smi too")
+    manage_etc_hosts: bool = Field(False, description="bootstrap writes node names to /etc/hosts")
+    bootstrapped: bool = False
+
+    def resources_of(self, kind: str) -> list[ResourceRecord]:
+        return [r for r in self.resources if r.kind == kind]
+
+    @property
+    def master(self) -> NodeRecord:
+        return min(self.nodes, key=lambda n: n.rank)
+
+
+class InventoryStore:
+    """Inventories on disk. Every method is safe to call from several processes."""
+
+    def __init__(self, home: Path | None = None) -> None:
+        self.home = home or state_home()
+        self.clusters_dir = self.home / "clusters"
+
+    # --- paths -------------------------------------------------------------------------
+    def path(self, name: str) -> Path:
+        return self.clusters_dir / f"{validate_cluster_name(name)}.yaml"
+
+    def keys_dir(self, name: str) -> Path:
+        d = self.home / "keys" / validate_cluster_name(name)
+        d.mkdir(parents=True, exist_ok=True, mode=0o700)
+        return d
+
+    def _ensure_dirs(self) -> None:
+        self.clusters_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+
+    # --- locking -----------------------------------------------------------------------
+    @contextlib.contextmanager
+    def lock(self, name: str) -> Iterator[None]:
+        """Hold the cluster's lock or raise ClusterBusyError at once (never waits)."""
+        self._ensure_dirs()
+        lock_path = self.clusters_dir / f"{validate_cluster_name(name)}.lock"
+        fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                raise ClusterBusyError(
+                    f"cluster {name!r} is in use by another mgpu-cloud command",
+                    hint="wait for it to finish (or stop it), then try again",
+                ) from None
+            yield
+        finally:
+            os.close(fd)
+
+    # --- read / write --------------------------------------------------------------------
+    def exists(self, name: str) -> bool:
+        return self.path(name).exists()
+
+    def load(self, name: str) -> Inventory:
+        p = self.path(name)
+        try:
+            data = yaml.safe_load(p.read_text())
+        except FileNotFoundError:
+            known = ", ".join(self.names()) or "none"
+            raise ClusterNotFoundError(
+                f"no cluster named {name!r} (known clusters: {known})",
+                hint="`mgpu-cloud status` lists them",
+            ) from None
+        try:
+            return Inventory.model_validate(data)
+        except ValidationError as exc:
+            raise MgpuError(f"inventory {str(p)!r} is damaged: {exc}") from None
+
+    def names(self) -> list[str]:
+        if not self.clusters_dir.is_dir():
+            return []
+        return sorted(p.stem for p in self.clusters_dir.glob("*.yaml"))
+
+    def all(self) -> list[Inventory]:
+        out = []
+        for name in self.names():
+            with contextlib.suppress(ClusterNotFoundError, MgpuError):
+                out.append(self.load(name))
+        return out
+
+    def create(self, inv: Inventory) -> None:
+        """Write a new inventory; ClusterExistsError if one with that name exists."""
+        if self.exists(inv.name):
+            raise ClusterExistsError(
+                f"a cluster named {inv.name!r} already exists",
+                hint=f"pick another --name, or remove it first: mgpu-cloud down {inv.name}",
+            )
+        self.save(inv)
+
+    def save(self, inv: Inventory) -> None:
+        """Atomic: readers see the old file or the new one, never half of one."""
+        self._ensure_dirs()
+        target = self.path(inv.name)
+        text = yaml.safe_dump(inv.model_dump(mode="json"), sort_keys=False)
+        fd, tmp = tempfile.mkstemp(dir=self.clusters_dir, prefix=f".{inv.name}.", suffix=".tmp")
+        try:
+            with os.fdopen(fd, "w") as fh:
+                fh.write(text)
+                fh.flush()
+                os.fsync(fh.fileno())
+            os.chmod(tmp, 0o600)
+            os.replace(tmp, target)
+        except BaseException:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(tmp)
+            raise
+
+    def record(self, inv: Inventory, resource: ResourceRecord) -> None:
+        """Add a resource and persist at once (call as soon as the cloud returns its id)."""
+        inv.resources.append(resource)
+        self.save(inv)
+
+    def forget(self, inv: Inventory, kind: str, resource_id: str) -> None:
+        inv.resources = [r for r in inv.resources if not (r.kind == kind and r.id == resource_id)]
+        self.save(inv)
+
+    def delete(self, name: str) -> None:
+        """Remove the inventory and the cluster's keys. Idempotent."""
+        with contextlib.suppress(FileNotFoundError):
+            self.path(name).unlink()
+        shutil.rmtree(self.home / "keys" / name, ignore_errors=True)

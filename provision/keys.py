@@ -1,0 +1,64 @@
+"""SSH keys made by the tool: the cluster's login key, node host keys, pinned known_hosts."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+
+@dataclass(frozen=True)
+class KeyPair:
+    private_openssh: str
+    public_openssh: str  # "ssh-ed25519 AAAA..."
+
+
+def generate_ed25519(comment: str = "") -> KeyPair:
+    key = Ed25519PrivateKey.generate()
+    private = key.private_bytes(
+        serialization.Encoding.PEM,
+        serialization.PrivateFormat.OpenSSH,
+        serialization.NoEncryption(),
+    ).decode()
+    public = key.public_key().public_bytes(
+        serialization.Encoding.OpenSSH, serialization.PublicFormat.OpenSSH
+    ).decode()
+    return KeyPair(private, f"{public} {comment}".strip())
+
+
+def write_private_key(path: Path, pair: KeyPair) -> None:
+    """Write the private key 0600 (created with that mode: never readable by others) + .pub."""
+    path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as fh:
+        fh.write(pair.private_openssh)
+    os.chmod(path, 0o600)
+    path.with_suffix(".pub").write_text(pair.public_openssh + "\n")
+
+
+def host_key_only(public_openssh: str) -> str:
+    """'ssh-ed25519 AAAA... comment' -> 'ssh-ed25519 AAAA...'."""
+    return " ".join(public_openssh.split()[:2])
+
+
+def known_hosts_line(hosts: list[str], port: int, public_key: str) -> str:
+    names = [h if port == 22 else f"[{h}]:{port}" for h in hosts]
+    return f"{','.join(names)} {host_key_only(public_key)}"
+
+
+def write_known_hosts(path: Path, lines: list[str]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as fh:
+        fh.write("".join(line + "\n" for line in lines))
+
+
+def ensure_cluster_key(key_dir: Path) -> tuple[Path, str]:
+    """The cluster's login key at KEY_DIR/id_ed25519 (made once, 0600); returns (path, public)."""
+    path = key_dir / "id_ed25519"
+    if not path.exists():
+        write_private_key(path, generate_ed25519("mgpu-cloud"))
+    return path, path.with_suffix(".pub").read_text().strip()

@@ -1,0 +1,182 @@
+"""The pipeline: spec -> plan -> create -> inventory -> bootstrap -> launch -> collect -> destroy.
+
+`up` stops after bootstrap; `run` is the whole line with destroy in a `finally` (SIGTERM is
+turned into an exception so the `finally` runs for it too); `down` is destroy.
+Functions here hold the cluster's lock; the ones they call must not take it again.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import signal
+import sys
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from types import FrameType
+
+from provision.errors import MgpuError, UserInputError
+from provision.inventory import Inventory, InventoryStore
+from provision.plan import Plan
+from provision.providers import Provider, get_provider
+from provision.spec import ClusterSpec, JobSpec
+
+Log = Callable[[str], None]
+Confirm = Callable[[Plan], bool]
+
+
+class Terminated(BaseException):
+    """Raised in the main thread on SIGTERM so that teardown in `finally` blocks runs."""
+
+
+@contextlib.contextmanager
+def sigterm_raises() -> Iterator[None]:
+    def handler(signum: int, frame: FrameType | None) -> None:
+        raise Terminated(f"received signal {signum}")
+
+    try:
+        previous = signal.signal(signal.SIGTERM, handler)
+    except ValueError:  # not the main thread
+        yield
+        return
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _stderr(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
+
+
+def plan_cluster(spec: ClusterSpec, store: InventoryStore) -> tuple[Provider, Plan]:
+    """Validate everything that can be validated without writing, and plan."""
+    if store.exists(spec.name):
+        raise UserInputError(
+            f"a cluster named {spec.name!r} already exists",
+            hint=f"pick another --name, or remove it first: mgpu-cloud down {spec.name}",
+        )
+    provider = get_provider(spec.provider)
+    return provider, provider.plan(spec)
+
+
+def _create_and_bootstrap(
+    provider: Provider,
+    spec: ClusterSpec,
+    plan: Plan,
+    store: InventoryStore,
+    *,
+    bootstrap: bool,
+    job: JobSpec | None,
+    log: Log,
+) -> Inventory:
+    """Caller holds the lock. On any failure (or Ctrl-C) everything made is destroyed."""
+    inv = Inventory(
+        name=spec.name,
+        provider=spec.provider,
+        spec=spec.model_dump(mode="json"),
+        hourly_cost_usd=plan.hourly_cost_usd,
+    )
+    store.create(inv)
+    try:
+        log(f"creating {plan.nodes} node(s) on {spec.provider} ...")
+        provider.create(spec, plan, inv, store)
+        inv.status = "ready"
+        store.save(inv)
+        if bootstrap:
+            from provision.bootstrap import bootstrap_cluster
+
+            log("bootstrapping nodes ...")
+            bootstrap_cluster(inv, store, job=job, log=log)
+    except BaseException as exc:
+        log(f"up failed ({type(exc).__name__}: {exc}); rolling back ...")
+        _destroy(provider, inv, store, log)
+        raise
+    return inv
+
+
+def _destroy(provider: Provider, inv: Inventory, store: InventoryStore, log: Log) -> None:
+    inv.status = "destroying"
+    store.save(inv)
+    provider.destroy(inv, store)
+    store.delete(inv.name)
+    log(f"cluster {inv.name!r} removed")
+
+
+def up(
+    spec: ClusterSpec,
+    *,
+    confirm: Confirm,
+    store: InventoryStore | None = None,
+    bootstrap: bool = True,
+    log: Log = _stderr,
+) -> Inventory | None:
+    """Create and bootstrap a cluster. Returns None when the user declined the plan."""
+    store = store or InventoryStore()
+    provider, plan = plan_cluster(spec, store)
+    if not confirm(plan):
+        return None
+    with store.lock(spec.name), sigterm_raises():
+        return _create_and_bootstrap(
+            provider, spec, plan, store, bootstrap=bootstrap, job=None, log=log
+        )
+
+
+def down(name: str, *, store: InventoryStore | None = None, log: Log = _stderr) -> None:
+    """Destroy a cluster from its inventory alone. Idempotent on the provider side."""
+    store = store or InventoryStore()
+    with store.lock(name), sigterm_raises():
+        inv = store.load(name)
+        _destroy(get_provider(inv.provider), inv, store, log)
+
+
+def launch(
+    name: str, job: JobSpec, *, store: InventoryStore | None = None, log: Log = _stderr
+) -> int:
+    """Run `job` on an existing cluster; copies rank 0's outputs back. Returns the exit code."""
+    from provision.bootstrap import sync_workdir
+    from provision.collect import fetch_outputs
+    from provision.launch import run_job
+
+    store = store or InventoryStore()
+    with store.lock(name), sigterm_raises():
+        inv = store.load(name)
+        if inv.status != "ready":
+            raise MgpuError(f"cluster {name!r} is {inv.status}, not ready")
+        sync_workdir(inv, store, job, log=log)
+        code = run_job(inv, store, job, log=log)
+        fetch_outputs(inv, store, Path("mgpu-outputs") / name, log=log)
+        return code
+
+
+def run(
+    spec: ClusterSpec,
+    job: JobSpec,
+    *,
+    confirm: Confirm,
+    keep: bool = False,
+    store: InventoryStore | None = None,
+    log: Log = _stderr,
+) -> int:
+    """up + launch + fetch + down; teardown in every case unless `keep`."""
+    from provision.collect import fetch_outputs
+    from provision.launch import run_job
+
+    store = store or InventoryStore()
+    provider, plan = plan_cluster(spec, store)
+    if not confirm(plan):
+        return 1
+    with store.lock(spec.name), sigterm_raises():
+        inv = _create_and_bootstrap(
+            provider, spec, plan, store, bootstrap=True, job=job, log=log
+        )
+        try:
+            code = run_job(inv, store, job, log=log)
+            fetch_outputs(inv, store, Path("mgpu-outputs") / spec.name, log=log)
+            return code
+        finally:
+            if keep:
+                log(f"--keep: cluster {spec.name!r} left running; remove it with "
+                    f"`mgpu-cloud down {spec.name}`")
+            else:
+                with sigterm_raises():
+                    _destroy(provider, inv, store, log)

@@ -1,0 +1,57 @@
+"""A Plan: what `up` would create and what it would cost. Built without any write call."""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class PlannedResource(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    kind: str
+    name: str
+    details: dict[str, str] = Field(default_factory=dict)
+
+
+class Plan(BaseModel):
+    """Printable, comparable (golden files) description of a cluster to be created."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    provider: str
+    cluster: str
+    nodes: int
+    slots_per_node: int
+    resources: list[PlannedResource] = Field(default_factory=list)
+    hourly_cost_usd: float = 0.0
+    max_hours: float | None = None
+    price_source: str | None = None
+    notes: list[str] = Field(default_factory=list)
+
+    @property
+    def max_cost_usd(self) -> float | None:
+        if self.max_hours is None:
+            return None
+        return round(self.hourly_cost_usd * self.max_hours, 2)
+
+    def render(self) -> str:
+        lines = [
+            f"Plan for cluster {self.cluster!r} on {self.provider}: "
+            f"{self.nodes} node(s) x {self.slots_per_node} slot(s)"
+        ]
+        for res in self.resources:
+            extra = ", ".join(f"{k}={v}" for k, v in sorted(res.details.items()))
+            lines.append(f"  + {res.kind:<18} {res.name}" + (f"  ({extra})" if extra else ""))
+        if self.hourly_cost_usd:
+            lines.append(f"  cost: ${self.hourly_cost_usd:,.2f}/hour for the whole cluster")
+            if self.max_cost_usd is not None:
+                lines.append(
+                    f"  at most ${self.max_cost_usd:,.2f} ({self.max_hours:g} h, then the nodes "
+                    "shut themselves down)"
+                )
+            if self.price_source:
+                lines.append(f"  prices: {self.price_source}")
+        else:
+            lines.append("  cost: $0.00 (local)")
+        lines.extend(f"  note: {n}" for n in self.notes)
+        return "\n".join(lines)

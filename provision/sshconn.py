@@ -1,0 +1,102 @@
+"""SSH to nodes from the controller: Fabric connections with pinned host keys.
+
+Host keys are never trusted on first use: every node's public host key is in the inventory
+(made by the tool, or taken from the user's known_hosts for the ssh provider) and written to a
+per-cluster known_hosts; paramiko's RejectPolicy refuses anything else.
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from provision.inventory import Inventory, InventoryStore, NodeRecord
+from provision.keys import known_hosts_line, write_known_hosts
+
+if TYPE_CHECKING:
+    from fabric import Connection
+
+
+def write_cluster_known_hosts(inv: Inventory, store: InventoryStore) -> Path:
+    """(Re)write KEYS/known_hosts from the inventory's pinned host keys."""
+    path = Path(inv.known_hosts_path or store.keys_dir(inv.name) / "known_hosts")
+    lines = [known_hosts_line([n.address], n.port, n.host_key) for n in inv.nodes if n.host_key]
+    write_known_hosts(path, lines)
+    if inv.known_hosts_path != str(path):
+        inv.known_hosts_path = str(path)
+        store.save(inv)
+    return path
+
+
+def node_identity(inv: Inventory, node: NodeRecord) -> str:
+    key = node.identity_file or inv.key_path
+    if not key:
+        raise ValueError(f"cluster {inv.name!r} has no SSH key recorded")
+    return os.path.expanduser(key)
+
+
+def connect(inv: Inventory, node: NodeRecord, *, timeout: float = 10.0) -> Connection:
+    """A Fabric Connection to `node` that rejects unknown or changed host keys."""
+    import paramiko
+    from fabric import Config, Connection
+
+    config = Config(overrides={"load_ssh_configs": False, "run": {"hide": True, "warn": True}})
+    gateway: Any = None
+    if node.proxy_jump:
+        user, _, hostport = node.proxy_jump.rpartition("@")
+        host, _, port = hostport.partition(":")
+        gateway = Connection(
+            host, user=user or None, port=int(port or 22), config=config,
+            connect_kwargs={"key_filename": node_identity(inv, node), "look_for_keys": False,
+                            "allow_agent": False},
+        )
+        _pin(gateway, inv, paramiko)
+    conn = Connection(
+        node.address,
+        user=node.user,
+        port=node.port,
+        config=config,
+        gateway=gateway,
+        connect_timeout=timeout,
+        connect_kwargs={
+            "key_filename": node_identity(inv, node),
+            "look_for_keys": False,
+            "allow_agent": False,
+            "banner_timeout": timeout,
+            "auth_timeout": timeout,
+        },
+    )
+    _pin(conn, inv, paramiko)
+    return conn
+
+
+def _pin(conn: Any, inv: Inventory, paramiko: Any) -> None:
+    conn.client.set_missing_host_key_policy(paramiko.RejectPolicy())
+    if inv.known_hosts_path and Path(inv.known_hosts_path).exists():
+        conn.client.load_host_keys(inv.known_hosts_path)
+
+
+def ssh_argv(inv: Inventory, rank: int, command: list[str]) -> list[str]:
+    """argv for an interactive `ssh` to the node of that rank, host key pinned."""
+    nodes = [n for n in inv.nodes if n.rank == rank]
+    if not nodes:
+        from provision.errors import UserInputError
+
+        raise UserInputError(
+            f"cluster {inv.name!r} has no node {rank}; nodes are 0..{len(inv.nodes) - 1}"
+        )
+    node = nodes[0]
+    argv = [
+        "ssh", "-i", node_identity(inv, node), "-p", str(node.port),
+        "-o", "IdentitiesOnly=yes",
+        "-o", f"UserKnownHostsFile={inv.known_hosts_path}",
+        "-o", "StrictHostKeyChecking=yes",
+    ]
+    if node.proxy_jump:
+        argv += ["-J", node.proxy_jump]
+    argv.append(f"{node.user}@{node.address}")
+    if command:
+        argv.append(" ".join(shlex.quote(c) for c in command))
+    return argv

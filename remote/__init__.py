@@ -1,0 +1,1 @@
+"""Node-side helpers (stdlib only at import)."""
