@@ -1,0 +1,3 @@
+from remote.cli import main
+
+raise SystemExit(main())

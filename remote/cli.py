@@ -1,0 +1,30 @@
+"""Entry point on the nodes: `python3 remote.pyz COMMAND ...` (stdlib only at import).
+
+Each command lives in its own module, imported only when called.
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+
+COMMANDS: dict[str, tuple[str, str]] = {
+    # name: (module, one-line help)
+    "run": ("remote.supervise", "run a command in its own process group; record its pid"),
+    "stop": ("remote.supervise", "stop a command started by `run` (TERM, then KILL)"),
+    "preflight": ("remote.preflight", "report GPUs, topology, versions, disk, addresses"),
+    "allreduce": ("remote.allreduce", "all-reduce bandwidth benchmark (run under torchrun)"),
+}
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = list(sys.argv[1:] if argv is None else argv)
+    if not args or args[0] in ("-h", "--help") or args[0] not in COMMANDS:
+        width = max(len(c) for c in COMMANDS)
+        print("usage: remote.pyz COMMAND [ARGS]\n")
+        for name, (_, text) in COMMANDS.items():
+            print(f"  {name:<{width}}  {text}")
+        return 0 if args and args[0] in ("-h", "--help") else 2
+    module = importlib.import_module(COMMANDS[args[0]][0])
+    code: int = module.main(args[0], args[1:])
+    return code
