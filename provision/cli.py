@@ -387,6 +387,13 @@ def image_build(
 
 
 def main() -> None:
+    import logging
+
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("%(message)s"))
+    logger = logging.getLogger("mgpu_cloud")
+    logger.addHandler(handler)
+    logger.setLevel(logging.INFO)
     app()
 
 

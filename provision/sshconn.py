@@ -12,8 +12,22 @@ import shlex
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import paramiko
+
 from provision.inventory import Inventory, InventoryStore, NodeRecord
 from provision.keys import known_hosts_line, write_known_hosts
+
+
+class UnknownHostKeyError(paramiko.SSHException):
+    """The node presented a host key that is not pinned for it (never retried)."""
+
+
+class PinnedHostKeys(paramiko.MissingHostKeyPolicy):
+    def missing_host_key(self, client: Any, hostname: str, key: Any) -> None:
+        raise UnknownHostKeyError(
+            f"host {hostname} presented an unknown {key.get_name()} host key; refusing to "
+            "connect (keys are pinned, never trusted on first use)"
+        )
 
 if TYPE_CHECKING:
     from fabric import Connection
@@ -39,7 +53,6 @@ def node_identity(inv: Inventory, node: NodeRecord) -> str:
 
 def connect(inv: Inventory, node: NodeRecord, *, timeout: float = 10.0) -> Connection:
     """A Fabric Connection to `node` that rejects unknown or changed host keys."""
-    import paramiko
     from fabric import Config, Connection
 
     config = Config(overrides={"load_ssh_configs": False, "run": {"hide": True, "warn": True}})
@@ -52,7 +65,7 @@ def connect(inv: Inventory, node: NodeRecord, *, timeout: float = 10.0) -> Conne
             connect_kwargs={"key_filename": node_identity(inv, node), "look_for_keys": False,
                             "allow_agent": False},
         )
-        _pin(gateway, inv, paramiko)
+        _pin(gateway, inv)
     conn = Connection(
         node.address,
         user=node.user,
@@ -68,12 +81,12 @@ def connect(inv: Inventory, node: NodeRecord, *, timeout: float = 10.0) -> Conne
             "auth_timeout": timeout,
         },
     )
-    _pin(conn, inv, paramiko)
+    _pin(conn, inv)
     return conn
 
 
-def _pin(conn: Any, inv: Inventory, paramiko: Any) -> None:
-    conn.client.set_missing_host_key_policy(paramiko.RejectPolicy())
+def _pin(conn: Any, inv: Inventory) -> None:
+    conn.client.set_missing_host_key_policy(PinnedHostKeys())
     if inv.known_hosts_path and Path(inv.known_hosts_path).exists():
         conn.client.load_host_keys(inv.known_hosts_path)
 

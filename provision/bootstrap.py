@@ -1,0 +1,258 @@
+"""Prepare every node at once over SSH (Fabric), reporting every failing node, not the first.
+
+Per node, in one thread each: wait for SSH (backoff, deadline) -> wait for the GPU driver
+(cloud nodes) -> upload remote.pyz -> hostfile -> /etc/hosts (cloud) -> inter-node SSH trust
+-> pull the training container (when set) -> sync the workdir (when a job is given).
+
+Remote layout (relative to the login user's home):
+    .mgpu-cloud/remote.pyz  .mgpu-cloud/hostfile  .mgpu-cloud/work/  .mgpu-cloud/outputs/
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import io
+import os
+import shlex
+import tarfile
+import tempfile
+import time
+import zipapp
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+from provision.assets import remote_package_dir
+from provision.errors import BootstrapError
+from provision.inventory import Inventory, InventoryStore, NodeRecord
+from provision.render import render
+from provision.spec import JobSpec
+from provision.sshconn import UnknownHostKeyError, connect, write_cluster_known_hosts
+
+Log = Callable[[str], None]
+SSH_DEADLINE_S = float(os.environ.get("MGPU_CLOUD_SSH_DEADLINE", "180"))
+GPU_DEADLINE_S = float(os.environ.get("MGPU_CLOUD_GPU_DEADLINE", "600"))
+
+
+@dataclass
+class NodeResult:
+    """Fabric GroupResult-style outcome for one node."""
+
+    node: str
+    ok: bool
+    error: str = ""
+
+
+def remote_path(inv: Inventory, *parts: str) -> str:
+    return "/".join([inv.remote_root, *parts])
+
+
+@cache
+def remote_zipapp() -> bytes:
+    """The `remote` package as a zipapp (`python3 remote.pyz COMMAND`)."""
+    src = remote_package_dir()
+    with tempfile.TemporaryDirectory() as tmp:
+        stage = Path(tmp) / "stage"
+        (stage / "remote").mkdir(parents=True)
+        for f in src.glob("*.py"):
+            (stage / "remote" / f.name).write_bytes(f.read_bytes())
+        (stage / "__main__.py").write_text("from remote.cli import main\nraise SystemExit(main())\n")
+        out = Path(tmp) / "remote.pyz"
+        zipapp.create_archive(stage, out)
+        return out.read_bytes()
+
+
+def workdir_tar(root: Path, excludes: list[str]) -> bytes:
+    """A gzip tar of `root` without paths whose any component matches an exclude pattern."""
+
+    def excluded(rel: str) -> bool:
+        return any(fnmatch.fnmatch(part, pat) for part in rel.split("/") for pat in excludes)
+
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w:gz", compresslevel=1) as tar:
+        for dirpath, dirnames, filenames in os.walk(root):
+            rel_dir = os.path.relpath(dirpath, root)
+            dirnames[:] = sorted(d for d in dirnames
+                                 if not excluded(os.path.normpath(os.path.join(rel_dir, d))))
+            for name in sorted(filenames):
+                rel = os.path.normpath(os.path.join(rel_dir, name))
+                if not excluded(rel):
+                    tar.add(os.path.join(dirpath, name), arcname=rel, recursive=False)
+    return buf.getvalue()
+
+
+def _run(conn: Any, cmd: str, what: str) -> str:
+    res = conn.run(cmd, hide=True, warn=True, in_stream=False)
+    if res.exited != 0:
+        detail = (res.stderr or res.stdout).strip().splitlines()[-3:]
+        raise RuntimeError(f"{what} failed (exit {res.exited}): {' | '.join(detail)}")
+    return str(res.stdout)
+
+
+def wait_for_ssh(conn: Any, deadline_s: float = SSH_DEADLINE_S) -> None:
+    """Open the connection, retrying with exponential backoff until the deadline.
+
+    A host key that does not match the pinned one is not retried: it is an error at once.
+    """
+    import paramiko
+    from tenacity import Retrying, retry_if_exception, stop_after_delay, wait_exponential_jitter
+
+    def transient(exc: BaseException) -> bool:
+        if isinstance(exc, paramiko.BadHostKeyException | paramiko.AuthenticationException
+                      | UnknownHostKeyError):
+            return False
+        return isinstance(exc, OSError | paramiko.SSHException | EOFError)
+
+    for attempt in Retrying(
+        retry=retry_if_exception(transient),
+        wait=wait_exponential_jitter(initial=0.1, max=2.0, jitter=0.1),
+        stop=stop_after_delay(deadline_s),
+        reraise=True,
+    ):
+        with attempt:
+            try:
+                conn.open()
+            except BaseException:
+                conn.close()
+                raise
+
+
+def wait_for_gpu(conn: Any, deadline_s: float = GPU_DEADLINE_S) -> None:
+    end = time.monotonic() + deadline_s
+    while True:
+        if conn.run("nvidia-smi -L", hide=True, warn=True, in_stream=False).exited == 0:
+            return
+        if time.monotonic() > end:
+            raise RuntimeError(f"nvidia-smi did not answer within {deadline_s:.0f} s")
+        time.sleep(5)
+
+
+def _put_bytes(conn: Any, data: bytes, remote: str, mode: int = 0o644) -> None:
+    conn.put(io.BytesIO(data), remote)
+    conn.sftp().chmod(remote, mode)
+
+
+def _ssh_trust(conn: Any, inv: Inventory, key: bytes) -> None:
+    """Nodes reach each other by name with the cluster key and pinned host keys."""
+    q = shlex.quote
+    hosts: list[str] = []
+    known: list[str] = []
+    for n in inv.nodes:
+        names = [n.name] if n.name == n.private_address else [n.name, n.private_address]
+        hosts.extend(names)
+        if n.host_key:
+            known.append(f"{','.join(names)} {n.host_key}")
+    block = render("ssh_config.j2", cluster=inv.name, hosts=hosts)
+    _run(conn, "mkdir -p ~/.ssh && chmod 700 ~/.ssh", "making ~/.ssh")
+    _put_bytes(conn, key, f".ssh/mgpu-cloud_{inv.name}_ed25519", 0o600)
+    _put_bytes(conn, ("\n".join(known) + "\n").encode(),
+               f".ssh/mgpu-cloud_{inv.name}_known_hosts", 0o600)
+    _put_bytes(conn, block.encode(), remote_path(inv, "ssh_config"), 0o600)
+    # Put our block first in ~/.ssh/config (first match wins), replacing an older one.
+    _run(conn, (
+        f"touch ~/.ssh/config && chmod 600 ~/.ssh/config && "
+        f"sed -e {q(_managed_block_sed(inv.name))} ~/.ssh/config > ~/.ssh/config.mgpu && "
+        f"cat {q(remote_path(inv, 'ssh_config'))} ~/.ssh/config.mgpu > ~/.ssh/config && "
+        f"rm -f ~/.ssh/config.mgpu"
+    ), "writing ~/.ssh/config")
+    # The cluster key must be authorized for node-to-node logins.
+    pub = Path(inv.key_path or "").with_suffix(".pub").read_text().strip()
+    _run(conn, (
+        f"touch ~/.ssh/authorized_keys && chmod 600 ~/.ssh/authorized_keys && "
+        f"(grep -qxF {q(pub)} ~/.ssh/authorized_keys || echo {q(pub)} >> ~/.ssh/authorized_keys)"
+    ), "authorizing the cluster key")
+
+
+def _managed_block_sed(cluster: str) -> str:
+    """sed expression deleting the block this tool wrote for `cluster` (cluster names are
+    [a-z0-9-], so they need no regex escaping)."""
+    return f"/^# >>> mgpu-cloud {cluster} >>>$/,/^# <<< mgpu-cloud {cluster} <<<$/d"
+
+
+def _etc_hosts(conn: Any, inv: Inventory) -> None:
+    q = shlex.quote
+    lines = "".join(f"{n.private_address} {n.name}\n" for n in inv.nodes)
+    block = f"# >>> mgpu-cloud {inv.name} >>>\n{lines}# <<< mgpu-cloud {inv.name} <<<\n"
+    staged = remote_path(inv, "hosts_block")
+    _put_bytes(conn, block.encode(), staged)
+    inner = f"sed -i {q(_managed_block_sed(inv.name))} /etc/hosts && cat {q(staged)} >> /etc/hosts"
+    _run(conn, f"sudo -n sh -c {q(inner)}", "writing /etc/hosts")
+
+
+def sync_workdir_on(conn: Any, inv: Inventory, job: JobSpec, tarball: bytes) -> None:
+    work = remote_path(inv, "work")
+    archive = remote_path(inv, "work.tgz")
+    _run(conn, f"rm -rf {shlex.quote(work)} && mkdir -p {shlex.quote(work)}", "clearing workdir")
+    _put_bytes(conn, tarball, archive)
+    _run(conn, f"tar -xzf {shlex.quote(archive)} -C {shlex.quote(work)} && rm -f {shlex.quote(archive)}",
+         "unpacking workdir")
+
+
+def for_each_node(
+    inv: Inventory, step: Callable[[Any, NodeRecord], None], what: str
+) -> list[NodeResult]:
+    """Run `step(conn, node)` on all nodes in parallel; BootstrapError naming EVERY failed node."""
+
+    def one(node: NodeRecord) -> NodeResult:
+        conn = connect(inv, node)
+        try:
+            step(conn, node)
+            return NodeResult(node.name, True)
+        except Exception as exc:  # noqa: BLE001 - reported per node below
+            return NodeResult(node.name, False, f"{type(exc).__name__}: {exc}")
+        finally:
+            conn.close()
+
+    with ThreadPoolExecutor(max_workers=min(32, max(1, len(inv.nodes)))) as pool:
+        results = list(pool.map(one, inv.nodes))
+    failed = [r for r in results if not r.ok]
+    if failed:
+        detail = "\n  ".join(f"{r.node}: {r.error}" for r in failed)
+        raise BootstrapError(
+            f"{what} failed on {len(failed)} of {len(results)} node(s):\n  {detail}",
+            hint="`mgpu-cloud status` shows the nodes; `mgpu-cloud ssh NAME --node R` to look",
+        )
+    return results
+
+
+def bootstrap_cluster(
+    inv: Inventory, store: InventoryStore, *, job: JobSpec | None = None, log: Log = print
+) -> list[NodeResult]:
+    write_cluster_known_hosts(inv, store)
+    pyz = remote_zipapp()
+    hostfile = render("hostfile.j2", nodes=inv.nodes).encode()
+    key = Path(inv.key_path or "").read_bytes()
+    tarball = workdir_tar(job.local_workdir, job.excludes) if job else None
+    q = shlex.quote
+
+    def step(conn: Any, node: NodeRecord) -> None:
+        wait_for_ssh(conn)
+        if inv.wait_for_gpu:
+            wait_for_gpu(conn)
+        _run(conn, f"mkdir -p {q(remote_path(inv, 'outputs'))}", "making the remote folder")
+        _put_bytes(conn, pyz, remote_path(inv, "remote.pyz"))
+        _put_bytes(conn, hostfile, remote_path(inv, "hostfile"))
+        if inv.manage_etc_hosts:
+            _etc_hosts(conn, inv)
+        _ssh_trust(conn, inv, key)
+        if inv.container_image:
+            _run(conn, f"sudo -n docker pull {q(inv.container_image)}", "pulling the container")
+        if job is not None and tarball is not None:
+            sync_workdir_on(conn, inv, job, tarball)
+
+    t0 = time.monotonic()
+    results = for_each_node(inv, step, "bootstrap")
+    inv.bootstrapped = True
+    store.save(inv)
+    log(f"bootstrapped {len(results)} node(s) in {time.monotonic() - t0:.1f} s")
+    return results
+
+
+def sync_workdir(inv: Inventory, store: InventoryStore, job: JobSpec, *, log: Log = print) -> None:
+    """Copy the job's workdir to every node (replacing the previous one)."""
+    tarball = workdir_tar(job.local_workdir, job.excludes)
+    for_each_node(inv, lambda conn, node: sync_workdir_on(conn, inv, job, tarball), "workdir sync")
+    log(f"synced {job.local_workdir} ({len(tarball) / 1024:.0f} KiB) to {len(inv.nodes)} node(s)")

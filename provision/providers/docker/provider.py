@@ -1,0 +1,222 @@
+"""Docker provider: nodes are containers of the node image on a private bridge network.
+
+Per cluster NAME (everything labelled mgpu-cloud-cluster=NAME):
+    network     NAME-net (bridge, private to the cluster; ranks rendezvous over it)
+    containers  NAME-node-0 .. NAME-node-(N-1), hostname and network alias node-R,
+                SSH published on 127.0.0.1 only (a random port), host key made by the tool
+                and copied in before start, the cluster key in authorized_keys.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import logging
+import tarfile
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+from provision.errors import ProvisionError, TeardownError
+from provision.inventory import CLUSTER_TAG, Inventory, InventoryStore, NodeRecord, ResourceRecord
+from provision.keys import KeyPair, ensure_cluster_key, generate_ed25519, host_key_only
+from provision.plan import Plan, PlannedResource
+from provision.providers.docker.engine import docker_client, map_errors
+from provision.spec import ClusterSpec
+
+log = logging.getLogger("mgpu_cloud")
+
+DEFAULT_SLOTS = 2
+NODE_LABEL = "mgpu-cloud-node"
+
+
+def network_name(cluster: str) -> str:
+    return f"{cluster}-net"
+
+
+def container_name(cluster: str, rank: int) -> str:
+    return f"{cluster}-node-{rank}"
+
+
+def _node_files(host: KeyPair, authorized_key: str) -> bytes:
+    """A tar of the files a node needs before sshd starts."""
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w") as tar:
+        for path, text, mode in (
+            ("etc/ssh/ssh_host_ed25519_key", host.private_openssh, 0o600),
+            ("etc/ssh/ssh_host_ed25519_key.pub", host.public_openssh + "\n", 0o644),
+            ("root/.ssh/authorized_keys", authorized_key + "\n", 0o600),
+        ):
+            data = text.encode()
+            info = tarfile.TarInfo(path)
+            info.size, info.mode = len(data), mode
+            tar.addfile(info, io.BytesIO(data))
+    return buf.getvalue()
+
+
+class DockerProvider:
+    name = "docker"
+
+    def plan(self, spec: ClusterSpec) -> Plan:
+        docker_client()  # Docker not reachable -> clear error before anything is made
+        slots = spec.gpus_per_node or DEFAULT_SLOTS
+        resources = [PlannedResource(kind="network", name=network_name(spec.name),
+                                     details={"driver": "bridge"})]
+        for rank in range(spec.nodes):
+            resources.append(PlannedResource(
+                kind="container", name=container_name(spec.name, rank),
+                details={"hostname": f"node-{rank}", "ssh": "127.0.0.1:<random port>"},
+            ))
+        return Plan(provider="docker", cluster=spec.name, nodes=spec.nodes,
+                    slots_per_node=slots, resources=resources)
+
+    # ---------------------------------------------------------------------------------------
+    def create(self, spec: ClusterSpec, plan: Plan, inv: Inventory, store: InventoryStore) -> None:
+        try:
+            self._create(spec, plan, inv, store)
+        except BaseException as exc:
+            log.warning("docker: creating %s failed (%s); removing what was made", spec.name, exc)
+            self.destroy(inv, store)
+            if isinstance(exc, Exception) and not isinstance(exc, ProvisionError):
+                raise ProvisionError(f"creating cluster {spec.name!r} failed: {exc}") from exc
+            raise
+
+    def _create(self, spec: ClusterSpec, plan: Plan, inv: Inventory, store: InventoryStore) -> None:
+        from provision.providers.docker.images import ensure_node_image
+
+        client = docker_client()
+        key_path, public_key = ensure_cluster_key(store.keys_dir(spec.name))
+        inv.key_path = str(key_path)
+        store.save(inv)
+        image = ensure_node_image(spec.docker, log=log.info, client=client)
+        labels = {CLUSTER_TAG: spec.name}
+
+        with map_errors("creating the cluster network"):
+            net = client.networks.create(network_name(spec.name), driver="bridge", labels=labels)
+        store.record(inv, ResourceRecord(kind="network", id=net.id, name=net.name))
+
+        record_lock = threading.Lock()
+        host_keys = [generate_ed25519(f"node-{r}") for r in range(spec.nodes)]
+
+        def start(rank: int) -> NodeRecord:
+            name = container_name(spec.name, rank)
+            kwargs: dict[str, Any] = {}
+            if spec.docker.cpus:
+                kwargs["nano_cpus"] = int(spec.docker.cpus * 1e9)
+            if spec.docker.memory:
+                kwargs["mem_limit"] = spec.docker.memory
+            if spec.docker.gpus:
+                import docker.types
+
+                kwargs["device_requests"] = [docker.types.DeviceRequest(count=-1,
+                                                                        capabilities=[["gpu"]])]
+            with map_errors(f"creating container {name}"):
+                container = client.containers.create(
+                    image,
+                    name=name,
+                    hostname=f"node-{rank}",
+                    labels={**labels, NODE_LABEL: str(rank)},
+                    ports={"22/tcp": ("127.0.0.1", None)},
+                    network=net.name,
+                    networking_config={
+                        net.name: client.api.create_endpoint_config(aliases=[f"node-{rank}"])
+                    },
+                    shm_size="1g",
+                    detach=True,
+                    **kwargs,
+                )
+            with record_lock:
+                store.record(inv, ResourceRecord(kind="container", id=container.id, name=name))
+            with map_errors(f"starting container {name}"):
+                container.put_archive("/", _node_files(host_keys[rank], public_key))
+                container.start()
+                container.reload()
+            port = container.attrs["NetworkSettings"]["Ports"]["22/tcp"][0]["HostPort"]
+            return NodeRecord(
+                name=f"node-{rank}", rank=rank, address="127.0.0.1", port=int(port),
+                private_address=f"node-{rank}", user="root", slots=plan.slots_per_node,
+                host_key=host_key_only(host_keys[rank].public_openssh),
+                resource_id=container.id,
+            )
+
+        with ThreadPoolExecutor(max_workers=min(16, spec.nodes)) as pool:
+            futures = [pool.submit(start, r) for r in range(spec.nodes)]
+            errors = [f.exception() for f in futures if f.exception() is not None]
+            if errors:
+                raise errors[0]  # type: ignore[misc]
+            inv.nodes = [f.result() for f in futures]
+        store.save(inv)
+
+    # ---------------------------------------------------------------------------------------
+    def destroy(self, inv: Inventory, store: InventoryStore) -> None:
+        import docker.errors
+
+        client = docker_client()
+        failures: list[str] = []
+        by_label = {"label": f"{CLUSTER_TAG}={inv.name}"}
+
+        containers = {r.id for r in inv.resources_of("container")}
+        with contextlib.suppress(docker.errors.APIError):
+            containers |= {c.id for c in client.containers.list(all=True, filters=by_label)}
+
+        def remove(cid: str) -> None:
+            try:
+                client.api.remove_container(cid, force=True)
+            except docker.errors.NotFound:
+                pass
+            except docker.errors.APIError as exc:
+                if exc.status_code != 409:  # 409: removal already in progress
+                    failures.append(f"container {cid[:12]}: {exc.explanation or exc}")
+                    return
+
+        with ThreadPoolExecutor(max_workers=8) as pool:
+            list(pool.map(remove, containers))
+        for cid in containers:
+            if not any(cid[:12] in f for f in failures):
+                store.forget(inv, "container", cid)
+
+        networks = {r.id for r in inv.resources_of("network")}
+        with contextlib.suppress(docker.errors.APIError):
+            networks |= {n.id for n in client.networks.list(filters=by_label)}
+        for nid in networks:
+            try:
+                client.api.remove_network(nid)
+            except docker.errors.NotFound:
+                pass
+            except docker.errors.APIError as exc:
+                failures.append(f"network {nid[:12]}: {exc.explanation or exc}")
+                continue
+            store.forget(inv, "network", nid)
+        if failures:
+            raise TeardownError(
+                f"could not remove everything of cluster {inv.name!r}: " + "; ".join(failures),
+                hint=f"the inventory is kept; retry with: mgpu-cloud down {inv.name}",
+            )
+
+    # ---------------------------------------------------------------------------------------
+    def orphans(self, spec: ClusterSpec, known: set[str]) -> list[ResourceRecord]:
+        client = docker_client()
+        found: list[ResourceRecord] = []
+        for c in client.containers.list(all=True, filters={"label": CLUSTER_TAG}):
+            owner = c.labels.get(CLUSTER_TAG, "")
+            if owner not in known:
+                found.append(ResourceRecord(kind="container", id=c.id, name=c.name,
+                                            extra={"cluster": owner}))
+        for n in client.networks.list(filters={"label": CLUSTER_TAG}):
+            owner = (n.attrs.get("Labels") or {}).get(CLUSTER_TAG, "")
+            if owner not in known:
+                found.append(ResourceRecord(kind="network", id=n.id, name=n.name,
+                                            extra={"cluster": owner}))
+        return found
+
+    def delete_orphans(self, spec: ClusterSpec, resources: list[ResourceRecord]) -> None:
+        orphan = Inventory(name="gc-scope", provider="docker", resources=resources)
+        store = _NullStore()
+        self.destroy(orphan, store)  # type: ignore[arg-type]
+
+
+class _NullStore:
+    """Stands in for the store when deleting resources that have no inventory."""
+
+    def forget(self, inv: Inventory, kind: str, resource_id: str) -> None:
+        inv.resources = [r for r in inv.resources if r.id != resource_id]

@@ -1,0 +1,49 @@
+"""Shared fixtures. Every test gets its own MGPU_CLOUD_HOME, so nothing touches ~/.mgpu-cloud."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
+
+
+@pytest.fixture(autouse=True)
+def mgpu_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    home = tmp_path / "mgpu-home"
+    monkeypatch.setenv("MGPU_CLOUD_HOME", str(home))
+    return home
+
+
+def docker_available() -> tuple[bool, str]:
+    try:
+        import docker
+
+        docker.from_env(timeout=5).ping()
+        return True, ""
+    except Exception as exc:  # noqa: BLE001
+        return False, str(exc)
+
+
+@pytest.fixture(scope="session")
+def docker_engine() -> Iterator[None]:
+    """A reachable Docker engine: required in CI (fails, never skips), skipped elsewhere."""
+    ok, why = docker_available()
+    if not ok:
+        if IN_CI:
+            pytest.fail(f"CI=true but the Docker engine is not reachable: {why}")
+        pytest.skip(f"no Docker engine: {why}")
+    yield
+
+
+@pytest.fixture(scope="session")
+def node_image(docker_engine: None) -> str:
+    """The node image, built once (cached by tag across runs)."""
+    from provision.providers.docker.images import ensure_node_image
+    from provision.spec import DockerOptions
+
+    return ensure_node_image(DockerOptions(), log=print)

@@ -1,0 +1,56 @@
+"""Rendered templates against golden files. Regenerate with UPDATE_GOLDEN=1 and review the diff."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from provision.inventory import NodeRecord
+from provision.render import parse_env_file, render
+
+GOLDEN = Path(__file__).resolve().parent / "golden"
+
+
+def check_golden(name: str, text: str) -> None:
+    path = GOLDEN / name
+    if os.environ.get("UPDATE_GOLDEN"):
+        path.write_text(text)
+    assert path.exists(), f"golden file {path} missing: run with UPDATE_GOLDEN=1"
+    assert text == path.read_text()
+
+
+def _nodes() -> list[NodeRecord]:
+    return [NodeRecord(name=f"node-{r}", rank=r, address="127.0.0.1", port=40000 + r,
+                       private_address=f"node-{r}", slots=8) for r in range(3)]
+
+
+def test_hostfile_golden() -> None:
+    check_golden("hostfile", render("hostfile.j2", nodes=_nodes()))
+
+
+def test_hostfile_parses_with_deepspeeds_rules() -> None:
+    # DeepSpeed's fetch_hostfile: ^(\S+)\s+slots=(\d+), no duplicate hosts.
+    import re
+
+    lines = [ln for ln in render("hostfile.j2", nodes=_nodes()).splitlines() if ln]
+    hosts = [re.match(r"^(\S+)\s+slots=(\d+)$", ln) for ln in lines]
+    assert all(hosts)
+    assert len({m.group(1) for m in hosts if m}) == len(lines) == 3
+
+
+def test_ssh_config_golden() -> None:
+    check_golden("ssh_config", render("ssh_config.j2", cluster="demo",
+                                      hosts=["node-0", "node-1", "10.0.0.2"]))
+
+
+def test_strict_undefined() -> None:
+    import jinja2
+
+    with pytest.raises(jinja2.UndefinedError):
+        render("hostfile.j2")
+
+
+def test_parse_env_file() -> None:
+    assert parse_env_file("# c\nA=1\n\nB = x=y\n") == {"A": "1", "B": "x=y"}
