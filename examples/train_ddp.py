@@ -14,6 +14,7 @@ import argparse
 import json
 import os
 import socket
+import sys
 import time
 
 import torch
@@ -33,6 +34,12 @@ def parse_args() -> argparse.Namespace:
     return p.parse_args()
 
 
+def say(text: str) -> None:
+    """One write per line: ranks sharing a pipe must not interleave halves of lines."""
+    sys.stdout.write(text + "\n")
+    sys.stdout.flush()
+
+
 def main() -> None:
     args = parse_args()
     use_cuda = torch.cuda.is_available()
@@ -42,8 +49,8 @@ def main() -> None:
     device = torch.device("cuda", local_rank) if use_cuda else torch.device("cpu")
     if use_cuda:
         torch.cuda.set_device(device)
-    print(f"rank {rank}/{world} on {socket.gethostname()}: local_rank={local_rank} "
-          f"backend={dist.get_backend()} device={device}", flush=True)
+    say(f"rank {rank}/{world} on {socket.gethostname()}: local_rank={local_rank} "
+        f"backend={dist.get_backend()} device={device}")
 
     torch.manual_seed(0)  # same initial weights everywhere (DDP also broadcasts them)
     true_w = torch.randn(16, 1)
@@ -69,7 +76,7 @@ def main() -> None:
         if args.sleep:
             time.sleep(args.sleep)
         if rank == 0 and (step % 10 == 0 or step == args.steps - 1):
-            print(f"step {step} loss {loss.item():.4f}", flush=True)
+            say(f"step {step} loss {loss.item():.4f}")
 
     # Mean final loss over all ranks: proves the all-reduce worked across nodes.
     final = loss.detach().clone()
@@ -83,8 +90,8 @@ def main() -> None:
         with open(os.path.join(out_dir, "metrics.json"), "w") as fh:
             json.dump({"world_size": world, "final_loss": final.item(), "steps": args.steps,
                        "seconds": round(time.time() - t0, 2)}, fh)
-        print(f"done: world_size={world} final_loss={final.item():.4f} "
-              f"checkpoint={out_dir}/checkpoint.pt", flush=True)
+        say(f"done: world_size={world} final_loss={final.item():.4f} "
+            f"checkpoint={out_dir}/checkpoint.pt")
     dist.barrier()
     dist.destroy_process_group()
 

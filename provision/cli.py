@@ -49,6 +49,9 @@ _CLUSTER_OPTIONS: list[tuple[str, Any, Any, tuple[str, ...]]] = [
     ("project", Optional[str], typer.Option(None, "--project", help="[gcp] project id"), ("gcp", "project")),
     ("machine_type", Optional[str], typer.Option(None, "--machine-type", help="[gcp] e.g. a2-ultragpu-8g"), ("gcp", "machine_type")),
     ("image_family", Optional[str], typer.Option(None, "--image-family", help="[gcp] boot image family"), ("gcp", "image_family")),
+    ("image_project", Optional[str], typer.Option(None, "--image-project", help="[gcp] project of --image-family"), ("gcp", "image_project")),
+    ("accelerator_type", Optional[str], typer.Option(None, "--accelerator-type", help="[gcp] guest GPU for N1 types, e.g. nvidia-tesla-t4"), ("gcp", "accelerator_type")),
+    ("accelerator_count", Optional[int], typer.Option(None, "--accelerator-count", help="[gcp] guest GPUs per node"), ("gcp", "accelerator_count")),
     ("inventory", Optional[str], typer.Option(None, "--inventory", help="[ssh] hosts YAML (see inventories/)"), ("ssh", "inventory")),
     ("hostfile", Optional[str], typer.Option(None, "--hostfile", help="[ssh] DeepSpeed/MPI hostfile"), ("ssh", "hostfile")),
     ("ssh_user", Optional[str], typer.Option(None, "--user", help="[ssh] login user"), ("ssh", "user")),
@@ -172,13 +175,26 @@ def _job_spec(script: str, args: list[str], opts: dict[str, Any], file_values: d
     return build_job_spec(file_values, values)
 
 
+def _script_and_args(script: str, args: list[str] | None) -> tuple[str, list[str]]:
+    """`launch NAME -- train.py --lr 3e-4`: Click hands the `--` over as the first word."""
+    rest = list(args or [])
+    if script == "--":
+        if not rest:
+            from provision.errors import UserInputError
+
+            raise UserInputError("no script given after `--`")
+        script, rest = rest[0], rest[1:]
+    return script, rest
+
+
 def _confirmer(opts: dict[str, Any]) -> Callable[[Any], bool]:
     def confirm(plan: Any) -> bool:
         typer.echo(plan.render(), err=True)
         if opts.get("dry_run"):
             typer.echo("dry run: nothing was created", err=True)
             return False
-        if plan.hourly_cost_usd <= 0 or opts.get("yes"):
+        local = plan.provider in ("docker", "ssh")
+        if (local and plan.hourly_cost_usd <= 0) or opts.get("yes"):
             return True
         if not sys.stdin.isatty():
             from provision.errors import UserInputError
@@ -238,7 +254,7 @@ def launch(
     """Start SCRIPT on every node of a cluster (torchrun by default)."""
     from provision import pipeline
 
-    job = _job_spec(script, args or [], jopts, {})
+    job = _job_spec(*_script_and_args(script, args), jopts, {})
     raise typer.Exit(pipeline.launch(name, job))
 
 
@@ -257,7 +273,7 @@ def run(
     from provision import pipeline
 
     spec, file_values = _cluster_spec(opts)
-    job = _job_spec(script, args or [], opts, file_values)
+    job = _job_spec(*_script_and_args(script, args), opts, file_values)
     raise typer.Exit(pipeline.run(spec, job, confirm=_confirmer(opts), keep=keep))
 
 
@@ -302,7 +318,12 @@ def exec_(
 
     store = InventoryStore()
     inv = store.load(name)
-    results = exec_on_nodes(inv, store, " ".join(command) if len(command) > 1 else command[0])
+    words = command[1:] if command and command[0] == "--" else command
+    if not words:
+        from provision.errors import UserInputError
+
+        raise UserInputError("no command given", hint=f"mgpu-cloud exec {name} -- hostname")
+    results = exec_on_nodes(inv, store, " ".join(words))
     worst = 0
     for node, res in results.items():
         typer.echo(f"--- {node} (exit {res.exit_code}) ---")

@@ -177,9 +177,9 @@ class JobSpec(_Model):
     @model_validator(mode="after")
     def _paths(self) -> JobSpec:
         script = Path(self.script)
+        if self.workdir and not Path(self.workdir).is_dir():
+            raise ValueError(f"workdir {self.workdir!r} is not a folder")
         workdir = Path(self.workdir) if self.workdir else script.parent
-        if not workdir.is_dir():
-            raise ValueError(f"workdir {str(workdir)!r} is not a folder")
         full = script if script.is_absolute() or self.workdir is None else workdir / script
         if not full.is_file():
             raise ValueError(

@@ -1,0 +1,260 @@
+"""The docker provider against the real Docker engine: real sshd, real torchrun, real teardown.
+
+Every test drives the CLI as a separate process (signals, crashes and exit codes are real).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+pytestmark = [pytest.mark.docker, pytest.mark.usefixtures("node_image")]
+EXAMPLE = str(ROOT / "examples" / "train_ddp.py")
+
+
+def cli(*args: str, cwd: Path | None = None, env: dict[str, str] | None = None,
+        timeout: float = 300) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "provision.cli", *args], cwd=cwd, capture_output=True, text=True,
+        timeout=timeout, env={**os.environ, **(env or {})},
+    )
+
+
+def popen_cli(*args: str, cwd: Path) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [sys.executable, "-m", "provision.cli", *args], cwd=cwd, stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT, text=True,
+    )
+
+
+def leftovers(name: str) -> list[str]:
+    """Containers and networks still carrying the cluster's label."""
+    label = f"label=mgpu-cloud-cluster={name}"
+    found = []
+    for kind in ("container", "network"):
+        cmd = ["docker", kind, "ls", "-q", "--filter", label]
+        if kind == "container":
+            cmd.insert(3, "-a")
+        out = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout.split()
+        found += [f"{kind}:{x}" for x in out]
+    return found
+
+
+def wait_for_line(proc: subprocess.Popen[str], pattern: str, timeout: float = 240) -> list[str]:
+    seen: list[str] = []
+    deadline = time.monotonic() + timeout
+    assert proc.stdout is not None
+    while time.monotonic() < deadline:
+        line = proc.stdout.readline()
+        if not line:
+            break
+        seen.append(line)
+        if re.search(pattern, line):
+            return seen
+    raise AssertionError(f"{pattern!r} never appeared; output:\n{''.join(seen)}")
+
+
+@pytest.fixture
+def cleanup():  # type: ignore[no-untyped-def]
+    """Remove any cluster a failed test left behind (never hides a leak: tests assert first)."""
+    names: list[str] = []
+    yield names
+    for name in names:
+        cli("down", name)
+        subprocess.run(f"docker rm -f $(docker ps -aq --filter label=mgpu-cloud-cluster={name}) "
+                       f"2>/dev/null; docker network rm {name}-net 2>/dev/null", shell=True)
+
+
+def test_run_trains_across_two_nodes_and_fetches_checkpoint(tmp_path: Path, cleanup) -> None:  # type: ignore[no-untyped-def]
+    cleanup.append("it-run")
+    res = cli("run", "--provider", "docker", "--nodes", "2", "--name", "it-run", EXAMPLE,
+              "--steps", "15", cwd=tmp_path)
+    out = res.stdout + res.stderr
+    assert res.returncode == 0, out
+    # All 4 ranks (2 nodes x 2 slots) are accounted for, each on the right node.
+    for rank in range(4):
+        node = rank // 2
+        assert re.search(rf"\[node-{node}\] rank {rank}/4 on node-{node}:", out), out
+    assert "[node-0] done: world_size=4" in out
+    ckpt = tmp_path / "mgpu-outputs" / "it-run" / "checkpoint.pt"
+    metrics = json.loads((ckpt.parent / "metrics.json").read_text())
+    assert metrics["world_size"] == 4 and metrics["steps"] == 15
+
+    import torch
+
+    state = torch.load(ckpt, weights_only=True)
+    assert state["steps"] == 15 and "0.weight" in state["model"]
+    assert leftovers("it-run") == []
+
+
+def test_failing_script_stops_all_nodes_and_tears_down(tmp_path: Path, cleanup) -> None:  # type: ignore[no-untyped-def]
+    cleanup.append("it-fail")
+    res = cli("run", "--nodes", "2", "--name", "it-fail", EXAMPLE, "--steps", "50",
+              "--fail-at-step", "2", cwd=tmp_path)
+    out = res.stdout + res.stderr
+    assert res.returncode != 0, out
+    assert "failing on purpose at step 2" in out
+    assert "cluster 'it-fail' removed" in out
+    assert leftovers("it-fail") == []
+
+
+@pytest.mark.parametrize("sig,code", [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
+def test_signal_mid_training_tears_down(tmp_path: Path, cleanup, sig: int, code: int) -> None:  # type: ignore[no-untyped-def]
+    name = f"it-sig{int(sig)}"
+    cleanup.append(name)
+    proc = popen_cli("run", "--nodes", "2", "--name", name, EXAMPLE, "--steps", "100000",
+                     "--sleep", "0.05", cwd=tmp_path)
+    try:
+        wait_for_line(proc, r"\[node-0\] step 0 loss")
+        proc.send_signal(sig)
+        rest, _ = proc.communicate(timeout=120)
+    finally:
+        proc.kill()
+    assert proc.returncode == code, rest
+    assert f"cluster {name!r} removed" in rest
+    assert leftovers(name) == []
+
+
+def test_up_exec_status_ssh_trust_down_twice(tmp_path: Path, cleanup) -> None:  # type: ignore[no-untyped-def]
+    cleanup.append("it-up")
+    res = cli("up", "--nodes", "2", "--name", "it-up")
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.strip() == "it-up"
+
+    res = cli("exec", "it-up", "--", "hostname")
+    assert res.returncode == 0, res.stderr
+    assert "--- node-0 (exit 0) ---\nnode-0" in res.stdout
+    assert "--- node-1 (exit 0) ---\nnode-1" in res.stdout
+
+    # Per-node exit codes: fails on node-1 only, and the result says so for each node.
+    res = cli("exec", "it-up", "--", 'test "$(hostname)" = node-0')
+    assert res.returncode == 1
+    assert "--- node-0 (exit 0) ---" in res.stdout and "--- node-1 (exit 1) ---" in res.stdout
+
+    # Nodes reach each other by name, passwordless, with pinned host keys (DeepSpeed/pdsh).
+    res = cli("exec", "it-up", "--", "ssh -o BatchMode=yes node-1 hostname && "
+              "cat ~/.mgpu-cloud/hostfile")
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert "node-1\nnode-0 slots=2\nnode-1 slots=2" in res.stdout
+    res = cli("exec", "it-up", "--", "pdsh -R ssh -w node-0,node-1 hostname | sort")
+    assert "node-0: node-0\nnode-1: node-1" in res.stdout, res.stdout + res.stderr
+
+    res = cli("status", "--json")
+    rows = json.loads(res.stdout)
+    assert [r["name"] for r in rows] == ["it-up"]
+    assert [n["address"] for n in rows[0]["nodes"]] == ["127.0.0.1", "127.0.0.1"]
+
+    # Containers publish SSH on loopback only.
+    ports = subprocess.run(["docker", "port", "it-up-node-0", "22"], capture_output=True,
+                           text=True).stdout
+    assert ports.startswith("127.0.0.1:"), ports
+
+    assert cli("down", "it-up").returncode == 0
+    assert leftovers("it-up") == []
+    again = cli("down", "it-up")
+    assert again.returncode == 0 and "nothing to remove" in again.stderr
+
+
+def test_changed_host_key_is_refused(tmp_path: Path, cleanup, mgpu_home: Path) -> None:  # type: ignore[no-untyped-def]
+    cleanup.append("it-hostkey")
+    assert cli("up", "--nodes", "1", "--name", "it-hostkey").returncode == 0
+    from provision.inventory import InventoryStore
+    from provision.keys import generate_ed25519, host_key_only
+    from provision.sshconn import write_cluster_known_hosts
+
+    store = InventoryStore()
+    inv = store.load("it-hostkey")
+    inv.nodes[0].host_key = host_key_only(generate_ed25519().public_openssh)
+    store.save(inv)
+    write_cluster_known_hosts(inv, store)
+    res = cli("exec", "it-hostkey", "--", "hostname")
+    assert res.returncode != 0
+    assert "BadHostKeyException" in res.stderr or "host key" in res.stderr.lower(), res.stderr
+    assert cli("down", "it-hostkey").returncode == 0
+    assert leftovers("it-hostkey") == []
+
+
+def test_down_after_containers_removed_by_hand(cleanup) -> None:  # type: ignore[no-untyped-def]
+    cleanup.append("it-gone")
+    assert cli("up", "--nodes", "2", "--name", "it-gone", "--no-bootstrap").returncode == 0
+    subprocess.run("docker rm -f it-gone-node-0 it-gone-node-1", shell=True, check=True,
+                   capture_output=True)
+    res = cli("down", "it-gone")
+    assert res.returncode == 0, res.stderr
+    assert leftovers("it-gone") == []
+    assert cli("status", "--json").stdout.strip() == "[]"
+
+
+def test_down_works_from_the_inventory_after_the_controller_crashed(tmp_path: Path, cleanup) -> None:  # type: ignore[no-untyped-def]
+    cleanup.append("it-crash")
+    proc = popen_cli("run", "--nodes", "2", "--name", "it-crash", EXAMPLE, "--steps", "100000",
+                     "--sleep", "0.05", cwd=tmp_path)
+    try:
+        wait_for_line(proc, r"\[node-0\] step 0 loss")
+        proc.kill()  # SIGKILL: no finally, no teardown, as if the laptop died
+        proc.wait(timeout=30)
+    finally:
+        proc.kill()
+    assert leftovers("it-crash"), "the crash should have left the nodes behind"
+    # The job noticed its controller was gone (stdin closed) and stopped itself.
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        ps = subprocess.run(["docker", "exec", "it-crash-node-0", "pgrep", "-f", "train_ddp"],
+                            capture_output=True, text=True)
+        if ps.returncode != 0:
+            break
+        time.sleep(1)
+    assert ps.returncode != 0, "training processes outlived their controller"
+    res = cli("down", "it-crash")
+    assert res.returncode == 0, res.stderr
+    assert leftovers("it-crash") == []
+
+
+@pytest.mark.parametrize(
+    "args,code,message",
+    [
+        (["run", "--nodes", "2", "/nonexistent/train.py"], 2, "does not exist"),
+        (["run", "--nodes", "0", EXAMPLE], 2, "nodes: Input should be greater than or equal to 1"),
+        (["up", "--provider", "azure"], 2, "unknown provider 'azure'"),
+        (["up", "--name", "Bad_Name"], 2, "invalid cluster name"),
+    ],
+)
+def test_bad_input_creates_nothing(args: list[str], code: int, message: str, tmp_path: Path) -> None:
+    before = subprocess.run(["docker", "ps", "-aq"], capture_output=True, text=True).stdout
+    res = cli(*args, cwd=tmp_path)
+    assert res.returncode == code, res.stdout + res.stderr
+    assert message in res.stderr
+    assert subprocess.run(["docker", "ps", "-aq"], capture_output=True, text=True).stdout == before
+
+
+def test_malformed_yaml(tmp_path: Path) -> None:
+    cfg = tmp_path / "cluster.yaml"
+    cfg.write_text("name: x\nnodes: [2\n")
+    res = cli("up", "--config", str(cfg))
+    assert res.returncode == 2 and "not valid YAML at line" in res.stderr
+
+
+def test_name_in_use_is_refused_before_anything_is_made(tmp_path: Path) -> None:
+    from provision.inventory import Inventory, InventoryStore
+
+    InventoryStore().create(Inventory(name="taken", provider="docker"))
+    res = cli("up", "--name", "taken", "--nodes", "1")
+    assert res.returncode == 2 and "already exists" in res.stderr
+    assert leftovers("taken") == []
+
+
+def test_docker_not_reachable(tmp_path: Path) -> None:
+    res = cli("up", "--name", "nodocker", env={"DOCKER_HOST": f"unix://{tmp_path}/none.sock"})
+    assert res.returncode == 4, res.stderr
+    assert "Docker engine is not reachable" in res.stderr and "hint:" in res.stderr
+    assert not (Path(os.environ["MGPU_CLOUD_HOME"]) / "clusters" / "nodocker.yaml").exists()
