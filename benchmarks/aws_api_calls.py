@@ -1,0 +1,88 @@
+"""EC2 API calls made by `up` + `down` of the AWS provider, for several cluster sizes, under moto.
+
+    python benchmarks/aws_api_calls.py [N ...]        (default: 2 8 64)
+
+Uses the same moto fixtures and fakes as tests/providers/aws (placement-group fake, request
+recorder). Prints one row per N; apart from pagination the count must not grow with N
+(exit status 1 if it does). No AWS account is touched: fake credentials, moto in-process.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import sys
+import tempfile
+import time
+from collections import Counter
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+
+def _fakes_module():
+    spec = importlib.util.spec_from_file_location(
+        "aws_test_fakes", ROOT / "tests" / "providers" / "aws" / "conftest.py")
+    assert spec and spec.loader
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up
+    spec.loader.exec_module(module)
+    return module
+
+
+def measure(n: int, fakes_mod) -> tuple[Counter[str], float]:
+    from moto import mock_aws
+
+    from provision import pipeline
+    from provision.inventory import InventoryStore
+    from provision.providers.aws import clients, retry
+
+    with tempfile.TemporaryDirectory() as home, mock_aws(), retry.using(retry.NO_WAIT):
+        fakes = fakes_mod.AwsFakes()
+        fakes.dlami = fakes_mod.moto_client().register_image(
+            Name="Deep Learning Base OSS Nvidia Driver GPU AMI (Ubuntu 22.04) bench",
+            Architecture="x86_64", RootDeviceName="/dev/sda1", VirtualizationType="hvm",
+        )["ImageId"]
+        remove = clients.add_client_hook(fakes.attach)
+        try:
+            store = InventoryStore(Path(home))
+            spec = fakes_mod.make_spec(name=f"bench-{n}", nodes=n)
+            start = time.perf_counter()
+            pipeline.up(spec, confirm=lambda p: True, store=store, bootstrap=False,
+                        log=lambda m: None)
+            pipeline.down(spec.name, store=store, log=lambda m: None)
+            elapsed = time.perf_counter() - start
+        finally:
+            remove()
+        return Counter(op for op in fakes.operations() if op != "GetParameter"), elapsed
+
+
+def main(argv: list[str]) -> int:
+    sizes = [int(a) for a in argv] or [2, 8, 64]
+    for key, value in {
+        "AWS_ACCESS_KEY_ID": "bench", "AWS_SECRET_ACCESS_KEY": "bench",
+        "AWS_DEFAULT_REGION": "us-east-1", "MGPU_CLOUD_CALLER_IP": "203.0.113.7",
+        "MOTO_EC2_LOAD_DEFAULT_AMIS": "false", "AWS_EC2_METADATA_DISABLED": "true",
+    }.items():
+        os.environ[key] = value
+    for var in ("AWS_PROFILE", "AWS_SESSION_TOKEN"):
+        os.environ.pop(var, None)
+    fakes_mod = _fakes_module()
+    rows = [(n, *measure(n, fakes_mod)) for n in sizes]
+    writes = fakes_mod.WRITE_PREFIXES
+    print(f"{'N':>4} {'EC2 calls':>10} {'writes':>7} {'reads':>6} {'RunInstances':>13} {'seconds':>8}")
+    for n, ops, secs in rows:
+        total = sum(ops.values())
+        w = sum(c for op, c in ops.items() if op.startswith(writes))
+        print(f"{n:>4} {total:>10} {w:>7} {total - w:>6} {ops['RunInstances']:>13} {secs:>8.2f}")
+    print(f"\nper operation (N={rows[0][0]}):")
+    for op, c in sorted(rows[0][1].items()):
+        print(f"  {op:<34} {c}")
+    flat = len({sum(ops.values()) for _, ops, _ in rows}) == 1
+    print("\ncount independent of N:", "yes" if flat else "NO")
+    return 0 if flat else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

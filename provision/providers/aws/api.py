@@ -1,0 +1,65 @@
+"""A thin EC2 wrapper: every call goes through retry.transient; paginated reads in one place."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from provision.inventory import CLUSTER_TAG
+from provision.providers.aws import retry
+from provision.providers.aws.clients import make_client, new_session
+
+
+def tag_spec(resource_type: str, cluster: str) -> list[dict[str, Any]]:
+    return [{"ResourceType": resource_type, "Tags": [{"Key": CLUSTER_TAG, "Value": cluster}]}]
+
+
+def cluster_filter(cluster: str | None) -> dict[str, Any]:
+    """Filter on the cluster tag: one cluster, or (None) any cluster."""
+    if cluster is None:
+        return {"Name": "tag-key", "Values": [CLUSTER_TAG]}
+    return {"Name": f"tag:{CLUSTER_TAG}", "Values": [cluster]}
+
+
+def cluster_of(tags: list[dict[str, str]] | None) -> str | None:
+    for tag in tags or []:
+        if tag.get("Key") == CLUSTER_TAG:
+            return tag.get("Value")
+    return None
+
+
+class Ec2:
+    """EC2 (and SSM) calls for one region."""
+
+    def __init__(self, region: str, session: Any | None = None) -> None:
+        self.region = region
+        self.session = session or new_session()
+        self.client = make_client(self.session, "ec2", region)
+        self._ssm: Any | None = None
+
+    def call(self, operation: str, **params: Any) -> dict[str, Any]:
+        result: dict[str, Any] = retry.transient(getattr(self.client, operation), **params)
+        return result
+
+    def pages(self, operation: str, key: str, **params: Any) -> list[dict[str, Any]]:
+        """All items under `key` of a paginated read (restarted whole on a transient error)."""
+
+        def run() -> list[dict[str, Any]]:
+            items: list[dict[str, Any]] = []
+            for page in self.client.get_paginator(operation).paginate(**params):
+                items.extend(page.get(key, []))
+            return items
+
+        return retry.transient(run)
+
+    def instances(self, filters: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        reservations = self.pages(
+            "describe_instances", "Reservations", Filters=filters,
+            PaginationConfig={"PageSize": 1000},
+        )
+        return [i for r in reservations for i in r.get("Instances", [])]
+
+    def ssm_parameter(self, name: str) -> str:
+        if self._ssm is None:
+            self._ssm = make_client(self.session, "ssm", self.region)
+        response = retry.transient(self._ssm.get_parameter, Name=name)
+        return str(response["Parameter"]["Value"])

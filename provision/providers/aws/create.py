@@ -1,0 +1,333 @@
+"""The write steps of `up`, in order; each resource is recorded the moment its id exists.
+
+    key pair -> security group (+ rules) -> placement group -> ONE RunInstances (N nodes,
+    zone/market failover on capacity errors) -> wait running -> Elastic IP on node-0 (multi-card
+    types) -> inventory nodes + EFA/NCCL preset
+
+Rollback is not done here: AwsProvider.create destroys whatever the inventory holds when this
+raises. Every write is safe to retry (ClientToken, or "Duplicate" answers resolved by tag).
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+from provision.errors import CapacityError, ProvisionError
+from provision.inventory import Inventory, InventoryStore, NodeRecord, ResourceRecord
+from provision.keys import ensure_cluster_key, generate_ed25519, host_key_only
+from provision.plan import Plan
+from provision.providers.aws import retry
+from provision.providers.aws.api import Ec2, cluster_of, tag_spec
+from provision.providers.aws.errors import describe, error_code, is_capacity, map_errors
+from provision.providers.aws.plan import NODE_USER, LaunchSettings, resource_name
+from provision.spec import ClusterSpec
+
+DEFAULT_CONTAINER_IMAGE = "nvcr.io/nvidia/pytorch:24.06-py3"
+
+
+@contextmanager
+def step(what: str) -> Iterator[None]:
+    """Name the step in any error raised inside (botocore errors are translated here)."""
+    with map_errors(f"{what} failed"):
+        yield
+
+
+class Creator:
+    def __init__(self, spec: ClusterSpec, plan: Plan, inv: Inventory, store: InventoryStore):
+        self.spec, self.inv, self.store = spec, inv, store
+        self.s = LaunchSettings.from_plan(plan)
+        self.name = resource_name(self.s.cluster)
+        self.ec2 = Ec2(self.s.region)
+
+    # --- bookkeeping ---------------------------------------------------------------------
+    def record(self, *resources: ResourceRecord) -> None:
+        """Persist at once: nothing is made after this until the ids are on disk."""
+        self.inv.resources.extend(resources)
+        self.store.save(self.inv)
+
+    def _res(self, kind: str, rid: str, zone: str | None = None) -> ResourceRecord:
+        return ResourceRecord(kind=kind, id=rid, name=self.name, region=self.s.region, zone=zone)
+
+    def _adopt(self, kind: str, found: list[dict[str, Any]], id_key: str) -> str:
+        """A create answered 'Duplicate' (e.g. a retried call that had succeeded): use the
+        existing resource only if it carries this cluster's tag."""
+        for item in found:
+            if cluster_of(item.get("Tags")) == self.s.cluster:
+                return str(item[id_key])
+        raise ProvisionError(
+            f"a {kind} named {self.name!r} already exists in {self.s.region} and is not tagged "
+            f"for cluster {self.s.cluster!r}",
+            hint="delete it, or choose another --name",
+        )
+
+    # --- steps -----------------------------------------------------------------------------
+    def key_pair(self, public_key: str) -> None:
+        from botocore.exceptions import ClientError
+
+        with step("importing the key pair"):
+            try:
+                kp_id = str(self.ec2.call(
+                    "import_key_pair", KeyName=self.name, PublicKeyMaterial=public_key.encode(),
+                    TagSpecifications=tag_spec("key-pair", self.s.cluster),
+                )["KeyPairId"])
+            except ClientError as exc:
+                if error_code(exc) != "InvalidKeyPair.Duplicate":
+                    raise
+                found = self.ec2.call("describe_key_pairs", KeyNames=[self.name])["KeyPairs"]
+                kp_id = self._adopt("key pair", found, "KeyPairId")
+            self.record(self._res("key-pair", kp_id))
+
+    def security_group(self) -> str:
+        from botocore.exceptions import ClientError
+
+        with step("creating the security group"):
+            try:
+                sg = str(self.ec2.call(
+                    "create_security_group", GroupName=self.name, VpcId=self.s.vpc_id,
+                    Description=f"mgpu-cloud cluster {self.s.cluster}: SSH from {self.s.ssh_cidr}, "
+                    "all traffic within the group (EFA)",
+                    TagSpecifications=tag_spec("security-group", self.s.cluster),
+                )["GroupId"])
+            except ClientError as exc:
+                if error_code(exc) != "InvalidGroup.Duplicate":
+                    raise
+                found = self.ec2.call("describe_security_groups", Filters=[
+                    {"Name": "group-name", "Values": [self.name]},
+                    {"Name": "vpc-id", "Values": [self.s.vpc_id]},
+                ])["SecurityGroups"]
+                sg = self._adopt("security group", found, "GroupId")
+            self.record(self._res("security-group", sg))
+        ranges_key, range_key = (
+            ("Ipv6Ranges", "CidrIpv6") if ":" in self.s.ssh_cidr else ("IpRanges", "CidrIp")
+        )
+        ssh = {
+            "IpProtocol": "tcp", "FromPort": 22, "ToPort": 22,
+            ranges_key: [{range_key: self.s.ssh_cidr, "Description": "mgpu-cloud controller"}],
+        }
+        itself = {"IpProtocol": "-1", "UserIdGroupPairs": [
+            {"GroupId": sg, "Description": "cluster nodes (EFA needs all traffic)"}
+        ]}
+        with step("adding the security group's inbound rules"):
+            self._authorize("authorize_security_group_ingress", sg, [ssh, itself])
+        with step("adding the security group's outbound rule"):
+            self._authorize("authorize_security_group_egress", sg, [itself])
+        return sg
+
+    def _authorize(self, operation: str, sg: str, rules: list[dict[str, Any]]) -> None:
+        from botocore.exceptions import ClientError
+
+        try:
+            self.ec2.call(operation, GroupId=sg, IpPermissions=rules)
+        except ClientError as exc:
+            if error_code(exc) != "InvalidPermission.Duplicate":  # a retried call had succeeded
+                raise
+
+    def placement_group(self) -> None:
+        from botocore.exceptions import ClientError
+
+        with step("creating the placement group"):
+            try:
+                self.ec2.call(
+                    "create_placement_group", GroupName=self.name, Strategy="cluster",
+                    TagSpecifications=tag_spec("placement-group", self.s.cluster),
+                )
+            except ClientError as exc:
+                if error_code(exc) != "InvalidPlacementGroup.Duplicate":
+                    raise
+                found = self.ec2.call(
+                    "describe_placement_groups", GroupNames=[self.name]
+                )["PlacementGroups"]
+                self._adopt("placement group", found, "GroupName")
+            # The group binds to a zone only when its first instance lands, so after a
+            # capacity error (RunInstances is all-or-nothing: it stays empty) it moves along
+            # to the next zone.
+            self.record(self._res("placement-group", self.name))
+
+    def network_interfaces(self, subnet: str, sg: str) -> list[dict[str, Any]]:
+        """Card 0: 'efa' (carries the IP); cards 1..n-1: 'efa-only'. Plain ENA without EFA."""
+        if self.s.efa_interfaces == 0:
+            return [{
+                "DeviceIndex": 0, "SubnetId": subnet, "Groups": [sg],
+                "DeleteOnTermination": True, "AssociatePublicIpAddress": not self.spec.aws.private_ips,
+            }]
+        out: list[dict[str, Any]] = []
+        for card in range(self.s.efa_interfaces):
+            iface: dict[str, Any] = {
+                "NetworkCardIndex": card,
+                "DeviceIndex": 0 if card == 0 else 1,
+                "InterfaceType": "efa" if card == 0 else "efa-only",
+                "SubnetId": subnet, "Groups": [sg], "DeleteOnTermination": True,
+            }
+            if self.s.efa_interfaces == 1:  # one interface: EC2 can give it a public IP
+                iface["AssociatePublicIpAddress"] = not self.spec.aws.private_ips
+            out.append(iface)
+        return out
+
+    def run_params(self, zone: str, subnet: str, sg: str, spot: bool, user_data: str) -> dict[str, Any]:
+        tags = tag_spec("instance", self.s.cluster) + tag_spec("volume", self.s.cluster) + tag_spec(
+            "network-interface", self.s.cluster
+        )
+        params: dict[str, Any] = {
+            "ImageId": self.s.ami,
+            "InstanceType": self.s.instance_type,
+            "MinCount": self.s.count,
+            "MaxCount": self.s.count,
+            "KeyName": self.name,
+            "NetworkInterfaces": self.network_interfaces(subnet, sg),
+            "Placement": {"GroupName": self.name, "AvailabilityZone": zone},
+            "InstanceInitiatedShutdownBehavior": "terminate",
+            "UserData": user_data,
+            "BlockDeviceMappings": [{
+                "DeviceName": "/dev/sda1",
+                "Ebs": {"VolumeSize": self.s.disk_gb, "VolumeType": "gp3",
+                        "DeleteOnTermination": True},
+            }],
+            "MetadataOptions": {"HttpTokens": "required", "HttpEndpoint": "enabled"},
+            "TagSpecifications": tags,
+            # Same token on every transient retry of this attempt: EC2 launches at most once.
+            "ClientToken": f"{self.s.cluster}-{zone}-{'spot' if spot else 'od'}-{uuid.uuid4().hex[:12]}",
+        }
+        if spot:
+            params["InstanceMarketOptions"] = {
+                "MarketType": "spot",
+                "SpotOptions": {"SpotInstanceType": "one-time",
+                                "InstanceInterruptionBehavior": "terminate"},
+            }
+            params["TagSpecifications"] = tags + tag_spec("spot-instances-request", self.s.cluster)
+        return params
+
+    def launch(self, sg: str, user_data: str) -> list[dict[str, Any]]:
+        """ONE RunInstances of N nodes per attempt; capacity errors move to the next zone
+        (spot first in every zone, then on-demand with --spot-fallback)."""
+        from botocore.exceptions import ClientError
+
+        markets = [True, False] if self.s.spot and self.s.spot_fallback else [self.s.spot]
+        failures: list[str] = []
+        for spot in markets:
+            for zone, subnet in self.s.zones:
+                params = self.run_params(zone, subnet, sg, spot, user_data)
+                with step(f"launching {self.s.count} x {self.s.instance_type} in {zone}"):
+                    try:
+                        instances: list[dict[str, Any]] = self.ec2.call(
+                            "run_instances", **params
+                        )["Instances"]
+                    except ClientError as exc:
+                        if not is_capacity(exc):
+                            raise
+                        market = "spot" if spot else "on-demand"
+                        failures.append(f"{zone} ({market}): {describe(exc)}")
+                        continue
+                self.record(*(self._res("instance", i["InstanceId"], zone) for i in instances))
+                return instances
+        raise CapacityError(
+            f"no zone had capacity for {self.s.count} x {self.s.instance_type} in one placement "
+            "group: " + "; ".join(failures),
+            hint="try fewer --nodes, another --region, --spot-fallback (with --spot), or later",
+        )
+
+    def wait_running(self, ids: list[str]) -> list[dict[str, Any]]:
+        p = retry.policy()
+        deadline = time.monotonic() + p.launch_timeout_s
+        with step("waiting for the nodes to run"):
+            while True:
+                found = self.ec2.instances([{"Name": "instance-id", "Values": ids}])
+                states = {i["InstanceId"]: i["State"]["Name"] for i in found}
+                dead = [i for i in found if i["State"]["Name"] in ("shutting-down", "terminated", "stopped")]
+                if dead:
+                    reasons = ", ".join(
+                        f"{i['InstanceId']}: {(i.get('StateReason') or {}).get('Message', i['State']['Name'])}"
+                        for i in dead
+                    )
+                    raise ProvisionError(f"nodes stopped while starting ({reasons})")
+                if len(states) == len(ids) and all(s == "running" for s in states.values()):
+                    return sorted(found, key=lambda i: int(i.get("AmiLaunchIndex", 0)))
+                if time.monotonic() > deadline:
+                    raise ProvisionError(
+                        f"nodes not running after {p.launch_timeout_s:.0f} s: {states}"
+                    )
+                time.sleep(p.poll_interval_s)
+
+    def gateway_address(self, node0: dict[str, Any]) -> str:
+        eni = next(
+            (n["NetworkInterfaceId"] for n in node0.get("NetworkInterfaces", [])
+             if int(n.get("Attachment", {}).get("DeviceIndex", 0)) == 0
+             and int(n.get("Attachment", {}).get("NetworkCardIndex", 0)) == 0),
+            None,
+        )
+        if eni is None:
+            raise ProvisionError(f"node-0 ({node0['InstanceId']}) has no primary network interface")
+        with step("allocating the Elastic IP of node-0"):
+            eip = self.ec2.call(
+                "allocate_address", Domain="vpc",
+                TagSpecifications=tag_spec("elastic-ip", self.s.cluster),
+            )
+            self.record(ResourceRecord(
+                kind="elastic-ip", id=eip["AllocationId"], name=eip["PublicIp"],
+                region=self.s.region, zone=node0["Placement"]["AvailabilityZone"],
+            ))
+        with step("attaching the Elastic IP to node-0"):
+            self.ec2.call(
+                "associate_address", AllocationId=eip["AllocationId"], NetworkInterfaceId=eni,
+                AllowReassociation=False,
+            )
+        return str(eip["PublicIp"])
+
+    # --- the whole of `up` ------------------------------------------------------------------
+    def run(self) -> None:
+        from provision.render import parse_env_file, render
+
+        key_path, public_key = ensure_cluster_key(self.store.keys_dir(self.inv.name))
+        self.inv.key_path = str(key_path)
+        host = generate_ed25519(f"mgpu-cloud-{self.s.cluster}-host")
+        host_public = host_key_only(host.public_openssh)
+        max_seconds = int(self.s.max_hours * 3600)
+        user_data = render(
+            "aws/user-data.yaml.j2", cluster=self.s.cluster,
+            host_private_key=host.private_openssh.strip(), host_public_key=host_public,
+            max_hours=f"{self.s.max_hours:g}", max_seconds=max_seconds,
+            max_minutes=max(1, max_seconds // 60),
+        )
+        self.key_pair(public_key)
+        sg = self.security_group()
+        self.placement_group()
+        launched = self.launch(sg, user_data)
+        nodes = self.wait_running([i["InstanceId"] for i in launched])
+        gateway = self.gateway_address(nodes[0]) if self.s.gateway_eip else None
+
+        records = []
+        for rank, inst in enumerate(nodes):
+            private = str(inst.get("PrivateIpAddress") or "")
+            proxy = None
+            if self.spec.aws.private_ips:
+                address = private
+            elif gateway is not None:
+                address = gateway if rank == 0 else private
+                proxy = None if rank == 0 else f"{NODE_USER}@{gateway}"
+            else:
+                address = str(inst.get("PublicIpAddress") or "")
+            if not address or not private:
+                raise ProvisionError(f"node {inst['InstanceId']} has no address to reach it on")
+            records.append(NodeRecord(
+                name=f"node-{rank}", rank=rank, address=address, private_address=private,
+                user=NODE_USER, slots=self.s.slots, host_key=host_public,
+                resource_id=inst["InstanceId"], zone=inst["Placement"]["AvailabilityZone"],
+                proxy_jump=proxy,
+            ))
+        self.inv.nodes = records
+        self.inv.wait_for_gpu = True
+        self.inv.manage_etc_hosts = True
+        self.inv.container_image = self.spec.image or DEFAULT_CONTAINER_IMAGE
+        self.inv.nccl_env = parse_env_file(render(
+            "nccl/aws-efa.env.j2", instance_type=self.s.instance_type,
+            efa_interfaces=self.s.efa_interfaces, device_rdma=self.s.device_rdma,
+        ))
+        self.store.save(self.inv)
+
+
+def create_cluster(spec: ClusterSpec, plan: Plan, inv: Inventory, store: InventoryStore) -> None:
+    """Make everything of `plan`. Raises (MgpuError) on failure WITHOUT rolling back."""
+    Creator(spec, plan, inv, store).run()

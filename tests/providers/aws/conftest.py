@@ -1,0 +1,298 @@
+"""moto fixtures plus small, explicit fakes for what moto lacks.
+
+- `AwsFakes.sent`: a recorder of what the provider SENT (moto drops EFA interface types and
+  Placement.GroupName, so assertions about them must look at the request, not at moto).
+- a placement-group fake (moto raises NotImplementedError for *PlacementGroup*): in-memory
+  groups with tags, 'InUse' while a launched instance of the group is alive, scripted extra
+  'InUse' answers for retry tests.
+- the DLAMI public SSM parameter (moto has none and `/aws/service/...` cannot be put).
+- fault injectors: `fail(op, code, status, when=..., times=...)` and `throttle(rate, seed)`,
+  answered from a `before-call` handler (a `before-send` handler would not stop moto).
+
+Everything is attached through the provider's documented seam `clients.add_client_hook`, and
+retry waits are zeroed through `retry.using(retry.NO_WAIT)`.
+"""
+
+from __future__ import annotations
+
+import copy
+import random
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+REGION = "us-east-1"
+CALLER_IP = "203.0.113.7"
+TAG = "mgpu-cloud-cluster"
+WRITE_PREFIXES = (
+    "Create", "Run", "Import", "Authorize", "Allocate", "Associate", "Delete", "Terminate",
+    "Release", "Disassociate", "Revoke", "Put", "Modify",
+)
+
+
+_MOTO_CLIENT: list[Any] = []
+
+
+def moto_client() -> Any:
+    """A plain EC2 client (no fakes attached) for looking at moto's state directly. One per
+    process: making a botocore client costs ~50 ms, and moto's state lives outside it."""
+    if not _MOTO_CLIENT:
+        from provision.providers.aws.clients import new_session
+
+        _MOTO_CLIENT.append(new_session().client("ec2", region_name=REGION))
+    return _MOTO_CLIENT[0]
+
+
+@dataclass
+class Fault:
+    operation: str
+    code: str
+    status: int = 400
+    when: Callable[[dict[str, Any]], bool] = lambda params: True
+    times: int | None = None  # None: every time
+
+    def fires(self, operation: str, params: dict[str, Any]) -> bool:
+        if operation != self.operation or self.times == 0 or not self.when(params):
+            return False
+        if self.times is not None:
+            self.times -= 1
+        return True
+
+
+@dataclass
+class AwsFakes:
+    sent: list[tuple[str, dict[str, Any]]] = field(default_factory=list)
+    faults: list[Fault] = field(default_factory=list)
+    placement_groups: dict[str, dict[str, Any]] = field(default_factory=dict)
+    group_of_instance: dict[str, str] = field(default_factory=dict)
+    extra_in_use: int = 0
+    throttle_rate: float = 0.0
+    throttled: int = 0
+    rng: random.Random = field(default_factory=lambda: random.Random(1234))
+    dlami: str = ""
+
+    # --- assertions helpers ------------------------------------------------------------------
+    def calls(self, operation: str) -> list[dict[str, Any]]:
+        return [p for op, p in self.sent if op == operation]
+
+    def operations(self) -> list[str]:
+        return [op for op, _ in self.sent]
+
+    def writes(self) -> list[str]:
+        return [op for op in self.operations() if op.startswith(WRITE_PREFIXES)]
+
+    # --- scripting ----------------------------------------------------------------------------
+    def fail(self, operation: str, code: str, status: int = 400,
+             when: Callable[[dict[str, Any]], bool] = lambda p: True, times: int | None = None) -> None:
+        self.faults.append(Fault(operation, code, status, when, times))
+
+    def throttle(self, rate: float, seed: int = 1234) -> None:
+        self.throttle_rate, self.rng = rate, random.Random(seed)
+
+    # --- botocore handlers -------------------------------------------------------------------
+    def attach(self, client: Any) -> None:
+        events = client.meta.events
+        service = client.meta.service_model.service_id.hyphenize()
+        events.register(f"before-parameter-build.{service}", self._record)
+        events.register(f"before-call.{service}", self._answer)
+        events.register(f"after-call.{service}.RunInstances", self._launched)
+
+    def _record(self, params: dict[str, Any], model: Any, context: dict[str, Any], **_: Any) -> None:
+        snapshot = copy.deepcopy(params)
+        context["fake_params"] = snapshot
+        self.sent.append((model.name, snapshot))
+
+    @staticmethod
+    def _response(status: int, body: dict[str, Any]) -> tuple[Any, dict[str, Any]]:
+        from botocore.awsrequest import AWSResponse
+
+        body.setdefault("ResponseMetadata", {})["HTTPStatusCode"] = status
+        return AWSResponse("https://fake.invalid/", status, {}, None), body
+
+    def _error(self, code: str, status: int = 400) -> tuple[Any, dict[str, Any]]:
+        return self._response(status, {"Error": {"Code": code, "Message": f"injected {code}"}})
+
+    def _answer(self, model: Any, context: dict[str, Any], **_: Any) -> Any:
+        op, params = model.name, context.get("fake_params", {})
+        if self.throttle_rate and self.rng.random() < self.throttle_rate:
+            self.throttled += 1
+            return self._error("RequestLimitExceeded", 503)
+        for fault in self.faults:
+            if fault.fires(op, params):
+                return self._error(fault.code, fault.status)
+        if op == "GetParameter" and params.get("Name", "").startswith("/aws/service/deeplearning/"):
+            return self._response(200, {"Parameter": {
+                "Name": params["Name"], "Type": "String", "Value": self.dlami, "Version": 1}})
+        if op == "CreatePlacementGroup":
+            return self._create_pg(params)
+        if op == "DescribePlacementGroups":
+            return self._describe_pgs(params)
+        if op == "DeletePlacementGroup":
+            return self._delete_pg(params)
+        if op == "RunInstances":
+            group = (params.get("Placement") or {}).get("GroupName")
+            if group and group not in self.placement_groups:
+                return self._error("InvalidPlacementGroup.Unknown")
+        return None
+
+    def _launched(self, parsed: dict[str, Any], context: dict[str, Any], **_: Any) -> None:
+        group = (context.get("fake_params", {}).get("Placement") or {}).get("GroupName")
+        if group:
+            for inst in parsed.get("Instances", []):
+                self.group_of_instance[inst["InstanceId"]] = group
+
+    def _create_pg(self, params: dict[str, Any]) -> Any:
+        name = params["GroupName"]
+        if name in self.placement_groups:
+            return self._error("InvalidPlacementGroup.Duplicate")
+        tags = [t for spec in params.get("TagSpecifications", []) for t in spec.get("Tags", [])]
+        group = {"GroupName": name, "GroupId": f"pg-{len(self.placement_groups):017x}",
+                 "Strategy": params.get("Strategy"), "State": "available", "Tags": tags}
+        self.placement_groups[name] = group
+        return self._response(200, {"PlacementGroup": copy.deepcopy(group)})
+
+    def _describe_pgs(self, params: dict[str, Any]) -> Any:
+        groups = list(self.placement_groups.values())
+        names = params.get("GroupNames")
+        if names:
+            missing = [n for n in names if n not in self.placement_groups]
+            if missing:
+                return self._error("InvalidPlacementGroup.Unknown")
+            groups = [g for g in groups if g["GroupName"] in names]
+        for flt in params.get("Filters", []):
+            key, values = flt["Name"], flt["Values"]
+            if key == "tag-key":
+                groups = [g for g in groups if any(t["Key"] in values for t in g["Tags"])]
+            elif key.startswith("tag:"):
+                groups = [g for g in groups if any(
+                    t["Key"] == key[4:] and t["Value"] in values for t in g["Tags"])]
+            elif key == "group-name":
+                groups = [g for g in groups if g["GroupName"] in values]
+        return self._response(200, {"PlacementGroups": copy.deepcopy(groups)})
+
+    def _delete_pg(self, params: dict[str, Any]) -> Any:
+        name = params["GroupName"]
+        if name not in self.placement_groups:
+            return self._error("InvalidPlacementGroup.Unknown")
+        if self.extra_in_use > 0:
+            self.extra_in_use -= 1
+            return self._error("InvalidPlacementGroup.InUse")
+        members = [i for i, g in self.group_of_instance.items() if g == name]
+        if members:
+            ec2 = moto_client()  # moto's state, not through the hooks
+            live = [
+                i for r in ec2.describe_instances(InstanceIds=members)["Reservations"]
+                for i in r["Instances"] if i["State"]["Name"] != "terminated"
+            ]
+            if live:
+                return self._error("InvalidPlacementGroup.InUse")
+        del self.placement_groups[name]
+        return self._response(200, {})
+
+
+@pytest.fixture
+def aws_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Path:
+    """Fake credentials and region, a private state dir, a known caller address."""
+    for var in ("AWS_PROFILE", "AWS_DEFAULT_PROFILE", "AWS_REGION"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("AWS_DEFAULT_REGION", REGION)
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
+    monkeypatch.setenv("AWS_SESSION_TOKEN", "testing")
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "no-aws-config"))
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "no-aws-credentials"))
+    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
+    monkeypatch.setenv("MGPU_CLOUD_CALLER_IP", CALLER_IP)
+    # moto's default AMI catalogue takes seconds per test to load; tests register one image.
+    monkeypatch.setenv("MOTO_EC2_LOAD_DEFAULT_AMIS", "false")
+    home = tmp_path / "mgpu-home"
+    monkeypatch.setenv("MGPU_CLOUD_HOME", str(home))
+    return home
+
+
+@pytest.fixture
+def fakes(aws_env: Path) -> Iterator[AwsFakes]:
+    """moto's mock_aws + the fakes above on every client the provider makes; no retry waits."""
+    from moto import mock_aws
+
+    from provision.providers.aws import clients, retry
+
+    with mock_aws(), retry.using(retry.NO_WAIT):
+        f = AwsFakes()
+        f.dlami = moto_client().register_image(
+            Name="Deep Learning Base OSS Nvidia Driver GPU AMI (Ubuntu 22.04) 20250601",
+            Architecture="x86_64", RootDeviceName="/dev/sda1", VirtualizationType="hvm",
+        )["ImageId"]
+        remove = clients.add_client_hook(f.attach)
+        try:
+            yield f
+        finally:
+            remove()
+
+
+def tagged_resources(fakes: AwsFakes, cluster: str | None = None) -> dict[str, list[str]]:
+    """What exists in (moto + the placement-group fake) carrying the cluster tag."""
+    ec2 = moto_client()
+    flt = ([{"Name": f"tag:{TAG}", "Values": [cluster]}] if cluster
+           else [{"Name": "tag-key", "Values": [TAG]}])
+    out = {
+        "instance": [
+            i["InstanceId"] for r in ec2.describe_instances(Filters=flt)["Reservations"]
+            for i in r["Instances"] if i["State"]["Name"] != "terminated"
+        ],
+        "security-group": [g["GroupId"] for g in ec2.describe_security_groups(Filters=flt)["SecurityGroups"]],
+        "key-pair": [k["KeyPairId"] for k in ec2.describe_key_pairs(Filters=flt)["KeyPairs"]],
+        "elastic-ip": [a["AllocationId"] for a in ec2.describe_addresses(Filters=flt)["Addresses"]],
+        "volume": [v["VolumeId"] for v in ec2.describe_volumes(Filters=flt)["Volumes"]],
+        "placement-group": [
+            g["GroupName"] for g in fakes.placement_groups.values()
+            if any(t["Key"] == TAG and (cluster is None or t["Value"] == cluster) for t in g["Tags"])
+        ],
+    }
+    return {k: v for k, v in out.items() if v}
+
+
+def make_spec(name: str = "c1", nodes: int = 2, **aws: Any) -> Any:
+    from provision.spec import build_cluster_spec
+
+    top = {k: aws.pop(k) for k in ("ssh_cidr", "max_hours", "spot", "image", "gpus_per_node")
+           if k in aws}
+    return build_cluster_spec({}, {"provider": "aws", "name": name, "nodes": nodes,
+                                   "aws": {"region": REGION, **aws}, **top})
+
+
+def up(spec: Any, store: Any) -> Any:
+    from provision import pipeline
+
+    return pipeline.up(spec, confirm=lambda plan: True, store=store, bootstrap=False,
+                       log=lambda msg: None)
+
+
+@pytest.fixture
+def tagged(fakes: AwsFakes) -> Callable[..., dict[str, list[str]]]:
+    return lambda cluster=None: tagged_resources(fakes, cluster)
+
+
+@pytest.fixture
+def spec_for() -> Callable[..., Any]:
+    return make_spec
+
+
+@pytest.fixture
+def store(aws_env: Path) -> Any:
+    from provision.inventory import InventoryStore
+
+    return InventoryStore(aws_env)
+
+
+@pytest.fixture
+def up_cluster(store: Any) -> Callable[[Any], Any]:
+    return lambda spec: up(spec, store)
+
+
+@pytest.fixture
+def moto_ec2(fakes: AwsFakes) -> Any:
+    return moto_client()
