@@ -1,0 +1,282 @@
+"""Create a GCP cluster: placement policy, firewall rules, then N instances in one zone.
+
+All-or-nothing: on any failure everything recorded is deleted (teardown.destroy) before the
+error is raised. Each resource is recorded in the inventory before its insert is sent (its name,
+chosen here, is its id), so even an insert whose reply is lost is found by `down`. Every insert
+carries a requestId that is reused by the retries of that insert, so a retry never makes a
+second resource. A 409 on an insert means the name belongs to something that is not ours: the
+record is dropped (rollback must not delete it) and the error names it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import uuid
+from collections.abc import Callable
+from typing import Any
+
+from provision.errors import CapacityError, MgpuError, ProvisionError
+from provision.inventory import CLUSTER_TAG, Inventory, InventoryStore, NodeRecord, ResourceRecord
+from provision.keys import KeyPair, ensure_cluster_key, generate_ed25519, host_key_only
+from provision.plan import Plan
+from provision.providers.gcp import teardown
+from provision.providers.gcp.clients import Clients
+from provision.providers.gcp.errors import OperationFailed, is_conflict, map_errors
+from provision.providers.gcp.plan import NETWORK, Layout, layout_from_plan
+from provision.render import parse_env_file, render
+from provision.spec import ClusterSpec
+
+LOGIN_USER = "mgpu"
+DEFAULT_CONTAINER_IMAGE = "nvcr.io/nvidia/pytorch:24.06-py3"
+DISK_TYPE = "pd-balanced"
+Log = Callable[[str], None]
+
+
+def _insert(clients: Clients, store: InventoryStore, inv: Inventory, rec: ResourceRecord,
+            method: Any, request: Any) -> Any:
+    """Record `rec`, send the insert (retried with the same requestId), return its Operation."""
+    what = f"creating {rec.kind} {rec.name}"
+    store.record(inv, rec)
+    with map_errors(what):
+        try:
+            return clients.call(method, request)
+        except Exception as exc:
+            if is_conflict(exc):
+                store.forget(inv, rec.kind, rec.id)
+                raise ProvisionError(
+                    f"{what}: a {rec.kind} named {rec.name!r} already exists in project "
+                    f"{clients.project!r} and is not part of this cluster",
+                    hint="if it is left from an earlier cluster of this name, list and remove "
+                    f"it: mgpu-cloud gc --provider gcp --project {clients.project} --delete",
+                ) from exc
+            raise
+
+
+def _wait(clients: Clients, op: Any, what: str) -> Any:
+    with map_errors(what):
+        return clients.wait(op, what)
+
+
+def policy_body(layout: Layout) -> Any:
+    from google.cloud import compute_v1
+
+    group: dict[str, Any] = {"collocation": "COLLOCATED"}
+    if layout.nodes >= 2:  # vmCount must be at least 2; a one-node policy states no count
+        group["vm_count"] = layout.nodes
+    return compute_v1.ResourcePolicy(
+        name=layout.policy_name,
+        description=f"{CLUSTER_TAG}={layout.cluster}",
+        group_placement_policy=group,
+    )
+
+
+def firewall_bodies(layout: Layout) -> list[Any]:
+    from google.cloud import compute_v1
+
+    ssh_name, internal_name = layout.firewall_names
+    common = {"network": NETWORK, "direction": "INGRESS", "priority": 1000,
+              "target_tags": [layout.tag], "description": f"{CLUSTER_TAG}={layout.cluster}"}
+    return [
+        compute_v1.Firewall(name=ssh_name, source_ranges=[layout.ssh_cidr],
+                            allowed=[{"I_p_protocol": "tcp", "ports": ["22"]}], **common),
+        compute_v1.Firewall(name=internal_name, source_tags=[layout.tag],
+                            allowed=[{"I_p_protocol": "all"}], **common),
+    ]
+
+
+def instance_body(layout: Layout, rank: int, zone: str, policy_link: str,
+                  login_public_key: str, host_key: KeyPair) -> Any:
+    from google.cloud import compute_v1
+
+    name = layout.instance_name(rank)
+    labels = {CLUSTER_TAG: layout.cluster}
+    startup = render(
+        "gcp/startup.sh.j2", cluster=layout.cluster, node_name=name, user=LOGIN_USER,
+        host_private_key=host_key.private_openssh.strip(),
+        host_public_key=host_key_only(host_key.public_openssh),
+        max_run_seconds=layout.max_run_seconds,
+    )
+    body: dict[str, Any] = {
+        "name": name,
+        "description": f"{CLUSTER_TAG}={layout.cluster} rank {rank}",
+        "machine_type": f"zones/{zone}/machineTypes/{layout.machine_type}",
+        "labels": labels,
+        "tags": {"items": [layout.tag]},
+        "resource_policies": [policy_link],
+        "scheduling": {
+            "on_host_maintenance": "TERMINATE",
+            "automatic_restart": False,
+            "provisioning_model": "SPOT" if layout.spot else "STANDARD",
+            # One action for both: spot preemption and the end of maxRunDuration delete the VM.
+            "instance_termination_action": "DELETE",
+            "max_run_duration": {"seconds": layout.max_run_seconds},
+        },
+        "disks": [{
+            "boot": True,
+            "auto_delete": True,
+            "type_": "PERSISTENT",
+            "initialize_params": {
+                "source_image": layout.image,
+                "disk_size_gb": layout.disk_gb,
+                "disk_type": f"zones/{zone}/diskTypes/{DISK_TYPE}",
+                "labels": labels,
+            },
+        }],
+        "network_interfaces": [{
+            "network": NETWORK,
+            "nic_type": "GVNIC",
+            "access_configs": [{"name": "External NAT", "type_": "ONE_TO_ONE_NAT",
+                                "network_tier": "PREMIUM"}],
+        }],
+        "metadata": {"items": [
+            {"key": "ssh-keys", "value": f"{LOGIN_USER}:{login_public_key}"},
+            {"key": "enable-oslogin", "value": "FALSE"},
+            {"key": "install-nvidia-driver", "value": "True"},
+            {"key": "startup-script", "value": startup},
+        ]},
+    }
+    if layout.accelerator_type:
+        body["guest_accelerators"] = [{
+            "accelerator_type": f"zones/{zone}/acceleratorTypes/{layout.accelerator_type}",
+            "accelerator_count": layout.gpus,
+        }]
+    return compute_v1.Instance(body)
+
+
+def _request_id() -> str:
+    return str(uuid.uuid4())
+
+
+def _create_policy(clients: Clients, store: InventoryStore, inv: Inventory,
+                   layout: Layout) -> str:
+    from google.cloud import compute_v1
+
+    rec = teardown.policy_record(clients.project, layout.region, layout.policy_name)
+    op = _insert(clients, store, inv, rec, clients.resource_policies.insert_unary,
+                 compute_v1.InsertResourcePolicyRequest(
+                     project=clients.project, region=layout.region,
+                     resource_policy_resource=policy_body(layout), request_id=_request_id()))
+    _wait(clients, op, f"creating resource policy {layout.policy_name}")
+    return f"projects/{clients.project}/{rec.id}"
+
+
+def _create_firewalls(clients: Clients, store: InventoryStore, inv: Inventory,
+                      layout: Layout) -> None:
+    from google.cloud import compute_v1
+
+    ops = []
+    for body in firewall_bodies(layout):
+        rec = teardown.firewall_record(clients.project, body.name)
+        ops.append((body.name, _insert(
+            clients, store, inv, rec, clients.firewalls.insert_unary,
+            compute_v1.InsertFirewallRequest(project=clients.project, firewall_resource=body,
+                                             request_id=_request_id()))))
+    for name, op in ops:
+        _wait(clients, op, f"creating firewall rule {name}")
+
+
+def _delete_zone_attempt(clients: Clients, store: InventoryStore, inv: Inventory,
+                         zone: str) -> None:
+    recs = [r for r in inv.resources if r.kind == teardown.INSTANCE and r.zone == zone]
+    failures = teardown.delete_records(clients, recs,
+                                       on_deleted=lambda r: store.forget(inv, r.kind, r.id))
+    if failures:
+        raise ProvisionError(f"could not clean up zone {zone} before trying the next one: "
+                             + "; ".join(failures))
+
+
+def _create_instances(clients: Clients, store: InventoryStore, inv: Inventory, layout: Layout,
+                      policy_link: str, login_public_key: str, host_key: KeyPair,
+                      log: Log) -> tuple[str, list[Any]]:
+    """All N instances in one zone, failing over to the next zone on capacity errors."""
+    from google.cloud import compute_v1
+
+    tried: list[str] = []
+    for zone in layout.zones:
+        ops = []
+        for rank in range(layout.nodes):
+            name = layout.instance_name(rank)
+            rec = teardown.instance_record(clients.project, zone, name)
+            ops.append((name, _insert(
+                clients, store, inv, rec, clients.instances.insert_unary,
+                compute_v1.InsertInstanceRequest(
+                    project=clients.project, zone=zone, request_id=_request_id(),
+                    instance_resource=instance_body(layout, rank, zone, policy_link,
+                                                    login_public_key, host_key)))))
+        failed: list[OperationFailed] = []
+        for name, op in ops:  # wait for every insert before deciding anything
+            with map_errors(f"creating instance {name} in {zone}"):
+                try:
+                    clients.wait(op, f"creating instance {name} in {zone}")
+                except OperationFailed as exc:
+                    failed.append(exc)
+        if not failed:
+            with map_errors(f"reading the instances in {zone}"):
+                instances = [
+                    clients.call(clients.instances.get, compute_v1.GetInstanceRequest(
+                        project=clients.project, zone=zone, instance=name))
+                    for name, _ in ops
+                ]
+            return zone, instances
+        hard = [f for f in failed if not f.zone_should_fail_over]
+        if hard:
+            first = hard[0]
+            hint = ("request more quota: https://console.cloud.google.com/iam-admin/quotas"
+                    if first.is_quota else None)
+            raise ProvisionError(f"{first}", hint=hint)
+        tried.append(f"{zone} ({', '.join(sorted({c for f in failed for c in f.codes}))})")
+        log(f"no capacity for {layout.nodes} x {layout.machine_type} in {zone}; "
+            "removing what was made there and trying the next zone")
+        _delete_zone_attempt(clients, store, inv, zone)
+    raise CapacityError(
+        f"no zone had capacity for {layout.nodes} x {layout.machine_type}"
+        f"{' (spot)' if layout.spot else ''} under one compact placement policy; tried: "
+        + "; ".join(tried),
+        hint="try again later, with fewer --nodes, with --spot/--on-demand switched, or in "
+        "another region (--zone)",
+    )
+
+
+def _node_record(rank: int, inst: Any, zone: str, slots: int, host_public: str) -> NodeRecord:
+    nic = inst.network_interfaces[0]
+    external = next((a.nat_i_p for a in nic.access_configs if a.nat_i_p), None)
+    if not external:
+        raise ProvisionError(f"instance {inst.name} has no external address")
+    return NodeRecord(
+        name=f"node-{rank}", rank=rank, address=external, private_address=nic.network_i_p,
+        user=LOGIN_USER, slots=slots, host_key=host_public, resource_id=inst.name, zone=zone,
+    )
+
+
+def nccl_env(layout: Layout) -> dict[str, str]:
+    text = render("nccl/gcp-tcp.env.j2", cluster=layout.cluster,
+                  machine_type=layout.machine_type, socket_ifname="^lo,docker",
+                  socket_nthreads=4, nsocks_perthread=4)
+    return parse_env_file(text)
+
+
+def create(spec: ClusterSpec, plan: Plan, inv: Inventory, store: InventoryStore,
+           clients: Clients, log: Log) -> None:
+    """See the module docstring. Fills inv.nodes and the node-side settings."""
+    layout = layout_from_plan(plan)
+    try:
+        key_path, login_public = ensure_cluster_key(store.keys_dir(inv.name))
+        host_key = generate_ed25519(f"{inv.name}-host")
+        inv.key_path = str(key_path)
+        inv.wait_for_gpu = True
+        inv.manage_etc_hosts = True
+        inv.container_image = spec.image or DEFAULT_CONTAINER_IMAGE
+        inv.nccl_env = nccl_env(layout)  # saved with the first record below
+        policy_link = _create_policy(clients, store, inv, layout)
+        _create_firewalls(clients, store, inv, layout)
+        zone, instances = _create_instances(clients, store, inv, layout, policy_link,
+                                            login_public, host_key, log)
+        host_public = host_key_only(host_key.public_openssh)
+        inv.nodes = [_node_record(rank, inst, zone, layout.slots, host_public)
+                     for rank, inst in enumerate(instances)]
+        store.save(inv)
+    except BaseException:
+        log("GCP create failed; deleting what was made ...")
+        with contextlib.suppress(MgpuError):
+            teardown.destroy(inv, store, clients)
+        raise

@@ -1,0 +1,113 @@
+"""`mgpu-cloud up/down --provider gcp` end to end against the fake (no bootstrap)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+from conftest import PROJECT, writes
+from fake_compute import FakeCompute
+from typer.testing import CliRunner
+
+from provision.cli import app
+from provision.inventory import InventoryStore
+
+FLAGS = ["--provider", "gcp", "--nodes", "2", "--project", PROJECT, "--zone", "us-central1-c",
+         "--machine-type", "a2-ultragpu-8g", "--spot", "--ssh-cidr", "192.0.2.0/28",
+         "--max-hours", "2.5", "--image-family", "pytorch-latest-gpu", "--disk-gb", "300"]
+
+
+def check_sent(fake: FakeCompute) -> None:
+    instances = [r.body for r in fake.sent("POST", r"zones/us-central1-c/instances$")]
+    assert len(instances) == 2
+    for body in instances:
+        assert body["scheduling"]["provisioningModel"] == "SPOT"
+        assert body["scheduling"]["maxRunDuration"] == {"seconds": "9000"}
+        params = body["disks"][0]["initializeParams"]
+        assert params["diskSizeGb"] == "300"
+        assert params["sourceImage"].endswith("/images/pytorch-latest-gpu-v20240601")
+    (ssh_fw, _) = [r.body for r in fake.sent("POST", r"global/firewalls$")]
+    assert ssh_fw["sourceRanges"] == ["192.0.2.0/28"]
+
+
+def test_up_and_down_from_flags(fake: FakeCompute, tmp_path: Path) -> None:
+    runner = CliRunner()
+    res = runner.invoke(app, ["up", *FLAGS, "--name", "c1", "--yes", "--no-bootstrap"])
+    assert res.exit_code == 0, res.output
+    assert res.stdout.strip() == "c1"
+    assert "Plan for cluster 'c1' on gcp" in res.stderr
+    check_sent(fake)
+    inv = InventoryStore().load("c1")
+    assert inv.status == "ready" and len(inv.nodes) == 2
+
+    res = runner.invoke(app, ["down", "c1"])
+    assert res.exit_code == 0, res.output
+    assert fake.all_resources() == []
+    assert not InventoryStore().exists("c1")
+    res = runner.invoke(app, ["down", "c1"])  # idempotent
+    assert res.exit_code == 0 and "nothing to remove" in res.stderr
+
+
+def test_up_from_yaml_sends_the_same(fake: FakeCompute, tmp_path: Path) -> None:
+    config = tmp_path / "cluster.yaml"
+    config.write_text(yaml.safe_dump({
+        "provider": "gcp", "name": "c1", "nodes": 2, "spot": True, "ssh_cidr": "192.0.2.0/28",
+        "max_hours": 2.5,
+        "gcp": {"project": PROJECT, "zone": "us-central1-c", "machine_type": "a2-ultragpu-8g",
+                "image_family": "pytorch-latest-gpu", "disk_gb": 300},
+    }))
+    res = CliRunner().invoke(app, ["up", "--config", str(config), "--yes", "--no-bootstrap"])
+    assert res.exit_code == 0, res.output
+    check_sent(fake)
+
+
+def test_dry_run_prints_the_plan_and_writes_nothing(fake: FakeCompute) -> None:
+    res = CliRunner().invoke(app, ["up", *FLAGS, "--name", "c1", "--dry-run"])
+    assert res.exit_code == 0, res.output
+    assert "dry run: nothing was created" in res.stderr
+    assert "COLLOCATED" in res.stderr and "/hour" in res.stderr
+    assert writes(fake) == []
+    assert not InventoryStore().exists("c1")
+
+
+def test_paid_plan_needs_yes_without_a_terminal(fake: FakeCompute) -> None:
+    res = CliRunner().invoke(app, ["up", *FLAGS, "--name", "c1"])
+    assert res.exit_code == 2
+    assert "--yes" in res.stderr
+    assert writes(fake) == []
+
+
+@pytest.mark.parametrize(
+    ("args", "code", "words"),
+    [
+        (["--ssh-cidr", "not-a-cidr"], 2, "not a CIDR"),
+        (["--machine-type", "a2-nonexistent-8g"], 2, "does not exist in zone"),
+        (["--zone", "us-central1-q"], 2, "unknown zone"),
+    ],
+)
+def test_bad_input_exits_before_any_write(
+    fake: FakeCompute, args: list[str], code: int, words: str
+) -> None:
+    res = CliRunner().invoke(app, ["up", *FLAGS, *args, "--name", "c1", "--yes"])
+    assert res.exit_code == code, res.output
+    assert words in res.stderr
+    assert writes(fake) == []
+
+
+def test_missing_credentials_exits_4(fake: FakeCompute, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("MGPU_CLOUD_GCP_ENDPOINT")
+    monkeypatch.setenv("GOOGLE_APPLICATION_CREDENTIALS", "/nonexistent/adc.json")
+    res = CliRunner().invoke(app, ["up", *FLAGS, "--name", "c1", "--yes"])
+    assert res.exit_code == 4, res.output
+    assert "gcloud auth application-default login" in res.stderr
+    assert fake.requests == []
+
+
+def test_capacity_error_exits_5_and_leaves_nothing(fake: FakeCompute) -> None:
+    fake.stockout("us-central1-a", "us-central1-c", "us-central1-f")
+    res = CliRunner().invoke(app, ["up", *FLAGS, "--name", "c1", "--yes", "--no-bootstrap"])
+    assert res.exit_code == 5, res.output
+    assert "no zone had capacity" in res.stderr
+    assert fake.all_resources() == []
+    assert not InventoryStore().exists("c1")
