@@ -237,7 +237,8 @@ def bootstrap_cluster(
         _put_bytes(conn, hostfile, remote_path(inv, "hostfile"))
         if inv.manage_etc_hosts:
             _etc_hosts(conn, inv)
-        _ssh_trust(conn, inv, key)
+        if inv.inter_node_ssh:
+            _ssh_trust(conn, inv, key)
         if inv.container_image:
             _run(conn, f"sudo -n docker pull {q(inv.container_image)}", "pulling the container")
         if job is not None and tarball is not None:

@@ -89,6 +89,9 @@ class Inventory(BaseModel):
     container_image: str | None = Field(None, description="jobs run inside this image when set")
     wait_for_gpu: bool = Field(False, description="bootstrap waits for nvidia-smi too")
     manage_etc_hosts: bool = Field(False, description="bootstrap writes node names to /etc/hosts")
+    inter_node_ssh: bool = Field(
+        True, description="bootstrap sets up node-to-node SSH (off where users already have it)"
+    )
     bootstrapped: bool = False
 
     def resources_of(self, kind: str) -> list[ResourceRecord]:

@@ -1,0 +1,29 @@
+# Everything starts from a fresh machine: `make demo` and `make test` run scripts/setup.sh first.
+VENV := .venv
+PY := $(VENV)/bin/python
+
+.PHONY: setup demo test unit lint bench clean
+
+setup:
+	./scripts/setup.sh
+
+demo: setup
+	$(VENV)/bin/mgpu-cloud run --provider docker --nodes 2 examples/train_ddp.py --steps 50
+
+test: setup
+	$(PY) -m pytest -q
+
+unit:
+	$(PY) -m pytest -q --ignore=tests/integration
+
+lint:
+	$(VENV)/bin/ruff check provision remote tests benchmarks
+	$(VENV)/bin/mypy
+
+bench: setup
+	$(PY) benchmarks/up_time.py
+	$(PY) benchmarks/cli_start.py
+	$(PY) benchmarks/aws_api_calls.py
+
+clean:
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache
