@@ -42,5 +42,10 @@ RUN echo 'PATH="/opt/venv/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:
       > /etc/ssh/sshd_config.d/mgpu-cloud.conf && \
     chmod 755 /usr/local/sbin/node-entrypoint.sh
 ENV PATH=/opt/venv/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin
+# Prebuild DeepSpeed's CPU ops (communication, and the fused Adam that an AdamW config uses):
+# otherwise every rank JIT-compiles them (minutes on small machines) the first time a job
+# starts. Cached in /root/.cache/torch_extensions.
+RUN python3 -c "from deepspeed.accelerator import get_accelerator as a; [a().create_op_builder(b).load() for b in ('ShareMemCommBuilder', 'FusedAdamBuilder')]" \
+    && test -n "$(ls /root/.cache/torch_extensions/*/deepspeed_shm_comm/*.so)"
 EXPOSE 22
 CMD ["/usr/local/sbin/node-entrypoint.sh"]

@@ -182,7 +182,17 @@ def _etc_hosts(conn: Any, inv: Inventory) -> None:
     _run(conn, f"sudo -n sh -c {q(inner)}", "writing /etc/hosts")
 
 
+def deepspeed_config(job: JobSpec, gpus: bool) -> bytes:
+    """The user's --deepspeed-config file, or the shipped template (ZeRO-1, AdamW)."""
+    if job.deepspeed_config:
+        return Path(job.deepspeed_config).read_bytes()
+    return render("deepspeed/ds_config.json.j2", micro_batch=16, grad_accum=1, lr=1e-3,
+                  zero_stage=1, bf16=gpus).encode()
+
+
 def sync_workdir_on(conn: Any, inv: Inventory, job: JobSpec, tarball: bytes) -> None:
+    if job.launcher == "deepspeed":
+        _put_bytes(conn, deepspeed_config(job, inv.wait_for_gpu), remote_path(inv, "ds_config.json"))
     work = remote_path(inv, "work")
     archive = remote_path(inv, "work.tgz")
     _run(conn, f"rm -rf {shlex.quote(work)} && mkdir -p {shlex.quote(work)}", "clearing workdir")

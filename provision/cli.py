@@ -240,9 +240,8 @@ def down(name: Annotated[str, typer.Argument(help="cluster name")]) -> None:
     pipeline.down(name, store=store)
 
 
-@app.command(
-    context_settings={"allow_interspersed_args": False, "ignore_unknown_options": True}
-)
+# launch NAME [options] -- SCRIPT ARGS: options may follow NAME, `--` ends them.
+@app.command(context_settings={"ignore_unknown_options": True})
 @_guard
 @_with_options(_JOB_OPTIONS, "jopts")
 def launch(
@@ -350,6 +349,56 @@ def ssh(
     inv = store.load(name)
     argv = ssh_argv(inv, node, command or [])
     os.execvp(argv[0], argv)
+
+
+@app.command()
+@_guard
+def check(
+    name: Annotated[str, typer.Argument(help="cluster name")],
+    bandwidth: Annotated[bool, typer.Option("--bandwidth", help="also run an all-reduce benchmark")] = False,
+    max_bytes: Annotated[str, typer.Option("--max-bytes", help="largest all-reduce size")] = "1G",
+    min_bytes: Annotated[str, typer.Option("--min-bytes", help="smallest all-reduce size")] = "1M",
+    interconnect: Annotated[Optional[str], typer.Option("--interconnect", help="nvlink3|nvlink4|pcie4|efa-p4d|efa-p5|ib-hdr|ib-ndr|eth-10|eth-25|eth-100")] = None,
+    gpus_per_node: Annotated[Optional[int], typer.Option("--gpus-per-node", help="GPUs each node should have")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="machine-readable output")] = False,
+) -> None:
+    """Compare every node's GPUs, driver, torch/NCCL versions and ports; optionally bandwidth."""
+    from provision import check as judge
+    from provision.checkrun import gather_preflights, run_allreduce
+    from provision.inventory import InventoryStore
+
+    store = InventoryStore()
+    inv = store.load(name)
+    reports = gather_preflights(inv, store)
+    findings = judge.compare_preflights(reports, gpus_per_node)
+    out: dict[str, Any] = {"preflight": reports, "findings": [f.__dict__ for f in findings]}
+    summary = None
+    if bandwidth:
+        code, records = run_allreduce(inv, store, min_bytes=min_bytes, max_bytes=max_bytes,
+                                      log=lambda m: typer.echo(m, err=True))
+        kind = interconnect or judge.guess_interconnect(next(iter(reports.values())), len(inv.nodes)) or "unknown"
+        summary = judge.summarize_bandwidth(records, kind)
+        out["bandwidth"] = {"records": records, "interconnect": kind, "verdict": summary.verdict,
+                            "peak_busbw_gbps": summary.peak_busbw_gbps}
+        findings = [*findings, *summary.findings]
+        if code != 0:
+            findings.append(judge.Finding("error", "bandwidth", f"all-reduce exited {code}"))
+    if as_json:
+        typer.echo(json.dumps(out, indent=2, default=str))
+    else:
+        from rich.console import Console
+        from rich.table import Table
+
+        console = Console()
+        for rows in ([judge.preflight_rows(reports)] + ([judge.bandwidth_rows(out["bandwidth"]["records"])] if summary else [])
+                     + [judge.render_findings_table(findings)]):
+            table = Table(*rows[0])
+            for row in rows[1:]:
+                table.add_row(*row)
+            console.print(table)
+        if summary:
+            console.print(f"peak busbw {summary.peak_busbw_gbps:.2f} GB/s on {summary.interconnect}: {summary.verdict}")
+    raise typer.Exit(1 if any(f.severity == "error" for f in findings) else 0)
 
 
 @app.command()

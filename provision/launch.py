@@ -82,12 +82,15 @@ def job_env(inv: Inventory, job: JobSpec, root: str) -> dict[str, str]:
     return env
 
 
-def launcher_argv(inv: Inventory, job: JobSpec, node: NodeRecord, root: str) -> list[str]:
-    """The launcher's argv on `node` (paths under `root`, the remote .mgpu-cloud folder)."""
+def launcher_argv(
+    inv: Inventory, job: JobSpec, node: NodeRecord, root: str, program: list[str] | None = None
+) -> list[str]:
+    """The launcher's argv on `node` (paths under `root`, the remote .mgpu-cloud folder).
+    `program` replaces the job's script and arguments (e.g. remote.pyz allreduce)."""
     master = inv.master
     nnodes = len(inv.nodes)
     port = str(job.master_port)
-    script = [job.script_in_workdir, *job.args]
+    script = program if program is not None else [job.script_in_workdir, *job.args]
     if job.launcher == "torchrun":
         argv = ["torchrun", "--nnodes", str(nnodes), "--nproc_per_node", nproc(job, node)]
         if job.rdzv:
@@ -102,7 +105,10 @@ def launcher_argv(inv: Inventory, job: JobSpec, node: NodeRecord, root: str) -> 
         return ["accelerate", "launch", "--multi_gpu", "--num_machines", str(nnodes),
                 "--machine_rank", str(node.rank), "--main_process_ip", master.private_address,
                 "--main_process_port", port, "--num_processes", str(total), *script]
-    # deepspeed
+    # deepspeed: the config the bootstrap placed (the user's, or templates/deepspeed/), unless
+    # the script's own arguments name one.
+    if program is None and "--deepspeed_config" not in job.args:
+        script = [*script, "--deepspeed_config", _at(root, "ds_config.json")]
     argv = ["deepspeed", "--hostfile", _at(root, "hostfile"), "--master_addr",
             master.private_address, "--master_port", port]
     if job.deepspeed_launcher == "no_ssh":
@@ -120,7 +126,9 @@ def launching_nodes(inv: Inventory, job: JobSpec) -> list[NodeRecord]:
     return sorted(inv.nodes, key=lambda n: n.rank)
 
 
-def node_command(inv: Inventory, job: JobSpec, node: NodeRecord) -> str:
+def node_command(
+    inv: Inventory, job: JobSpec, node: NodeRecord, program: list[str] | None = None
+) -> str:
     """The full shell command line run over SSH on `node` (every value quoted)."""
     home_root = HomePath(inv.remote_root)
     image = job.image or inv.container_image
@@ -128,11 +136,17 @@ def node_command(inv: Inventory, job: JobSpec, node: NodeRecord) -> str:
                  _at(home_root, "job.pid"), "--watch-stdin", "--cwd", _at(home_root, "work"), "--"]
     root: str = CONTAINER_ROOT if image else home_root
     env = job_env(inv, job, root)
-    argv = launcher_argv(inv, job, node, root)
+    if program is not None:
+        program = [_at(root, p[len("@root/"):]) if p.startswith("@root/") else p
+                   for p in program]
+    argv = launcher_argv(inv, job, node, root, program)
     prefix = ""
     if job.launcher == "deepspeed":
-        # DeepSpeed's runner exports the variables of ~/.deepspeed_env on every node it starts.
-        prefix = f"printf '%s\\n' {' '.join(_assign(k, v) for k, v in env.items())} > ~/.deepspeed_env && "
+        # DeepSpeed's runner exports the variables of $DS_ENV_FILE (default ~/.deepspeed_env:
+        # the user's own file, which we never overwrite) on every node it starts.
+        env["DS_ENV_FILE"] = _at(root, "deepspeed_env")
+        lines = " ".join(_assign(k, v) for k, v in env.items())
+        prefix = f"printf '%s\\n' {lines} > {word(_at(home_root, 'deepspeed_env'))} && "
     if image:
         docker = ["sudo", "-n", "docker", "run", "--rm", "--name", f"mgpu-{inv.name}-job",
                   *CONTAINER_FLAGS, "-v", HomePath(f"{inv.remote_root}:{CONTAINER_ROOT}"),
@@ -200,8 +214,12 @@ def run_job(
     *,
     log: Log = print,
     out: TextIO | None = None,
+    program: list[str] | None = None,
 ) -> int:
-    """Run `job` on the cluster; returns 0 or the first failing node's exit code."""
+    """Run `job` on the cluster; returns 0 or the first failing node's exit code.
+
+    `program` (words; a leading "@root/" means the node's .mgpu-cloud folder) replaces the
+    job's script: `check --bandwidth` runs `@root/remote.pyz allreduce` this way."""
     out = out or sys.stdout
     nodes = launching_nodes(inv, job)
     lock = threading.Lock()
@@ -213,7 +231,7 @@ def run_job(
         w = writers[node.name]
         try:
             res = conns[node.name].run(
-                node_command(inv, job, node), out_stream=w, err_stream=w, hide=False,
+                node_command(inv, job, node, program), out_stream=w, err_stream=w, hide=False,
                 warn=True, in_stream=False, pty=False,
             )
             return int(res.exited)
@@ -224,7 +242,8 @@ def run_job(
         finally:
             w.finish()
 
-    log(f"launching {job.launcher} on {len(nodes)} node(s): {job.script_in_workdir}")
+    what = " ".join(program) if program is not None else job.script_in_workdir
+    log(f"launching {job.launcher} on {len(nodes)} node(s): {what}")
     t0 = time.monotonic()
     pool = ThreadPoolExecutor(max_workers=len(nodes))
     futures: dict[Future[int], NodeRecord] = {pool.submit(one, n): n for n in nodes}

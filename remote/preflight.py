@@ -310,6 +310,7 @@ def probe_port(
     out["reachable"] = out["status"] in ("open", "refused")
     if addr in local_addresses or addr in ("localhost", "127.0.0.1"):
         with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # TIME_WAIT is not "in use"
             try:
                 sock.bind(("0.0.0.0", port))
                 out["bindable"] = True

@@ -58,7 +58,11 @@ def test_deepspeed_pdsh_starts_on_node0_only() -> None:
     assert [n.name for n in launching_nodes(inv, job)] == ["node-0"]
     argv = launcher_argv(inv, job, inv.nodes[0], "R")
     assert argv[:3] == ["deepspeed", "--hostfile", "R/hostfile"]
-    assert argv[-3:] == ["--launcher", "pdsh", "train_ddp.py"]
+    assert argv[-5:] == ["--launcher", "pdsh", "train_ddp.py", "--deepspeed_config",
+                         "R/ds_config.json"]
+    own = launcher_argv(inv, _job(launcher="deepspeed", args=["--deepspeed_config", "x.json"]),
+                        inv.nodes[0], "R")
+    assert own[-3:] == ["train_ddp.py", "--deepspeed_config", "x.json"]
 
 
 def test_deepspeed_no_ssh_runs_everywhere() -> None:
@@ -82,6 +86,7 @@ def test_every_value_is_quoted(launcher: str, tmp_path: Path) -> None:
     # Replace the program names by a printer of its argv, keep the rest of the line as is.
     shim = tmp_path / "bin"
     shim.mkdir()
+    (tmp_path / ".mgpu-cloud").mkdir()
     printer = f"#!{sys.executable}\nimport sys\nprint(repr(sys.argv[1:]))\n"
     for prog in ("python3", "env"):
         (shim / prog).write_text(printer)
@@ -97,7 +102,8 @@ def test_every_value_is_quoted(launcher: str, tmp_path: Path) -> None:
     assert "NCCL_X=$(id)" in args
     assert f"MGPU_OUTPUT_DIR={tmp_path}/.mgpu-cloud/outputs" in args
     if launcher == "deepspeed":  # the same values reach ~/.deepspeed_env, one per line
-        ds_env = (tmp_path / ".deepspeed_env").read_text().splitlines()
+        assert not (tmp_path / ".deepspeed_env").exists()  # the user's file is never touched
+        ds_env = (tmp_path / ".mgpu-cloud" / "deepspeed_env").read_text().splitlines()
         assert "EVIL=; echo hi" in ds_env and "NCCL_X=$(id)" in ds_env
         assert f"MGPU_OUTPUT_DIR={tmp_path}/.mgpu-cloud/outputs" in ds_env
 

@@ -54,3 +54,23 @@ def test_strict_undefined() -> None:
 
 def test_parse_env_file() -> None:
     assert parse_env_file("# c\nA=1\n\nB = x=y\n") == {"A": "1", "B": "x=y"}
+
+
+def test_docker_preset() -> None:
+    cpu = parse_env_file(render("nccl/docker.env.j2", gpus=False))
+    assert cpu == {"GLOO_SOCKET_IFNAME": "eth0", "NCCL_SOCKET_IFNAME": "eth0",
+                   "NCCL_IB_DISABLE": "1", "ACCELERATE_USE_CPU": "1"}
+    assert "ACCELERATE_USE_CPU" not in parse_env_file(render("nccl/docker.env.j2", gpus=True))
+
+
+def test_tcp_preset() -> None:
+    assert parse_env_file(render("nccl/tcp.env.j2"))["NCCL_SOCKET_IFNAME"] == "^lo,docker"
+
+
+def test_deepspeed_config_template_is_valid_json() -> None:
+    import json
+
+    cfg = json.loads(render("deepspeed/ds_config.json.j2", micro_batch=8, grad_accum=2, lr=3e-4,
+                            zero_stage=2, bf16=True))
+    assert cfg["zero_optimization"]["stage"] == 2 and cfg["bf16"]["enabled"] is True
+    assert cfg["train_micro_batch_size_per_gpu"] == 8

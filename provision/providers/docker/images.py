@@ -78,7 +78,7 @@ def resolve_base_image(client: Any, wanted: str, log: Log) -> Any:
 
 
 def ensure_wheelhouse(requirements: str, log: Log) -> Path:
-    """Wheels for the node venv, downloaded once per requirements text."""
+    """Wheels for the node venv, built/downloaded once per requirements text."""
     digest = hashlib.sha256(requirements.encode()).hexdigest()[:12]
     target = cache_dir() / f"wheelhouse-{digest}"
     if (target / ".complete").exists():
@@ -87,8 +87,10 @@ def ensure_wheelhouse(requirements: str, log: Log) -> Path:
     (tmp / "requirements.txt").write_text(requirements)
     log("downloading wheels for the node image (once) ...")
     proc = subprocess.run(
-        [sys.executable, "-m", "pip", "download", "-r", str(tmp / "requirements.txt"),
-         "-d", str(tmp)],
+        # `pip wheel`, not `pip download`: sdists (DeepSpeed) are built into wheels here, so
+        # the image build installs wheels only, with no compiler or index.
+        [sys.executable, "-m", "pip", "wheel", "-r", str(tmp / "requirements.txt"),
+         "-w", str(tmp)],
         capture_output=True, text=True,
     )
     if proc.returncode != 0:

@@ -22,6 +22,7 @@ from provision.inventory import CLUSTER_TAG, Inventory, InventoryStore, NodeReco
 from provision.keys import KeyPair, ensure_cluster_key, generate_ed25519, host_key_only
 from provision.plan import Plan, PlannedResource
 from provision.providers.docker.engine import docker_client, map_errors
+from provision.render import parse_env_file, render
 from provision.spec import ClusterSpec
 
 log = logging.getLogger("mgpu_cloud")
@@ -87,6 +88,7 @@ class DockerProvider:
         client = docker_client()
         key_path, public_key = ensure_cluster_key(store.keys_dir(spec.name))
         inv.key_path = str(key_path)
+        inv.nccl_env = parse_env_file(render("nccl/docker.env.j2", gpus=spec.docker.gpus))
         store.save(inv)
         image = ensure_node_image(spec.docker, log=log.info, client=client)
         labels = {CLUSTER_TAG: spec.name}

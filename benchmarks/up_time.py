@@ -1,0 +1,102 @@
+"""Time `mgpu-cloud up --provider docker` for N = 1, 2, 4, 8 against the floor, in one run.
+
+    floor(N) = `docker run` N containers of the same node image in parallel, each generating
+               its ed25519 host key, then wait until every sshd accepts a key login.
+    up(N)    = the whole `mgpu-cloud up` command (CLI start, plan, network, containers,
+               bootstrap: SSH wait, remote.pyz, hostfile, node-to-node SSH), then `down`
+               (not timed).
+
+Targets: up(8)/up(1) <= 1.5 and up(N) <= 1.3 x floor(N).
+Usage: python benchmarks/up_time.py [--repeat 3] [--nodes 1 2 4 8]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+
+def node_image() -> str:
+    from provision.providers.docker.images import ensure_node_image
+    from provision.spec import DockerOptions
+
+    return ensure_node_image(DockerOptions(), log=lambda m: None)
+
+
+def floor(n: int, image: str, keydir: Path) -> float:
+    key = keydir / "id_ed25519"
+    names = [f"bench-floor-{i}" for i in range(n)]
+    start = time.perf_counter()
+
+    def one(name: str) -> None:
+        cid = subprocess.run(
+            ["docker", "run", "-d", "--name", name, "-p", "127.0.0.1::22",
+             "-v", f"{key}.pub:/root/.ssh/authorized_keys:ro", image, "sh", "-c",
+             "ssh-keygen -q -t ed25519 -N '' -f /etc/ssh/ssh_host_ed25519_key && "
+             "exec /usr/sbin/sshd -D -e"],
+            capture_output=True, text=True, check=True).stdout.strip()
+        port = subprocess.run(["docker", "port", cid, "22"], capture_output=True, text=True,
+                              check=True).stdout.split(":")[-1].strip()
+        while subprocess.run(
+            ["ssh", "-i", str(key), "-p", port, "-o", "BatchMode=yes",
+             "-o", "StrictHostKeyChecking=no", "-o", "UserKnownHostsFile=/dev/null",
+             "-o", "LogLevel=ERROR", "-o", "ConnectTimeout=2", "root@127.0.0.1", "true"],
+            capture_output=True).returncode != 0:
+            time.sleep(0.05)
+
+    try:
+        with ThreadPoolExecutor(max_workers=n) as pool:
+            list(pool.map(one, names))
+        return time.perf_counter() - start
+    finally:
+        subprocess.run(["docker", "rm", "-f", *names], capture_output=True)
+
+
+def up(n: int, home: str) -> float:
+    env = {**os.environ, "MGPU_CLOUD_HOME": home}
+    name = f"bench-up-{n}"
+    start = time.perf_counter()
+    res = subprocess.run([sys.executable, "-m", "provision.cli", "up", "--nodes", str(n),
+                          "--name", name], capture_output=True, text=True, env=env)
+    elapsed = time.perf_counter() - start
+    subprocess.run([sys.executable, "-m", "provision.cli", "down", name], capture_output=True,
+                   env=env)
+    if res.returncode != 0:
+        raise SystemExit(f"up failed: {res.stderr}")
+    return elapsed
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--nodes", type=int, nargs="+", default=[1, 2, 4, 8])
+    args = ap.parse_args()
+    image = node_image()
+    with tempfile.TemporaryDirectory() as tmp:
+        subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f",
+                        f"{tmp}/id_ed25519"], check=True)
+        os.chmod(f"{tmp}/id_ed25519.pub", 0o644)
+        rows = []
+        for n in args.nodes:
+            floors = [floor(n, image, Path(tmp)) for _ in range(args.repeat)]
+            ups = [up(n, f"{tmp}/home") for _ in range(args.repeat)]
+            rows.append((n, statistics.median(floors), statistics.median(ups)))
+    up1 = rows[0][2]
+    print(f"image {image}; medians of {args.repeat} runs; {os.cpu_count()} CPUs")
+    print(f"{'N':>3} {'floor s':>8} {'up s':>7} {'up/floor':>9} {'up/up(1)':>9}")
+    for n, fl, u in rows:
+        print(f"{n:>3} {fl:>8.2f} {u:>7.2f} {u / fl:>9.2f} {u / up1:>9.2f}")
+    print("targets: up/floor <= 1.30, up(8)/up(1) <= 1.50")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,305 @@
+"""SSH provider: the nodes are machines the user already has; nothing is created or billed.
+
+    plan     parse the hosts (hosts.py), resolve every host key against the user's known_hosts
+             (hostkeys.py; in parallel, key exchange only, no login) -> all problems at once.
+             Writes nothing.
+    create   fill the inventory's nodes from the plan (identity files referenced, never
+             copied; inter-node SSH left as the user has it), pin the host keys in the
+             cluster's known_hosts, check every host (checks.py) -> all problems at once.
+    destroy  per host that got something from us: stop our job, remove ~/.mgpu-cloud/ssh/NAME
+             (and the now-empty parents we made, and ~/.deepspeed_env if we wrote it).
+             Never anything else; an unreachable host is reported, not an error.
+"""
+
+from __future__ import annotations
+
+import logging
+import shlex
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+from provision.errors import (
+    MgpuError,
+    ProviderUnavailableError,
+    ProvisionError,
+    UserInputError,
+)
+from provision.inventory import Inventory, InventoryStore, NodeRecord, ResourceRecord
+from provision.keys import known_hosts_line, write_known_hosts
+from provision.plan import Plan, PlannedResource
+from provision.providers.ssh.checks import check_hosts, describe_login_error, remote_root
+from provision.providers.ssh.hostkeys import (
+    Endpoint,
+    HostKeyProblem,
+    Jump,
+    Unreachable,
+    fingerprint,
+    load_known_hosts,
+    resolve_host_key,
+    user_known_hosts_path,
+)
+from provision.providers.ssh.hosts import Host, load_hosts
+from provision.spec import ClusterSpec
+from provision.sshconn import connect, write_cluster_known_hosts
+
+log = logging.getLogger("mgpu_cloud")
+
+PINNED_KEY_KIND = "pinned-host-key"  # jump hosts' keys (nodes' keys live in NodeRecord)
+STOP_GRACE_S = 10
+KeyResolver = Callable[..., tuple[str, str]]
+
+
+def _split_jump(value: str) -> tuple[str, Endpoint]:
+    user, _, hostport = value.rpartition("@")
+    host, _, port = hostport.partition(":")
+    return user, Endpoint(host, int(port or 22))
+
+
+@dataclass(frozen=True)
+class _Failure:
+    """Why one host cannot be used; kind: 'unknown' | 'changed' | 'unreachable'."""
+
+    kind: str
+    text: str
+
+
+HINTS = {
+    "changed": "a CHANGED key means the machine was reinstalled or someone is intercepting the "
+               "connection; only if you know it was reinstalled: ssh-keygen -R HOST -f {known}",
+    "unknown": "check the fingerprints above, then rerun with --accept-new-host-keys (pins them "
+               "for this cluster only), or add them to {known} (ssh-keyscan)",
+    "unreachable": "check the address, port and jump host, and that sshd runs there "
+                   "(ssh -p PORT USER@HOST)",
+}
+
+
+def _plan_error(failures: list[tuple[Host, _Failure]], total: int) -> MgpuError:
+    lines = [f"{h.name} ({h.target}): {f.text}" for h, f in failures]
+    message = (f"{len(failures)} of {total} host(s) cannot be used; nothing was changed:\n  "
+               + "\n  ".join(lines))
+    kinds = {f.kind for _, f in failures}
+    hint = "; ".join(HINTS[k].format(known=user_known_hosts_path())
+                     for k in ("changed", "unknown", "unreachable") if k in kinds)
+    if "unreachable" in kinds:
+        return ProviderUnavailableError(message, hint=hint)
+    return UserInputError(message, hint=hint)
+
+
+class SshProvider:
+    name = "ssh"
+
+    def __init__(self, resolve_key: KeyResolver = resolve_host_key) -> None:
+        self._resolve_key = resolve_key
+
+    # ---------------------------------------------------------------------------------- plan
+    def plan(self, spec: ClusterSpec) -> Plan:
+        hosts = load_hosts(spec)
+        known_file = user_known_hosts_path()
+        known = load_known_hosts(known_file)
+        accept = spec.ssh.accept_new_host_keys
+
+        def resolve(endpoint: Endpoint, jump: Jump | None) -> tuple[str, str]:
+            return self._resolve_key(endpoint, known, accept_new=accept,
+                                     known_hosts_file=known_file, jump=jump)
+
+        # Jump hosts first (each distinct one once), then every host through its jump.
+        jump_specs = {(h.proxy_jump, h.identity_file) for h in hosts if h.proxy_jump}
+        jumps: dict[tuple[str, str], Jump | _Failure] = {}
+
+        def resolve_jump(item: tuple[str, str]) -> Jump | _Failure:
+            user, endpoint = _split_jump(item[0])
+            try:
+                key, _ = resolve(endpoint, None)
+            except HostKeyProblem as exc:
+                return _Failure(exc.kind, f"jump host {item[0]}: {exc}")
+            except Unreachable as exc:
+                return _Failure("unreachable", f"jump host {item[0]} unreachable: {exc}")
+            return Jump(endpoint, user, item[1], key)
+
+        def resolve_host(h: Host) -> tuple[str, str] | _Failure:
+            jump: Jump | None = None
+            if h.proxy_jump:
+                found = jumps[(h.proxy_jump, h.identity_file)]
+                if isinstance(found, _Failure):
+                    return found
+                jump = found
+            try:
+                return resolve(Endpoint(h.address, h.port), jump)
+            except HostKeyProblem as exc:
+                return _Failure(exc.kind, str(exc))
+            except Unreachable as exc:
+                return _Failure("unreachable", f"unreachable: {exc}")
+
+        workers = min(32, max(1, len(hosts)))
+        with ThreadPoolExecutor(max_workers=workers) as pool:
+            ordered = sorted(jump_specs)
+            jumps = dict(zip(ordered, pool.map(resolve_jump, ordered), strict=True))
+            outcomes = list(pool.map(resolve_host, hosts))
+
+        failures = [(h, o) for h, o in zip(hosts, outcomes, strict=True)
+                    if isinstance(o, _Failure)]
+        if failures:
+            raise _plan_error(failures, len(hosts))
+
+        resources: list[PlannedResource] = []
+        notes = [
+            "existing machines: nothing is created or billed; `down` stops the job and removes "
+            f"only ~/{remote_root(spec.name)} (and ~/.deepspeed_env if mgpu-cloud wrote it)",
+        ]
+        for h, outcome in zip(hosts, outcomes, strict=True):
+            assert not isinstance(outcome, _Failure)
+            key, how = outcome
+            details = {
+                "address": h.address, "port": str(h.port), "user": h.user,
+                "identity_file": h.identity_file, "private_address": h.private_address,
+                "slots": str(h.slots) if h.slots else "auto", "host_key": key,
+            }
+            if h.proxy_jump:
+                jump = jumps[(h.proxy_jump, h.identity_file)]
+                assert isinstance(jump, Jump)
+                details["proxy_jump"] = h.proxy_jump
+                details["proxy_jump_host_key"] = jump.host_key
+            if how == "accepted":
+                notes.append(f"{h.name}: new host key {fingerprint(key)} will be pinned "
+                             "(--accept-new-host-keys)")
+            resources.append(PlannedResource(kind="host", name=h.name, details=details))
+        slots = [h.slots for h in hosts if h.slots]
+        return Plan(provider="ssh", cluster=spec.name, nodes=len(hosts),
+                    slots_per_node=max(slots) if slots else 1, resources=resources,
+                    hourly_cost_usd=0.0, max_hours=spec.max_hours, notes=notes)
+
+    # -------------------------------------------------------------------------------- create
+    def create(self, spec: ClusterSpec, plan: Plan, inv: Inventory, store: InventoryStore) -> None:
+        try:
+            self._create(spec, plan, inv, store)
+        except BaseException as exc:
+            log.warning("ssh: preparing %s failed; removing what was placed", spec.name)
+            self.destroy(inv, store)
+            if isinstance(exc, Exception) and not isinstance(exc, MgpuError):
+                raise ProvisionError(f"creating cluster {spec.name!r} failed: {exc}") from exc
+            raise
+
+    def _create(self, spec: ClusterSpec, plan: Plan, inv: Inventory, store: InventoryStore) -> None:
+        from provision.bootstrap import remote_zipapp
+
+        hosts = [r for r in plan.resources if r.kind == "host"]
+        # The user's machines already trust each other (or not) as they like: ~/.ssh there
+        # is never modified. key_path is the user's own key, referenced, never copied.
+        inv.inter_node_ssh = False
+        inv.remote_root = remote_root(spec.name)
+        inv.key_path = hosts[0].details["identity_file"]
+        inv.nodes = []
+        for rank, r in enumerate(hosts):
+            d = r.details
+            inv.nodes.append(NodeRecord(
+                name=r.name, rank=rank, address=d["address"], port=int(d["port"]),
+                private_address=d["private_address"], user=d["user"],
+                slots=1 if d["slots"] == "auto" else int(d["slots"]),
+                host_key=d["host_key"], identity_file=d["identity_file"],
+                proxy_jump=d.get("proxy_jump"),
+            ))
+            if d.get("proxy_jump") and d.get("proxy_jump_host_key"):
+                _, endpoint = _split_jump(d["proxy_jump"])
+                pinned = {x.id for x in inv.resources_of(PINNED_KEY_KIND)}
+                if endpoint.known_hosts_name not in pinned:
+                    inv.resources.append(ResourceRecord(
+                        kind=PINNED_KEY_KIND, id=endpoint.known_hosts_name,
+                        name=endpoint.address,
+                        extra={"port": str(endpoint.port), "key": d["proxy_jump_host_key"]},
+                    ))
+        store.save(inv)
+        write_pinned_known_hosts(inv, store)
+
+        reports = check_hosts(inv, store, pyz=remote_zipapp(),
+                              expected_gpus_per_node=spec.gpus_per_node, log=log.info)
+        for node, r in zip(inv.nodes, hosts, strict=True):
+            if r.details["slots"] == "auto":
+                node.slots = max(1, len(reports[node.name].get("gpus") or []))
+        store.save(inv)
+
+    # ------------------------------------------------------------------------------- destroy
+    def destroy(self, inv: Inventory, store: InventoryStore) -> None:
+        """Idempotent. Only hosts with a remote-dir/remote-file record are contacted."""
+        placed = [r for r in inv.resources if r.kind in ("remote-dir", "remote-file")]
+        by_node: dict[str, list[ResourceRecord]] = {}
+        for r in placed:
+            by_node.setdefault(r.name or r.id.split(":", 1)[0], []).append(r)
+        nodes = [n for n in inv.nodes if n.name in by_node]
+        if not nodes:
+            return
+        write_pinned_known_hosts(inv, store)
+
+        def one(node: NodeRecord) -> str | None:
+            try:
+                conn = connect(inv, node, timeout=5)
+            except Exception as exc:  # noqa: BLE001 - e.g. its key file is gone
+                return f"{type(exc).__name__}: {exc}"
+            try:
+                try:
+                    conn.open()
+                except Exception as exc:  # noqa: BLE001 - reported below, never fatal
+                    return describe_login_error(exc, inv, node)
+                res = conn.run(cleanup_script(inv, by_node[node.name]), hide=True, warn=True,
+                               in_stream=False)
+                if res.exited != 0:
+                    return f"cleanup exited {res.exited}: {res.stderr.strip()[-200:]}"
+                return None
+            except Exception as exc:  # noqa: BLE001
+                return f"{type(exc).__name__}: {exc}"
+            finally:
+                conn.close()
+
+        with ThreadPoolExecutor(max_workers=min(32, len(nodes))) as pool:
+            outcomes = dict(zip([n.name for n in nodes], pool.map(one, nodes), strict=True))
+        for name, problem in outcomes.items():
+            records = by_node[name]
+            if problem is not None:
+                paths = ", ".join(f"~/{r.extra.get('path')}" for r in records)
+                # Nothing is billed on the user's own machines: say what is left and go on,
+                # so a host that is gone for good never blocks `down`.
+                log.warning("ssh: could not clean up %s (%s); left there: %s", name, problem,
+                            paths)
+            for r in records:
+                store.forget(inv, r.kind, r.id)
+
+    # ---------------------------------------------------------------------------------- gc
+    def orphans(self, spec: ClusterSpec, known: set[str]) -> list[ResourceRecord]:
+        return []  # nothing is billed: there is nothing to collect
+
+    def delete_orphans(self, spec: ClusterSpec, resources: list[ResourceRecord]) -> None:
+        return None
+
+
+def cleanup_script(inv: Inventory, records: list[ResourceRecord]) -> str:
+    """Shell for one host: stop our job, remove exactly what the records name."""
+    q = shlex.quote
+    root = inv.remote_root
+    lines = ['cd "$HOME" || exit 1']
+    for r in records:
+        path = r.extra.get("path", "")
+        if r.kind == "remote-dir" and path == root:
+            pid, pyz = f"{root}/job.pid", f"{root}/remote.pyz"
+            lines.append(f"if [ -f {q(pid)} ] && [ -f {q(pyz)} ]; then python3 {q(pyz)} stop "
+                         f"--pidfile {q(pid)} --grace {STOP_GRACE_S} || true; fi")
+            lines.append(f"rm -rf -- {q(root)}")
+            parents = [p for p in r.extra.get("parents", "").split(",") if p]
+            for parent in sorted(parents, key=len, reverse=True):
+                lines.append(f"rmdir -- {q(parent)} 2>/dev/null || true")  # only when empty
+        elif r.kind == "remote-file" and path == ".deepspeed_env":
+            marker = f"MGPU_CLUSTER={inv.name}"
+            lines.append(f"if grep -qxF {q(marker)} .deepspeed_env 2>/dev/null; then "
+                         "rm -f .deepspeed_env; fi")
+    return "\n".join(lines) + "\nexit 0\n"
+
+
+def write_pinned_known_hosts(inv: Inventory, store: InventoryStore) -> Path:
+    """The cluster's known_hosts: the nodes' keys (sshconn) plus the jump hosts' keys."""
+    path = write_cluster_known_hosts(inv, store)
+    extra = [known_hosts_line([r.name or ""], int(r.extra["port"]), r.extra["key"])
+             for r in inv.resources_of(PINNED_KEY_KIND)]
+    if extra:
+        lines = [ln for ln in path.read_text().splitlines() if ln]
+        write_known_hosts(path, lines + [ln for ln in extra if ln not in lines])
+    return path

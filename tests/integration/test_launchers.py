@@ -1,0 +1,94 @@
+"""Every launcher for real across 2 docker nodes (CPU, gloo), on one cluster; then `check`.
+
+Each run asserts the world size EVERY rank saw (accelerate on CPU silently runs each process
+alone unless told otherwise: exit codes alone would not catch it).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+pytestmark = [pytest.mark.docker, pytest.mark.usefixtures("node_image")]
+ROOT = Path(__file__).resolve().parents[2]
+NAME = "it-launch"
+
+
+def cli(*args: str, home: Path, cwd: Path | None = None,
+        timeout: float = 600) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "provision.cli", *args], cwd=cwd,
+                          capture_output=True, text=True, timeout=timeout,
+                          env={**os.environ, "MGPU_CLOUD_HOME": str(home)})
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory, node_image: str) -> Iterator[Path]:
+    home = tmp_path_factory.mktemp("launch-home")
+    res = cli("up", "--nodes", "2", "--name", NAME, home=home)
+    assert res.returncode == 0, res.stderr
+    try:
+        yield home
+    finally:
+        down = cli("down", NAME, home=home)
+        assert down.returncode == 0, down.stderr
+
+
+def ranks_seen(out: str, world: int) -> None:
+    """Every global rank printed `rank R/WORLD` exactly once, and on the node it belongs to."""
+    found = sorted(int(m.group(1)) for m in re.finditer(rf"rank (\d+)/{world} on node-\d", out))
+    assert found == list(range(world)), out
+    assert not re.search(r"rank \d+/1 on", out), "a process ran alone (world size 1)"
+
+
+@pytest.mark.parametrize(
+    "args,script",
+    [
+        (["--launcher", "torchrun"], "train_ddp.py"),
+        (["--launcher", "torchrun", "--rdzv", "--master-port", "29511"], "train_ddp.py"),
+        (["--launcher", "accelerate", "--master-port", "29512"], "train_accelerate.py"),
+        (["--launcher", "deepspeed", "--master-port", "29513"], "train_deepspeed.py"),
+        (["--launcher", "deepspeed", "--deepspeed-launcher", "no_ssh", "--master-port", "29514"],
+         "train_deepspeed.py"),
+    ],
+    ids=["torchrun-static", "torchrun-c10d", "accelerate", "deepspeed-pdsh", "deepspeed-no_ssh"],
+)
+def test_launcher_trains_with_every_rank(cluster: Path, tmp_path: Path, args: list[str],
+                                         script: str) -> None:
+    res = cli("launch", NAME, *args, "--", str(ROOT / "examples" / script), "--steps", "6",
+              home=cluster, cwd=tmp_path)
+    out = res.stdout + res.stderr
+    assert res.returncode == 0, out
+    ranks_seen(out, 4)
+    assert "done: world_size=4" in out
+    fetched = [p for p in (tmp_path / "mgpu-outputs" / NAME).rglob("*") if p.is_file()]
+    assert fetched, "rank 0's outputs were not copied back"
+
+
+def test_check_reports_no_gpu_and_gloo_bandwidth(cluster: Path) -> None:
+    res = cli("check", NAME, "--bandwidth", "--min-bytes", "64K", "--max-bytes", "1M",
+              "--json", home=cluster)
+    report = json.loads(res.stdout)
+    assert res.returncode == 0, res.stderr
+    for node in ("node-0", "node-1"):
+        pre = report["preflight"][node]
+        assert pre["gpus"] == [] and "nvidia-smi" in pre["gpu_error"]
+        assert pre["torch"]["torch"].startswith("2.13.0")
+    assert any(f["check"] == "no-gpu" and f["severity"] == "info" for f in report["findings"])
+    sizes = [r for r in report["bandwidth"]["records"] if "busbw_gbps" in r]
+    assert [r["size_bytes"] for r in sizes][0] == 64 * 1024
+    assert all(r["busbw_gbps"] > 0 for r in sizes)
+
+
+def test_failed_launch_is_diagnosed(cluster: Path, tmp_path: Path) -> None:
+    bad = tmp_path / "oom.py"
+    bad.write_text("raise RuntimeError('CUDA out of memory. Tried to allocate 2.00 GiB')\n")
+    res = cli("launch", NAME, "--nproc-per-node", "1", "--", str(bad), home=cluster, cwd=tmp_path)
+    assert res.returncode != 0
+    assert "likely cause" in res.stderr and "batch" in res.stderr.lower(), res.stderr
