@@ -10,7 +10,7 @@ import json
 import os
 import sys
 from collections.abc import Callable
-from typing import Annotated, Any, Optional
+from typing import Annotated, Any
 
 import typer
 
@@ -31,49 +31,49 @@ app.add_typer(image_app, name="image")
 # ---------------------------------------------------------------------------------------------
 _CLUSTER_OPTIONS: list[tuple[str, Any, Any, tuple[str, ...]]] = [
     # (param name, annotation, typer.Option, spec path)
-    ("config", Optional[str], typer.Option(None, "--config", "-c", help="cluster YAML file; flags override it"), ()),
-    ("provider", Optional[str], typer.Option(None, "--provider", "-p", help="docker (default) | aws | gcp | ssh"), ("provider",)),
-    ("nodes", Optional[int], typer.Option(None, "--nodes", "-n", help="number of nodes"), ("nodes",)),
-    ("name", Optional[str], typer.Option(None, "--name", help="cluster name (default: generated)"), ("name",)),
-    ("gpus_per_node", Optional[int], typer.Option(None, "--gpus-per-node", help="slots per node (default: what the machine has)"), ("gpus_per_node",)),
-    ("ssh_cidr", Optional[str], typer.Option(None, "--ssh-cidr", help="who may reach SSH (default: your own address)"), ("ssh_cidr",)),
-    ("max_hours", Optional[float], typer.Option(None, "--max-hours", help="nodes shut themselves down after this long"), ("max_hours",)),
-    ("spot", Optional[bool], typer.Option(None, "--spot/--on-demand", help="spot/preemptible capacity"), ("spot",)),
-    ("instance_type", Optional[str], typer.Option(None, "--instance-type", help="[aws] e.g. p4d.24xlarge"), ("aws", "instance_type")),
-    ("region", Optional[str], typer.Option(None, "--region", help="[aws] region"), ("aws", "region")),
-    ("zone", Optional[str], typer.Option(None, "--zone", help="[aws/gcp] availability zone"), ("@zone",)),
-    ("ami", Optional[str], typer.Option(None, "--ami", help="[aws] AMI id (default: Deep Learning Base GPU AMI)"), ("aws", "ami")),
-    ("disk_gb", Optional[int], typer.Option(None, "--disk-gb", help="[aws/gcp] root disk size"), ("@disk_gb",)),
-    ("spot_fallback", Optional[bool], typer.Option(None, "--spot-fallback", help="[aws] fall back to on-demand when spot has no capacity"), ("aws", "spot_fallback")),
-    ("private_ips", Optional[bool], typer.Option(None, "--private-ips", help="[aws] no Elastic IPs: the controller is inside the VPC"), ("aws", "private_ips")),
-    ("project", Optional[str], typer.Option(None, "--project", help="[gcp] project id"), ("gcp", "project")),
-    ("machine_type", Optional[str], typer.Option(None, "--machine-type", help="[gcp] e.g. a2-ultragpu-8g"), ("gcp", "machine_type")),
-    ("image_family", Optional[str], typer.Option(None, "--image-family", help="[gcp] boot image family"), ("gcp", "image_family")),
-    ("image_project", Optional[str], typer.Option(None, "--image-project", help="[gcp] project of --image-family"), ("gcp", "image_project")),
-    ("accelerator_type", Optional[str], typer.Option(None, "--accelerator-type", help="[gcp] guest GPU for N1 types, e.g. nvidia-tesla-t4"), ("gcp", "accelerator_type")),
-    ("accelerator_count", Optional[int], typer.Option(None, "--accelerator-count", help="[gcp] guest GPUs per node"), ("gcp", "accelerator_count")),
-    ("inventory", Optional[str], typer.Option(None, "--inventory", help="[ssh] hosts YAML (see inventories/)"), ("ssh", "inventory")),
-    ("hostfile", Optional[str], typer.Option(None, "--hostfile", help="[ssh] DeepSpeed/MPI hostfile"), ("ssh", "hostfile")),
-    ("ssh_user", Optional[str], typer.Option(None, "--user", help="[ssh] login user"), ("ssh", "user")),
-    ("identity_file", Optional[str], typer.Option(None, "--identity-file", "-i", help="[ssh] private key"), ("ssh", "identity_file")),
-    ("accept_new_host_keys", Optional[bool], typer.Option(None, "--accept-new-host-keys", help="[ssh] pin unknown host keys"), ("ssh", "accept_new_host_keys")),
-    ("base_image", Optional[str], typer.Option(None, "--base-image", help="[docker] base of the node image"), ("docker", "base_image")),
-    ("node_image", Optional[str], typer.Option(None, "--node-image", help="[docker] use this node image as is"), ("docker", "image")),
+    ("config", str | None, typer.Option(None, "--config", "-c", help="cluster YAML file; flags override it"), ()),
+    ("provider", str | None, typer.Option(None, "--provider", "-p", help="docker (default) | aws | gcp | ssh"), ("provider",)),
+    ("nodes", int | None, typer.Option(None, "--nodes", "-n", help="number of nodes"), ("nodes",)),
+    ("name", str | None, typer.Option(None, "--name", help="cluster name (default: generated)"), ("name",)),
+    ("gpus_per_node", int | None, typer.Option(None, "--gpus-per-node", help="slots per node (default: what the machine has)"), ("gpus_per_node",)),
+    ("ssh_cidr", str | None, typer.Option(None, "--ssh-cidr", help="who may reach SSH (default: your own address)"), ("ssh_cidr",)),
+    ("max_hours", float | None, typer.Option(None, "--max-hours", help="nodes shut themselves down after this long"), ("max_hours",)),
+    ("spot", bool | None, typer.Option(None, "--spot/--on-demand", help="spot/preemptible capacity"), ("spot",)),
+    ("instance_type", str | None, typer.Option(None, "--instance-type", help="[aws] e.g. p4d.24xlarge"), ("aws", "instance_type")),
+    ("region", str | None, typer.Option(None, "--region", help="[aws] region"), ("aws", "region")),
+    ("zone", str | None, typer.Option(None, "--zone", help="[aws/gcp] availability zone"), ("@zone",)),
+    ("ami", str | None, typer.Option(None, "--ami", help="[aws] AMI id (default: Deep Learning Base GPU AMI)"), ("aws", "ami")),
+    ("disk_gb", int | None, typer.Option(None, "--disk-gb", help="[aws/gcp] root disk size"), ("@disk_gb",)),
+    ("spot_fallback", bool | None, typer.Option(None, "--spot-fallback", help="[aws] fall back to on-demand when spot has no capacity"), ("aws", "spot_fallback")),
+    ("private_ips", bool | None, typer.Option(None, "--private-ips", help="[aws] no Elastic IPs: the controller is inside the VPC"), ("aws", "private_ips")),
+    ("project", str | None, typer.Option(None, "--project", help="[gcp] project id"), ("gcp", "project")),
+    ("machine_type", str | None, typer.Option(None, "--machine-type", help="[gcp] e.g. a2-ultragpu-8g"), ("gcp", "machine_type")),
+    ("image_family", str | None, typer.Option(None, "--image-family", help="[gcp] boot image family"), ("gcp", "image_family")),
+    ("image_project", str | None, typer.Option(None, "--image-project", help="[gcp] project of --image-family"), ("gcp", "image_project")),
+    ("accelerator_type", str | None, typer.Option(None, "--accelerator-type", help="[gcp] guest GPU for N1 types, e.g. nvidia-tesla-t4"), ("gcp", "accelerator_type")),
+    ("accelerator_count", int | None, typer.Option(None, "--accelerator-count", help="[gcp] guest GPUs per node"), ("gcp", "accelerator_count")),
+    ("inventory", str | None, typer.Option(None, "--inventory", help="[ssh] hosts YAML (see inventories/)"), ("ssh", "inventory")),
+    ("hostfile", str | None, typer.Option(None, "--hostfile", help="[ssh] DeepSpeed/MPI hostfile"), ("ssh", "hostfile")),
+    ("ssh_user", str | None, typer.Option(None, "--user", help="[ssh] login user"), ("ssh", "user")),
+    ("identity_file", str | None, typer.Option(None, "--identity-file", "-i", help="[ssh] private key"), ("ssh", "identity_file")),
+    ("accept_new_host_keys", bool | None, typer.Option(None, "--accept-new-host-keys", help="[ssh] pin unknown host keys"), ("ssh", "accept_new_host_keys")),
+    ("base_image", str | None, typer.Option(None, "--base-image", help="[docker] base of the node image"), ("docker", "base_image")),
+    ("node_image", str | None, typer.Option(None, "--node-image", help="[docker] use this node image as is"), ("docker", "image")),
     ("dry_run", bool, typer.Option(False, "--dry-run", help="print the plan and cost, create nothing"), ()),
     ("yes", bool, typer.Option(False, "--yes", "-y", help="do not ask for confirmation"), ()),
 ]
 _JOB_OPTIONS: list[tuple[str, Any, Any, tuple[str, ...]]] = [
-    ("launcher", Optional[str], typer.Option(None, "--launcher", help="torchrun (default) | deepspeed | accelerate"), ("launcher",)),
-    ("nproc_per_node", Optional[str], typer.Option(None, "--nproc-per-node", help="processes per node, or 'gpu'"), ("nproc_per_node",)),
-    ("env", Optional[list[str]], typer.Option(None, "--env", "-e", help="K=V for the job (repeatable)"), ()),
-    ("env_file", Optional[str], typer.Option(None, "--env-file", help="file of K=V lines"), ()),
-    ("workdir", Optional[str], typer.Option(None, "--workdir", help="folder to sync (default: the script's)"), ("workdir",)),
-    ("master_port", Optional[int], typer.Option(None, "--master-port", help="rendezvous port (29500)"), ("master_port",)),
-    ("rdzv", Optional[bool], typer.Option(None, "--rdzv", help="torchrun c10d rendezvous instead of static ranks"), ("rdzv",)),
-    ("job_image", Optional[str], typer.Option(None, "--image", help="run the job inside this container image"), ("image",)),
-    ("nccl_debug", Optional[bool], typer.Option(None, "--nccl-debug", help="NCCL_DEBUG=INFO"), ("nccl_debug",)),
-    ("deepspeed_launcher", Optional[str], typer.Option(None, "--deepspeed-launcher", help="pdsh (default) | no_ssh"), ("deepspeed_launcher",)),
-    ("deepspeed_config", Optional[str], typer.Option(None, "--deepspeed-config", help="ds_config JSON"), ("deepspeed_config",)),
+    ("launcher", str | None, typer.Option(None, "--launcher", help="torchrun (default) | deepspeed | accelerate"), ("launcher",)),
+    ("nproc_per_node", str | None, typer.Option(None, "--nproc-per-node", help="processes per node, or 'gpu'"), ("nproc_per_node",)),
+    ("env", list[str] | None, typer.Option(None, "--env", "-e", help="K=V for the job (repeatable)"), ()),
+    ("env_file", str | None, typer.Option(None, "--env-file", help="file of K=V lines"), ()),
+    ("workdir", str | None, typer.Option(None, "--workdir", help="folder to sync (default: the script's)"), ("workdir",)),
+    ("master_port", int | None, typer.Option(None, "--master-port", help="rendezvous port (29500)"), ("master_port",)),
+    ("rdzv", bool | None, typer.Option(None, "--rdzv", help="torchrun c10d rendezvous instead of static ranks"), ("rdzv",)),
+    ("job_image", str | None, typer.Option(None, "--image", help="run the job inside this container image"), ("image",)),
+    ("nccl_debug", bool | None, typer.Option(None, "--nccl-debug", help="NCCL_DEBUG=INFO"), ("nccl_debug",)),
+    ("deepspeed_launcher", str | None, typer.Option(None, "--deepspeed-launcher", help="pdsh (default) | no_ssh"), ("deepspeed_launcher",)),
+    ("deepspeed_config", str | None, typer.Option(None, "--deepspeed-config", help="ds_config JSON"), ("deepspeed_config",)),
 ]
 
 
@@ -247,7 +247,7 @@ def down(name: Annotated[str, typer.Argument(help="cluster name")]) -> None:
 def launch(
     name: Annotated[str, typer.Argument(help="cluster name")],
     script: Annotated[str, typer.Argument(help="training script")],
-    args: Annotated[Optional[list[str]], typer.Argument(help="script arguments")] = None,
+    args: Annotated[list[str] | None, typer.Argument(help="script arguments")] = None,
     jopts: dict[str, Any] = {},  # noqa: B006
 ) -> None:
     """Start SCRIPT on every node of a cluster (torchrun by default)."""
@@ -264,7 +264,7 @@ def launch(
 @_with_options(_CLUSTER_OPTIONS + _JOB_OPTIONS, "opts")
 def run(
     script: Annotated[str, typer.Argument(help="training script")],
-    args: Annotated[Optional[list[str]], typer.Argument(help="script arguments")] = None,
+    args: Annotated[list[str] | None, typer.Argument(help="script arguments")] = None,
     keep: Annotated[bool, typer.Option("--keep", help="leave the cluster running afterwards")] = False,
     opts: dict[str, Any] = {},  # noqa: B006
 ) -> None:
@@ -279,7 +279,7 @@ def run(
 @app.command()
 @_guard
 def status(
-    name: Annotated[Optional[str], typer.Argument(help="one cluster (default: all)")] = None,
+    name: Annotated[str | None, typer.Argument(help="one cluster (default: all)")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="machine-readable output")] = False,
 ) -> None:
     """List clusters known on this machine."""
@@ -339,7 +339,7 @@ def exec_(
 def ssh(
     name: Annotated[str, typer.Argument(help="cluster name")],
     node: Annotated[int, typer.Option("--node", help="node rank")] = 0,
-    command: Annotated[Optional[list[str]], typer.Argument(help="optional command")] = None,
+    command: Annotated[list[str] | None, typer.Argument(help="optional command")] = None,
 ) -> None:
     """Open an SSH session on one node (host key pinned)."""
     from provision.inventory import InventoryStore
@@ -358,8 +358,8 @@ def check(
     bandwidth: Annotated[bool, typer.Option("--bandwidth", help="also run an all-reduce benchmark")] = False,
     max_bytes: Annotated[str, typer.Option("--max-bytes", help="largest all-reduce size")] = "1G",
     min_bytes: Annotated[str, typer.Option("--min-bytes", help="smallest all-reduce size")] = "1M",
-    interconnect: Annotated[Optional[str], typer.Option("--interconnect", help="nvlink3|nvlink4|pcie4|efa-p4d|efa-p5|ib-hdr|ib-ndr|eth-10|eth-25|eth-100")] = None,
-    gpus_per_node: Annotated[Optional[int], typer.Option("--gpus-per-node", help="GPUs each node should have")] = None,
+    interconnect: Annotated[str | None, typer.Option("--interconnect", help="nvlink3|nvlink4|pcie4|efa-p4d|efa-p5|ib-hdr|ib-ndr|eth-10|eth-25|eth-100")] = None,
+    gpus_per_node: Annotated[int | None, typer.Option("--gpus-per-node", help="GPUs each node should have")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="machine-readable output")] = False,
 ) -> None:
     """Compare every node's GPUs, driver, torch/NCCL versions and ports; optionally bandwidth."""
@@ -405,9 +405,9 @@ def check(
 @_guard
 def gc(
     provider: Annotated[str, typer.Option("--provider", "-p", help="aws | gcp | docker")] = "docker",
-    region: Annotated[Optional[str], typer.Option("--region", help="[aws] region")] = None,
-    project: Annotated[Optional[str], typer.Option("--project", help="[gcp] project")] = None,
-    zone: Annotated[Optional[str], typer.Option("--zone", help="[gcp] zone")] = None,
+    region: Annotated[str | None, typer.Option("--region", help="[aws] region")] = None,
+    project: Annotated[str | None, typer.Option("--project", help="[gcp] project")] = None,
+    zone: Annotated[str | None, typer.Option("--zone", help="[gcp] zone")] = None,
     delete: Annotated[bool, typer.Option("--delete", help="delete what is found")] = False,
 ) -> None:
     """List (and with --delete remove) tagged resources that no inventory knows."""
@@ -446,7 +446,7 @@ def image_base(
 @image_app.command("build")
 @_guard
 def image_build(
-    base_image: Annotated[Optional[str], typer.Option("--base-image")] = None,
+    base_image: Annotated[str | None, typer.Option("--base-image")] = None,
 ) -> None:
     """Build (or find cached) the node image from the top-level Dockerfile; prints its tag."""
     from provision.providers.docker.images import ensure_node_image

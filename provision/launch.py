@@ -18,7 +18,6 @@ from collections.abc import Callable
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from typing import TextIO
 
-from provision.bootstrap import remote_path
 from provision.errors import LaunchError
 from provision.inventory import Inventory, InventoryStore, NodeRecord
 from provision.spec import JobSpec

@@ -18,11 +18,11 @@ from provision.inventory import Inventory, InventoryStore, NodeRecord
 from provision.keys import known_hosts_line, write_known_hosts
 
 
-class UnknownHostKeyError(paramiko.SSHException):
+class UnknownHostKeyError(paramiko.SSHException):  # type: ignore[misc]
     """The node presented a host key that is not pinned for it (never retried)."""
 
 
-class PinnedHostKeys(paramiko.MissingHostKeyPolicy):
+class PinnedHostKeys(paramiko.MissingHostKeyPolicy):  # type: ignore[misc]
     def missing_host_key(self, client: Any, hostname: str, key: Any) -> None:
         raise UnknownHostKeyError(
             f"host {hostname} presented an unknown {key.get_name()} host key; refusing to "

@@ -17,8 +17,8 @@ import signal
 import subprocess
 import sys
 import threading
-from typing import NoReturn
 import time
+from typing import NoReturn
 
 
 def _kill_group(pgid: int, grace: float) -> None:

@@ -61,6 +61,12 @@ def resolve_base_image(client: Any, wanted: str, log: Log) -> Any:
     image = _image_exists(client, wanted)
     if image is not None:
         return image
+    if wanted == DockerOptions.model_fields["base_image"].default:
+        # The default base is not here: a base made by `mgpu-cloud image base` stands in for
+        # it without a pull attempt (no registry here, or the user chose the local base).
+        local = _image_exists(client, LOCAL_BASE)
+        if local is not None:
+            return local
     try:
         log(f"pulling base image {wanted} ...")
         return client.images.pull(wanted)
