@@ -33,6 +33,7 @@ from provision.spec import JobSpec
 from provision.sshconn import UnknownHostKeyError, connect, write_cluster_known_hosts
 
 Log = Callable[[str], None]
+BOOTSTRAP_ARCHIVE = ".mgpu-cloud-bootstrap.tgz"  # home-relative; removed once unpacked
 SSH_DEADLINE_S = float(os.environ.get("MGPU_CLOUD_SSH_DEADLINE", "180"))
 GPU_DEADLINE_S = float(os.environ.get("MGPU_CLOUD_GPU_DEADLINE", "600"))
 
@@ -108,7 +109,9 @@ def wait_for_ssh(conn: Any, deadline_s: float = SSH_DEADLINE_S) -> None:
 
     for attempt in Retrying(
         retry=retry_if_exception(transient),
-        wait=wait_exponential_jitter(initial=0.1, max=2.0, jitter=0.1),
+        # Short waits: sshd in a fresh node answers within a second or two, and every
+        # oversleep here adds to `up` directly.
+        wait=wait_exponential_jitter(initial=0.05, max=0.5, jitter=0.05),
         stop=stop_after_delay(deadline_s),
         reraise=True,
     ):
@@ -135,8 +138,15 @@ def _put_bytes(conn: Any, data: bytes, remote: str, mode: int = 0o644) -> None:
     conn.sftp().chmod(remote, mode)
 
 
-def _ssh_trust(conn: Any, inv: Inventory, key: bytes) -> None:
-    """Nodes reach each other by name with the cluster key and pinned host keys."""
+def _managed_block_sed(cluster: str) -> str:
+    """sed expression deleting the block this tool wrote for `cluster` (cluster names are
+    [a-z0-9-], so they need no regex escaping)."""
+    return f"/^# >>> mgpu-cloud {cluster} >>>$/,/^# <<< mgpu-cloud {cluster} <<<$/d"
+
+
+def _ssh_trust_files(inv: Inventory) -> tuple[dict[str, tuple[bytes, int]], str]:
+    """Files (home-relative path -> (data, mode)) and the shell line that make nodes reach
+    each other by name with the cluster key and pinned host keys (DeepSpeed/pdsh)."""
     q = shlex.quote
     hosts: list[str] = []
     known: list[str] = []
@@ -146,40 +156,49 @@ def _ssh_trust(conn: Any, inv: Inventory, key: bytes) -> None:
         if n.host_key:
             known.append(f"{','.join(names)} {n.host_key}")
     block = render("ssh_config.j2", cluster=inv.name, hosts=hosts)
-    _run(conn, "mkdir -p ~/.ssh && chmod 700 ~/.ssh", "making ~/.ssh")
-    _put_bytes(conn, key, f".ssh/mgpu-cloud_{inv.name}_ed25519", 0o600)
-    _put_bytes(conn, ("\n".join(known) + "\n").encode(),
-               f".ssh/mgpu-cloud_{inv.name}_known_hosts", 0o600)
-    _put_bytes(conn, block.encode(), remote_path(inv, "ssh_config"), 0o600)
-    # Put our block first in ~/.ssh/config (first match wins), replacing an older one.
-    _run(conn, (
-        f"touch ~/.ssh/config && chmod 600 ~/.ssh/config && "
+    files = {
+        f".ssh/mgpu-cloud_{inv.name}_ed25519": (Path(inv.key_path or "").read_bytes(), 0o600),
+        f".ssh/mgpu-cloud_{inv.name}_known_hosts": (("\n".join(known) + "\n").encode(), 0o600),
+        remote_path(inv, "ssh_config"): (block.encode(), 0o600),
+    }
+    pub = Path(inv.key_path or "").with_suffix(".pub").read_text().strip()
+    # Our block goes first in ~/.ssh/config (first match wins), replacing an older one; the
+    # cluster key is authorized for node-to-node logins.
+    script = (
+        f"touch ~/.ssh/config ~/.ssh/authorized_keys && "
+        f"chmod 600 ~/.ssh/config ~/.ssh/authorized_keys && "
         f"sed -e {q(_managed_block_sed(inv.name))} ~/.ssh/config > ~/.ssh/config.mgpu && "
         f"cat {q(remote_path(inv, 'ssh_config'))} ~/.ssh/config.mgpu > ~/.ssh/config && "
-        f"rm -f ~/.ssh/config.mgpu"
-    ), "writing ~/.ssh/config")
-    # The cluster key must be authorized for node-to-node logins.
-    pub = Path(inv.key_path or "").with_suffix(".pub").read_text().strip()
-    _run(conn, (
-        f"touch ~/.ssh/authorized_keys && chmod 600 ~/.ssh/authorized_keys && "
+        f"rm -f ~/.ssh/config.mgpu && "
         f"(grep -qxF {q(pub)} ~/.ssh/authorized_keys || echo {q(pub)} >> ~/.ssh/authorized_keys)"
-    ), "authorizing the cluster key")
+    )
+    return files, script
 
 
-def _managed_block_sed(cluster: str) -> str:
-    """sed expression deleting the block this tool wrote for `cluster` (cluster names are
-    [a-z0-9-], so they need no regex escaping)."""
-    return f"/^# >>> mgpu-cloud {cluster} >>>$/,/^# <<< mgpu-cloud {cluster} <<<$/d"
-
-
-def _etc_hosts(conn: Any, inv: Inventory) -> None:
+def _etc_hosts_files(inv: Inventory) -> tuple[dict[str, tuple[bytes, int]], str]:
     q = shlex.quote
     lines = "".join(f"{n.private_address} {n.name}\n" for n in inv.nodes)
     block = f"# >>> mgpu-cloud {inv.name} >>>\n{lines}# <<< mgpu-cloud {inv.name} <<<\n"
     staged = remote_path(inv, "hosts_block")
-    _put_bytes(conn, block.encode(), staged)
     inner = f"sed -i {q(_managed_block_sed(inv.name))} /etc/hosts && cat {q(staged)} >> /etc/hosts"
-    _run(conn, f"sudo -n sh -c {q(inner)}", "writing /etc/hosts")
+    return {staged: (block.encode(), 0o644)}, f"sudo -n sh -c {q(inner)}"
+
+
+def files_tar(files: dict[str, tuple[bytes, int]], workdir: bytes | None, work: str) -> bytes:
+    """One gzip tar of home-relative files (+ the workdir's files under `work`)."""
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w:gz", compresslevel=1) as tar:
+        for path, (data, mode) in files.items():
+            info = tarfile.TarInfo(path)
+            info.size, info.mode = len(data), mode
+            tar.addfile(info, io.BytesIO(data))
+        if workdir is not None:
+            with tarfile.open(fileobj=io.BytesIO(workdir), mode="r:gz") as src:
+                for member in src.getmembers():
+                    fh = src.extractfile(member) if member.isfile() else None
+                    member.name = f"{work}/{member.name}"
+                    tar.addfile(member, fh)
+    return buf.getvalue()
 
 
 def deepspeed_config(job: JobSpec, gpus: bool) -> bytes:
@@ -192,7 +211,8 @@ def deepspeed_config(job: JobSpec, gpus: bool) -> bytes:
 
 def sync_workdir_on(conn: Any, inv: Inventory, job: JobSpec, tarball: bytes) -> None:
     if job.launcher == "deepspeed":
-        _put_bytes(conn, deepspeed_config(job, inv.wait_for_gpu), remote_path(inv, "ds_config.json"))
+        _put_bytes(conn, deepspeed_config(job, inv.wait_for_gpu),
+                   remote_path(inv, "ds_config.json"))
     work = remote_path(inv, "work")
     archive = remote_path(inv, "work.tgz")
     _run(conn, f"rm -rf {shlex.quote(work)} && mkdir -p {shlex.quote(work)}", "clearing workdir")
@@ -231,28 +251,40 @@ def for_each_node(
 def bootstrap_cluster(
     inv: Inventory, store: InventoryStore, *, job: JobSpec | None = None, log: Log = print
 ) -> list[NodeResult]:
+    """Prepare every node: per node ONE upload (a tar of everything) and ONE command, after
+    SSH answers (and the GPU driver, on GPU nodes). Reports every failing node."""
     write_cluster_known_hosts(inv, store)
-    pyz = remote_zipapp()
-    hostfile = render("hostfile.j2", nodes=inv.nodes).encode()
-    key = Path(inv.key_path or "").read_bytes()
-    tarball = workdir_tar(job.local_workdir, job.excludes) if job else None
     q = shlex.quote
+    files: dict[str, tuple[bytes, int]] = {
+        remote_path(inv, "remote.pyz"): (remote_zipapp(), 0o644),
+        remote_path(inv, "hostfile"): (render("hostfile.j2", nodes=inv.nodes).encode(), 0o644),
+    }
+    if job is not None and job.launcher == "deepspeed":
+        files[remote_path(inv, "ds_config.json")] = (deepspeed_config(job, inv.wait_for_gpu),
+                                                     0o644)
+    steps = [f"rm -rf {q(remote_path(inv, 'work'))}",
+             f"mkdir -p {q(remote_path(inv, 'outputs'))} {q(remote_path(inv, 'work'))} ~/.ssh",
+             "chmod 700 ~/.ssh",
+             f"tar -xzf {q(BOOTSTRAP_ARCHIVE)} -C ~ --no-same-owner",
+             f"rm -f {q(BOOTSTRAP_ARCHIVE)}"]
+    for enabled, builder in ((inv.inter_node_ssh, _ssh_trust_files),
+                             (inv.manage_etc_hosts, _etc_hosts_files)):
+        if enabled:
+            more, line = builder(inv)
+            files.update(more)
+            steps.append(line)
+    workdir = workdir_tar(job.local_workdir, job.excludes) if job else None
+    archive = files_tar(files, workdir, remote_path(inv, "work"))
+    script = " && ".join(steps)
 
     def step(conn: Any, node: NodeRecord) -> None:
         wait_for_ssh(conn)
         if inv.wait_for_gpu:
             wait_for_gpu(conn)
-        _run(conn, f"mkdir -p {q(remote_path(inv, 'outputs'))}", "making the remote folder")
-        _put_bytes(conn, pyz, remote_path(inv, "remote.pyz"))
-        _put_bytes(conn, hostfile, remote_path(inv, "hostfile"))
-        if inv.manage_etc_hosts:
-            _etc_hosts(conn, inv)
-        if inv.inter_node_ssh:
-            _ssh_trust(conn, inv, key)
+        conn.put(io.BytesIO(archive), BOOTSTRAP_ARCHIVE)
+        _run(conn, script, "unpacking the bootstrap files")
         if inv.container_image:
             _run(conn, f"sudo -n docker pull {q(inv.container_image)}", "pulling the container")
-        if job is not None and tarball is not None:
-            sync_workdir_on(conn, inv, job, tarball)
 
     t0 = time.monotonic()
     results = for_each_node(inv, step, "bootstrap")
