@@ -8,8 +8,10 @@ Functions here hold the cluster's lock; the ones they call must not take it agai
 from __future__ import annotations
 
 import contextlib
+import importlib
 import signal
 import sys
+import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from types import FrameType
@@ -77,6 +79,10 @@ def _create_and_bootstrap(
         hourly_cost_usd=plan.hourly_cost_usd,
     )
     store.create(inv)
+    if bootstrap:
+        # Import Fabric/paramiko while the provider waits on its API (saves ~0.3 s of `up`).
+        threading.Thread(target=importlib.import_module, args=("provision.bootstrap",),
+                         daemon=True).start()
     try:
         log(f"creating {plan.nodes} node(s) on {spec.provider} ...")
         provider.create(spec, plan, inv, store)
