@@ -133,11 +133,6 @@ def wait_for_gpu(conn: Any, deadline_s: float = GPU_DEADLINE_S) -> None:
         time.sleep(5)
 
 
-def _put_bytes(conn: Any, data: bytes, remote: str, mode: int = 0o644) -> None:
-    conn.put(io.BytesIO(data), remote)
-    conn.sftp().chmod(remote, mode)
-
-
 def _managed_block_sed(cluster: str) -> str:
     """sed expression deleting the block this tool wrote for `cluster` (cluster names are
     [a-z0-9-], so they need no regex escaping)."""
@@ -209,16 +204,29 @@ def deepspeed_config(job: JobSpec, gpus: bool) -> bytes:
                   zero_stage=1, bf16=gpus).encode()
 
 
-def sync_workdir_on(conn: Any, inv: Inventory, job: JobSpec, tarball: bytes) -> None:
-    if job.launcher == "deepspeed":
-        _put_bytes(conn, deepspeed_config(job, inv.wait_for_gpu),
-                   remote_path(inv, "ds_config.json"))
-    work = remote_path(inv, "work")
-    archive = remote_path(inv, "work.tgz")
-    _run(conn, f"rm -rf {shlex.quote(work)} && mkdir -p {shlex.quote(work)}", "clearing workdir")
-    _put_bytes(conn, tarball, archive)
-    _run(conn, f"tar -xzf {shlex.quote(archive)} -C {shlex.quote(work)} && rm -f {shlex.quote(archive)}",
-         "unpacking workdir")
+def _payload(
+    inv: Inventory, files: dict[str, tuple[bytes, int]], job: JobSpec | None
+) -> tuple[bytes, list[str]]:
+    """One archive (files + the job's workdir and DeepSpeed config) and the shell steps that
+    unpack it on a node, replacing the previous workdir. Used by bootstrap and by launch."""
+    q = shlex.quote
+    files = dict(files)
+    if job is not None and job.launcher == "deepspeed":
+        files[remote_path(inv, "ds_config.json")] = (deepspeed_config(job, inv.wait_for_gpu),
+                                                     0o644)
+    workdir = workdir_tar(job.local_workdir, job.excludes) if job else None
+    archive = files_tar(files, workdir, remote_path(inv, "work"))
+    steps = [f"rm -rf {q(remote_path(inv, 'work'))}",
+             f"mkdir -p {q(remote_path(inv, 'outputs'))} {q(remote_path(inv, 'work'))} ~/.ssh",
+             "chmod 700 ~/.ssh",
+             f"tar -xzf {q(BOOTSTRAP_ARCHIVE)} -C ~ --no-same-owner",
+             f"rm -f {q(BOOTSTRAP_ARCHIVE)}"]
+    return archive, steps
+
+
+def _upload_and_run(conn: Any, archive: bytes, steps: list[str]) -> None:
+    conn.put(io.BytesIO(archive), BOOTSTRAP_ARCHIVE)
+    _run(conn, " && ".join(steps), "unpacking the uploaded files")
 
 
 def for_each_node(
@@ -259,30 +267,21 @@ def bootstrap_cluster(
         remote_path(inv, "remote.pyz"): (remote_zipapp(), 0o644),
         remote_path(inv, "hostfile"): (render("hostfile.j2", nodes=inv.nodes).encode(), 0o644),
     }
-    if job is not None and job.launcher == "deepspeed":
-        files[remote_path(inv, "ds_config.json")] = (deepspeed_config(job, inv.wait_for_gpu),
-                                                     0o644)
-    steps = [f"rm -rf {q(remote_path(inv, 'work'))}",
-             f"mkdir -p {q(remote_path(inv, 'outputs'))} {q(remote_path(inv, 'work'))} ~/.ssh",
-             "chmod 700 ~/.ssh",
-             f"tar -xzf {q(BOOTSTRAP_ARCHIVE)} -C ~ --no-same-owner",
-             f"rm -f {q(BOOTSTRAP_ARCHIVE)}"]
+    extra: list[str] = []
     for enabled, builder in ((inv.inter_node_ssh, _ssh_trust_files),
                              (inv.manage_etc_hosts, _etc_hosts_files)):
         if enabled:
             more, line = builder(inv)
             files.update(more)
-            steps.append(line)
-    workdir = workdir_tar(job.local_workdir, job.excludes) if job else None
-    archive = files_tar(files, workdir, remote_path(inv, "work"))
-    script = " && ".join(steps)
+            extra.append(line)
+    archive, steps = _payload(inv, files, job)
+    steps += extra
 
     def step(conn: Any, node: NodeRecord) -> None:
         wait_for_ssh(conn)
         if inv.wait_for_gpu:
             wait_for_gpu(conn)
-        conn.put(io.BytesIO(archive), BOOTSTRAP_ARCHIVE)
-        _run(conn, script, "unpacking the bootstrap files")
+        _upload_and_run(conn, archive, steps)
         if inv.container_image:
             _run(conn, f"sudo -n docker pull {q(inv.container_image)}", "pulling the container")
 
@@ -295,7 +294,7 @@ def bootstrap_cluster(
 
 
 def sync_workdir(inv: Inventory, store: InventoryStore, job: JobSpec, *, log: Log = print) -> None:
-    """Copy the job's workdir to every node (replacing the previous one)."""
-    tarball = workdir_tar(job.local_workdir, job.excludes)
-    for_each_node(inv, lambda conn, node: sync_workdir_on(conn, inv, job, tarball), "workdir sync")
-    log(f"synced {job.local_workdir} ({len(tarball) / 1024:.0f} KiB) to {len(inv.nodes)} node(s)")
+    """Copy the job's workdir (and DeepSpeed config) to every node, replacing the previous one."""
+    archive, steps = _payload(inv, {}, job)
+    for_each_node(inv, lambda conn, node: _upload_and_run(conn, archive, steps), "workdir sync")
+    log(f"synced {job.local_workdir} ({len(archive) / 1024:.0f} KiB) to {len(inv.nodes)} node(s)")

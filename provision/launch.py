@@ -188,22 +188,16 @@ class PrefixWriter:
             self.write("\n")
 
 
-def stop_job(inv: Inventory, nodes: list[NodeRecord], grace: float = 10.0) -> None:
-    """Stop the job's process group on `nodes` (idempotent; errors ignored: best effort)."""
+def stop_job(
+    inv: Inventory, store: InventoryStore, nodes: list[NodeRecord], grace: float = 10.0
+) -> None:
+    """Stop the job's process group on `nodes` (idempotent; best effort: a node that is gone
+    already is not an error)."""
+    from provision.remote_exec import exec_on_nodes
+
     cmd = _q(["python3", f"{inv.remote_root}/remote.pyz", "stop", "--pidfile",
               f"{inv.remote_root}/job.pid", "--grace", str(grace)])
-
-    def one(node: NodeRecord) -> None:
-        conn = connect(inv, node, timeout=5)
-        try:
-            conn.run(cmd, hide=True, warn=True, in_stream=False)
-        except Exception:  # noqa: BLE001,S110 - best effort: the node may be gone already
-            pass
-        finally:
-            conn.close()
-
-    with ThreadPoolExecutor(max_workers=max(1, len(nodes))) as pool:
-        list(pool.map(one, nodes))
+    exec_on_nodes(inv, store, cmd, nodes=nodes, timeout=5)
 
 
 def run_job(
@@ -256,11 +250,11 @@ def run_job(
                 if node_code != 0 and code == 0:
                     code = node_code
                     log(f"{futures[fut].name} exited with {node_code}; stopping the other nodes")
-                    stop_job(inv, [futures[f] for f in pending])
+                    stop_job(inv, store, [futures[f] for f in pending])
     except BaseException:
         cancelled.set()
         log("stopping the job on every node ...")
-        stop_job(inv, nodes, grace=5.0)
+        stop_job(inv, store, nodes, grace=5.0)
         raise
     finally:
         for conn in conns.values():

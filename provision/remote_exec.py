@@ -16,11 +16,19 @@ class ExecResult:
     stderr: str
 
 
-def exec_on_nodes(inv: Inventory, store: InventoryStore, command: str) -> dict[str, ExecResult]:
-    """Run `command` (a shell line, as the user typed it) on all nodes; never stops early."""
+def exec_on_nodes(
+    inv: Inventory,
+    store: InventoryStore,
+    command: str,
+    *,
+    nodes: list[NodeRecord] | None = None,
+    timeout: float = 10.0,
+) -> dict[str, ExecResult]:
+    """Run `command` (a shell line) on `nodes` (default: all) in parallel; never stops early:
+    a node that cannot be reached is a result (exit 255) too."""
 
     def one(node: NodeRecord) -> ExecResult:
-        conn = connect(inv, node)
+        conn = connect(inv, node, timeout=timeout)
         try:
             res = conn.run(command, hide=True, warn=True, in_stream=False)
             return ExecResult(int(res.exited), str(res.stdout), str(res.stderr))
@@ -29,6 +37,6 @@ def exec_on_nodes(inv: Inventory, store: InventoryStore, command: str) -> dict[s
         finally:
             conn.close()
 
-    nodes = sorted(inv.nodes, key=lambda n: n.rank)
+    nodes = sorted(inv.nodes if nodes is None else nodes, key=lambda n: n.rank)
     with ThreadPoolExecutor(max_workers=max(1, len(nodes))) as pool:
         return dict(zip([n.name for n in nodes], pool.map(one, nodes), strict=True))

@@ -22,7 +22,13 @@ from functools import cached_property
 from typing import Any, TypeVar
 
 from provision.errors import ProviderUnavailableError, UserInputError
-from provision.providers.gcp.errors import AUTH_HINT, is_transient, map_errors, operation_failure
+from provision.providers.gcp.errors import (
+    AUTH_HINT,
+    is_not_found,
+    is_transient,
+    map_errors,
+    operation_failure,
+)
 
 ENDPOINT_ENV = "MGPU_CLOUD_GCP_ENDPOINT"
 RETRY_BASE_ENV = "MGPU_CLOUD_GCP_RETRY_BASE_S"
@@ -116,6 +122,15 @@ class Clients:
             reraise=True,
         )
         return retrying(method, request=request, retry=None, timeout=CALL_TIMEOUT_S)
+
+    def call_or_none(self, method: Callable[..., T], request: Any) -> T | None:
+        """`call`, but a 404 (the resource does not exist) is None instead of an error."""
+        try:
+            return self.call(method, request)
+        except Exception as exc:
+            if is_not_found(exc):
+                return None
+            raise
 
     def wait(self, op: Any, what: str) -> Any:
         """Block until `op` is DONE through our own operations clients; raise OperationFailed

@@ -18,7 +18,7 @@ import yaml
 from provision.errors import ProviderUnavailableError, UserInputError
 from provision.plan import Plan, PlannedResource
 from provision.providers.gcp.clients import Clients
-from provision.providers.gcp.errors import is_not_found, map_errors
+from provision.providers.gcp.errors import map_errors
 from provision.spec import ClusterSpec, validate_cidr
 
 DEFAULT_ZONE = "us-central1-a"
@@ -109,12 +109,7 @@ def hourly_price(layout: Layout) -> float | None:
 # --- resolve (read-only API calls) --------------------------------------------------------
 def _get_or_none(clients: Clients, method: Any, request: Any, action: str) -> Any:
     with map_errors(action, ProviderUnavailableError):
-        try:
-            return clients.call(method, request)
-        except Exception as exc:
-            if is_not_found(exc):
-                return None
-            raise
+        return clients.call_or_none(method, request)
 
 
 def _zone_offers(clients: Clients, zone: str, machine_type: str, accelerator: str | None) -> Any:

@@ -61,12 +61,7 @@ def _start_delete(clients: Clients, rec: ResourceRecord) -> Any:
         request = compute_v1.DeleteFirewallRequest(project=project, firewall=name, request_id=rid)
     else:
         raise ValueError(f"unknown GCP resource kind {rec.kind!r}")
-    try:
-        return clients.call(method, request)
-    except Exception as exc:
-        if is_not_found(exc):
-            return None
-        raise
+    return clients.call_or_none(method, request)
 
 
 def delete_records(clients: Clients, records: Iterable[ResourceRecord],
