@@ -26,7 +26,6 @@ RUN python3 -m venv /opt/venv && \
 
 FROM os AS node
 COPY --from=builder /opt/venv /opt/venv
-COPY node-entrypoint.sh /usr/local/sbin/node-entrypoint.sh
 # Docker ENV does not reach SSH sessions; /etc/environment does (pam_env).
 RUN echo 'PATH="/opt/venv/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"' > /etc/environment && \
     mkdir -p /run/sshd /root/.ssh && chmod 700 /root/.ssh && \
@@ -39,13 +38,14 @@ RUN echo 'PATH="/opt/venv/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:
       'UsePAM yes' \
       'MaxStartups 200:30:400' \
       'MaxSessions 100' \
-      > /etc/ssh/sshd_config.d/mgpu-cloud.conf && \
-    chmod 755 /usr/local/sbin/node-entrypoint.sh
+      > /etc/ssh/sshd_config.d/mgpu-cloud.conf
 ENV PATH=/opt/venv/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin
 # Prebuild DeepSpeed's CPU ops (communication, and the fused Adam that an AdamW config uses):
 # otherwise every rank JIT-compiles them (minutes on small machines) the first time a job
 # starts. Cached in /root/.cache/torch_extensions.
 RUN python3 -c "from deepspeed.accelerator import get_accelerator as a; [a().create_op_builder(b).load() for b in ('ShareMemCommBuilder', 'FusedAdamBuilder')]" \
     && test -n "$(ls /root/.cache/torch_extensions/*/deepspeed_shm_comm/*.so)"
+# Last, so that editing it rebuilds one small layer (the tool makes it 0755 in the context).
+COPY node-entrypoint.sh /usr/local/sbin/node-entrypoint.sh
 EXPOSE 22
 CMD ["/usr/local/sbin/node-entrypoint.sh"]

@@ -10,6 +10,7 @@ Remote layout (relative to the login user's home):
 
 from __future__ import annotations
 
+import contextlib
 import fnmatch
 import io
 import os
@@ -225,8 +226,24 @@ def _payload(
 
 
 def _upload_and_run(conn: Any, archive: bytes, steps: list[str]) -> None:
-    conn.put(io.BytesIO(archive), BOOTSTRAP_ARCHIVE)
-    _run(conn, " && ".join(steps), "unpacking the uploaded files")
+    """ONE channel per node: the archive arrives on the command's stdin (no SFTP session and
+    its round trips), then the steps run. ~0.1 s less per node than put + run."""
+    command = " && ".join([f"cat > {shlex.quote(BOOTSTRAP_ARCHIVE)}", *steps])
+    conn.open()
+    chan = conn.client.get_transport().open_session()
+    try:
+        chan.set_combine_stderr(True)
+        chan.exec_command(command)
+        with contextlib.suppress(OSError, EOFError):  # a command that fails early stops reading
+            chan.sendall(archive)
+            chan.shutdown_write()
+        output = chan.makefile("rb").read().decode(errors="replace")
+        code = chan.recv_exit_status()
+    finally:
+        chan.close()
+    if code != 0:
+        detail = " | ".join(output.strip().splitlines()[-3:])
+        raise RuntimeError(f"unpacking the uploaded files failed (exit {code}): {detail}")
 
 
 def for_each_node(

@@ -464,7 +464,14 @@ def main() -> None:
     logger = logging.getLogger("mgpu_cloud")
     logger.addHandler(handler)
     logger.setLevel(logging.INFO)
-    app()
+    try:
+        app()
+    finally:
+        # Everything alive now dies with the process: frozen objects skip the interpreter's
+        # final garbage collection, which costs ~0.15 s once the docker SDK/Fabric are loaded.
+        import gc
+
+        gc.freeze()
 
 
 if __name__ == "__main__":

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import os
 import shlex
+import socket
+from functools import cache
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -54,9 +56,37 @@ def node_identity(inv: Inventory, node: NodeRecord) -> str:
     return os.path.expanduser(key)
 
 
+@cache
+def _connection_class() -> type[Connection]:
+    from fabric import Connection
+
+    class NoDelayConnection(Connection):  # type: ignore[misc]
+        """Opens its TCP socket with TCP_NODELAY. SSH writes small packets back to back; with
+        Nagle's algorithm each waits for the peer's delayed ACK (40 ms on Linux): measured,
+        a connection took 85 ms to open instead of 40, and each further command 40 ms more."""
+
+        def open(self) -> Any:
+            if self.is_connected or self.gateway is not None:
+                return super().open()
+            sock = socket.create_connection((self.host, self.port), timeout=self.connect_timeout)
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            self.connect_kwargs["sock"] = sock
+            try:
+                return super().open()
+            except BaseException:
+                sock.close()
+                raise
+            finally:
+                self.connect_kwargs.pop("sock", None)
+
+    return NoDelayConnection
+
+
 def connect(inv: Inventory, node: NodeRecord, *, timeout: float = 10.0) -> Connection:
     """A Fabric Connection to `node` that rejects unknown or changed host keys."""
-    from fabric import Config, Connection
+    from fabric import Config
+
+    Connection = _connection_class()  # noqa: N806 - a class
 
     config = Config(overrides={"load_ssh_configs": False, "run": {"hide": True, "warn": True}})
     gateway: Any = None

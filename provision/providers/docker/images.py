@@ -142,6 +142,7 @@ def ensure_node_image(opts: DockerOptions, log: Log, client: Any = None) -> str:
     with tempfile.TemporaryDirectory(prefix="mgpu-build-") as ctx:
         shutil.copy(dockerfile_path(), Path(ctx) / "Dockerfile")
         shutil.copy(templates_dir() / "docker" / "node-entrypoint.sh", Path(ctx))
+        os.chmod(Path(ctx) / "node-entrypoint.sh", 0o755)
         shutil.copytree(wheels, Path(ctx) / "wheelhouse")
         log(f"building node image {tag} from {base_ref} (once; ~1-2 min) ...")
         proc = subprocess.run(

@@ -4,15 +4,15 @@ Per cluster NAME (everything labelled mgpu-cloud-cluster=NAME):
     network     NAME-net (bridge, private to the cluster; ranks rendezvous over it)
     containers  NAME-node-0 .. NAME-node-(N-1), hostname and network alias node-R,
                 SSH published on 127.0.0.1 only (a random port), host key made by the tool
-                and copied in before start, the cluster key in authorized_keys.
+                and handed over in the container's environment (node-entrypoint.sh writes it
+                before sshd starts; anyone who can read it with `docker inspect` is root on
+                this machine anyway), the cluster key in authorized_keys.
 """
 
 from __future__ import annotations
 
 import contextlib
-import io
 import logging
-import tarfile
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -39,20 +39,10 @@ def container_name(cluster: str, rank: int) -> str:
     return f"{cluster}-node-{rank}"
 
 
-def _node_files(host: KeyPair, authorized_key: str) -> bytes:
-    """A tar of the files a node needs before sshd starts."""
-    buf = io.BytesIO()
-    with tarfile.open(fileobj=buf, mode="w") as tar:
-        for path, text, mode in (
-            ("etc/ssh/ssh_host_ed25519_key", host.private_openssh, 0o600),
-            ("etc/ssh/ssh_host_ed25519_key.pub", host.public_openssh + "\n", 0o644),
-            ("root/.ssh/authorized_keys", authorized_key + "\n", 0o600),
-        ):
-            data = text.encode()
-            info = tarfile.TarInfo(path)
-            info.size, info.mode = len(data), mode
-            tar.addfile(info, io.BytesIO(data))
-    return buf.getvalue()
+def _node_environment(host: KeyPair, authorized_key: str) -> dict[str, str]:
+    """What node-entrypoint.sh writes before sshd starts: the node's host key (made by the
+    tool, so it is pinned before the first connection) and the cluster's public key."""
+    return {"MGPU_HOST_KEY": host.private_openssh.strip(), "MGPU_AUTHORIZED_KEY": authorized_key}
 
 
 class DockerProvider:
@@ -83,22 +73,24 @@ class DockerProvider:
             raise
 
     def _create(self, spec: ClusterSpec, plan: Plan, inv: Inventory, store: InventoryStore) -> None:
+        """Engine calls go out as early as possible; the tool's own work (keys, image lookup,
+        inventory writes, the NCCL preset) happens while the engine is busy."""
         from provision.providers.docker.images import ensure_node_image
 
         client = docker_client()
-        key_path, public_key = ensure_cluster_key(store.keys_dir(spec.name))
-        inv.key_path = str(key_path)
-        inv.nccl_env = parse_env_file(render("nccl/docker.env.j2", gpus=spec.docker.gpus))
-        store.save(inv)
-        image = ensure_node_image(spec.docker, log=log.info, client=client)
         labels = {CLUSTER_TAG: spec.name}
+        store_lock = threading.Lock()  # inventory writes come from several threads
 
-        with map_errors("creating the cluster network"):
-            net = client.networks.create(network_name(spec.name), driver="bridge", labels=labels)
-        store.record(inv, ResourceRecord(kind="network", id=net.id, name=net.name))
+        def record(kind: str, rid: str, name: str) -> None:
+            with store_lock:
+                store.record(inv, ResourceRecord(kind=kind, id=rid, name=name))
 
-        record_lock = threading.Lock()
-        host_keys = [generate_ed25519(f"node-{r}") for r in range(spec.nodes)]
+        def make_network() -> Any:
+            with map_errors("creating the cluster network"):
+                net = client.networks.create(network_name(spec.name), driver="bridge",
+                                             labels=labels)
+            record("network", net.id, net.name)
+            return net
 
         def start(rank: int) -> NodeRecord:
             name = container_name(spec.name, rank)
@@ -124,13 +116,12 @@ class DockerProvider:
                         net.name: client.api.create_endpoint_config(aliases=[f"node-{rank}"])
                     },
                     shm_size="1g",
+                    environment=_node_environment(host_keys[rank], public_key),
                     detach=True,
                     **kwargs,
                 )
-            with record_lock:
-                store.record(inv, ResourceRecord(kind="container", id=container.id, name=name))
+            record("container", container.id, name)
             with map_errors(f"starting container {name}"):
-                container.put_archive("/", _node_files(host_keys[rank], public_key))
                 container.start()
                 container.reload()
             port = container.attrs["NetworkSettings"]["Ports"]["22/tcp"][0]["HostPort"]
@@ -141,8 +132,19 @@ class DockerProvider:
                 resource_id=container.id,
             )
 
-        with ThreadPoolExecutor(max_workers=min(16, spec.nodes)) as pool:
+        with ThreadPoolExecutor(max_workers=min(16, spec.nodes + 1)) as pool:
+            net_future = pool.submit(make_network)
+            key_path, public_key = ensure_cluster_key(store.keys_dir(spec.name))
+            host_keys = [generate_ed25519(f"node-{r}") for r in range(spec.nodes)]
+            with store_lock:
+                inv.key_path = str(key_path)
+                store.save(inv)
+            # On failure here, leaving the `with` waits for the network to be recorded, so
+            # the rollback removes it.
+            image = ensure_node_image(spec.docker, log=log.info, client=client)
+            net = net_future.result()
             futures = [pool.submit(start, r) for r in range(spec.nodes)]
+            inv.nccl_env = parse_env_file(render("nccl/docker.env.j2", gpus=spec.docker.gpus))
             errors = [f.exception() for f in futures if f.exception() is not None]
             if errors:
                 raise errors[0]  # type: ignore[misc]
