@@ -15,15 +15,17 @@ import contextlib
 import logging
 import threading
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from provision.errors import ProvisionError, TeardownError
 from provision.inventory import CLUSTER_TAG, Inventory, InventoryStore, NodeRecord, ResourceRecord
-from provision.keys import KeyPair, ensure_cluster_key, generate_ed25519, host_key_only
 from provision.plan import Plan, PlannedResource
 from provision.providers.docker.engine import docker_client, map_errors
 from provision.render import parse_env_file, render
 from provision.spec import ClusterSpec
+
+if TYPE_CHECKING:
+    from provision.keys import KeyPair
 
 log = logging.getLogger("mgpu_cloud")
 
@@ -85,55 +87,58 @@ class DockerProvider:
             with store_lock:
                 store.record(inv, ResourceRecord(kind=kind, id=rid, name=name))
 
-        def make_network() -> Any:
+        # Low-level API calls: the SDK's model methods add an inspect after every create.
+        api = client.api
+        net_name = network_name(spec.name)
+
+        def make_network() -> None:
             with map_errors("creating the cluster network"):
-                net = client.networks.create(network_name(spec.name), driver="bridge",
-                                             labels=labels)
-            record("network", net.id, net.name)
-            return net
+                net_id = api.create_network(net_name, driver="bridge", labels=labels)["Id"]
+            record("network", net_id, net_name)
 
         def start(rank: int) -> NodeRecord:
             name = container_name(spec.name, rank)
-            kwargs: dict[str, Any] = {}
+            host: dict[str, Any] = {"port_bindings": {22: ("127.0.0.1", None)},
+                                    "network_mode": net_name, "shm_size": "1g"}
             if spec.docker.cpus:
-                kwargs["nano_cpus"] = int(spec.docker.cpus * 1e9)
+                host["nano_cpus"] = int(spec.docker.cpus * 1e9)
             if spec.docker.memory:
-                kwargs["mem_limit"] = spec.docker.memory
+                host["mem_limit"] = spec.docker.memory
             if spec.docker.gpus:
                 import docker.types
 
-                kwargs["device_requests"] = [docker.types.DeviceRequest(count=-1,
-                                                                        capabilities=[["gpu"]])]
+                host["device_requests"] = [docker.types.DeviceRequest(count=-1,
+                                                                      capabilities=[["gpu"]])]
             with map_errors(f"creating container {name}"):
-                container = client.containers.create(
+                cid = api.create_container(
                     image,
                     name=name,
                     hostname=f"node-{rank}",
                     labels={**labels, NODE_LABEL: str(rank)},
-                    ports={"22/tcp": ("127.0.0.1", None)},
-                    network=net.name,
-                    networking_config={
-                        net.name: client.api.create_endpoint_config(aliases=[f"node-{rank}"])
-                    },
-                    shm_size="1g",
+                    ports=[22],
                     environment=_node_environment(host_keys[rank], public_key),
+                    host_config=api.create_host_config(**host),
+                    networking_config=api.create_networking_config(
+                        {net_name: api.create_endpoint_config(aliases=[f"node-{rank}"])}),
                     detach=True,
-                    **kwargs,
-                )
-            record("container", container.id, name)
+                )["Id"]
+            record("container", cid, name)
             with map_errors(f"starting container {name}"):
-                container.start()
-                container.reload()
-            port = container.attrs["NetworkSettings"]["Ports"]["22/tcp"][0]["HostPort"]
+                api.start(cid)
+                ports = api.inspect_container(cid)["NetworkSettings"]["Ports"]
             return NodeRecord(
-                name=f"node-{rank}", rank=rank, address="127.0.0.1", port=int(port),
+                name=f"node-{rank}", rank=rank, address="127.0.0.1",
+                port=int(ports["22/tcp"][0]["HostPort"]),
                 private_address=f"node-{rank}", user="root", slots=plan.slots_per_node,
                 host_key=host_key_only(host_keys[rank].public_openssh),
-                resource_id=container.id,
+                resource_id=cid,
             )
 
         with ThreadPoolExecutor(max_workers=min(16, spec.nodes + 1)) as pool:
             net_future = pool.submit(make_network)
+            # Imported here: cryptography loads while the engine makes the network.
+            from provision.keys import ensure_cluster_key, generate_ed25519, host_key_only
+
             key_path, public_key = ensure_cluster_key(store.keys_dir(spec.name))
             host_keys = [generate_ed25519(f"node-{r}") for r in range(spec.nodes)]
             with store_lock:
@@ -142,7 +147,7 @@ class DockerProvider:
             # On failure here, leaving the `with` waits for the network to be recorded, so
             # the rollback removes it.
             image = ensure_node_image(spec.docker, log=log.info, client=client)
-            net = net_future.result()
+            net_future.result()
             futures = [pool.submit(start, r) for r in range(spec.nodes)]
             inv.nccl_env = parse_env_file(render("nccl/docker.env.j2", gpus=spec.docker.gpus))
             errors = [f.exception() for f in futures if f.exception() is not None]
