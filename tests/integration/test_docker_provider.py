@@ -159,6 +159,15 @@ def test_up_exec_status_ssh_trust_down_twice(tmp_path: Path, cleanup) -> None:  
                            text=True).stdout
     assert ports.startswith("127.0.0.1:"), ports
 
+    # The host key arrives in the container's environment; it is written 0600 before sshd
+    # starts and is in neither sshd's environment nor a session's (a job never sees it).
+    res = cli("exec", "it-up", "--", "env; tr '\\0' '\\n' < /proc/1/environ; "
+              "stat -c '%a' /etc/ssh/ssh_host_ed25519_key")
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert "MGPU_HOST_KEY" not in res.stdout and "PRIVATE KEY" not in res.stdout
+    assert "MGPU_AUTHORIZED_KEY" not in res.stdout
+    assert res.stdout.count("\n600\n") == 2, res.stdout
+
     assert cli("down", "it-up").returncode == 0
     assert leftovers("it-up") == []
     again = cli("down", "it-up")
