@@ -12,20 +12,22 @@ from typing import Any
 from provision.errors import MgpuError, ProviderUnavailableError, ProvisionError
 
 
-def _import_sdk_without_ssh_transport() -> None:
+def _skip_sdk_ssh_transport() -> None:
     """The SDK imports paramiko (~0.15 s) at import time, only for ssh:// engines, and treats
     paramiko as optional (a None entry in sys.modules makes that import raise ImportError,
     as if paramiko were missing). For other engines skip it: Fabric imports paramiko later,
-    on a background thread while containers start, instead of before the first engine call."""
+    on a background thread while containers start, instead of before the first engine call.
+    Runs when this module is imported, i.e. before any module of this package imports the SDK."""
     if "docker" not in sys.modules and not os.environ.get("DOCKER_HOST", "").startswith("ssh:"):
         sys.modules.setdefault("docker.transport.sshconn", None)  # type: ignore[arg-type]
-    import docker  # noqa: F401
+
+
+_skip_sdk_ssh_transport()
 
 
 @cache
 def docker_client() -> Any:
     """A docker SDK client that has answered a ping; ProviderUnavailableError otherwise."""
-    _import_sdk_without_ssh_transport()
     import docker
     import docker.errors
 
