@@ -31,7 +31,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 def node_image() -> str:
     from provision.providers.docker.images import ensure_node_image
-    from provision.spec import DockerOptions
+    from provision.providers.docker.options import DockerOptions
 
     return ensure_node_image(DockerOptions(), log=lambda m: None)
 

@@ -21,7 +21,7 @@ import shutil
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Literal
+from typing import Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -31,13 +31,22 @@ from provision.errors import (
     ClusterExistsError,
     ClusterNotFoundError,
     MgpuError,
+    UserInputError,
 )
-from provision.spec import validate_cluster_name
+from provision.spec import ClusterSpec, validate_cluster_name
 
 CLUSTER_TAG = "mgpu-cloud-cluster"
 # libyaml when PyYAML was built with it: a save is ~2 ms instead of ~8 (saved ~10x per `up`).
 _Dumper = getattr(yaml, "CSafeDumper", yaml.SafeDumper)
 _Loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+
+
+def checked_name(name: str) -> str:
+    """`name` if it is a valid cluster name; UserInputError saying the rule otherwise."""
+    try:
+        return validate_cluster_name(name)
+    except ValueError as exc:
+        raise UserInputError(str(exc)) from None
 
 
 def state_home() -> Path:
@@ -81,7 +90,7 @@ class Inventory(BaseModel):
     created_at: str = Field(
         default_factory=lambda: dt.datetime.now(dt.UTC).isoformat(timespec="seconds")
     )
-    spec: dict[str, Any] = Field(default_factory=dict)
+    spec: ClusterSpec | None = Field(None, description="what the user asked for, typed")
     resources: list[ResourceRecord] = Field(default_factory=list)
     nodes: list[NodeRecord] = Field(default_factory=list)
     key_path: str | None = None
@@ -114,10 +123,10 @@ class InventoryStore:
 
     # --- paths -------------------------------------------------------------------------
     def path(self, name: str) -> Path:
-        return self.clusters_dir / f"{validate_cluster_name(name)}.yaml"
+        return self.clusters_dir / f"{checked_name(name)}.yaml"
 
     def keys_dir(self, name: str) -> Path:
-        d = self.home / "keys" / validate_cluster_name(name)
+        d = self.home / "keys" / checked_name(name)
         d.mkdir(parents=True, exist_ok=True, mode=0o700)
         return d
 
@@ -129,7 +138,7 @@ class InventoryStore:
     def lock(self, name: str) -> Iterator[None]:
         """Hold the cluster's lock or raise ClusterBusyError at once (never waits)."""
         self._ensure_dirs()
-        lock_path = self.clusters_dir / f"{validate_cluster_name(name)}.lock"
+        lock_path = self.clusters_dir / f"{checked_name(name)}.lock"
         fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o600)
         try:
             try:

@@ -16,10 +16,11 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from types import FrameType
 
-from provision.errors import MgpuError, UserInputError
+from provision.errors import MgpuError, ProvisionError, TeardownError, UserInputError
 from provision.inventory import Inventory, InventoryStore
 from provision.plan import Plan
-from provision.providers import Provider, get_provider
+from provision.providers import get_provider
+from provision.providers.contract import Provider
 from provision.spec import ClusterSpec, JobSpec
 
 Log = Callable[[str], None]
@@ -71,11 +72,13 @@ def _create_and_bootstrap(
     job: JobSpec | None,
     log: Log,
 ) -> Inventory:
-    """Caller holds the lock. On any failure (or Ctrl-C) everything made is destroyed."""
+    """Caller holds the lock. All-or-nothing: on any failure (or Ctrl-C) everything the
+    inventory recorded is destroyed before the error is raised. This is the only rollback:
+    providers' `create` just raises."""
     inv = Inventory(
         name=spec.name,
         provider=spec.provider,
-        spec=spec.model_dump(mode="json"),
+        spec=spec,
         hourly_cost_usd=plan.hourly_cost_usd,
     )
     store.create(inv)
@@ -95,9 +98,30 @@ def _create_and_bootstrap(
             bootstrap_cluster(inv, store, job=job, log=log)
     except BaseException as exc:
         log(f"up failed ({type(exc).__name__}: {exc}); rolling back ...")
-        _destroy(provider, inv, store, log)
+        _roll_back(provider, inv, store, exc, log)
         raise
     return inv
+
+
+def _roll_back(
+    provider: Provider, inv: Inventory, store: InventoryStore, exc: BaseException, log: Log
+) -> None:
+    """Destroy what `inv` recorded after `exc`; returns only to let the caller re-raise `exc`
+    (an MgpuError gets told that everything was deleted). A failing rollback raises a
+    TeardownError naming both failures and keeps the inventory, so `down` can finish."""
+    try:
+        _destroy(provider, inv, store, log)
+    except MgpuError as rollback:
+        raise TeardownError(
+            f"{exc}; rolling back also failed: {rollback.message}", hint=rollback.hint,
+        ) from exc
+    if isinstance(exc, MgpuError):
+        exc.message += " (everything created so far was deleted)"
+    elif isinstance(exc, Exception):
+        raise ProvisionError(
+            f"creating cluster {inv.name!r} failed: {type(exc).__name__}: {exc} "
+            "(everything created so far was deleted)"
+        ) from exc
 
 
 def _destroy(provider: Provider, inv: Inventory, store: InventoryStore, log: Log) -> None:

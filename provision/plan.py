@@ -1,8 +1,17 @@
-"""A Plan: what `up` would create and what it would cost. Built without any write call."""
+"""A Plan: what `up` would create and what it would cost. Built without any write call.
+
+Each provider returns its own subclass carrying its TYPED request (what its `create` consumes,
+e.g. AwsPlan.launch); `resources`, `notes` and the cost are the rendering for people, and
+`model_dump(mode="json")` the one for `--json`. Nothing is parsed back from strings.
+"""
 
 from __future__ import annotations
 
+from typing import TypeVar
+
 from pydantic import BaseModel, ConfigDict, Field
+
+P = TypeVar("P", bound="Plan")
 
 
 class PlannedResource(BaseModel):
@@ -27,6 +36,12 @@ class Plan(BaseModel):
     max_hours: float | None = None
     price_source: str | None = None
     notes: list[str] = Field(default_factory=list)
+
+    def expect(self, cls: type[P]) -> P:
+        """This plan as the provider's own subclass (a provider's `create` starts with it)."""
+        if not isinstance(self, cls):
+            raise TypeError(f"a {cls.__name__} is needed, not a {type(self).__name__}")
+        return self
 
     @property
     def max_cost_usd(self) -> float | None:

@@ -13,15 +13,16 @@ import re
 import secrets
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import Field, ValidationError, create_model, field_validator, model_validator
 
 from provision.errors import SpecError
+from provision.model import StrictModel
+from provision.providers import DEFAULT_PROVIDER, options_model, provider_names
 
-ProviderName = Literal["docker", "aws", "gcp", "ssh"]
-PROVIDERS: tuple[str, ...] = ("docker", "aws", "gcp", "ssh")
+T = TypeVar("T")
 LauncherName = Literal["torchrun", "deepspeed", "accelerate"]
 
 CLUSTER_NAME_RE = re.compile(r"^[a-z]([a-z0-9-]{0,38}[a-z0-9])?$")
@@ -30,10 +31,6 @@ CLUSTER_NAME_RULE = (
     "at most 40 characters (it becomes tags, labels, container names and hostnames)"
 )
 ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-
-
-class _Model(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=False)
 
 
 def validate_cluster_name(name: str) -> str:
@@ -57,63 +54,12 @@ def generate_cluster_name() -> str:
     return f"mgpu-{secrets.token_hex(3)}"
 
 
-class DockerOptions(_Model):
-    """Local emulation: nodes are containers of the top-level Dockerfile image."""
+class ClusterSpecBase(StrictModel):
+    """Where a job runs. The provider's own options live in the section named after it (e.g.
+    `aws:`); the model with one such field per registered provider is `ClusterSpec` below."""
 
-    base_image: str = "debian:bookworm-slim"
-    image: str | None = Field(None, description="use this node image instead of building one")
-    cpus: float | None = Field(None, gt=0, description="CPU limit per node container")
-    memory: str | None = Field(None, description="memory limit per node container, e.g. 4g")
-    gpus: bool = Field(False, description="pass the host's GPUs through (needs nvidia runtime)")
-
-
-class AwsOptions(_Model):
-    instance_type: str = "p4d.24xlarge"
-    region: str | None = None
-    zone: str | None = None
-    ami: str | None = None
-    disk_gb: int = Field(200, ge=8, le=16384)
-    spot_fallback: bool = False
-    private_ips: bool = False
-
-
-class GcpOptions(_Model):
-    project: str | None = None
-    zone: str | None = None
-    machine_type: str = "a2-ultragpu-8g"
-    image_family: str | None = None
-    image_project: str | None = None
-    accelerator_type: str | None = None
-    accelerator_count: int | None = Field(None, ge=1)
-    disk_gb: int = Field(200, ge=10, le=65536)
-
-
-class SshHostOptions(_Model):
-    """One pre-existing machine of the ssh provider (see inventories/onprem.example.yaml)."""
-
-    name: str | None = None
-    address: str
-    user: str | None = None
-    port: int = Field(22, ge=1, le=65535)
-    identity_file: str | None = None
-    slots: int | None = Field(None, ge=1)
-    proxy_jump: str | None = None
-    private_address: str | None = None
-
-
-class SshOptions(_Model):
-    inventory: str | None = None
-    hostfile: str | None = None
-    hosts: list[SshHostOptions] = Field(default_factory=list)
-    user: str | None = None
-    identity_file: str | None = None
-    port: int = Field(22, ge=1, le=65535)
-    accept_new_host_keys: bool = False
-
-
-class ClusterSpec(_Model):
     name: str
-    provider: ProviderName = "docker"
+    provider: str = DEFAULT_PROVIDER
     nodes: int = Field(1, ge=1, le=1024)
     gpus_per_node: int | None = Field(
         None, ge=1, description="slots per node; default: what the instance type has"
@@ -122,23 +68,62 @@ class ClusterSpec(_Model):
     max_hours: float | None = Field(None, gt=0, le=24 * 14)
     spot: bool = False
     image: str | None = Field(None, description="training container for cloud nodes")
-    docker: DockerOptions = Field(default_factory=DockerOptions)
-    aws: AwsOptions = Field(default_factory=AwsOptions)
-    gcp: GcpOptions = Field(default_factory=GcpOptions)
-    ssh: SshOptions = Field(default_factory=SshOptions)
 
     @field_validator("name")
     @classmethod
     def _name(cls, v: str) -> str:
         return validate_cluster_name(v)
 
+    @field_validator("provider")
+    @classmethod
+    def _provider(cls, v: str) -> str:
+        if v not in provider_names():
+            raise ValueError(f"unknown provider {v!r}; choose one of: {', '.join(provider_names())}")
+        return v
+
     @field_validator("ssh_cidr")
     @classmethod
     def _cidr(cls, v: str | None) -> str | None:
         return None if v is None else validate_cidr(v)
 
+    @model_validator(mode="before")
+    @classmethod
+    def _own_section(cls, data: Any) -> Any:
+        """The chosen provider's section always exists (defaults filled in); the sections
+        of other providers stay empty (None)."""
+        if isinstance(data, Mapping):
+            provider = data.get("provider", DEFAULT_PROVIDER)
+            if provider in provider_names() and data.get(provider) is None:
+                data = {**data, provider: {}}
+        return data
 
-class JobSpec(_Model):
+    def options_as(self, model: type[T]) -> T:
+        """The chosen provider's options, as its own model (what a provider reads)."""
+        options = getattr(self, self.provider)
+        if not isinstance(options, model):
+            raise TypeError(f"provider {self.provider!r} has no {model.__name__}")
+        return options
+
+
+def _cluster_spec_model() -> type[ClusterSpecBase]:
+    """ClusterSpecBase plus one optional field per registered provider, typed by the options
+    model the provider declares."""
+    fields: dict[str, Any] = {
+        name: (options_model(name) | None, None) for name in provider_names()
+    }
+    model: type[ClusterSpecBase] = create_model(
+        "ClusterSpec", __base__=ClusterSpecBase, __module__=__name__, **fields
+    )
+    return model
+
+
+if TYPE_CHECKING:
+    ClusterSpec = ClusterSpecBase
+else:
+    ClusterSpec = _cluster_spec_model()
+
+
+class JobSpec(StrictModel):
     script: str
     args: list[str] = Field(default_factory=list)
     launcher: LauncherName = "torchrun"
@@ -252,13 +237,14 @@ def build_cluster_spec(file_values: Mapping[str, Any], cli_values: Mapping[str, 
     """Merge CLI values over file values and validate. Raises SpecError."""
     merged = deep_merge(file_values, cli_values)
     merged.pop("job", None)
-    if "provider" in merged and merged["provider"] not in PROVIDERS:
+    if "provider" in merged and merged["provider"] not in provider_names():
         raise SpecError(
-            f"unknown provider {merged['provider']!r}; choose one of: {', '.join(PROVIDERS)}"
+            f"unknown provider {merged['provider']!r}; choose one of: "
+            f"{', '.join(provider_names())}"
         )
     merged.setdefault("name", generate_cluster_name())
-    provider = merged.get("provider", "docker")
-    for other in PROVIDERS:
+    provider = merged.get("provider", DEFAULT_PROVIDER)
+    for other in provider_names():
         if other != provider and merged.get(other):
             raise SpecError(
                 f"settings for provider {other!r} were given, but the provider is {provider!r}",

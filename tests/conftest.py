@@ -44,6 +44,6 @@ def docker_engine() -> Iterator[None]:
 def node_image(docker_engine: None) -> str:
     """The node image, built once (cached by tag across runs)."""
     from provision.providers.docker.images import ensure_node_image
-    from provision.spec import DockerOptions
+    from provision.providers.docker.options import DockerOptions
 
     return ensure_node_image(DockerOptions(), log=print)

@@ -20,7 +20,7 @@ def test_wheel_carries_assets_and_works_installed(tmp_path: Path) -> None:
                      "provision/_assets/templates/docker/node-entrypoint.sh",
                      "provision/_assets/templates/nccl/aws-efa.env.j2",
                      "provision/_assets/inventories/onprem.example.yaml",
-                     "remote/cli.py", "remote/supervise.py", "provision/cli.py"):
+                     "remote/cli.py", "remote/supervise.py", "provision/cli/__init__.py"):
         assert required in names, required
     assert any(n.endswith("entry_points.txt") for n in names)
 

@@ -1,70 +1,112 @@
-"""The Provider contract and a lazily-importing registry.
+"""The provider registry, and what each provider declares about itself.
 
-A provider module is imported only when a command needs it, so `mgpu-cloud --help` never
-pays for boto3 or google-cloud-compute.
+A provider is one package, provision/providers/<name>/, whose `__init__.py` defines
+`INFO = ProviderInfo(...)`: its options model, its CLI flags, whether it costs money, and
+where its implementation lives. Importing that `__init__` must stay cheap (no SDK, no pydantic):
+the CLI reads every provider's flags when it starts. Adding a provider is its folder plus one
+line in REGISTRY; spec.py, cli.py and the pipeline learn everything else from INFO.
+
+The contract a provider implements is provision.providers.contract.Provider.
 """
 
 from __future__ import annotations
 
 import importlib
-from typing import Protocol, runtime_checkable
+from dataclasses import dataclass
+from functools import cache
+from typing import TYPE_CHECKING, Any
 
 from provision.errors import ProviderUnavailableError, UserInputError
-from provision.inventory import Inventory, InventoryStore, ResourceRecord
-from provision.plan import Plan
-from provision.spec import PROVIDERS, ClusterSpec
 
+if TYPE_CHECKING:
+    from provision.providers.contract import Provider
 
-@runtime_checkable
-class Provider(Protocol):
-    name: str
-
-    def plan(self, spec: ClusterSpec) -> Plan:
-        """Validate `spec` against the provider (read-only calls at most) and describe what
-        `create` would make and cost. Never writes. Raises UserInputError /
-        ProviderUnavailableError for bad input, unreachable APIs or missing credentials."""
-        ...
-
-    def create(self, spec: ClusterSpec, plan: Plan, inv: Inventory, store: InventoryStore) -> None:
-        """Make the resources of `plan`, recording each in `inv` through `store.record` as soon
-        as its id exists, then fill `inv.nodes`. All-or-nothing: on any failure it destroys what
-        it made and raises ProvisionError naming the cause."""
-        ...
-
-    def destroy(self, inv: Inventory, store: InventoryStore) -> None:
-        """Delete every resource of `inv`. Idempotent; resources already gone are not errors.
-        Raises TeardownError (after trying everything) if some could not be deleted."""
-        ...
-
-    def orphans(self, spec: ClusterSpec, known: set[str]) -> list[ResourceRecord]:
-        """Tagged resources in the spec's scope (region/project) whose cluster is not in
-        `known` (the names of the inventories on this machine)."""
-        ...
-
-    def delete_orphans(self, spec: ClusterSpec, resources: list[ResourceRecord]) -> None:
-        """Delete resources returned by `orphans`. Idempotent."""
-        ...
-
-
-_REGISTRY: dict[str, str] = {
+# name -> package. One line per provider.
+REGISTRY: dict[str, str] = {
     "docker": "provision.providers.docker",
     "aws": "provision.providers.aws",
     "gcp": "provision.providers.gcp",
     "ssh": "provision.providers.ssh",
 }
+DEFAULT_PROVIDER = "docker"
+
+
+@dataclass(frozen=True)
+class Flag:
+    """One CLI flag of a provider, mapped to a field of its options model.
+
+    Two providers may declare the same flag (e.g. --zone): the CLI shows it once and hands the
+    value to whichever provider was chosen. `gc=True`: the flag also scopes `mgpu-cloud gc`."""
+
+    decl: str  # "--instance-type"
+    field: str  # field of the options model
+    type: Any = str  # str | int | float | bool (a bool is a switch)
+    help: str = ""
+    short: str | None = None  # "-i"
+    gc: bool = False
+
+    @property
+    def param(self) -> str:
+        """The Python parameter name the CLI gives the flag (kept apart from core options)."""
+        return "p_" + self.decl.lstrip("-").replace("-", "_")
+
+
+@dataclass(frozen=True)
+class ProviderInfo:
+    name: str
+    summary: str  # one line for --help
+    options: str  # "module:Class" of the options model (the `NAME:` section of a cluster YAML)
+    implementation: str  # "module:Class" implementing contract.Provider
+    costs_money: bool  # plans of a provider that costs money are confirmed before `up`
+    flags: tuple[Flag, ...] = ()
+    connector: str | None = None  # "module:function(inv) -> Connector"; None: SSH to the nodes
+    commands: tuple[tuple[str, str], ...] = ()  # CLI sub-commands: (name, "module:typer_app")
+
+
+def provider_names() -> tuple[str, ...]:
+    return tuple(REGISTRY)
+
+
+def _load(ref: str) -> Any:
+    module, _, attr = ref.partition(":")
+    return getattr(importlib.import_module(module), attr)
+
+
+@cache
+def provider_info(name: str) -> ProviderInfo:
+    """INFO of provider `name`; UserInputError naming the known providers otherwise."""
+    if name not in REGISTRY:
+        raise UserInputError(
+            f"unknown provider {name!r}; choose one of: {', '.join(REGISTRY)}"
+        )
+    info: ProviderInfo = importlib.import_module(REGISTRY[name]).INFO
+    return info
+
+
+def all_provider_infos() -> list[ProviderInfo]:
+    return [provider_info(name) for name in REGISTRY]
+
+
+def options_model(name: str) -> Any:
+    """The pydantic options model of provider `name` (imports pydantic)."""
+    return _load(provider_info(name).options)
 
 
 def get_provider(name: str) -> Provider:
-    if name not in _REGISTRY:
-        raise UserInputError(
-            f"unknown provider {name!r}; choose one of: {', '.join(PROVIDERS)}"
-        )
+    """A new instance of provider `name`; its SDK is imported only now."""
+    info = provider_info(name)
     try:
-        module = importlib.import_module(_REGISTRY[name])
+        cls = _load(info.implementation)
     except ImportError as exc:
         raise ProviderUnavailableError(
             f"provider {name!r} cannot be loaded: {exc}",
             hint="reinstall mgpu-cloud with its dependencies: pip install mgpu-cloud",
         ) from exc
-    provider: Provider = module.PROVIDER_CLASS()
+    provider: Provider = cls()
     return provider
+
+
+def connector_for(name: str) -> Any | None:
+    """The provider's own node transport factory, or None (SSH)."""
+    ref = provider_info(name).connector
+    return _load(ref) if ref else None

@@ -1,11 +1,11 @@
 """AWS provider: GPU clusters (p4d/p5/...) in one cluster placement group with EFA.
 
-Importing this package is cheap: boto3/botocore are imported inside the functions that call
-AWS, never at module level (the CLI must start fast).
+Importing this package is cheap (the CLI reads INFO at start-up): boto3/botocore are imported
+inside the functions that call AWS, never at module level.
 
     provider.py   AwsProvider: the Provider contract; the ONE place botocore errors become
                   MgpuErrors (errors.map_errors)
-    plan.py       read-only validation + Plan (what `up` prints before it writes anything)
+    plan.py       read-only validation -> AwsPlan (what `up` prints, and what `create` consumes)
     create.py     the write steps of `up`, each resource recorded the moment its id exists
     teardown.py   destroy (idempotent, from the inventory + tag lookups) and `gc` orphans
     api.py        EC2 calls through retry.py; clients.py makes sessions/clients
@@ -13,8 +13,23 @@ AWS, never at module level (the CLI must start fast).
     catalog.py    instance-type facts from describe_instance_types + the shipped prices.yaml
 """
 
-from provision.providers.aws.provider import AwsProvider
+from provision.providers import Flag, ProviderInfo
 
-PROVIDER_CLASS = AwsProvider
-
-__all__ = ["PROVIDER_CLASS", "AwsProvider"]
+INFO = ProviderInfo(
+    name="aws",
+    summary="EC2 GPU instances in a cluster placement group, EFA",
+    options="provision.providers.aws.options:AwsOptions",
+    implementation="provision.providers.aws.provider:AwsProvider",
+    costs_money=True,
+    flags=(
+        Flag("--instance-type", "instance_type", help="e.g. p4d.24xlarge"),
+        Flag("--region", "region", help="region", gc=True),
+        Flag("--zone", "zone", help="availability zone"),
+        Flag("--ami", "ami", help="AMI id (default: Deep Learning Base GPU AMI)"),
+        Flag("--disk-gb", "disk_gb", int, help="root disk size"),
+        Flag("--spot-fallback", "spot_fallback", bool,
+             help="fall back to on-demand when spot has no capacity"),
+        Flag("--private-ips", "private_ips", bool,
+             help="no Elastic IPs: the controller is inside the VPC"),
+    ),
+)

@@ -4,8 +4,7 @@
     zone/market failover on capacity errors) -> wait running -> Elastic IP on node-0 (multi-card
     types) -> inventory nodes + EFA/NCCL preset
 
-Rollback is not done here: AwsProvider.create destroys whatever the inventory holds when this
-raises. Every write is safe to retry (ClientToken, or "Duplicate" answers resolved by tag).
+Rollback is not done here: the pipeline destroys whatever the inventory holds when this raises. Every write is safe to retry (ClientToken, or "Duplicate" answers resolved by tag).
 """
 
 from __future__ import annotations
@@ -19,11 +18,10 @@ from typing import Any
 from provision.errors import CapacityError, ProvisionError
 from provision.inventory import Inventory, InventoryStore, NodeRecord, ResourceRecord
 from provision.keys import ensure_cluster_key, generate_ed25519, host_key_only
-from provision.plan import Plan
 from provision.providers.aws import retry
 from provision.providers.aws.api import Ec2, cluster_of, tag_spec
 from provision.providers.aws.errors import describe, error_code, is_capacity, map_errors
-from provision.providers.aws.plan import NODE_USER, LaunchSettings, resource_name
+from provision.providers.aws.plan import NODE_USER, AwsPlan, resource_name
 from provision.spec import ClusterSpec
 
 DEFAULT_CONTAINER_IMAGE = "nvcr.io/nvidia/pytorch:24.06-py3"
@@ -37,10 +35,13 @@ def step(what: str) -> Iterator[None]:
 
 
 class Creator:
-    def __init__(self, spec: ClusterSpec, plan: Plan, inv: Inventory, store: InventoryStore):
+    def __init__(self, spec: ClusterSpec, plan: AwsPlan, inv: Inventory, store: InventoryStore):
         self.spec, self.inv, self.store = spec, inv, store
-        self.s = LaunchSettings.from_plan(plan)
-        self.name = resource_name(self.s.cluster)
+        self.s = plan.launch
+        self.cluster = plan.cluster
+        self.count = plan.nodes
+        self.slots = plan.slots_per_node
+        self.name = resource_name(plan.cluster)
         self.ec2 = Ec2(self.s.region)
 
     # --- bookkeeping ---------------------------------------------------------------------
@@ -56,11 +57,11 @@ class Creator:
         """A create answered 'Duplicate' (e.g. a retried call that had succeeded): use the
         existing resource only if it carries this cluster's tag."""
         for item in found:
-            if cluster_of(item.get("Tags")) == self.s.cluster:
+            if cluster_of(item.get("Tags")) == self.cluster:
                 return str(item[id_key])
         raise ProvisionError(
             f"a {kind} named {self.name!r} already exists in {self.s.region} and is not tagged "
-            f"for cluster {self.s.cluster!r}",
+            f"for cluster {self.cluster!r}",
             hint="delete it, or choose another --name",
         )
 
@@ -72,7 +73,7 @@ class Creator:
             try:
                 kp_id = str(self.ec2.call(
                     "import_key_pair", KeyName=self.name, PublicKeyMaterial=public_key.encode(),
-                    TagSpecifications=tag_spec("key-pair", self.s.cluster),
+                    TagSpecifications=tag_spec("key-pair", self.cluster),
                 )["KeyPairId"])
             except ClientError as exc:
                 if error_code(exc) != "InvalidKeyPair.Duplicate":
@@ -88,9 +89,9 @@ class Creator:
             try:
                 sg = str(self.ec2.call(
                     "create_security_group", GroupName=self.name, VpcId=self.s.vpc_id,
-                    Description=f"mgpu-cloud cluster {self.s.cluster}: SSH from {self.s.ssh_cidr}, "
+                    Description=f"mgpu-cloud cluster {self.cluster}: SSH from {self.s.ssh_cidr}, "
                     "all traffic within the group (EFA)",
-                    TagSpecifications=tag_spec("security-group", self.s.cluster),
+                    TagSpecifications=tag_spec("security-group", self.cluster),
                 )["GroupId"])
             except ClientError as exc:
                 if error_code(exc) != "InvalidGroup.Duplicate":
@@ -133,7 +134,7 @@ class Creator:
             try:
                 self.ec2.call(
                     "create_placement_group", GroupName=self.name, Strategy="cluster",
-                    TagSpecifications=tag_spec("placement-group", self.s.cluster),
+                    TagSpecifications=tag_spec("placement-group", self.cluster),
                 )
             except ClientError as exc:
                 if error_code(exc) != "InvalidPlacementGroup.Duplicate":
@@ -152,7 +153,7 @@ class Creator:
         if self.s.efa_interfaces == 0:
             return [{
                 "DeviceIndex": 0, "SubnetId": subnet, "Groups": [sg],
-                "DeleteOnTermination": True, "AssociatePublicIpAddress": not self.spec.aws.private_ips,
+                "DeleteOnTermination": True, "AssociatePublicIpAddress": not self.s.private_ips,
             }]
         out: list[dict[str, Any]] = []
         for card in range(self.s.efa_interfaces):
@@ -163,19 +164,19 @@ class Creator:
                 "SubnetId": subnet, "Groups": [sg], "DeleteOnTermination": True,
             }
             if self.s.efa_interfaces == 1:  # one interface: EC2 can give it a public IP
-                iface["AssociatePublicIpAddress"] = not self.spec.aws.private_ips
+                iface["AssociatePublicIpAddress"] = not self.s.private_ips
             out.append(iface)
         return out
 
     def run_params(self, zone: str, subnet: str, sg: str, spot: bool, user_data: str) -> dict[str, Any]:
-        tags = tag_spec("instance", self.s.cluster) + tag_spec("volume", self.s.cluster) + tag_spec(
-            "network-interface", self.s.cluster
+        tags = tag_spec("instance", self.cluster) + tag_spec("volume", self.cluster) + tag_spec(
+            "network-interface", self.cluster
         )
         params: dict[str, Any] = {
             "ImageId": self.s.ami,
             "InstanceType": self.s.instance_type,
-            "MinCount": self.s.count,
-            "MaxCount": self.s.count,
+            "MinCount": self.count,
+            "MaxCount": self.count,
             "KeyName": self.name,
             "NetworkInterfaces": self.network_interfaces(subnet, sg),
             "Placement": {"GroupName": self.name, "AvailabilityZone": zone},
@@ -189,7 +190,7 @@ class Creator:
             "MetadataOptions": {"HttpTokens": "required", "HttpEndpoint": "enabled"},
             "TagSpecifications": tags,
             # Same token on every transient retry of this attempt: EC2 launches at most once.
-            "ClientToken": f"{self.s.cluster}-{zone}-{'spot' if spot else 'od'}-{uuid.uuid4().hex[:12]}",
+            "ClientToken": f"{self.cluster}-{zone}-{'spot' if spot else 'od'}-{uuid.uuid4().hex[:12]}",
         }
         if spot:
             params["InstanceMarketOptions"] = {
@@ -197,7 +198,7 @@ class Creator:
                 "SpotOptions": {"SpotInstanceType": "one-time",
                                 "InstanceInterruptionBehavior": "terminate"},
             }
-            params["TagSpecifications"] = tags + tag_spec("spot-instances-request", self.s.cluster)
+            params["TagSpecifications"] = tags + tag_spec("spot-instances-request", self.cluster)
         return params
 
     def launch(self, sg: str, user_data: str) -> list[dict[str, Any]]:
@@ -208,9 +209,9 @@ class Creator:
         markets = [True, False] if self.s.spot and self.s.spot_fallback else [self.s.spot]
         failures: list[str] = []
         for spot in markets:
-            for zone, subnet in self.s.zones:
+            for zone, subnet in ((z.zone, z.subnet) for z in self.s.zones):
                 params = self.run_params(zone, subnet, sg, spot, user_data)
-                with step(f"launching {self.s.count} x {self.s.instance_type} in {zone}"):
+                with step(f"launching {self.count} x {self.s.instance_type} in {zone}"):
                     try:
                         instances: list[dict[str, Any]] = self.ec2.call(
                             "run_instances", **params
@@ -224,7 +225,7 @@ class Creator:
                 self.record(*(self._res("instance", i["InstanceId"], zone) for i in instances))
                 return instances
         raise CapacityError(
-            f"no zone had capacity for {self.s.count} x {self.s.instance_type} in one placement "
+            f"no zone had capacity for {self.count} x {self.s.instance_type} in one placement "
             "group: " + "; ".join(failures),
             hint="try fewer --nodes, another --region, --spot-fallback (with --spot), or later",
         )
@@ -263,7 +264,7 @@ class Creator:
         with step("allocating the Elastic IP of node-0"):
             eip = self.ec2.call(
                 "allocate_address", Domain="vpc",
-                TagSpecifications=tag_spec("elastic-ip", self.s.cluster),
+                TagSpecifications=tag_spec("elastic-ip", self.cluster),
             )
             self.record(ResourceRecord(
                 kind="elastic-ip", id=eip["AllocationId"], name=eip["PublicIp"],
@@ -282,11 +283,11 @@ class Creator:
 
         key_path, public_key = ensure_cluster_key(self.store.keys_dir(self.inv.name))
         self.inv.key_path = str(key_path)
-        host = generate_ed25519(f"mgpu-cloud-{self.s.cluster}-host")
+        host = generate_ed25519(f"mgpu-cloud-{self.cluster}-host")
         host_public = host_key_only(host.public_openssh)
         max_seconds = int(self.s.max_hours * 3600)
         user_data = render(
-            "aws/user-data.yaml.j2", cluster=self.s.cluster,
+            "aws/user-data.yaml.j2", cluster=self.cluster,
             host_private_key=host.private_openssh.strip(), host_public_key=host_public,
             max_hours=f"{self.s.max_hours:g}", max_seconds=max_seconds,
             max_minutes=max(1, max_seconds // 60),
@@ -302,7 +303,7 @@ class Creator:
         for rank, inst in enumerate(nodes):
             private = str(inst.get("PrivateIpAddress") or "")
             proxy = None
-            if self.spec.aws.private_ips:
+            if self.s.private_ips:
                 address = private
             elif gateway is not None:
                 address = gateway if rank == 0 else private
@@ -313,7 +314,7 @@ class Creator:
                 raise ProvisionError(f"node {inst['InstanceId']} has no address to reach it on")
             records.append(NodeRecord(
                 name=f"node-{rank}", rank=rank, address=address, private_address=private,
-                user=NODE_USER, slots=self.s.slots, host_key=host_public,
+                user=NODE_USER, slots=self.slots, host_key=host_public,
                 resource_id=inst["InstanceId"], zone=inst["Placement"]["AvailabilityZone"],
                 proxy_jump=proxy,
             ))
@@ -328,6 +329,6 @@ class Creator:
         self.store.save(self.inv)
 
 
-def create_cluster(spec: ClusterSpec, plan: Plan, inv: Inventory, store: InventoryStore) -> None:
+def create_cluster(spec: ClusterSpec, plan: AwsPlan, inv: Inventory, store: InventoryStore) -> None:
     """Make everything of `plan`. Raises (MgpuError) on failure WITHOUT rolling back."""
     Creator(spec, plan, inv, store).run()

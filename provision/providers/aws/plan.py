@@ -1,20 +1,20 @@
 """`plan`: validate a spec against AWS with read-only calls and describe what `up` will make.
 
-Everything `create` needs is written into the Plan's resource details (printable strings), and
-`LaunchSettings.from_plan` reads it back: `up` executes exactly the plan it printed.
+Everything `create` needs is in the plan's typed `launch` (AwsLaunch); the resource list is its
+rendering for people. `up` executes exactly the plan it printed.
 Order of checks: local input first (nodes, CIDR, credentials, region), then describe calls.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 from provision.errors import UserInputError
+from provision.model import StrictModel
 from provision.plan import Plan, PlannedResource
 from provision.providers.aws.api import Ec2
 from provision.providers.aws.catalog import hourly_price, parse_instance_type
 from provision.providers.aws.clients import new_session, require_credentials, resolve_region
 from provision.providers.aws.errors import error_code
+from provision.providers.aws.options import AwsOptions
 from provision.spec import ClusterSpec, validate_cidr
 
 # AWS Deep Learning Base OSS Nvidia Driver GPU AMI (Ubuntu 22.04), public SSM parameter.
@@ -33,17 +33,21 @@ def resource_name(cluster: str) -> str:
     return f"mgpu-cloud-{cluster}"
 
 
-@dataclass(frozen=True)
-class LaunchSettings:
-    """What `create` does, decoded from the Plan."""
+class ZoneSubnet(StrictModel):
+    zone: str
+    subnet: str  # the default subnet of the zone
 
-    cluster: str
+
+class AwsLaunch(StrictModel):
+    """What `create` does: everything resolved by `plan`, typed."""
+
     region: str
     instance_type: str
-    count: int
-    zones: list[tuple[str, str]]  # (zone, default subnet) in failover order
+    zones: list[ZoneSubnet]  # in failover order
     vpc_id: str
     ami: str
+    ami_name: str
+    gpus: str  # e.g. "8 x NVIDIA A100 40 GiB", for people
     spot: bool
     spot_fallback: bool
     efa_interfaces: int
@@ -51,35 +55,16 @@ class LaunchSettings:
     disk_gb: int
     max_hours: float
     ssh_cidr: str
+    private_ips: bool
     gateway_eip: bool  # multi-card types: no automatic public IP -> one Elastic IP on node-0
-    slots: int
 
     @property
     def interfaces(self) -> int:
         return max(1, self.efa_interfaces)
 
-    @classmethod
-    def from_plan(cls, plan: Plan) -> LaunchSettings:
-        by_kind = {r.kind: r.details for r in plan.resources}
-        inst, sg = by_kind["instances"], by_kind["security-group"]
-        return cls(
-            cluster=plan.cluster,
-            region=inst["region"],
-            instance_type=inst["instance_type"],
-            count=plan.nodes,
-            zones=[tuple(z.split("=", 1)) for z in inst["zones"].split(",")],  # type: ignore[misc]
-            vpc_id=sg["vpc"],
-            ami=inst["ami"],
-            spot=inst["market"] == "spot",
-            spot_fallback=inst["spot_fallback"] == "yes",
-            efa_interfaces=int(inst["efa_interfaces"]),
-            device_rdma=inst["gpudirect_rdma"] == "yes",
-            disk_gb=int(inst["disk_gb"]),
-            max_hours=float(inst["max_hours"]),
-            ssh_cidr=sg["ssh_from"],
-            gateway_eip="elastic-ip" in by_kind,
-            slots=plan.slots_per_node,
-        )
+
+class AwsPlan(Plan):
+    launch: AwsLaunch
 
 
 def _validate_local(spec: ClusterSpec) -> str:
@@ -114,13 +99,14 @@ def _zones(ec2: Ec2, spec: ClusterSpec, instance_type: str) -> tuple[str, list[t
             f"{instance_type} is not offered in {ec2.region}",
             hint="choose another --region (p4d/p5 are in e.g. us-east-1, us-west-2)",
         )
-    if spec.aws.zone is not None:
-        if spec.aws.zone not in offered:
+    zone = spec.options_as(AwsOptions).zone
+    if zone is not None:
+        if zone not in offered:
             raise UserInputError(
-                f"zone {spec.aws.zone!r} does not offer {instance_type}",
+                f"zone {zone!r} does not offer {instance_type}",
                 hint=f"zones of {ec2.region} that do: {', '.join(offered)} (or omit --zone)",
             )
-        offered = [spec.aws.zone]
+        offered = [zone]
     vpcs = ec2.call("describe_vpcs", Filters=[{"Name": "is-default", "Values": ["true"]}])["Vpcs"]
     if not vpcs:
         raise UserInputError(
@@ -156,86 +142,104 @@ def _ami(ec2: Ec2, wanted: str | None) -> tuple[str, str]:
 def build_plan(spec: ClusterSpec) -> Plan:
     """Read-only: validates `spec` and returns the Plan. Never writes."""
     ssh_cidr = _validate_local(spec)
+    opts = spec.options_as(AwsOptions)
     session = new_session()
-    region = resolve_region(session, spec.aws.region)
+    region = resolve_region(session, opts.region)
     require_credentials(session)
     ec2 = Ec2(region, session)
 
     from botocore.exceptions import ClientError
 
     try:
-        described = ec2.call("describe_instance_types", InstanceTypes=[spec.aws.instance_type])
+        described = ec2.call("describe_instance_types", InstanceTypes=[opts.instance_type])
     except ClientError as exc:
         if error_code(exc) == "InvalidInstanceType":
             raise UserInputError(
-                f"unknown instance type {spec.aws.instance_type!r} in {region}",
+                f"unknown instance type {opts.instance_type!r} in {region}",
                 hint="e.g. --instance-type p4d.24xlarge or p5.48xlarge",
             ) from None
         raise
     if not described["InstanceTypes"]:
-        raise UserInputError(f"unknown instance type {spec.aws.instance_type!r} in {region}")
+        raise UserInputError(f"unknown instance type {opts.instance_type!r} in {region}")
     info = parse_instance_type(described["InstanceTypes"][0])
     price, price_source = hourly_price(info.name, region)
     vpc_id, zones = _zones(ec2, spec, info.name)
-    ami, ami_name = _ami(ec2, spec.aws.ami)
+    ami, ami_name = _ami(ec2, opts.ami)
 
-    max_hours = spec.max_hours or DEFAULT_MAX_HOURS
-    slots = spec.gpus_per_node or info.gpu_count
-    gateway_eip = info.interfaces > 1 and not spec.aws.private_ips
-    name = resource_name(spec.name)
+    launch = AwsLaunch(
+        region=region, instance_type=info.name, zones=[ZoneSubnet(zone=z, subnet=sn) for z, sn in zones],
+        vpc_id=vpc_id, ami=ami, ami_name=ami_name or "(custom)", gpus=info.gpu_summary(),
+        spot=spec.spot, spot_fallback=spec.spot and opts.spot_fallback,
+        efa_interfaces=info.efa_interfaces, device_rdma=info.device_rdma, disk_gb=opts.disk_gb,
+        max_hours=spec.max_hours or DEFAULT_MAX_HOURS, ssh_cidr=ssh_cidr,
+        private_ips=opts.private_ips, gateway_eip=info.interfaces > 1 and not opts.private_ips,
+    )
+    return AwsPlan(
+        provider="aws",
+        cluster=spec.name,
+        nodes=spec.nodes,
+        slots_per_node=spec.gpus_per_node or info.gpu_count,
+        resources=planned_resources(spec.name, spec.nodes, launch),
+        hourly_cost_usd=round(price * spec.nodes, 4),
+        max_hours=launch.max_hours,
+        price_source=price_source,
+        notes=plan_notes(launch, max_hours_defaulted=spec.max_hours is None),
+        launch=launch,
+    )
+
+
+def planned_resources(cluster: str, nodes: int, launch: AwsLaunch) -> list[PlannedResource]:
+    """The plan's rendering for people (pure)."""
+    name = resource_name(cluster)
     resources = [
         PlannedResource(kind="key-pair", name=name, details={"key": "the cluster's ed25519 key"}),
         PlannedResource(
             kind="security-group", name=name,
             details={
-                "vpc": vpc_id, "ssh_from": ssh_cidr,
+                "vpc": launch.vpc_id, "ssh_from": launch.ssh_cidr,
                 "intra_cluster": "all traffic in and out to the group itself (EFA)",
             },
         ),
         PlannedResource(kind="placement-group", name=name, details={"strategy": "cluster"}),
         PlannedResource(
-            kind="instances", name=f"{spec.nodes} x {info.name}",
+            kind="instances", name=f"{nodes} x {launch.instance_type}",
             details={
-                "region": region,
-                "instance_type": info.name,
-                "gpus": info.gpu_summary(),
-                "zones": ",".join(f"{z}={s}" for z, s in zones),
-                "ami": ami,
-                "ami_name": ami_name or "(custom)",
-                "market": "spot" if spec.spot else "on-demand",
-                "spot_fallback": "yes" if spec.spot and spec.aws.spot_fallback else "no",
-                "efa_interfaces": str(info.efa_interfaces),
-                "gpudirect_rdma": "yes" if info.device_rdma else "no",
-                "disk_gb": str(spec.aws.disk_gb),
-                "max_hours": f"{max_hours:g}",
-                "addresses": "private" if spec.aws.private_ips else (
-                    "node-0 via Elastic IP, others through it" if gateway_eip else "public IP"
+                "region": launch.region,
+                "instance_type": launch.instance_type,
+                "gpus": launch.gpus,
+                "zones": ",".join(f"{z.zone}={z.subnet}" for z in launch.zones),
+                "ami": launch.ami,
+                "ami_name": launch.ami_name,
+                "market": "spot" if launch.spot else "on-demand",
+                "spot_fallback": "yes" if launch.spot_fallback else "no",
+                "efa_interfaces": str(launch.efa_interfaces),
+                "gpudirect_rdma": "yes" if launch.device_rdma else "no",
+                "disk_gb": str(launch.disk_gb),
+                "max_hours": f"{launch.max_hours:g}",
+                "addresses": "private" if launch.private_ips else (
+                    "node-0 via Elastic IP, others through it" if launch.gateway_eip
+                    else "public IP"
                 ),
             },
         ),
     ]
-    if gateway_eip:
+    if launch.gateway_eip:
         resources.append(PlannedResource(
             kind="elastic-ip", name=f"{name}-node-0",
-            details={"why": f"{info.name} has {info.interfaces} network cards: no automatic public IP"},
+            details={"why": f"{launch.instance_type} has {launch.interfaces} network cards: "
+                     "no automatic public IP"},
         ))
+    return resources
+
+
+def plan_notes(launch: AwsLaunch, *, max_hours_defaulted: bool) -> list[str]:
     notes = [
-        f"nodes shut down and terminate themselves after {max_hours:g} h"
-        + ("" if spec.max_hours else " (default; change with --max-hours)"),
-        f"zones tried in order on capacity errors: {', '.join(z for z, _ in zones)}",
+        f"nodes shut down and terminate themselves after {launch.max_hours:g} h"
+        + (" (default; change with --max-hours)" if max_hours_defaulted else ""),
+        f"zones tried in order on capacity errors: {', '.join(z.zone for z in launch.zones)}",
     ]
-    if spec.spot:
+    if launch.spot:
         notes.append("spot: the cost shown is the on-demand ceiling")
-    if gateway_eip:
+    if launch.gateway_eip:
         notes.append("node-0 is the SSH gateway: other nodes are reached through it (ProxyJump)")
-    return Plan(
-        provider="aws",
-        cluster=spec.name,
-        nodes=spec.nodes,
-        slots_per_node=slots,
-        resources=resources,
-        hourly_cost_usd=round(price * spec.nodes, 4),
-        max_hours=max_hours,
-        price_source=price_source,
-        notes=notes,
-    )
+    return notes

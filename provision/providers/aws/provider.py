@@ -3,10 +3,11 @@ MgpuErrors (errors.map_errors); the modules it calls raise botocore errors or Mg
 
 from __future__ import annotations
 
-from provision.errors import MgpuError, ProvisionError, TeardownError
+from provision.errors import TeardownError
 from provision.inventory import Inventory, InventoryStore, ResourceRecord
 from provision.plan import Plan
 from provision.providers.aws.errors import map_errors
+from provision.providers.aws.options import AwsOptions
 from provision.spec import ClusterSpec
 
 
@@ -14,16 +15,16 @@ def _region_of(inv: Inventory) -> str | None:
     for r in inv.resources:
         if r.region:
             return r.region
-    aws = inv.spec.get("aws") or {}
-    region = aws.get("region") if isinstance(aws, dict) else None
-    return str(region) if region else None
+    if inv.spec is not None and inv.spec.provider == "aws":
+        return inv.spec.options_as(AwsOptions).region
+    return None
 
 
 def _scope_region(spec: ClusterSpec) -> str:
     from provision.providers.aws.clients import new_session, require_credentials, resolve_region
 
     session = new_session()
-    region = resolve_region(session, spec.aws.region)
+    region = resolve_region(session, spec.options_as(AwsOptions).region)
     require_credentials(session)
     return region
 
@@ -39,30 +40,13 @@ class AwsProvider:
             return build_plan(spec)
 
     def create(self, spec: ClusterSpec, plan: Plan, inv: Inventory, store: InventoryStore) -> None:
-        """All-or-nothing: on any failure (Ctrl-C included) destroys what the inventory holds,
-        then raises the failure (a ProvisionError naming the step and the AWS error code)."""
+        """Raises a ProvisionError naming the step and the AWS error code; the pipeline then
+        destroys what the inventory holds."""
         from provision.providers.aws.create import create_cluster
+        from provision.providers.aws.plan import AwsPlan
 
-        try:
-            with map_errors(f"creating cluster {spec.name!r}"):
-                create_cluster(spec, plan, inv, store)
-        except BaseException as exc:
-            try:
-                self.destroy(inv, store)
-            except MgpuError as rollback:
-                raise TeardownError(
-                    f"{exc}; rolling back also failed: {rollback.message}",
-                    hint=rollback.hint,
-                ) from exc
-            if isinstance(exc, MgpuError):
-                exc.message += " (everything created so far was deleted)"
-                raise
-            if isinstance(exc, Exception):
-                raise ProvisionError(
-                    f"creating cluster {spec.name!r} failed: {type(exc).__name__}: {exc} "
-                    "(everything created so far was deleted)"
-                ) from exc
-            raise
+        with map_errors(f"creating cluster {spec.name!r}"):
+            create_cluster(spec, plan.expect(AwsPlan), inv, store)
 
     def destroy(self, inv: Inventory, store: InventoryStore) -> None:
         """Idempotent; forgets each record as it is deleted; TeardownError if some remain."""

@@ -24,7 +24,7 @@ from typing import Any
 
 from provision.assets import dockerfile_path, templates_dir
 from provision.errors import ProviderUnavailableError
-from provision.spec import DockerOptions
+from provision.providers.docker.options import DEFAULT_BASE_IMAGE, DockerOptions
 
 LOCAL_BASE = "mgpu-cloud/base:bookworm"
 NODE_REPO = "mgpu-cloud/node"
@@ -61,7 +61,7 @@ def resolve_base_image(client: Any, wanted: str, log: Log) -> Any:
     image = _image_exists(client, wanted)
     if image is not None:
         return image
-    if wanted == DockerOptions.model_fields["base_image"].default:
+    if wanted == DEFAULT_BASE_IMAGE:
         # The default base is not here: a base made by `mgpu-cloud image base` stands in for
         # it without a pull attempt (no registry here, or the user chose the local base).
         local = _image_exists(client, LOCAL_BASE)

@@ -17,10 +17,11 @@ import threading
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
-from provision.errors import ProvisionError, TeardownError
+from provision.errors import TeardownError
 from provision.inventory import CLUSTER_TAG, Inventory, InventoryStore, NodeRecord, ResourceRecord
 from provision.plan import Plan, PlannedResource
 from provision.providers.docker.engine import docker_client, map_errors
+from provision.providers.docker.options import DockerOptions
 from provision.render import parse_env_file, render
 from provision.spec import ClusterSpec
 
@@ -65,20 +66,12 @@ class DockerProvider:
 
     # ---------------------------------------------------------------------------------------
     def create(self, spec: ClusterSpec, plan: Plan, inv: Inventory, store: InventoryStore) -> None:
-        try:
-            self._create(spec, plan, inv, store)
-        except BaseException as exc:
-            log.warning("docker: creating %s failed (%s); removing what was made", spec.name, exc)
-            self.destroy(inv, store)
-            if isinstance(exc, Exception) and not isinstance(exc, ProvisionError):
-                raise ProvisionError(f"creating cluster {spec.name!r} failed: {exc}") from exc
-            raise
-
-    def _create(self, spec: ClusterSpec, plan: Plan, inv: Inventory, store: InventoryStore) -> None:
         """Engine calls go out as early as possible; the tool's own work (keys, image lookup,
-        inventory writes, the NCCL preset) happens while the engine is busy."""
+        inventory writes, the NCCL preset) happens while the engine is busy. On failure it
+        raises; the pipeline removes what the inventory recorded."""
         from provision.providers.docker.images import ensure_node_image
 
+        opts = spec.options_as(DockerOptions)
         client = docker_client()
         labels = {CLUSTER_TAG: spec.name}
         store_lock = threading.Lock()  # inventory writes come from several threads
@@ -100,11 +93,11 @@ class DockerProvider:
             name = container_name(spec.name, rank)
             host: dict[str, Any] = {"port_bindings": {22: ("127.0.0.1", None)},
                                     "network_mode": net_name, "shm_size": "1g"}
-            if spec.docker.cpus:
-                host["nano_cpus"] = int(spec.docker.cpus * 1e9)
-            if spec.docker.memory:
-                host["mem_limit"] = spec.docker.memory
-            if spec.docker.gpus:
+            if opts.cpus:
+                host["nano_cpus"] = int(opts.cpus * 1e9)
+            if opts.memory:
+                host["mem_limit"] = opts.memory
+            if opts.gpus:
                 import docker.types
 
                 host["device_requests"] = [docker.types.DeviceRequest(count=-1,
@@ -146,10 +139,10 @@ class DockerProvider:
                 store.save(inv)
             # On failure here, leaving the `with` waits for the network to be recorded, so
             # the rollback removes it.
-            image = ensure_node_image(spec.docker, log=log.info, client=client)
+            image = ensure_node_image(opts, log=log.info, client=client)
             net_future.result()
             futures = [pool.submit(start, r) for r in range(spec.nodes)]
-            inv.nccl_env = parse_env_file(render("nccl/docker.env.j2", gpus=spec.docker.gpus))
+            inv.nccl_env = parse_env_file(render("nccl/docker.env.j2", gpus=opts.gpus))
             errors = [f.exception() for f in futures if f.exception() is not None]
             if errors:
                 raise errors[0]  # type: ignore[misc]

@@ -26,71 +26,23 @@ Seams (for tests and local fakes; all read from the environment at call time):
 google.cloud.compute_v1 costs ~1.4 s to import: it is imported only inside functions.
 """
 
-from __future__ import annotations
+from provision.providers import Flag, ProviderInfo
 
-import logging
-
-from provision.errors import TeardownError
-from provision.inventory import CLUSTER_TAG, Inventory, InventoryStore, ResourceRecord
-from provision.plan import Plan
-from provision.spec import ClusterSpec
-
-log = logging.getLogger(__name__)
-
-
-class GcpProvider:
-    name = "gcp"
-
-    def plan(self, spec: ClusterSpec) -> Plan:
-        """Read-only: resolves project, zone, machine type, image; prices the cluster."""
-        from provision.caller_address import caller_cidr
-        from provision.providers.gcp.clients import build_clients
-        from provision.providers.gcp.plan import layout_to_plan, region_of, resolve
-
-        if spec.gcp.zone:
-            region_of(spec.gcp.zone)  # a malformed zone fails before credentials are read
-        clients = build_clients(spec.gcp.project)
-        ssh_cidr = spec.ssh_cidr or caller_cidr()
-        layout = resolve(spec, clients, ssh_cidr)
-        return layout_to_plan(layout, max_hours_defaulted=spec.max_hours is None)
-
-    def create(self, spec: ClusterSpec, plan: Plan, inv: Inventory, store: InventoryStore) -> None:
-        from provision.providers.gcp import create
-        from provision.providers.gcp.clients import build_clients
-        from provision.providers.gcp.plan import layout_from_plan
-
-        clients = build_clients(layout_from_plan(plan).project)
-        create.create(spec, plan, inv, store, clients, log.warning)
-
-    def destroy(self, inv: Inventory, store: InventoryStore) -> None:
-        from provision.providers.gcp import teardown
-        from provision.providers.gcp.clients import build_clients
-
-        if not inv.resources:
-            return  # every resource is recorded before its insert is sent: nothing was made
-        project = inv.resources[0].extra.get("project")
-        teardown.destroy(inv, store, build_clients(project))
-
-    def orphans(self, spec: ClusterSpec, known: set[str]) -> list[ResourceRecord]:
-        """Instances (by label), placement policies and firewall rules (by description) of
-        clusters not in `known`, in the project (and the zone / its region when given)."""
-        from provision.providers.gcp import discovery
-        from provision.providers.gcp.clients import build_clients
-
-        clients = build_clients(spec.gcp.project)
-        found = discovery.tagged_resources(clients, spec.gcp.zone)
-        return [r for r in found if r.extra.get("cluster") not in known]
-
-    def delete_orphans(self, spec: ClusterSpec, resources: list[ResourceRecord]) -> None:
-        from provision.providers.gcp import teardown
-        from provision.providers.gcp.clients import build_clients
-
-        clients = build_clients(spec.gcp.project)
-        failures = teardown.delete_records(clients, resources)
-        if failures:
-            raise TeardownError("could not delete every orphaned resource: " + "; ".join(failures),
-                                hint="run the same `mgpu-cloud gc ... --delete` again")
-
-
-PROVIDER_CLASS = GcpProvider
-__all__ = ["CLUSTER_TAG", "GcpProvider", "PROVIDER_CLASS"]
+INFO = ProviderInfo(
+    name="gcp",
+    summary="Compute Engine GPU VMs under a COLLOCATED placement policy",
+    options="provision.providers.gcp.options:GcpOptions",
+    implementation="provision.providers.gcp.provider:GcpProvider",
+    costs_money=True,
+    flags=(
+        Flag("--project", "project", help="project id", gc=True),
+        Flag("--zone", "zone", help="zone", gc=True),
+        Flag("--machine-type", "machine_type", help="e.g. a2-ultragpu-8g"),
+        Flag("--image-family", "image_family", help="boot image family"),
+        Flag("--image-project", "image_project", help="project of --image-family"),
+        Flag("--accelerator-type", "accelerator_type",
+             help="guest GPU for N1 types, e.g. nvidia-tesla-t4"),
+        Flag("--accelerator-count", "accelerator_count", int, help="guest GPUs per node"),
+        Flag("--disk-gb", "disk_gb", int, help="boot disk size"),
+    ),
+)

@@ -1,7 +1,6 @@
 """Create a GCP cluster: placement policy, firewall rules, then N instances in one zone.
 
-All-or-nothing: on any failure everything recorded is deleted (teardown.destroy) before the
-error is raised. Each resource is recorded in the inventory before its insert is sent (its name,
+All-or-nothing: on any failure the pipeline deletes everything recorded (GcpProvider.destroy). Each resource is recorded in the inventory before its insert is sent (its name,
 chosen here, is its id), so even an insert whose reply is lost is found by `down`. Every insert
 carries a requestId that is reused by the retries of that insert, so a retry never makes a
 second resource. A 409 on an insert means the name belongs to something that is not ours: the
@@ -10,19 +9,17 @@ record is dropped (rollback must not delete it) and the error names it.
 
 from __future__ import annotations
 
-import contextlib
 import uuid
 from collections.abc import Callable
 from typing import Any
 
-from provision.errors import CapacityError, MgpuError, ProvisionError
+from provision.errors import CapacityError, ProvisionError
 from provision.inventory import CLUSTER_TAG, Inventory, InventoryStore, NodeRecord, ResourceRecord
 from provision.keys import KeyPair, ensure_cluster_key, generate_ed25519, host_key_only
-from provision.plan import Plan
 from provision.providers.gcp import teardown
 from provision.providers.gcp.clients import Clients
 from provision.providers.gcp.errors import OperationFailed, is_conflict, map_errors
-from provision.providers.gcp.plan import NETWORK, Layout, layout_from_plan
+from provision.providers.gcp.plan import NETWORK, GcpPlan, Layout
 from provision.render import parse_env_file, render
 from provision.spec import ClusterSpec
 
@@ -255,28 +252,23 @@ def nccl_env(layout: Layout) -> dict[str, str]:
     return parse_env_file(text)
 
 
-def create(spec: ClusterSpec, plan: Plan, inv: Inventory, store: InventoryStore,
+def create(spec: ClusterSpec, plan: GcpPlan, inv: Inventory, store: InventoryStore,
            clients: Clients, log: Log) -> None:
-    """See the module docstring. Fills inv.nodes and the node-side settings."""
-    layout = layout_from_plan(plan)
-    try:
-        key_path, login_public = ensure_cluster_key(store.keys_dir(inv.name))
-        host_key = generate_ed25519(f"{inv.name}-host")
-        inv.key_path = str(key_path)
-        inv.wait_for_gpu = True
-        inv.manage_etc_hosts = True
-        inv.container_image = spec.image or DEFAULT_CONTAINER_IMAGE
-        inv.nccl_env = nccl_env(layout)  # saved with the first record below
-        policy_link = _create_policy(clients, store, inv, layout)
-        _create_firewalls(clients, store, inv, layout)
-        zone, instances = _create_instances(clients, store, inv, layout, policy_link,
-                                            login_public, host_key, log)
-        host_public = host_key_only(host_key.public_openssh)
-        inv.nodes = [_node_record(rank, inst, zone, layout.slots, host_public)
-                     for rank, inst in enumerate(instances)]
-        store.save(inv)
-    except BaseException:
-        log("GCP create failed; deleting what was made ...")
-        with contextlib.suppress(MgpuError):
-            teardown.destroy(inv, store, clients)
-        raise
+    """See the module docstring. Fills inv.nodes and the node-side settings. On failure it
+    raises; the pipeline deletes what the inventory recorded."""
+    layout = plan.layout
+    key_path, login_public = ensure_cluster_key(store.keys_dir(inv.name))
+    host_key = generate_ed25519(f"{inv.name}-host")
+    inv.key_path = str(key_path)
+    inv.wait_for_gpu = True
+    inv.manage_etc_hosts = True
+    inv.container_image = spec.image or DEFAULT_CONTAINER_IMAGE
+    inv.nccl_env = nccl_env(layout)  # saved with the first record below
+    policy_link = _create_policy(clients, store, inv, layout)
+    _create_firewalls(clients, store, inv, layout)
+    zone, instances = _create_instances(clients, store, inv, layout, policy_link,
+                                        login_public, host_key, log)
+    host_public = host_key_only(host_key.public_openssh)
+    inv.nodes = [_node_record(rank, inst, zone, layout.slots, host_public)
+                 for rank, inst in enumerate(instances)]
+    store.save(inv)

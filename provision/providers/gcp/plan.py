@@ -1,14 +1,13 @@
 """Resolve a ClusterSpec against Compute Engine (read-only calls) into a Layout and a Plan.
 
 `resolve` validates everything that can fail before a write: project, zone, machine type,
-accelerator type, image family, SSH CIDR. `layout_to_plan` is pure; `layout_from_plan` reads the
-Layout back from the Plan the user approved, so `create` makes exactly what was printed.
+accelerator type, image family, SSH CIDR. `layout_to_plan` is pure: the GcpPlan carries the
+Layout itself, so `create` makes exactly what was printed.
 """
 
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
 from typing import Any
@@ -16,9 +15,11 @@ from typing import Any
 import yaml
 
 from provision.errors import ProviderUnavailableError, UserInputError
+from provision.model import StrictModel
 from provision.plan import Plan, PlannedResource
 from provision.providers.gcp.clients import Clients
 from provision.providers.gcp.errors import map_errors
+from provision.providers.gcp.options import GcpOptions
 from provision.spec import ClusterSpec, validate_cidr
 
 DEFAULT_ZONE = "us-central1-a"
@@ -34,14 +35,13 @@ FIREWALL = "firewall"
 INSTANCE = "instance"
 
 
-@dataclass(frozen=True)
-class Layout:
+class Layout(StrictModel):
     """Everything `create` needs, resolved and validated."""
 
     cluster: str
     project: str
     region: str
-    zones: tuple[str, ...]  # zones[0] first, the others on capacity errors, in this order
+    zones: list[str]  # zones[0] first, the others on capacity errors, in this order
     nodes: int
     machine_type: str
     gpus: int  # GPUs per VM (bundled or guest)
@@ -71,6 +71,10 @@ class Layout:
     @property
     def max_run_seconds(self) -> int:
         return int(round(self.max_hours * 3600))
+
+
+class GcpPlan(Plan):
+    layout: Layout
 
 
 def region_of(zone: str) -> str:
@@ -137,7 +141,7 @@ def resolve(spec: ClusterSpec, clients: Clients, ssh_cidr: str) -> Layout:
     """Validate `spec` with read-only calls. Raises UserInputError naming the bad input."""
     from google.cloud import compute_v1
 
-    opts = spec.gcp
+    opts = spec.options_as(GcpOptions)
     zone = opts.zone or DEFAULT_ZONE
     region = region_of(zone)
     region_obj = _get_or_none(
@@ -203,7 +207,7 @@ def resolve(spec: ClusterSpec, clients: Clients, ssh_cidr: str) -> Layout:
         cluster=spec.name,
         project=clients.project,
         region=region,
-        zones=(zone, *failover),
+        zones=[zone, *failover],
         nodes=spec.nodes,
         machine_type=opts.machine_type,
         gpus=gpus,
@@ -218,7 +222,7 @@ def resolve(spec: ClusterSpec, clients: Clients, ssh_cidr: str) -> Layout:
 
 
 # --- Layout <-> Plan (pure) ---------------------------------------------------------------
-def layout_to_plan(layout: Layout, *, max_hours_defaulted: bool) -> Plan:
+def layout_to_plan(layout: Layout, *, max_hours_defaulted: bool) -> GcpPlan:
     l_ = layout
     ssh_fw, internal_fw = l_.firewall_names
     resources = [
@@ -259,7 +263,7 @@ def layout_to_plan(layout: Layout, *, max_hours_defaulted: bool) -> Plan:
         notes.append(f"no price known for {l_.machine_type}"
                      + (f" + {l_.accelerator_type}" if l_.accelerator_type else "")
                      + "; the cost shown is $0")
-    return Plan(
+    return GcpPlan(
         provider="gcp",
         cluster=l_.cluster,
         nodes=l_.nodes,
@@ -269,27 +273,5 @@ def layout_to_plan(layout: Layout, *, max_hours_defaulted: bool) -> Plan:
         max_hours=l_.max_hours,
         price_source=f"{prices['source']}, {prices['date']}" if price is not None else None,
         notes=notes,
-    )
-
-
-def layout_from_plan(plan: Plan) -> Layout:
-    """The Layout that `layout_to_plan` printed. Raises ValueError on a plan not made by it."""
-    policy = next(r for r in plan.resources if r.kind == POLICY)
-    ssh_fw = next(r for r in plan.resources if r.kind == FIREWALL and "source_ranges" in r.details)
-    node = next(r for r in plan.resources if r.kind == INSTANCE).details
-    return Layout(
-        cluster=plan.cluster,
-        project=policy.details["project"],
-        region=policy.details["region"],
-        zones=tuple(policy.details["zones"].split(",")),
-        nodes=plan.nodes,
-        machine_type=node["machine_type"],
-        gpus=int(node["gpus"]),
-        accelerator_type=node.get("accelerator"),
-        slots=int(node["slots"]),
-        image=node["image"],
-        disk_gb=int(node["disk_gb"]),
-        spot=node["provisioning"] == "SPOT",
-        max_hours=float(node["max_run_hours"]),
-        ssh_cidr=ssh_fw.details["source_ranges"],
+        layout=layout,
     )

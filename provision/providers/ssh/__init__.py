@@ -1,7 +1,19 @@
 """SSH provider: existing machines (on-prem nodes, a lab box, hosts behind a login node)."""
 
-from provision.providers.ssh.provider import SshProvider
+from provision.providers import Flag, ProviderInfo
 
-PROVIDER_CLASS = SshProvider
-
-__all__ = ["PROVIDER_CLASS", "SshProvider"]
+INFO = ProviderInfo(
+    name="ssh",
+    summary="machines you already have (hosts YAML or a DeepSpeed hostfile)",
+    options="provision.providers.ssh.options:SshOptions",
+    implementation="provision.providers.ssh.provider:SshProvider",
+    costs_money=False,
+    flags=(
+        Flag("--inventory", "inventory", help="hosts YAML (see inventories/)"),
+        Flag("--hostfile", "hostfile", help="DeepSpeed/MPI hostfile"),
+        Flag("--user", "user", help="login user"),
+        Flag("--identity-file", "identity_file", short="-i", help="private key"),
+        Flag("--accept-new-host-keys", "accept_new_host_keys", bool,
+             help="pin unknown host keys"),
+    ),
+)

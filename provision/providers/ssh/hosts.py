@@ -30,7 +30,8 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from provision.errors import UserInputError
-from provision.spec import ClusterSpec, SshHostOptions, SshOptions
+from provision.providers.ssh.options import SshHostOptions, SshOptions
+from provision.spec import ClusterSpec
 
 HOST_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")
 HOSTFILE_LINE_RE = re.compile(r"^(\S+)(?:\s+slots=(\d+))?$")
@@ -274,7 +275,7 @@ def resolve_host(entry: SshHostOptions, source: str, *, opts: SshOptions,
 
 def load_hosts(spec: ClusterSpec, config: paramiko.SSHConfig | None = None) -> list[Host]:
     """Every host of the spec, in rank order. UserInputError for any bad input."""
-    opts = spec.ssh
+    opts = spec.options_as(SshOptions)
     given = [x for x in (opts.inventory, opts.hostfile, opts.hosts or None) if x]
     if len(given) != 1:
         raise UserInputError(

@@ -20,14 +20,10 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
-from provision.errors import (
-    MgpuError,
-    ProviderUnavailableError,
-    ProvisionError,
-    UserInputError,
-)
+from provision.errors import MgpuError, ProviderUnavailableError, UserInputError
 from provision.inventory import Inventory, InventoryStore, NodeRecord, ResourceRecord
 from provision.keys import known_hosts_line, write_known_hosts
+from provision.model import StrictModel
 from provision.plan import Plan, PlannedResource
 from provision.providers.ssh.checks import check_hosts, describe_login_error, remote_root
 from provision.providers.ssh.hostkeys import (
@@ -41,6 +37,7 @@ from provision.providers.ssh.hostkeys import (
     user_known_hosts_path,
 )
 from provision.providers.ssh.hosts import Host, load_hosts
+from provision.providers.ssh.options import SshOptions
 from provision.spec import ClusterSpec
 from provision.sshconn import connect, write_cluster_known_hosts
 
@@ -87,6 +84,25 @@ def _plan_error(failures: list[tuple[Host, _Failure]], total: int) -> MgpuError:
     return UserInputError(message, hint=hint)
 
 
+class PlannedHost(StrictModel):
+    """One host, resolved and with its host key checked: what `create` records."""
+
+    name: str
+    address: str
+    port: int
+    user: str
+    identity_file: str
+    private_address: str
+    slots: int | None  # None: as many as the GPUs preflight finds
+    host_key: str
+    proxy_jump: str | None = None
+    proxy_jump_host_key: str | None = None
+
+
+class SshPlan(Plan):
+    hosts: list[PlannedHost]
+
+
 class SshProvider:
     name = "ssh"
 
@@ -98,7 +114,7 @@ class SshProvider:
         hosts = load_hosts(spec)
         known_file = user_known_hosts_path()
         known = load_known_hosts(known_file)
-        accept = spec.ssh.accept_new_host_keys
+        accept = spec.options_as(SshOptions).accept_new_host_keys
 
         def resolve(endpoint: Endpoint, jump: Jump | None) -> tuple[str, str]:
             return self._resolve_key(endpoint, known, accept_new=accept,
@@ -144,6 +160,7 @@ class SshProvider:
             raise _plan_error(failures, len(hosts))
 
         resources: list[PlannedResource] = []
+        planned: list[PlannedHost] = []
         notes = [
             "existing machines: nothing is created or billed; `down` stops the job and removes "
             f"only ~/{remote_root(spec.name)} (and ~/.deepspeed_env if mgpu-cloud wrote it)",
@@ -151,71 +168,69 @@ class SshProvider:
         for h, outcome in zip(hosts, outcomes, strict=True):
             assert not isinstance(outcome, _Failure)
             key, how = outcome
-            details = {
-                "address": h.address, "port": str(h.port), "user": h.user,
-                "identity_file": h.identity_file, "private_address": h.private_address,
-                "slots": str(h.slots) if h.slots else "auto", "host_key": key,
-            }
+            jump_key = None
             if h.proxy_jump:
                 jump = jumps[(h.proxy_jump, h.identity_file)]
                 assert isinstance(jump, Jump)
+                jump_key = jump.host_key
+            host = PlannedHost(
+                name=h.name, address=h.address, port=h.port, user=h.user,
+                identity_file=h.identity_file, private_address=h.private_address, slots=h.slots,
+                host_key=key, proxy_jump=h.proxy_jump, proxy_jump_host_key=jump_key,
+            )
+            planned.append(host)
+            details = {
+                "address": h.address, "port": str(h.port), "user": h.user,
+                "identity_file": h.identity_file, "private_address": h.private_address,
+                "slots": str(h.slots) if h.slots else "auto (the GPUs found)", "host_key": key,
+            }
+            if h.proxy_jump:
                 details["proxy_jump"] = h.proxy_jump
-                details["proxy_jump_host_key"] = jump.host_key
             if how == "accepted":
                 notes.append(f"{h.name}: new host key {fingerprint(key)} will be pinned "
                              "(--accept-new-host-keys)")
             resources.append(PlannedResource(kind="host", name=h.name, details=details))
         slots = [h.slots for h in hosts if h.slots]
-        return Plan(provider="ssh", cluster=spec.name, nodes=len(hosts),
-                    slots_per_node=max(slots) if slots else 1, resources=resources,
-                    hourly_cost_usd=0.0, max_hours=spec.max_hours, notes=notes)
+        return SshPlan(provider="ssh", cluster=spec.name, nodes=len(hosts),
+                       slots_per_node=max(slots) if slots else 1, resources=resources,
+                       hourly_cost_usd=0.0, max_hours=spec.max_hours, notes=notes,
+                       hosts=planned)
 
     # -------------------------------------------------------------------------------- create
     def create(self, spec: ClusterSpec, plan: Plan, inv: Inventory, store: InventoryStore) -> None:
-        try:
-            self._create(spec, plan, inv, store)
-        except BaseException as exc:
-            log.warning("ssh: preparing %s failed; removing what was placed", spec.name)
-            self.destroy(inv, store)
-            if isinstance(exc, Exception) and not isinstance(exc, MgpuError):
-                raise ProvisionError(f"creating cluster {spec.name!r} failed: {exc}") from exc
-            raise
-
-    def _create(self, spec: ClusterSpec, plan: Plan, inv: Inventory, store: InventoryStore) -> None:
+        """Fill the nodes, pin the keys, check every host. On failure it raises; the pipeline
+        then calls `destroy`, which removes what the inventory says was placed."""
         from provision.bootstrap import remote_zipapp
 
-        hosts = [r for r in plan.resources if r.kind == "host"]
+        hosts = plan.expect(SshPlan).hosts
         # The user's machines already trust each other (or not) as they like: ~/.ssh there
         # is never modified. key_path is the user's own key, referenced, never copied.
         inv.inter_node_ssh = False
         inv.remote_root = remote_root(spec.name)
-        inv.key_path = hosts[0].details["identity_file"]
+        inv.key_path = hosts[0].identity_file
         inv.nodes = []
-        for rank, r in enumerate(hosts):
-            d = r.details
+        for rank, h in enumerate(hosts):
             inv.nodes.append(NodeRecord(
-                name=r.name, rank=rank, address=d["address"], port=int(d["port"]),
-                private_address=d["private_address"], user=d["user"],
-                slots=1 if d["slots"] == "auto" else int(d["slots"]),
-                host_key=d["host_key"], identity_file=d["identity_file"],
-                proxy_jump=d.get("proxy_jump"),
+                name=h.name, rank=rank, address=h.address, port=h.port,
+                private_address=h.private_address, user=h.user, slots=h.slots or 1,
+                host_key=h.host_key, identity_file=h.identity_file, proxy_jump=h.proxy_jump,
             ))
-            if d.get("proxy_jump") and d.get("proxy_jump_host_key"):
-                _, endpoint = _split_jump(d["proxy_jump"])
+            if h.proxy_jump and h.proxy_jump_host_key:
+                _, endpoint = _split_jump(h.proxy_jump)
                 pinned = {x.id for x in inv.resources_of(PINNED_KEY_KIND)}
                 if endpoint.known_hosts_name not in pinned:
                     inv.resources.append(ResourceRecord(
                         kind=PINNED_KEY_KIND, id=endpoint.known_hosts_name,
                         name=endpoint.address,
-                        extra={"port": str(endpoint.port), "key": d["proxy_jump_host_key"]},
+                        extra={"port": str(endpoint.port), "key": h.proxy_jump_host_key},
                     ))
         store.save(inv)
         write_pinned_known_hosts(inv, store)
 
         reports = check_hosts(inv, store, pyz=remote_zipapp(),
                               expected_gpus_per_node=spec.gpus_per_node, log=log.info)
-        for node, r in zip(inv.nodes, hosts, strict=True):
-            if r.details["slots"] == "auto":
+        for node, h in zip(inv.nodes, hosts, strict=True):
+            if h.slots is None:  # auto: as many slots as GPUs found
                 node.slots = max(1, len(reports[node.name].get("gpus") or []))
         store.save(inv)
 

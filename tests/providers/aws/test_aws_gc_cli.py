@@ -5,7 +5,7 @@ from __future__ import annotations
 from typer.testing import CliRunner
 
 from provision.cli import app
-from provision.providers.aws import PROVIDER_CLASS
+from provision.providers import get_provider
 
 
 def test_gc_finds_and_deletes_resources_whose_inventory_was_deleted(fakes, spec_for, store,
@@ -13,7 +13,7 @@ def test_gc_finds_and_deletes_resources_whose_inventory_was_deleted(fakes, spec_
     up_cluster(spec_for(name="kept"))
     up_cluster(spec_for(name="lost"))
     store.path("lost").unlink()  # the inventory is gone, the cloud resources are not
-    provider = PROVIDER_CLASS()
+    provider = get_provider("aws")
     spec = spec_for(name="gc-scope")
     found = provider.orphans(spec, set(store.names()))
     assert {r.name for r in found} == {"lost"}

@@ -5,12 +5,12 @@ from __future__ import annotations
 import pytest
 
 from provision.errors import ProviderUnavailableError, SpecError, UserInputError
-from provision.providers.aws import PROVIDER_CLASS
+from provision.providers import get_provider
 from provision.providers.aws.catalog import price_table
 
 
 def test_plan_lists_every_resource_and_the_cost(fakes, spec_for):
-    plan = PROVIDER_CLASS().plan(spec_for(nodes=4, max_hours=3))
+    plan = get_provider("aws").plan(spec_for(nodes=4, max_hours=3))
     kinds = [r.kind for r in plan.resources]
     assert kinds == ["key-pair", "security-group", "placement-group", "instances", "elastic-ip"]
     inst = {r.kind: r.details for r in plan.resources}["instances"]
@@ -29,19 +29,19 @@ def test_plan_lists_every_resource_and_the_cost(fakes, spec_for):
 
 
 def test_default_max_hours_is_stated(fakes, spec_for):
-    plan = PROVIDER_CLASS().plan(spec_for())
+    plan = get_provider("aws").plan(spec_for())
     assert plan.max_hours == 8
     assert any("8 h (default" in n for n in plan.notes)
 
 
 def test_plan_uses_explicit_ami_without_ssm(fakes, spec_for):
-    plan = PROVIDER_CLASS().plan(spec_for(ami=fakes.dlami))
+    plan = get_provider("aws").plan(spec_for(ami=fakes.dlami))
     assert "GetParameter" not in fakes.operations()
     assert {r.kind: r.details for r in plan.resources}["instances"]["ami"] == fakes.dlami
 
 
 def test_private_ips_plan_has_no_elastic_ip(fakes, spec_for):
-    plan = PROVIDER_CLASS().plan(spec_for(private_ips=True))
+    plan = get_provider("aws").plan(spec_for(private_ips=True))
     assert "elastic-ip" not in [r.kind for r in plan.resources]
 
 
@@ -59,7 +59,7 @@ def test_private_ips_plan_has_no_elastic_ip(fakes, spec_for):
 def test_bad_input_is_refused_before_any_write(fakes, spec_for, overrides, message):
     nodes = overrides.pop("nodes", 2)
     with pytest.raises(UserInputError) as err:
-        PROVIDER_CLASS().plan(spec_for(nodes=nodes, **overrides))
+        get_provider("aws").plan(spec_for(nodes=nodes, **overrides))
     assert message in str(err.value)
     assert fakes.writes() == []
 
@@ -73,20 +73,20 @@ def test_missing_credentials_is_a_clear_error(fakes, spec_for, monkeypatch):
     for var in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN"):
         monkeypatch.delenv(var)
     with pytest.raises(ProviderUnavailableError, match="no AWS credentials"):
-        PROVIDER_CLASS().plan(spec_for())
+        get_provider("aws").plan(spec_for())
     assert fakes.sent == []
 
 
 def test_unknown_caller_address_asks_for_ssh_cidr(fakes, spec_for, monkeypatch):
     monkeypatch.setenv("MGPU_CLOUD_CALLER_IP", "not-an-address")
     with pytest.raises(UserInputError) as err:
-        PROVIDER_CLASS().plan(spec_for())
+        get_provider("aws").plan(spec_for())
     assert "--ssh-cidr" in str(err.value)
     assert fakes.sent == []
 
 
 def test_world_open_ssh_only_when_written(fakes, spec_for):
-    plan = PROVIDER_CLASS().plan(spec_for(ssh_cidr="0.0.0.0/0"))
+    plan = get_provider("aws").plan(spec_for(ssh_cidr="0.0.0.0/0"))
     assert {r.kind: r.details for r in plan.resources}["security-group"]["ssh_from"] == "0.0.0.0/0"
 
 

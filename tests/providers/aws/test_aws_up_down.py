@@ -10,7 +10,7 @@ import yaml
 
 from provision import pipeline
 from provision.errors import TeardownError
-from provision.providers.aws import PROVIDER_CLASS
+from provision.providers import get_provider
 
 TAG = "mgpu-cloud-cluster"
 
@@ -160,7 +160,7 @@ def test_launch_settings_and_user_data(fakes, spec_for, up_cluster):
 
 def test_down_is_idempotent(fakes, spec_for, store, up_cluster, tagged):
     inv = up_cluster(spec_for())
-    provider = PROVIDER_CLASS()
+    provider = get_provider("aws")
     provider.destroy(inv, store)
     assert inv.resources == [] and tagged() == {}
     provider.destroy(inv, store)  # again: nothing left, no error

@@ -9,8 +9,9 @@ import pytest
 from conftest import PROJECT
 from fake_compute import FakeCompute
 
-from provision.errors import CapacityError, ProvisionError
+from provision.errors import CapacityError, ProvisionError, TeardownError
 from provision.inventory import CLUSTER_TAG, Inventory, InventoryStore
+from provision.providers.gcp.clients import MAX_ATTEMPTS
 from provision.spec import ClusterSpec
 
 MakeSpec = Callable[..., ClusterSpec]
@@ -219,8 +220,9 @@ FAULTS = {
     "ssh firewall insert 400": lambda f: f.fail("POST", r"global/firewalls$", 400),
     "internal firewall operation error": lambda f: f.fail_operation(
         "POST", r"firewalls/c1-internal$", "INVALID_FIELD_VALUE"),
-    "firewall wait 429 forever": lambda f: f.fail("POST", r"global/operations/.*/wait$", 429,
-                                                  times=99),
+    # every retry of the firewall's operation wait (MAX_ATTEMPTS) answers 429
+    "firewall wait 429 until retries run out": lambda f: f.fail(
+        "POST", r"global/operations/.*/wait$", 429, times=MAX_ATTEMPTS),
     "first instance insert 400": lambda f: f.fail("POST", r"/instances$", 400),
     "instance operation error": lambda f: f.fail_operation("POST", r"/instances/c1-node-0$",
                                                            "INTERNAL_ERROR", http_status=500),
@@ -235,6 +237,23 @@ def test_fault_at_each_write_step_leaves_nothing(
     FAULTS[fault](fake)
     with pytest.raises(ProvisionError):
         up(make_spec())
+    assert fake.all_resources() == []
+    assert not store.exists("c1")
+
+
+def test_a_rollback_that_fails_keeps_the_inventory_for_down(
+    fake: FakeCompute, make_spec: MakeSpec, up: Up, store: InventoryStore
+) -> None:
+    # every operation wait answers 429: creating fails, and so does deleting
+    fake.fail("POST", r"global/operations/.*/wait$", 429, times=10_000)
+    with pytest.raises(TeardownError, match="rolling back also failed") as info:
+        up(make_spec())
+    assert "HTTP 429" in str(info.value)
+    assert store.exists("c1")  # what is left stays findable
+    fake.faults.clear()
+    from provision import pipeline
+
+    pipeline.down("c1", store=store, log=lambda msg: None)
     assert fake.all_resources() == []
     assert not store.exists("c1")
 

@@ -10,7 +10,7 @@ from fake_compute import FakeCompute
 
 from provision.errors import ProviderUnavailableError, SpecError, UserInputError
 from provision.providers import get_provider
-from provision.providers.gcp.plan import Layout, layout_from_plan, layout_to_plan
+from provision.providers.gcp.plan import GcpPlan, Layout, layout_to_plan
 from provision.spec import ClusterSpec
 
 MakeSpec = Callable[..., ClusterSpec]
@@ -44,13 +44,15 @@ def test_plan_defaults_ssh_cidr_to_caller(make_spec: MakeSpec) -> None:
     assert ssh.details["source_ranges"] == f"{CALLER_IP}/32"
 
 
-def test_layout_round_trips_through_plan() -> None:
+def test_typed_plan_round_trips_through_json() -> None:
     layout = Layout(cluster="c9", project="p", region="us-central1",
-                    zones=("us-central1-c", "us-central1-a"), nodes=3, machine_type="n1-standard-8",
+                    zones=["us-central1-c", "us-central1-a"], nodes=3, machine_type="n1-standard-8",
                     gpus=2, accelerator_type="nvidia-tesla-t4", slots=2,
                     image="https://x/images/i", disk_gb=100, spot=True, max_hours=1.5,
                     ssh_cidr="10.0.0.0/8")
-    assert layout_from_plan(layout_to_plan(layout, max_hours_defaulted=False)) == layout
+    plan = layout_to_plan(layout, max_hours_defaulted=False)
+    assert plan.layout == layout
+    assert GcpPlan.model_validate_json(plan.model_dump_json()).layout == layout
 
 
 @pytest.mark.parametrize(

@@ -70,10 +70,12 @@ def test_plan_pins_keys_and_writes_nothing(hosts_file: Path, mgpu_home: Path) ->
                          "10.0.0.2:2222": (KEY, "known_hosts"), "10.0.0.3:22": (KEY, "accepted")})
     plan = SshProvider(resolve_key=keys).plan(spec(hosts_file, accept_new_host_keys=True))
     assert plan.provider == "ssh" and plan.nodes == 3 and plan.hourly_cost_usd == 0
-    by_name = {r.name: r.details for r in plan.resources}
-    assert by_name["b"]["port"] == "2222" and by_name["a"]["host_key"] == KEY
-    assert by_name["c"]["proxy_jump"] == "root@login:22"
-    assert by_name["c"]["proxy_jump_host_key"] == KEY and by_name["c"]["slots"] == "auto"
+    hosts = {h.name: h for h in plan.hosts}  # the typed plan `create` consumes
+    assert hosts["b"].port == 2222 and hosts["a"].host_key == KEY
+    assert hosts["c"].proxy_jump == "root@login:22"
+    assert hosts["c"].proxy_jump_host_key == KEY and hosts["c"].slots is None
+    shown = {r.name: r.details for r in plan.resources}  # what people see
+    assert shown["c"]["proxy_jump"] == "root@login:22" and shown["c"]["slots"].startswith("auto")
     assert ("10.0.0.3:22", "login", True) in keys.calls  # c was resolved through its jump
     assert any(f"c: new host key {fingerprint(KEY)}" in n for n in plan.notes)
     assert f"~/{remote_root('lab')}" in plan.render()

@@ -1,0 +1,37 @@
+"""`mgpu-cloud` command line. The only package that prints or exits.
+
+    app.py       the Typer app, error handling, the option-signature helper
+    options.py   option tables (core + every provider's flags from the registry) -> spec models
+    commands.py  cluster commands (up, down, launch, run, status, exec, ssh, check, gc)
+Providers may add their own sub-commands (ProviderInfo.commands).
+"""
+
+from __future__ import annotations
+
+import sys
+
+from provision.cli import commands as _commands  # noqa: F401 - registers the commands
+from provision.cli.app import app, load_provider_commands
+
+load_provider_commands()
+
+
+def main() -> None:
+    import logging
+
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("%(message)s"))
+    logger = logging.getLogger("mgpu_cloud")
+    logger.addHandler(handler)
+    logger.setLevel(logging.INFO)
+    try:
+        app()
+    finally:
+        # Everything alive now dies with the process: frozen objects skip the interpreter's
+        # final garbage collection, which costs ~0.15 s once the docker SDK/Fabric are loaded.
+        import gc
+
+        gc.freeze()
+
+
+__all__ = ["app", "main"]

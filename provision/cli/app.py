@@ -1,0 +1,112 @@
+"""The Typer app and the helpers every command shares: error handling and option tables.
+
+Start-up cost matters (`mgpu-cloud --help` < 0.25 s): only typer is imported at the top of the
+CLI modules; pydantic, rich, fabric and the cloud SDKs are imported inside the commands.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import typer
+
+app = typer.Typer(
+    name="mgpu-cloud",
+    help="Distributed PyTorch training from one GPU to many nodes and back to zero cost.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+    rich_markup_mode=None,
+)
+
+
+@dataclass
+class Opt:
+    """One option of a command: its parameter, and where its value goes in the spec.
+
+    `path` is the key path in ClusterSpec/JobSpec (empty: handled by the command itself);
+    `by_provider` (provider flags): provider -> field of that provider's options model."""
+
+    name: str
+    annotation: Any
+    option: Any
+    path: tuple[str, ...] = ()
+    by_provider: dict[str, str] = field(default_factory=dict)
+
+
+def fail(exc: BaseException) -> None:
+    from provision.errors import MgpuError
+
+    if isinstance(exc, MgpuError):
+        typer.echo(f"error: {exc.message}", err=True)
+        if exc.hint:
+            typer.echo(f"  hint: {exc.hint}", err=True)
+        raise typer.Exit(exc.exit_code)
+    raise exc
+
+
+def guard(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """Turn MgpuError into a message + exit code; Ctrl-C into exit 130, SIGTERM into 143."""
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        from provision.errors import MgpuError
+        from provision.pipeline import Terminated
+
+        try:
+            return fn(*args, **kwargs)
+        except MgpuError as exc:
+            fail(exc)
+        except KeyboardInterrupt:
+            typer.echo("interrupted", err=True)
+            raise typer.Exit(130) from None
+        except Terminated:
+            typer.echo("terminated", err=True)
+            raise typer.Exit(143) from None
+
+    return wrapper
+
+
+def with_options(options: list[Opt], bucket: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """Append `options` to a command's signature; the command receives them as one dict."""
+
+    def decorate(fn: Callable[..., Any]) -> Callable[..., Any]:
+        sig = inspect.signature(fn)
+        own = [p for p in sig.parameters.values() if p.name != bucket]
+        extra = [
+            inspect.Parameter(o.name, inspect.Parameter.KEYWORD_ONLY, default=o.option,
+                              annotation=o.annotation)
+            for o in options
+        ]
+        names = {o.name for o in options}
+
+        @functools.wraps(fn)
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            values = {k: kwargs.pop(k) for k in list(kwargs) if k in names}
+            kwargs[bucket] = {**kwargs.get(bucket, {}), **values}
+            return fn(*args, **kwargs)
+
+        wrapper.__signature__ = sig.replace(parameters=own + extra)  # type: ignore[attr-defined]
+        wrapper.__annotations__ = {
+            **{k: v for k, v in fn.__annotations__.items() if k != bucket},
+            **{o.name: o.annotation for o in options},
+        }
+        return wrapper
+
+    return decorate
+
+
+def load_provider_commands() -> None:
+    """Add each provider's own sub-commands (ProviderInfo.commands: name -> "module:app")."""
+    import importlib
+
+    from provision.providers import all_provider_infos
+
+    for info in all_provider_infos():
+        for name, ref in info.commands:
+            module, _, attr = ref.partition(":")
+            app.add_typer(getattr(importlib.import_module(module), attr), name=name)

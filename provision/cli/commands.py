@@ -1,0 +1,239 @@
+"""Cluster commands: up, down, launch, run, status, exec, ssh, check, gc."""
+
+import json
+import os
+from typing import Annotated, Any
+
+import typer
+
+from provision.cli.app import app, guard, with_options
+from provision.cli.options import (
+    CLUSTER_OPTIONS,
+    GC_OPTIONS,
+    JOB_OPTIONS,
+    cluster_spec,
+    confirmer,
+    job_spec,
+    script_and_args,
+    to_nested,
+)
+
+
+# --------------------------------------------------------------------------------------------
+@app.command()
+@guard
+@with_options(CLUSTER_OPTIONS, "opts")
+def up(
+    no_bootstrap: Annotated[bool, typer.Option("--no-bootstrap", help="create the nodes only; skip SSH set-up")] = False,
+    opts: dict[str, Any] = {},  # noqa: B006 - filled by _with_options
+) -> None:
+    """Create a cluster and prepare its nodes (SSH, hostfile, workdir)."""
+    from provision import pipeline
+
+    spec, _ = cluster_spec(opts)
+    inv = pipeline.up(spec, confirm=confirmer(opts), bootstrap=not no_bootstrap)
+    if inv is not None:
+        typer.echo(f"cluster {inv.name!r} is up: {len(inv.nodes)} node(s)", err=True)
+        typer.echo(inv.name)
+
+
+@app.command()
+@guard
+def down(name: Annotated[str, typer.Argument(help="cluster name")]) -> None:
+    """Delete every resource of a cluster (idempotent; works from the inventory alone)."""
+    from provision import pipeline
+    from provision.inventory import InventoryStore
+
+    store = InventoryStore()
+    if not store.exists(name):
+        typer.echo(f"no cluster named {name!r}: nothing to remove", err=True)
+        return
+    pipeline.down(name, store=store)
+
+
+# launch NAME [options] -- SCRIPT ARGS: options may follow NAME, `--` ends them.
+@app.command(context_settings={"ignore_unknown_options": True})
+@guard
+@with_options(JOB_OPTIONS, "jopts")
+def launch(
+    name: Annotated[str, typer.Argument(help="cluster name")],
+    script: Annotated[str, typer.Argument(help="training script")],
+    args: Annotated[list[str] | None, typer.Argument(help="script arguments")] = None,
+    jopts: dict[str, Any] = {},  # noqa: B006
+) -> None:
+    """Start SCRIPT on every node of a cluster (torchrun by default)."""
+    from provision import pipeline
+
+    job = job_spec(*script_and_args(script, args), jopts, {})
+    raise typer.Exit(pipeline.launch(name, job))
+
+
+@app.command(
+    context_settings={"allow_interspersed_args": False, "ignore_unknown_options": True}
+)
+@guard
+@with_options(CLUSTER_OPTIONS + JOB_OPTIONS, "opts")
+def run(
+    script: Annotated[str, typer.Argument(help="training script")],
+    args: Annotated[list[str] | None, typer.Argument(help="script arguments")] = None,
+    keep: Annotated[bool, typer.Option("--keep", help="leave the cluster running afterwards")] = False,
+    opts: dict[str, Any] = {},  # noqa: B006
+) -> None:
+    """up + launch + fetch outputs + down, with teardown in every case (unless --keep)."""
+    from provision import pipeline
+
+    spec, file_values = cluster_spec(opts)
+    job = job_spec(*script_and_args(script, args), opts, file_values)
+    raise typer.Exit(pipeline.run(spec, job, confirm=confirmer(opts), keep=keep))
+
+
+@app.command()
+@guard
+def status(
+    name: Annotated[str | None, typer.Argument(help="one cluster (default: all)")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="machine-readable output")] = False,
+) -> None:
+    """List clusters known on this machine."""
+    from provision.inventory import InventoryStore
+    from provision.status import status_rows
+
+    store = InventoryStore()
+    invs = [store.load(name)] if name else store.all()
+    rows = status_rows(invs)
+    if as_json:
+        typer.echo(json.dumps(rows, indent=2))
+        return
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table("cluster", "provider", "status", "nodes", "created", "$/hour", "addresses")
+    for r in rows:
+        addrs = ", ".join(f"{n['name']}={n['address']}:{n['port']}" for n in r["nodes"])
+        table.add_row(r["name"], r["provider"], r["status"], str(len(r["nodes"])),
+                      r["created_at"], f"{r['hourly_cost_usd']:.2f}", addrs)
+    Console().print(table)
+
+
+@app.command(
+    "exec", context_settings={"allow_interspersed_args": False, "ignore_unknown_options": True}
+)
+@guard
+def exec_(
+    name: Annotated[str, typer.Argument(help="cluster name")],
+    command: Annotated[list[str], typer.Argument(help="command to run on every node")],
+) -> None:
+    """Run a command on all nodes in parallel; per-node output and exit codes."""
+    from provision.inventory import InventoryStore
+    from provision.remote_exec import exec_on_nodes
+
+    store = InventoryStore()
+    inv = store.load(name)
+    words = command[1:] if command and command[0] == "--" else command
+    if not words:
+        from provision.errors import UserInputError
+
+        raise UserInputError("no command given", hint=f"mgpu-cloud exec {name} -- hostname")
+    results = exec_on_nodes(inv, store, " ".join(words))
+    worst = 0
+    for node, res in results.items():
+        typer.echo(f"--- {node} (exit {res.exit_code}) ---")
+        if res.stdout:
+            typer.echo(res.stdout.rstrip("\n"))
+        if res.stderr:
+            typer.echo(res.stderr.rstrip("\n"), err=True)
+        worst = worst or res.exit_code
+    raise typer.Exit(worst)
+
+
+@app.command()
+@guard
+def ssh(
+    name: Annotated[str, typer.Argument(help="cluster name")],
+    node: Annotated[int, typer.Option("--node", help="node rank")] = 0,
+    command: Annotated[list[str] | None, typer.Argument(help="optional command")] = None,
+) -> None:
+    """Open an SSH session on one node (host key pinned)."""
+    from provision.inventory import InventoryStore
+    from provision.sshconn import ssh_argv
+
+    store = InventoryStore()
+    inv = store.load(name)
+    argv = ssh_argv(inv, node, command or [])
+    os.execvp(argv[0], argv)
+
+
+@app.command()
+@guard
+def check(
+    name: Annotated[str, typer.Argument(help="cluster name")],
+    bandwidth: Annotated[bool, typer.Option("--bandwidth", help="also run an all-reduce benchmark")] = False,
+    max_bytes: Annotated[str, typer.Option("--max-bytes", help="largest all-reduce size")] = "1G",
+    min_bytes: Annotated[str, typer.Option("--min-bytes", help="smallest all-reduce size")] = "1M",
+    interconnect: Annotated[str | None, typer.Option("--interconnect", help="nvlink3|nvlink4|pcie4|efa-p4d|efa-p5|ib-hdr|ib-ndr|eth-10|eth-25|eth-100")] = None,
+    gpus_per_node: Annotated[int | None, typer.Option("--gpus-per-node", help="GPUs each node should have")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="machine-readable output")] = False,
+) -> None:
+    """Compare every node's GPUs, driver, torch/NCCL versions and ports; optionally bandwidth."""
+    from provision import check as judge
+    from provision.checkrun import gather_preflights, run_allreduce
+    from provision.inventory import InventoryStore
+
+    store = InventoryStore()
+    inv = store.load(name)
+    reports = gather_preflights(inv, store)
+    findings = judge.compare_preflights(reports, gpus_per_node)
+    out: dict[str, Any] = {"preflight": reports, "findings": [f.__dict__ for f in findings]}
+    summary = None
+    if bandwidth:
+        code, records = run_allreduce(inv, store, min_bytes=min_bytes, max_bytes=max_bytes,
+                                      log=lambda m: typer.echo(m, err=True))
+        kind = interconnect or judge.guess_interconnect(next(iter(reports.values())), len(inv.nodes)) or "unknown"
+        summary = judge.summarize_bandwidth(records, kind)
+        out["bandwidth"] = {"records": records, "interconnect": kind, "verdict": summary.verdict,
+                            "peak_busbw_gbps": summary.peak_busbw_gbps}
+        findings = [*findings, *summary.findings]
+        if code != 0:
+            findings.append(judge.Finding("error", "bandwidth", f"all-reduce exited {code}"))
+    if as_json:
+        typer.echo(json.dumps(out, indent=2, default=str))
+    else:
+        from rich.console import Console
+        from rich.table import Table
+
+        console = Console()
+        for rows in ([judge.preflight_rows(reports)] + ([judge.bandwidth_rows(out["bandwidth"]["records"])] if summary else [])
+                     + [judge.render_findings_table(findings)]):
+            table = Table(*rows[0])
+            for row in rows[1:]:
+                table.add_row(*row)
+            console.print(table)
+        if summary:
+            console.print(f"peak busbw {summary.peak_busbw_gbps:.2f} GB/s on {summary.interconnect}: {summary.verdict}")
+    raise typer.Exit(1 if any(f.severity == "error" for f in findings) else 0)
+
+
+@app.command()
+@guard
+@with_options(GC_OPTIONS, "scope")
+def gc(
+    provider: Annotated[str, typer.Option("--provider", "-p", help="the provider to search")] = "docker",
+    delete: Annotated[bool, typer.Option("--delete", help="delete what is found")] = False,
+    scope: dict[str, Any] = {},  # noqa: B006 - filled by with_options
+) -> None:
+    """List (and with --delete remove) tagged resources that no inventory knows."""
+    from provision.inventory import InventoryStore
+    from provision.providers import get_provider
+    from provision.spec import build_cluster_spec
+
+    cli = {"provider": provider, "name": "gc-scope",
+           **to_nested(scope, GC_OPTIONS, provider)}
+    spec = build_cluster_spec({}, cli)
+    prov = get_provider(provider)
+    found = prov.orphans(spec, set(InventoryStore().names()))
+    for r in found:
+        where = r.zone or r.region or ""
+        typer.echo(f"{r.kind}\t{r.id}\t{r.name or ''}\t{where}")
+    typer.echo(f"{len(found)} orphaned resource(s)", err=True)
+    if delete and found:
+        prov.delete_orphans(spec, found)
+        typer.echo(f"deleted {len(found)} resource(s)", err=True)

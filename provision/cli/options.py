@@ -1,0 +1,160 @@
+"""Option tables of `up`, `run`, `launch` and `gc`, and their mapping onto the spec models.
+
+Core options are listed here; provider options come from each provider's INFO.flags (the
+registry), so a new provider's flags appear without editing this file. A flag declared by
+several providers (e.g. --zone) is one option whose value goes to the chosen provider.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable
+from typing import Any
+
+import typer
+
+from provision.cli.app import Opt
+from provision.providers import DEFAULT_PROVIDER, Flag, all_provider_infos, provider_names
+
+_CORE_CLUSTER_OPTIONS = [
+    Opt("config", str | None, typer.Option(None, "--config", "-c", help="cluster YAML file; flags override it")),
+    Opt("provider", str | None, typer.Option(None, "--provider", "-p", help=f"{DEFAULT_PROVIDER} (default) | " + " | ".join(n for n in provider_names() if n != DEFAULT_PROVIDER)), ("provider",)),
+    Opt("nodes", int | None, typer.Option(None, "--nodes", "-n", help="number of nodes"), ("nodes",)),
+    Opt("name", str | None, typer.Option(None, "--name", help="cluster name (default: generated)"), ("name",)),
+    Opt("gpus_per_node", int | None, typer.Option(None, "--gpus-per-node", help="slots per node (default: what the machine has)"), ("gpus_per_node",)),
+    Opt("ssh_cidr", str | None, typer.Option(None, "--ssh-cidr", help="who may reach SSH (default: your own address)"), ("ssh_cidr",)),
+    Opt("max_hours", float | None, typer.Option(None, "--max-hours", help="nodes shut themselves down after this long"), ("max_hours",)),
+    Opt("spot", bool | None, typer.Option(None, "--spot/--on-demand", help="spot/preemptible capacity"), ("spot",)),
+]
+_PLAN_OPTIONS = [
+    Opt("dry_run", bool, typer.Option(False, "--dry-run", help="print the plan and cost, create nothing")),
+    Opt("plan_json", bool, typer.Option(False, "--plan-json", help="with --dry-run: print the plan as JSON")),
+    Opt("yes", bool, typer.Option(False, "--yes", "-y", help="do not ask for confirmation")),
+]
+JOB_OPTIONS = [
+    Opt("launcher", str | None, typer.Option(None, "--launcher", help="torchrun (default) | deepspeed | accelerate"), ("launcher",)),
+    Opt("nproc_per_node", str | None, typer.Option(None, "--nproc-per-node", help="processes per node, or 'gpu'"), ("nproc_per_node",)),
+    Opt("env", list[str] | None, typer.Option(None, "--env", "-e", help="K=V for the job (repeatable)")),
+    Opt("env_file", str | None, typer.Option(None, "--env-file", help="file of K=V lines")),
+    Opt("workdir", str | None, typer.Option(None, "--workdir", help="folder to sync (default: the script's)"), ("workdir",)),
+    Opt("master_port", int | None, typer.Option(None, "--master-port", help="rendezvous port (29500)"), ("master_port",)),
+    Opt("rdzv", bool | None, typer.Option(None, "--rdzv", help="torchrun c10d rendezvous instead of static ranks"), ("rdzv",)),
+    Opt("job_image", str | None, typer.Option(None, "--image", help="run the job inside this container image"), ("image",)),
+    Opt("nccl_debug", bool | None, typer.Option(None, "--nccl-debug", help="NCCL_DEBUG=INFO"), ("nccl_debug",)),
+    Opt("deepspeed_launcher", str | None, typer.Option(None, "--deepspeed-launcher", help="pdsh (default) | no_ssh"), ("deepspeed_launcher",)),
+    Opt("deepspeed_config", str | None, typer.Option(None, "--deepspeed-config", help="ds_config JSON"), ("deepspeed_config",)),
+]
+
+
+def provider_flag_options(select: Callable[[Flag], bool] = lambda f: True) -> list[Opt]:
+    """One Opt per distinct flag declaration across the registered providers."""
+    merged: dict[str, tuple[Flag, dict[str, str]]] = {}
+    for info in all_provider_infos():
+        for flag in info.flags:
+            if select(flag):
+                merged.setdefault(flag.decl, (flag, {}))[1][info.name] = flag.field
+    out = []
+    for decl, (flag, by_provider) in merged.items():
+        decls = [decl] + ([flag.short] if flag.short else [])
+        where = "/".join(by_provider)
+        out.append(Opt(flag.param, flag.type | None,
+                       typer.Option(None, *decls, help=f"[{where}] {flag.help}"),
+                       by_provider=by_provider))
+    return out
+
+
+CLUSTER_OPTIONS = _CORE_CLUSTER_OPTIONS + provider_flag_options() + _PLAN_OPTIONS
+GC_OPTIONS = provider_flag_options(lambda f: f.gc)
+
+
+def to_nested(values: dict[str, Any], options: list[Opt], provider: str) -> dict[str, Any]:
+    """Flag values -> the nested mapping the spec models take. A provider flag given for a
+    provider that does not have it is an error that names the right provider."""
+    from provision.errors import UserInputError
+
+    out: dict[str, Any] = {}
+    for opt in options:
+        value = values.get(opt.name)
+        if value is None:
+            continue
+        path = opt.path
+        if opt.by_provider:
+            if provider not in opt.by_provider:
+                owners = ", ".join(opt.by_provider)
+                decl = opt.option.param_decls[0]
+                raise UserInputError(
+                    f"{decl} is a setting of provider {owners}, not of {provider!r}",
+                    hint=f"add --provider {next(iter(opt.by_provider))}, or leave {decl} out",
+                )
+            path = (provider, opt.by_provider[provider])
+        if not path:
+            continue
+        node = out
+        for key in path[:-1]:
+            node = node.setdefault(key, {})
+        node[path[-1]] = value
+    return out
+
+
+def cluster_spec(opts: dict[str, Any]) -> tuple[Any, dict[str, Any]]:
+    """(ClusterSpec, the YAML file's values) from `up`/`run` options."""
+    from provision.spec import build_cluster_spec, load_config_file
+
+    file_values = load_config_file(opts["config"]) if opts.get("config") else {}
+    provider = opts.get("provider") or file_values.get("provider") or DEFAULT_PROVIDER
+    nested = to_nested(opts, CLUSTER_OPTIONS, provider)
+    return build_cluster_spec(file_values, nested), file_values
+
+
+def job_spec(script: str, args: list[str], opts: dict[str, Any], file_values: dict[str, Any]) -> Any:
+    from provision.spec import build_job_spec, parse_env_pairs
+
+    values = to_nested(opts, JOB_OPTIONS, "")
+    values["script"] = script
+    values["args"] = list(args)
+    env = parse_env_pairs(opts.get("env") or [], opts.get("env_file"))
+    if env:
+        values["env"] = {**((file_values.get("job") or {}).get("env") or {}), **env}
+    return build_job_spec(file_values, values)
+
+
+def script_and_args(script: str, args: list[str] | None) -> tuple[str, list[str]]:
+    """`launch NAME -- train.py --lr 3e-4`: Click hands the `--` over as the first word."""
+    rest = list(args or [])
+    if script == "--":
+        if not rest:
+            from provision.errors import UserInputError
+
+            raise UserInputError("no script given after `--`")
+        script, rest = rest[0], rest[1:]
+    return script, rest
+
+
+def confirmer(opts: dict[str, Any]) -> Callable[[Any], bool]:
+    """Show the plan; ask before spending money (never for a free provider's free plan)."""
+
+    def confirm(plan: Any) -> bool:
+        from provision.providers import provider_info
+
+        if opts.get("dry_run") and opts.get("plan_json"):
+            import json
+
+            typer.echo(json.dumps(plan.model_dump(mode="json"), indent=2))
+        else:
+            typer.echo(plan.render(), err=True)
+        if opts.get("dry_run"):
+            typer.echo("dry run: nothing was created", err=True)
+            return False
+        free = not provider_info(plan.provider).costs_money and plan.hourly_cost_usd <= 0
+        if free or opts.get("yes"):
+            return True
+        if not sys.stdin.isatty():
+            from provision.errors import UserInputError
+
+            raise UserInputError(
+                "this plan costs money and there is no terminal to confirm it on",
+                hint="add --yes to accept the plan above, or --dry-run to only print it",
+            )
+        return typer.confirm("Create these resources?", default=False)
+
+    return confirm

@@ -1,0 +1,49 @@
+"""The Provider contract: what the pipeline asks of every provider.
+
+    plan     pure with respect to the cloud: read-only calls at most; returns the provider's own
+             typed Plan subclass (what `create` consumes, plus a rendering for humans/--json)
+    create   makes what the plan says, recording each resource in the inventory the moment its
+             id exists; on failure it just raises: the pipeline rolls back by calling `destroy`
+             with what the inventory recorded (rollback lives once, in the pipeline)
+    destroy  idempotent; resources already gone are not errors; TeardownError if some remain
+    orphans / delete_orphans   tagged resources no inventory on this machine knows (`gc`)
+"""
+
+from __future__ import annotations
+
+from typing import Protocol, runtime_checkable
+
+from provision.inventory import Inventory, InventoryStore, ResourceRecord
+from provision.plan import Plan
+from provision.spec import ClusterSpec
+
+
+@runtime_checkable
+class Provider(Protocol):
+    name: str
+
+    def plan(self, spec: ClusterSpec) -> Plan:
+        """Validate `spec` against the provider and describe what `create` would make and
+        cost. Never writes. Raises UserInputError / ProviderUnavailableError for bad input,
+        unreachable APIs or missing credentials."""
+        ...
+
+    def create(self, spec: ClusterSpec, plan: Plan, inv: Inventory, store: InventoryStore) -> None:
+        """Make the resources of `plan` (the provider's own Plan subclass, as returned by
+        `plan`), recording each through `store.record` as soon as its id exists, then fill
+        `inv.nodes`. Raises on failure WITHOUT cleaning up: the pipeline calls `destroy`."""
+        ...
+
+    def destroy(self, inv: Inventory, store: InventoryStore) -> None:
+        """Delete every resource of `inv`. Idempotent; resources already gone are not errors.
+        Raises TeardownError (after trying everything) if some could not be deleted."""
+        ...
+
+    def orphans(self, spec: ClusterSpec, known: set[str]) -> list[ResourceRecord]:
+        """Tagged resources in the spec's scope (region/project) whose cluster is not in
+        `known` (the names of the inventories on this machine)."""
+        ...
+
+    def delete_orphans(self, spec: ClusterSpec, resources: list[ResourceRecord]) -> None:
+        """Delete resources returned by `orphans`. Idempotent."""
+        ...

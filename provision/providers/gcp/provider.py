@@ -1,0 +1,71 @@
+"""GcpProvider: the Provider contract for Compute Engine (see the package docstring)."""
+
+from __future__ import annotations
+
+import logging
+
+from provision.errors import TeardownError
+from provision.inventory import Inventory, InventoryStore, ResourceRecord
+from provision.plan import Plan
+from provision.providers.gcp.options import GcpOptions
+from provision.spec import ClusterSpec
+
+log = logging.getLogger(__name__)
+
+
+class GcpProvider:
+    name = "gcp"
+
+    def plan(self, spec: ClusterSpec) -> Plan:
+        """Read-only: resolves project, zone, machine type, image; prices the cluster."""
+        from provision.caller_address import caller_cidr
+        from provision.providers.gcp.clients import build_clients
+        from provision.providers.gcp.plan import layout_to_plan, region_of, resolve
+
+        opts = spec.options_as(GcpOptions)
+        if opts.zone:
+            region_of(opts.zone)  # a malformed zone fails before credentials are read
+        clients = build_clients(opts.project)
+        ssh_cidr = spec.ssh_cidr or caller_cidr()
+        layout = resolve(spec, clients, ssh_cidr)
+        return layout_to_plan(layout, max_hours_defaulted=spec.max_hours is None)
+
+    def create(self, spec: ClusterSpec, plan: Plan, inv: Inventory, store: InventoryStore) -> None:
+        from provision.providers.gcp import create
+        from provision.providers.gcp.clients import build_clients
+        from provision.providers.gcp.plan import GcpPlan
+
+        gcp_plan = plan.expect(GcpPlan)
+        clients = build_clients(gcp_plan.layout.project)
+        create.create(spec, gcp_plan, inv, store, clients, log.warning)
+
+    def destroy(self, inv: Inventory, store: InventoryStore) -> None:
+        from provision.providers.gcp import teardown
+        from provision.providers.gcp.clients import build_clients
+
+        if not inv.resources:
+            return  # every resource is recorded before its insert is sent: nothing was made
+        project = inv.resources[0].extra.get("project")
+        teardown.destroy(inv, store, build_clients(project))
+
+    def orphans(self, spec: ClusterSpec, known: set[str]) -> list[ResourceRecord]:
+        """Instances (by label), placement policies and firewall rules (by description) of
+        clusters not in `known`, in the project (and the zone / its region when given)."""
+        from provision.providers.gcp import discovery
+        from provision.providers.gcp.clients import build_clients
+
+        opts = spec.options_as(GcpOptions)
+        clients = build_clients(opts.project)
+        found = discovery.tagged_resources(clients, opts.zone)
+        return [r for r in found if r.extra.get("cluster") not in known]
+
+    def delete_orphans(self, spec: ClusterSpec, resources: list[ResourceRecord]) -> None:
+        from provision.providers.gcp import teardown
+        from provision.providers.gcp.clients import build_clients
+
+        clients = build_clients(spec.options_as(GcpOptions).project)
+        failures = teardown.delete_records(clients, resources)
+        if failures:
+            raise TeardownError("could not delete every orphaned resource: " + "; ".join(failures),
+                                hint="run the same `mgpu-cloud gc ... --delete` again")
+
