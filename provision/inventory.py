@@ -99,6 +99,10 @@ class Inventory(BaseModel):
     remote_root: str = ".mgpu-cloud"
     nccl_env: dict[str, str] = Field(default_factory=dict)
     container_image: str | None = Field(None, description="jobs run inside this image when set")
+    container_args: list[str] = Field(
+        default_factory=list,
+        description="extra `docker run` words the provider's fabric needs (devices, mounts, env)",
+    )
     wait_for_gpu: bool = Field(False, description="bootstrap waits for nvidia-smi too")
     manage_etc_hosts: bool = Field(False, description="bootstrap writes node names to /etc/hosts")
     inter_node_ssh: bool = Field(

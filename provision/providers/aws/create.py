@@ -15,6 +15,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
+from provision.container import DEFAULT_TRAINING_IMAGE
 from provision.errors import CapacityError, ProvisionError
 from provision.inventory import Inventory, InventoryStore, NodeRecord, ResourceRecord
 from provision.keys import ensure_cluster_key, generate_ed25519, host_key_only
@@ -24,7 +25,6 @@ from provision.providers.aws.errors import describe, error_code, is_capacity, ma
 from provision.providers.aws.plan import NODE_USER, AwsPlan, resource_name
 from provision.spec import ClusterSpec
 
-DEFAULT_CONTAINER_IMAGE = "nvcr.io/nvidia/pytorch:24.06-py3"
 
 
 @contextmanager
@@ -321,7 +321,7 @@ class Creator:
         self.inv.nodes = records
         self.inv.wait_for_gpu = True
         self.inv.manage_etc_hosts = True
-        self.inv.container_image = self.spec.image or DEFAULT_CONTAINER_IMAGE
+        self.inv.container_image = self.spec.image or DEFAULT_TRAINING_IMAGE
         self.inv.nccl_env = parse_env_file(render(
             "nccl/aws-efa.env.j2", instance_type=self.s.instance_type,
             efa_interfaces=self.s.efa_interfaces, device_rdma=self.s.device_rdma,

@@ -13,6 +13,7 @@ import uuid
 from collections.abc import Callable
 from typing import Any
 
+from provision.container import DEFAULT_TRAINING_IMAGE
 from provision.errors import CapacityError, ProvisionError
 from provision.inventory import CLUSTER_TAG, Inventory, InventoryStore, NodeRecord, ResourceRecord
 from provision.keys import KeyPair, ensure_cluster_key, generate_ed25519, host_key_only
@@ -24,7 +25,6 @@ from provision.render import parse_env_file, render
 from provision.spec import ClusterSpec
 
 LOGIN_USER = "mgpu"
-DEFAULT_CONTAINER_IMAGE = "nvcr.io/nvidia/pytorch:24.06-py3"
 DISK_TYPE = "pd-balanced"
 Log = Callable[[str], None]
 
@@ -262,7 +262,7 @@ def create(spec: ClusterSpec, plan: GcpPlan, inv: Inventory, store: InventorySto
     inv.key_path = str(key_path)
     inv.wait_for_gpu = True
     inv.manage_etc_hosts = True
-    inv.container_image = spec.image or DEFAULT_CONTAINER_IMAGE
+    inv.container_image = spec.image or DEFAULT_TRAINING_IMAGE
     inv.nccl_env = nccl_env(layout)  # saved with the first record below
     policy_link = _create_policy(clients, store, inv, layout)
     _create_firewalls(clients, store, inv, layout)
