@@ -8,60 +8,68 @@ from __future__ import annotations
 
 import io
 import json
-import shlex
 from collections.abc import Callable
 from typing import Any
 
-from provision.bootstrap import remote_path
-from provision.inventory import Inventory, InventoryStore
-from provision.remote_exec import exec_on_nodes
-from provision.spec import JobSpec
+from provision.inventory import Inventory
+from provision.nodes import NodeGroup
+from provision.spec import DEFAULT_MASTER_PORT, JobSpec
 
 Log = Callable[[str], None]
 
 
+def parse_last_json(text: str) -> dict[str, Any] | None:
+    """The JSON object on the last line of `text`, if it is one."""
+    lines = text.strip().splitlines()
+    try:
+        value = json.loads(lines[-1]) if lines else None
+    except json.JSONDecodeError:
+        return None
+    return value if isinstance(value, dict) else None
+
+
 def gather_preflights(
-    inv: Inventory, store: InventoryStore, master_port: int = 29500
+    inv: Inventory, master_port: int = DEFAULT_MASTER_PORT, *, group: NodeGroup | None = None,
 ) -> dict[str, dict[str, Any]]:
     """node name -> preflight report (or {"error": ...} for a node where it could not run)."""
-    q = shlex.quote
-    master = inv.master
-    cmd = (f"python3 {q(remote_path(inv, 'remote.pyz'))} preflight --json "
-           f"--workdir {q(inv.remote_root)} --master-addr {q(master.private_address)} "
-           f"--master-port {master_port}")
+    own = group is None
+    group = group or NodeGroup(inv)
+    layout = group.layout
+    cmd = layout.remote_command("preflight", "--json", "--workdir", layout.root,
+                                "--master-addr", inv.master.private_address,
+                                "--master-port", str(master_port))
     reports: dict[str, dict[str, Any]] = {}
-    for node, res in exec_on_nodes(inv, store, cmd).items():
-        try:
-            reports[node] = json.loads(res.stdout)
-        except json.JSONDecodeError:
-            reports[node] = {"error": (res.stderr or res.stdout).strip()[-500:]
-                             or f"preflight exited {res.exit_code}"}
+    try:
+        for name, res in group.run(cmd).items():
+            report = parse_last_json(res.value.stdout) if res.value is not None else None
+            reports[name] = report if report is not None else {"error": res.why()[-500:]}
+    finally:
+        if own:
+            group.close()
     return reports
 
 
 def run_allreduce(
     inv: Inventory,
-    store: InventoryStore,
     *,
     min_bytes: str = "1M",
     max_bytes: str = "1G",
     iters: int = 20,
     nproc_per_node: int | None = None,
-    master_port: int = 29500,
+    master_port: int = DEFAULT_MASTER_PORT,
     log: Log = print,
+    group: NodeGroup | None = None,
 ) -> tuple[int, list[dict[str, Any]]]:
     """torchrun `remote.pyz allreduce` across all nodes; returns (exit code, rank 0's records)."""
     from provision.launch import run_job
 
-    job = JobSpec.model_construct(
-        script="remote.pyz", args=[], launcher="torchrun", nproc_per_node=nproc_per_node,
-        env={}, workdir=None, excludes=[], master_port=master_port, rdzv=False, image=None,
-        nccl_debug=False, deepspeed_launcher="pdsh", deepspeed_config=None,
-    )
+    # model_construct: no validation (the "script" lives on the nodes); defaults otherwise
+    job = JobSpec.model_construct(script="remote.pyz", launcher="torchrun", excludes=[],
+                                  nproc_per_node=nproc_per_node, master_port=master_port)
     program = ["@root/remote.pyz", "allreduce", "--min-bytes", min_bytes, "--max-bytes",
                max_bytes, "--iters", str(iters)]
     sink = io.StringIO()
-    code = run_job(inv, store, job, log=log, out=sink, program=program)
+    code = run_job(inv, job, log=log, out=sink, program=program, group=group)
     records: list[dict[str, Any]] = []
     master = f"[{inv.master.name}] "
     for line in sink.getvalue().splitlines():

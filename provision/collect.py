@@ -8,39 +8,41 @@ import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
-from provision.bootstrap import remote_path
 from provision.errors import MgpuError
-from provision.inventory import Inventory, InventoryStore
-from provision.sshconn import connect
+from provision.inventory import Inventory
+from provision.nodes import NodeGroup
 
 Log = Callable[[str], None]
 
 
-def fetch_outputs(inv: Inventory, store: InventoryStore, dest: Path, *, log: Log = print) -> Path:
-    """Copy node 0's .mgpu-cloud/outputs/ into `dest` (merged over what is there). Returns dest.
+def fetch_outputs(inv: Inventory, dest: Path, *, log: Log = print,
+                  group: NodeGroup | None = None) -> Path:
+    """Copy node 0's outputs folder into `dest` (merged over what is there). Returns dest.
 
     Failure here is reported but never stops teardown: the caller decides.
     """
     node = inv.master
-    outputs = remote_path(inv, "outputs")
-    archive = remote_path(inv, "outputs.tgz")
-    conn = connect(inv, node)
+    own = group is None
+    group = group or NodeGroup(inv, [node])
+    layout = group.layout
+    q = shlex.quote
+    archive = layout.path("outputs.tgz")
+    conn = group.connection(node)
     try:
-        res = conn.run(
-            f"mkdir -p {shlex.quote(outputs)} && tar -czf {shlex.quote(archive)} -C {shlex.quote(outputs)} .",
-            hide=True, warn=True, in_stream=False,
-        )
-        if res.exited != 0:
-            raise MgpuError(f"packing outputs on {node.name} failed: {res.stderr.strip()}")
+        res = conn.run(f"mkdir -p {q(layout.outputs)} && "
+                       f"tar -czf {q(archive)} -C {q(layout.outputs)} .")
+        if not res.ok:
+            raise MgpuError(f"packing outputs on {node.name} failed: {res.tail()}")
         dest.mkdir(parents=True, exist_ok=True)
         with tempfile.TemporaryDirectory() as tmp:
             local = Path(tmp) / "outputs.tgz"
-            conn.get(archive, str(local))
+            conn.get(archive, local)
             with tarfile.open(local) as tar:
                 tar.extractall(dest, filter="data")  # "data": no absolute paths, no escapes
                 count = sum(1 for m in tar.getmembers() if m.isfile())
-        conn.run(f"rm -f {shlex.quote(archive)}", hide=True, warn=True, in_stream=False)
+        conn.run(f"rm -f {q(archive)}")
     finally:
-        conn.close()
+        if own:
+            group.close()
     log(f"copied {count} output file(s) from {node.name} to {dest}/")
     return dest

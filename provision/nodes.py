@@ -25,7 +25,7 @@ from collections.abc import Callable, Iterable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Generic, Protocol, TextIO, TypeVar
+from typing import Generic, Protocol, TypeVar
 
 from provision.errors import BootstrapError, MgpuError
 from provision.inventory import Inventory, NodeRecord
@@ -107,6 +107,14 @@ class CommandResult:
         return " | ".join(text)
 
 
+class Writer(Protocol):
+    """Where streamed output goes (a text file, or launch.PrefixWriter)."""
+
+    def write(self, data: str, /) -> int: ...
+
+    def flush(self) -> None: ...
+
+
 class NodeConnection(Protocol):
     """One node's transport. `run` never raises for a non-zero exit (it is the result); it
     raises for a transport failure (unreachable, authentication, host key)."""
@@ -115,7 +123,7 @@ class NodeConnection(Protocol):
         """Connect now (raises on failure; `wait_until_reachable` retries it)."""
         ...
 
-    def run(self, command: str, *, stdin: bytes | None = None, out: TextIO | None = None,
+    def run(self, command: str, *, stdin: bytes | None = None, out: Writer | None = None,
             timeout: float | None = None) -> CommandResult:
         """Run a shell line. `stdin`: bytes written to the command, then EOF. `out`: stream
         stdout+stderr there as they come (the result then holds no output)."""
@@ -147,7 +155,7 @@ class SshConnection:
             self._conn.close()
             raise
 
-    def run(self, command: str, *, stdin: bytes | None = None, out: TextIO | None = None,
+    def run(self, command: str, *, stdin: bytes | None = None, out: Writer | None = None,
             timeout: float | None = None) -> CommandResult:
         if stdin is not None:
             return self._run_with_stdin(command, stdin)

@@ -163,18 +163,26 @@ def launch(
     name: str, job: JobSpec, *, store: InventoryStore | None = None, log: Log = _stderr
 ) -> int:
     """Run `job` on an existing cluster; copies rank 0's outputs back. Returns the exit code."""
-    from provision.bootstrap import sync_workdir
-    from provision.collect import fetch_outputs
-    from provision.launch import run_job
-
     store = store or InventoryStore()
     with store.lock(name), sigterm_raises():
         inv = store.load(name)
         if inv.status != "ready":
             raise MgpuError(f"cluster {name!r} is {inv.status}, not ready")
-        sync_workdir(inv, store, job, log=log)
-        code = run_job(inv, store, job, log=log)
-        fetch_outputs(inv, store, Path("mgpu-outputs") / name, log=log)
+        return _sync_run_fetch(inv, job, log)
+
+
+def _sync_run_fetch(inv: Inventory, job: JobSpec, log: Log, *, sync: bool = True) -> int:
+    """The job on every node over one set of connections: workdir sync, run, outputs back."""
+    from provision.bootstrap import sync_workdir
+    from provision.collect import fetch_outputs
+    from provision.launch import run_job
+    from provision.nodes import NodeGroup
+
+    with NodeGroup(inv) as group:
+        if sync:
+            sync_workdir(inv, job, log=log, group=group)
+        code = run_job(inv, job, log=log, group=group)
+        fetch_outputs(inv, Path("mgpu-outputs") / inv.name, log=log, group=group)
         return code
 
 
@@ -188,9 +196,6 @@ def run(
     log: Log = _stderr,
 ) -> int:
     """up + launch + fetch + down; teardown in every case unless `keep`."""
-    from provision.collect import fetch_outputs
-    from provision.launch import run_job
-
     store = store or InventoryStore()
     provider, plan = plan_cluster(spec, store)
     if not confirm(plan):
@@ -200,9 +205,8 @@ def run(
             provider, spec, plan, store, bootstrap=True, job=job, log=log
         )
         try:
-            code = run_job(inv, store, job, log=log)
-            fetch_outputs(inv, store, Path("mgpu-outputs") / spec.name, log=log)
-            return code
+            # bootstrap already placed the workdir
+            return _sync_run_fetch(inv, job, log, sync=False)
         finally:
             if keep:
                 log(f"--keep: cluster {spec.name!r} left running; remove it with "

@@ -19,11 +19,12 @@ import yaml
 from pydantic import Field, ValidationError, create_model, field_validator, model_validator
 
 from provision.errors import SpecError
+from provision.launchers import DEFAULT_LAUNCHER, launcher_names
 from provision.model import StrictModel
 from provision.providers import DEFAULT_PROVIDER, options_model, provider_names
 
 T = TypeVar("T")
-LauncherName = Literal["torchrun", "deepspeed", "accelerate"]
+DEFAULT_MASTER_PORT = 29500  # rendezvous port of rank 0 unless --master-port
 
 CLUSTER_NAME_RE = re.compile(r"^[a-z]([a-z0-9-]{0,38}[a-z0-9])?$")
 CLUSTER_NAME_RULE = (
@@ -126,19 +127,26 @@ else:
 class JobSpec(StrictModel):
     script: str
     args: list[str] = Field(default_factory=list)
-    launcher: LauncherName = "torchrun"
+    launcher: str = DEFAULT_LAUNCHER
     nproc_per_node: int | Literal["gpu"] | None = None
     env: dict[str, str] = Field(default_factory=dict)
     workdir: str | None = Field(None, description="folder synced to the nodes; default: the script's")
     excludes: list[str] = Field(
         default_factory=lambda: [".git", "__pycache__", "*.pyc", ".venv", "mgpu-outputs"]
     )
-    master_port: int = Field(29500, ge=1024, le=65535)
+    master_port: int = Field(DEFAULT_MASTER_PORT, ge=1024, le=65535)
     rdzv: bool = False
     image: str | None = None
     nccl_debug: bool = False
     deepspeed_launcher: Literal["pdsh", "no_ssh"] = "pdsh"
     deepspeed_config: str | None = None
+
+    @field_validator("launcher")
+    @classmethod
+    def _launcher(cls, v: str) -> str:
+        if v not in launcher_names():
+            raise ValueError(f"unknown launcher {v!r}; choose one of: {', '.join(launcher_names())}")
+        return v
 
     @field_validator("nproc_per_node", mode="before")
     @classmethod

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 import paramiko
 
+from provision.errors import MgpuError, UserInputError
 from provision.inventory import Inventory, InventoryStore, NodeRecord
 from provision.keys import known_hosts_line, write_known_hosts
 
@@ -52,7 +53,8 @@ def write_cluster_known_hosts(inv: Inventory, store: InventoryStore) -> Path:
 def node_identity(inv: Inventory, node: NodeRecord) -> str:
     key = node.identity_file or inv.key_path
     if not key:
-        raise ValueError(f"cluster {inv.name!r} has no SSH key recorded")
+        raise MgpuError(f"cluster {inv.name!r} has no SSH key recorded",
+                        hint=f"its inventory is incomplete; remove it with `mgpu-cloud down {inv.name}`")
     return os.path.expanduser(key)
 
 
@@ -128,8 +130,6 @@ def ssh_argv(inv: Inventory, rank: int, command: list[str]) -> list[str]:
     """argv for an interactive `ssh` to the node of that rank, host key pinned."""
     nodes = [n for n in inv.nodes if n.rank == rank]
     if not nodes:
-        from provision.errors import UserInputError
-
         raise UserInputError(
             f"cluster {inv.name!r} has no node {rank}; nodes are 0..{len(inv.nodes) - 1}"
         )

@@ -124,18 +124,20 @@ def exec_(
 ) -> None:
     """Run a command on all nodes in parallel; per-node output and exit codes."""
     from provision.inventory import InventoryStore
-    from provision.remote_exec import exec_on_nodes
+    from provision.nodes import CommandResult, NodeGroup
 
-    store = InventoryStore()
-    inv = store.load(name)
+    inv = InventoryStore().load(name)
     words = command[1:] if command and command[0] == "--" else command
     if not words:
         from provision.errors import UserInputError
 
         raise UserInputError("no command given", hint=f"mgpu-cloud exec {name} -- hostname")
-    results = exec_on_nodes(inv, store, " ".join(words))
+    with NodeGroup(inv) as group:
+        results = group.run(" ".join(words))
     worst = 0
-    for node, res in results.items():
+    for node, r in results.items():
+        # a node that cannot be reached is a result too: exit 255, like ssh
+        res = r.value if r.value is not None else CommandResult(255, "", r.why())
         typer.echo(f"--- {node} (exit {res.exit_code}) ---")
         if res.stdout:
             typer.echo(res.stdout.rstrip("\n"))
@@ -178,14 +180,13 @@ def check(
     from provision.checkrun import gather_preflights, run_allreduce
     from provision.inventory import InventoryStore
 
-    store = InventoryStore()
-    inv = store.load(name)
-    reports = gather_preflights(inv, store)
+    inv = InventoryStore().load(name)
+    reports = gather_preflights(inv)
     findings = judge.compare_preflights(reports, gpus_per_node)
     out: dict[str, Any] = {"preflight": reports, "findings": [f.__dict__ for f in findings]}
     summary = None
     if bandwidth:
-        code, records = run_allreduce(inv, store, min_bytes=min_bytes, max_bytes=max_bytes,
+        code, records = run_allreduce(inv, min_bytes=min_bytes, max_bytes=max_bytes,
                                       log=lambda m: typer.echo(m, err=True))
         kind = interconnect or judge.guess_interconnect(next(iter(reports.values())), len(inv.nodes)) or "unknown"
         summary = judge.summarize_bandwidth(records, kind)

@@ -26,7 +26,6 @@ from provision.providers.aws.plan import NODE_USER, AwsPlan, resource_name
 from provision.spec import ClusterSpec
 
 
-
 @contextmanager
 def step(what: str) -> Iterator[None]:
     """Name the step in any error raised inside (botocore errors are translated here)."""

@@ -1,6 +1,6 @@
 """`up` on existing machines: check every host at once, report every problem at once.
 
-Per host, in one thread each (one SSH connection, host key pinned):
+Per host, through the NodeGroup (one SSH connection each, host key pinned):
     log in (key auth)  ->  python3 on PATH  ->  our remote folder is free  ->  record what we
     will place  ->  upload remote.pyz  ->  `remote.pyz preflight --json` (GPUs, driver, torch,
     NCCL, disk, and whether node-0's master port can be reached from this host)
@@ -11,34 +11,32 @@ collected and raised together as one ProvisionError; nothing is launched.
 What is placed on a host is recorded in the inventory before it is made:
     remote-dir   NODE:~/.mgpu-cloud/ssh/CLUSTER (extra.parents: the folders above it that did
                  not exist before and may be removed again when empty)
-    remote-file  NODE:~/.deepspeed_env, only when the host had none (DeepSpeed launches write
-                 it; `down` removes it only if it still holds this cluster's MGPU_CLUSTER line)
+Nothing else is written on the user's machines (launchers keep their files in that folder).
 """
 
 from __future__ import annotations
 
-import io
-import json
 import shlex
 import threading
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import paramiko
 
 from provision.check import Finding, compare_preflights
+from provision.checkrun import parse_last_json
 from provision.errors import ProvisionError
 from provision.inventory import Inventory, InventoryStore, NodeRecord, ResourceRecord
+from provision.nodes import Connector, NodeConnection, NodeGroup, NodeStepError, RemoteLayout
 from provision.providers.ssh.hostkeys import describe_connect_error
-from provision.sshconn import UnknownHostKeyError, connect
+from provision.spec import DEFAULT_MASTER_PORT
+from provision.sshconn import UnknownHostKeyError
 
 Log = Callable[[str], None]
-DEFAULT_MASTER_PORT = 29500  # what JobSpec uses unless --master-port is given
 PREFLIGHT_TIMEOUT_S = 10.0
 
 
-class HostProblem(Exception):
+class HostProblem(NodeStepError):
     """One host failed a check; the message says which check and why."""
 
 
@@ -68,14 +66,9 @@ def describe_login_error(exc: BaseException, inv: Inventory, node: NodeRecord) -
     return f"SSH error{via}: {type(exc).__name__}: {exc}"
 
 
-def _run(conn: Any, cmd: str) -> tuple[int, str, str]:
-    res = conn.run(cmd, hide=True, warn=True, in_stream=False)
-    return int(res.exited), str(res.stdout), str(res.stderr)
-
-
 def _probe_script(root: str) -> str:
     parts = root.split("/")
-    paths = ["/".join(parts[: i + 1]) for i in range(len(parts))] + [".deepspeed_env"]
+    paths = ["/".join(parts[: i + 1]) for i in range(len(parts))]
     listed = " ".join(shlex.quote(p) for p in paths)
     return (
         'cd "$HOME" || exit 4; '
@@ -84,22 +77,24 @@ def _probe_script(root: str) -> str:
     )
 
 
-def check_host(conn: Any, inv: Inventory, node: NodeRecord, *, pyz: bytes, master: NodeRecord,
-               master_port: int, record: Callable[[ResourceRecord], None]) -> dict[str, Any]:
+def check_host(conn: NodeConnection, inv: Inventory, node: NodeRecord, *, pyz: bytes,
+               master: NodeRecord, master_port: int,
+               record: Callable[[ResourceRecord], None]) -> dict[str, Any]:
     """All checks of one host; returns its preflight report. Raises HostProblem."""
     try:
         conn.open()
     except Exception as exc:  # noqa: BLE001 - translated into one line right here
-        conn.close()
         raise HostProblem(describe_login_error(exc, inv, node)) from None
 
-    root = inv.remote_root
-    code, out, err = _run(conn, _probe_script(root))
-    if code == 3:
+    layout = RemoteLayout(inv.remote_root)
+    root = layout.root
+    probe = conn.run(_probe_script(root))
+    if probe.exit_code == 3:
         raise HostProblem(f"python3 not found on PATH for {node.user} (install python3)")
-    if code != 0:
-        raise HostProblem(f"cannot run commands (exit {code}): {err.strip()[-200:]}")
-    existing = {line.removeprefix("exists:") for line in out.splitlines()
+    if not probe.ok:
+        raise HostProblem(f"cannot run commands (exit {probe.exit_code}): "
+                          f"{probe.stderr.strip()[-200:]}")
+    existing = {line.removeprefix("exists:") for line in probe.stdout.splitlines()
                 if line.startswith("exists:")}
     if root in existing:
         raise HostProblem(
@@ -111,28 +106,16 @@ def check_host(conn: Any, inv: Inventory, node: NodeRecord, *, pyz: bytes, maste
                    if "/".join(parts[: i + 1]) not in existing]
     record(ResourceRecord(kind="remote-dir", id=f"{node.name}:~/{root}", name=node.name,
                           extra={"path": root, "parents": ",".join(new_parents)}))
-    if ".deepspeed_env" not in existing:
-        record(ResourceRecord(kind="remote-file", id=f"{node.name}:~/.deepspeed_env",
-                              name=node.name, extra={"path": ".deepspeed_env"}))
     q = shlex.quote
-    code, _, err = _run(conn, f"mkdir -p {q(root)}/outputs")
-    if code != 0:
-        raise HostProblem(f"cannot create ~/{root}: {err.strip()[-200:]}")
-    conn.put(io.BytesIO(pyz), f"{root}/remote.pyz")
-
-    code, out, err = _run(conn, (
-        f"python3 {q(root)}/remote.pyz preflight --json --workdir {q(root)} "
-        f"--master-addr {q(master.private_address)} --master-port {master_port} "
-        f"--timeout {PREFLIGHT_TIMEOUT_S:g}"
-    ))
-    lines = out.strip().splitlines()
-    try:
-        report: dict[str, Any] = json.loads(lines[-1]) if code == 0 and lines else {}
-    except json.JSONDecodeError:
-        report = {}
+    made = conn.run(f"mkdir -p {q(layout.outputs)} && cat > {q(layout.pyz)}", stdin=pyz)
+    if not made.ok:
+        raise HostProblem(f"cannot create ~/{root}: {made.tail()}")
+    res = conn.run(layout.remote_command(
+        "preflight", "--json", "--workdir", root, "--master-addr", master.private_address,
+        "--master-port", str(master_port), "--timeout", f"{PREFLIGHT_TIMEOUT_S:g}"))
+    report = parse_last_json(res.stdout) if res.ok else None
     if not report:
-        detail = (err or out).strip().splitlines()[-3:]
-        raise HostProblem(f"preflight failed (exit {code}): {' | '.join(detail)}")
+        raise HostProblem(f"preflight failed (exit {res.exit_code}): {res.tail()}")
     return report
 
 
@@ -148,6 +131,7 @@ def check_hosts(
     expected_gpus_per_node: int | None = None,
     master_port: int = DEFAULT_MASTER_PORT,
     log: Log = print,
+    connector: Connector | None = None,
 ) -> dict[str, dict[str, Any]]:
     """Check every node in parallel; node name -> preflight report.
 
@@ -161,32 +145,25 @@ def check_hosts(
         with lock:
             store.record(inv, res)
 
-    def one(node: NodeRecord) -> dict[str, Any] | HostProblem:
-        try:
-            conn = connect(inv, node)
-        except Exception as exc:  # noqa: BLE001 - e.g. an unreadable key file
-            return HostProblem(f"{type(exc).__name__}: {exc}")
+    def one(conn: NodeConnection, node: NodeRecord) -> dict[str, Any]:
         try:
             return check_host(conn, inv, node, pyz=pyz, master=master,
                               master_port=master_port, record=record)
-        except HostProblem as exc:
-            return exc
-        except Exception as exc:  # noqa: BLE001 - reported per host below
-            return HostProblem(describe_login_error(exc, inv, node))
-        finally:
-            conn.close()
+        except HostProblem:
+            raise
+        except Exception as exc:  # noqa: BLE001 - e.g. the session dropped: one line
+            raise HostProblem(describe_login_error(exc, inv, node)) from exc
 
-    nodes = sorted(inv.nodes, key=lambda n: n.rank)
-    with ThreadPoolExecutor(max_workers=min(32, max(1, len(nodes)))) as pool:
-        outcomes = dict(zip([n.name for n in nodes], pool.map(one, nodes), strict=True))
-
+    with NodeGroup(inv, connector=connector) as group:
+        outcomes = group.each(one)
+    nodes = group.nodes
     problems: dict[str, list[str]] = {n.name: [] for n in nodes}
     reports: dict[str, dict[str, Any]] = {}
     for name, outcome in outcomes.items():
-        if isinstance(outcome, HostProblem):
-            problems[name].append(str(outcome))
+        if outcome.value is None:
+            problems[name].append(outcome.why())
         else:
-            reports[name] = outcome
+            reports[name] = outcome.value
     general: list[str] = []
     for f in compare_preflights(reports, expected_gpus_per_node) if reports else []:
         if f.severity != "error":

@@ -7,8 +7,8 @@
              copied; inter-node SSH left as the user has it), pin the host keys in the
              cluster's known_hosts, check every host (checks.py) -> all problems at once.
     destroy  per host that got something from us: stop our job, remove ~/.mgpu-cloud/ssh/NAME
-             (and the now-empty parents we made, and ~/.deepspeed_env if we wrote it).
-             Never anything else; an unreachable host is reported, not an error.
+             (and the now-empty parents we made). Never anything else; an unreachable host
+             is reported, not an error.
 """
 
 from __future__ import annotations
@@ -16,7 +16,6 @@ from __future__ import annotations
 import logging
 import shlex
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -24,6 +23,14 @@ from provision.errors import MgpuError, ProviderUnavailableError, UserInputError
 from provision.inventory import Inventory, InventoryStore, NodeRecord, ResourceRecord
 from provision.keys import known_hosts_line, write_known_hosts
 from provision.model import StrictModel
+from provision.nodes import (
+    Connector,
+    NodeConnection,
+    NodeGroup,
+    NodeStepError,
+    RemoteLayout,
+    fan_out,
+)
 from provision.plan import Plan, PlannedResource
 from provision.providers.ssh.checks import check_hosts, describe_login_error, remote_root
 from provision.providers.ssh.hostkeys import (
@@ -39,7 +46,7 @@ from provision.providers.ssh.hostkeys import (
 from provision.providers.ssh.hosts import Host, load_hosts
 from provision.providers.ssh.options import SshOptions
 from provision.spec import ClusterSpec
-from provision.sshconn import connect, write_cluster_known_hosts
+from provision.sshconn import write_cluster_known_hosts
 
 log = logging.getLogger("mgpu_cloud")
 
@@ -106,8 +113,10 @@ class SshPlan(Plan):
 class SshProvider:
     name = "ssh"
 
-    def __init__(self, resolve_key: KeyResolver = resolve_host_key) -> None:
+    def __init__(self, resolve_key: KeyResolver = resolve_host_key,
+                 connector: Connector | None = None) -> None:
         self._resolve_key = resolve_key
+        self._connector = connector  # None: SSH (tests inject a recording fake)
 
     # ---------------------------------------------------------------------------------- plan
     def plan(self, spec: ClusterSpec) -> Plan:
@@ -148,11 +157,9 @@ class SshProvider:
             except Unreachable as exc:
                 return _Failure("unreachable", f"unreachable: {exc}")
 
-        workers = min(32, max(1, len(hosts)))
-        with ThreadPoolExecutor(max_workers=workers) as pool:
-            ordered = sorted(jump_specs)
-            jumps = dict(zip(ordered, pool.map(resolve_jump, ordered), strict=True))
-            outcomes = list(pool.map(resolve_host, hosts))
+        ordered = sorted(jump_specs)
+        jumps = dict(zip(ordered, fan_out(ordered, resolve_jump), strict=True))
+        outcomes = fan_out(hosts, resolve_host)
 
         failures = [(h, o) for h, o in zip(hosts, outcomes, strict=True)
                     if isinstance(o, _Failure)]
@@ -163,7 +170,7 @@ class SshProvider:
         planned: list[PlannedHost] = []
         notes = [
             "existing machines: nothing is created or billed; `down` stops the job and removes "
-            f"only ~/{remote_root(spec.name)} (and ~/.deepspeed_env if mgpu-cloud wrote it)",
+            f"only ~/{remote_root(spec.name)}",
         ]
         for h, outcome in zip(hosts, outcomes, strict=True):
             assert not isinstance(outcome, _Failure)
@@ -228,7 +235,8 @@ class SshProvider:
         write_pinned_known_hosts(inv, store)
 
         reports = check_hosts(inv, store, pyz=remote_zipapp(),
-                              expected_gpus_per_node=spec.gpus_per_node, log=log.info)
+                              expected_gpus_per_node=spec.gpus_per_node, log=log.info,
+                              connector=self._connector)
         for node, h in zip(inv.nodes, hosts, strict=True):
             if h.slots is None:  # auto: as many slots as GPUs found
                 node.slots = max(1, len(reports[node.name].get("gpus") or []))
@@ -236,8 +244,8 @@ class SshProvider:
 
     # ------------------------------------------------------------------------------- destroy
     def destroy(self, inv: Inventory, store: InventoryStore) -> None:
-        """Idempotent. Only hosts with a remote-dir/remote-file record are contacted."""
-        placed = [r for r in inv.resources if r.kind in ("remote-dir", "remote-file")]
+        """Idempotent. Only hosts with a remote-dir record are contacted."""
+        placed = inv.resources_of("remote-dir")
         by_node: dict[str, list[ResourceRecord]] = {}
         for r in placed:
             by_node.setdefault(r.name or r.id.split(":", 1)[0], []).append(r)
@@ -246,36 +254,25 @@ class SshProvider:
             return
         write_pinned_known_hosts(inv, store)
 
-        def one(node: NodeRecord) -> str | None:
+        def one(conn: NodeConnection, node: NodeRecord) -> None:
             try:
-                conn = connect(inv, node, timeout=5)
-            except Exception as exc:  # noqa: BLE001 - e.g. its key file is gone
-                return f"{type(exc).__name__}: {exc}"
-            try:
-                try:
-                    conn.open()
-                except Exception as exc:  # noqa: BLE001 - reported below, never fatal
-                    return describe_login_error(exc, inv, node)
-                res = conn.run(cleanup_script(inv, by_node[node.name]), hide=True, warn=True,
-                               in_stream=False)
-                if res.exited != 0:
-                    return f"cleanup exited {res.exited}: {res.stderr.strip()[-200:]}"
-                return None
-            except Exception as exc:  # noqa: BLE001
-                return f"{type(exc).__name__}: {exc}"
-            finally:
-                conn.close()
+                conn.open()
+            except Exception as exc:  # noqa: BLE001 - reported below, never fatal
+                raise NodeStepError(describe_login_error(exc, inv, node)) from exc
+            res = conn.run(cleanup_script(inv, by_node[node.name]))
+            if not res.ok:
+                raise NodeStepError(f"cleanup exited {res.exit_code}: {res.tail()}")
 
-        with ThreadPoolExecutor(max_workers=min(32, len(nodes))) as pool:
-            outcomes = dict(zip([n.name for n in nodes], pool.map(one, nodes), strict=True))
-        for name, problem in outcomes.items():
+        with NodeGroup(inv, nodes, connector=self._connector) as group:
+            outcomes = group.each(one)
+        for name, outcome in outcomes.items():
             records = by_node[name]
-            if problem is not None:
+            if not outcome.ok:
                 paths = ", ".join(f"~/{r.extra.get('path')}" for r in records)
                 # Nothing is billed on the user's own machines: say what is left and go on,
                 # so a host that is gone for good never blocks `down`.
-                log.warning("ssh: could not clean up %s (%s); left there: %s", name, problem,
-                            paths)
+                log.warning("ssh: could not clean up %s (%s); left there: %s", name,
+                            outcome.why(), paths)
             for r in records:
                 store.forget(inv, r.kind, r.id)
 
@@ -290,22 +287,19 @@ class SshProvider:
 def cleanup_script(inv: Inventory, records: list[ResourceRecord]) -> str:
     """Shell for one host: stop our job, remove exactly what the records name."""
     q = shlex.quote
-    root = inv.remote_root
+    layout = RemoteLayout(inv.remote_root)
+    root = layout.root
     lines = ['cd "$HOME" || exit 1']
     for r in records:
         path = r.extra.get("path", "")
         if r.kind == "remote-dir" and path == root:
-            pid, pyz = f"{root}/job.pid", f"{root}/remote.pyz"
+            pid, pyz = layout.pidfile, layout.pyz
             lines.append(f"if [ -f {q(pid)} ] && [ -f {q(pyz)} ]; then python3 {q(pyz)} stop "
                          f"--pidfile {q(pid)} --grace {STOP_GRACE_S} || true; fi")
             lines.append(f"rm -rf -- {q(root)}")
             parents = [p for p in r.extra.get("parents", "").split(",") if p]
             for parent in sorted(parents, key=len, reverse=True):
                 lines.append(f"rmdir -- {q(parent)} 2>/dev/null || true")  # only when empty
-        elif r.kind == "remote-file" and path == ".deepspeed_env":
-            marker = f"MGPU_CLUSTER={inv.name}"
-            lines.append(f"if grep -qxF {q(marker)} .deepspeed_env 2>/dev/null; then "
-                         "rm -f .deepspeed_env; fi")
     return "\n".join(lines) + "\nexit 0\n"
 
 

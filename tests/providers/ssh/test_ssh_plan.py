@@ -126,9 +126,9 @@ def test_known_hosts_lookup_understands_ports_and_hashed_names(tmp_path: Path) -
     # Same fingerprint text as OpenSSH prints.
     pub = tmp_path / "k.pub"
     pub.write_text(k1.public_openssh + "\n")
-    out = subprocess.run(["ssh-keygen", "-lf", str(pub)], capture_output=True, text=True)
-    if out.returncode == 0:
-        assert fingerprint(host_key_only(k1.public_openssh)) == out.stdout.split()[1]
+    out = subprocess.run(["ssh-keygen", "-lf", str(pub)], capture_output=True, text=True,
+                         check=True)
+    assert fingerprint(host_key_only(k1.public_openssh)) == out.stdout.split()[1]
 
 
 def test_cleanup_script_removes_only_what_was_placed(tmp_path: Path) -> None:
@@ -139,13 +139,11 @@ def test_cleanup_script_removes_only_what_was_placed(tmp_path: Path) -> None:
     (home / root / "work" / "train.py").write_text("x")
     (home / ".mgpu-cloud" / "clusters").mkdir()  # the controller's own state: must stay
     (home / "keep.txt").write_text("mine")
-    (home / ".deepspeed_env").write_text("MGPU_CLUSTER=lab\nX=1\n")
+    (home / ".deepspeed_env").write_text("MGPU_CLUSTER=lab\nX=1\n")  # the user's: never ours
     inv = Inventory(name="lab", provider="ssh", remote_root=root)
     records = [
         ResourceRecord(kind="remote-dir", id=f"n0:~/{root}", name="n0",
                        extra={"path": root, "parents": ".mgpu-cloud,.mgpu-cloud/ssh"}),
-        ResourceRecord(kind="remote-file", id="n0:~/.deepspeed_env", name="n0",
-                       extra={"path": ".deepspeed_env"}),
     ]
     script = cleanup_script(inv, records)
     env = {**os.environ, "HOME": str(home)}
@@ -153,21 +151,28 @@ def test_cleanup_script_removes_only_what_was_placed(tmp_path: Path) -> None:
     assert not (home / root).exists() and not (home / ".mgpu-cloud" / "ssh").exists()
     assert (home / ".mgpu-cloud" / "clusters").is_dir()  # not empty: rmdir left it
     assert (home / "keep.txt").read_text() == "mine"
-    assert not (home / ".deepspeed_env").exists()
-
-    # A ~/.deepspeed_env that is not ours (another cluster's, or the user's) stays; idempotent.
-    (home / ".deepspeed_env").write_text("MGPU_CLUSTER=other\n")
-    assert subprocess.run(["sh", "-c", script], env=env).returncode == 0
     assert (home / ".deepspeed_env").exists()
+    # idempotent
+    assert subprocess.run(["sh", "-c", script], env=env).returncode == 0
 
 
-def test_destroy_without_placed_files_contacts_nobody(mgpu_home: Path) -> None:
+def test_destroy_contacts_only_hosts_where_something_was_placed(mgpu_home: Path) -> None:
+    from fake_nodes import FakeConnector
+
     from provision.inventory import InventoryStore, NodeRecord
 
     store = InventoryStore()
-    inv = Inventory(name="lab", provider="ssh", nodes=[
-        NodeRecord(name="a", rank=0, address="203.0.113.1", private_address="203.0.113.1")])
+    nodes = [NodeRecord(name=n, rank=r, address=f"203.0.113.{r + 1}",
+                        private_address=f"203.0.113.{r + 1}", identity_file="/k")
+             for r, n in enumerate(["a", "b"])]
+    inv = Inventory(name="lab", provider="ssh", nodes=nodes, remote_root=remote_root("lab"))
     store.create(inv)
-    SshProvider().destroy(inv, store)  # no remote-dir records: returns at once, twice
-    SshProvider().destroy(inv, store)
-    assert SshProvider().orphans(None, set()) == []  # type: ignore[arg-type]
+    fake = FakeConnector()
+    SshProvider(connector=fake).destroy(inv, store)  # no remote-dir records
+    assert fake.connected == []
+    inv.resources.append(ResourceRecord(kind="remote-dir", id="b:~/x", name="b",
+                                        extra={"path": inv.remote_root}))
+    SshProvider(connector=fake).destroy(inv, store)
+    assert fake.connected == ["b"]
+    fake.assert_ran("b", r"rm -rf -- \.mgpu-cloud/ssh/lab")
+    assert inv.resources == []  # forgotten once cleaned
