@@ -384,7 +384,13 @@ class NodeGroup:
 
 def retry_open(conn: NodeConnection, deadline_s: float) -> None:
     import paramiko
-    from tenacity import Retrying, retry_if_exception, stop_after_delay, wait_exponential_jitter
+    from tenacity import (
+        Retrying,
+        retry_if_exception,
+        stop_after_delay,
+        wait_exponential,
+        wait_random,
+    )
 
     from provision.sshconn import UnknownHostKeyError
 
@@ -398,7 +404,7 @@ def retry_open(conn: NodeConnection, deadline_s: float) -> None:
         retry=retry_if_exception(transient),
         # Short waits: sshd in a fresh node answers within a second or two, and every
         # oversleep here adds to `up` directly.
-        wait=wait_exponential_jitter(initial=0.05, max=0.5, jitter=0.05),
+        wait=wait_exponential(multiplier=0.05, max=0.5) + wait_random(0, 0.05),
         stop=stop_after_delay(deadline_s),
         reraise=True,
     ):

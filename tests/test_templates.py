@@ -14,9 +14,13 @@ GOLDEN = Path(__file__).resolve().parent / "golden"
 
 
 def check_golden(name: str, text: str) -> None:
+    """Compare with the golden file. UPDATE_GOLDEN=1 rewrites a differing file and FAILS, so
+    a run that regenerates never passes: review the diff, then run again without it."""
     path = GOLDEN / name
-    if os.environ.get("UPDATE_GOLDEN"):
+    if os.environ.get("UPDATE_GOLDEN") and (not path.exists() or path.read_text() != text):
         path.write_text(text)
+        pytest.fail(f"golden file {path} rewritten: review `git diff`, then rerun without "
+                    "UPDATE_GOLDEN")
     assert path.exists(), f"golden file {path} missing: run with UPDATE_GOLDEN=1"
     assert text == path.read_text()
 

@@ -1,0 +1,237 @@
+"""The docker provider against a scripted fake engine (the real engine is covered by
+tests/integration): what it asks for, what it records, and how it fails and cleans up."""
+
+from __future__ import annotations
+
+import itertools
+import threading
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import docker.errors
+import pytest
+
+from provision import pipeline
+from provision.errors import ProviderUnavailableError, ProvisionError, TeardownError
+from provision.inventory import CLUSTER_TAG, Inventory, InventoryStore
+from provision.providers import get_provider
+from provision.spec import build_cluster_spec
+
+
+class _Response:
+    def __init__(self, status: int) -> None:
+        self.status_code = status
+        self.reason = "fake"
+
+
+def _api_error(status: int, text: str) -> docker.errors.APIError:
+    cls = docker.errors.NotFound if status == 404 else docker.errors.APIError
+    return cls(text, response=_Response(status), explanation=text)
+
+
+@dataclass
+class FakeEngine:
+    """The low-level API calls the provider makes, with the engine's own state."""
+
+    networks: dict[str, dict[str, Any]] = field(default_factory=dict)
+    containers: dict[str, dict[str, Any]] = field(default_factory=dict)
+    fail: dict[str, tuple[int, str, str]] = field(default_factory=dict)  # call -> (status, text, name)
+    ids: Any = field(default_factory=lambda: itertools.count(1))
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    @property
+    def api(self) -> FakeEngine:
+        return self
+
+    def _maybe_fail(self, call: str, name: str = "") -> None:
+        if call in self.fail and self.fail[call][2] in ("", name):
+            status, text, _ = self.fail[call]
+            raise _api_error(status, text)
+
+    # --- low-level API used by create/destroy ---------------------------------------------
+    def create_host_config(self, **kw: Any) -> dict[str, Any]:
+        return kw
+
+    def create_networking_config(self, cfg: dict[str, Any]) -> dict[str, Any]:
+        return cfg
+
+    def create_endpoint_config(self, **kw: Any) -> dict[str, Any]:
+        return kw
+
+    def create_network(self, name: str, driver: str, labels: dict[str, str]) -> dict[str, str]:
+        self._maybe_fail("create_network", name)
+        with self.lock:
+            nid = f"net{next(self.ids):060d}"
+            self.networks[nid] = {"Name": name, "Labels": labels, "Driver": driver}
+        return {"Id": nid}
+
+    def create_container(self, image: str, **kw: Any) -> dict[str, str]:
+        self._maybe_fail("create_container", kw["name"])
+        with self.lock:
+            cid = f"c{next(self.ids):063d}"
+            self.containers[cid] = {"image": image, "running": False, **kw}
+        return {"Id": cid}
+
+    def start(self, cid: str) -> None:
+        self._maybe_fail("start", self.containers[cid]["name"])
+        self.containers[cid]["running"] = True
+
+    def inspect_container(self, cid: str) -> dict[str, Any]:
+        port = 40000 + int(cid[1:]) % 1000
+        return {"NetworkSettings": {"Ports": {"22/tcp": [{"HostIp": "127.0.0.1",
+                                                           "HostPort": str(port)}]}}}
+
+    def remove_container(self, cid: str, force: bool) -> None:
+        self._maybe_fail("remove_container", cid)
+        with self.lock:
+            if cid not in self.containers:
+                raise _api_error(404, "No such container")
+            del self.containers[cid]
+
+    def remove_network(self, nid: str) -> None:
+        self._maybe_fail("remove_network", nid)
+        if nid not in self.networks:
+            raise _api_error(404, "No such network")
+        del self.networks[nid]
+
+    # --- high-level listing used by destroy's label sweep and gc ---------------------------
+    @property
+    def containers_api(self) -> Any:
+        return self
+
+    def list(self, all: bool = False, filters: dict[str, str] | None = None) -> list[Any]:  # noqa: A002
+        key, _, value = (filters or {}).get("label", "").partition("=")
+        out = []
+        for cid, c in self.containers.items():
+            if key in c["labels"] and (not value or c["labels"][key] == value):
+                out.append(_Obj(id=cid, name=c["name"], labels=c["labels"], attrs={}))
+        return out
+
+
+@dataclass
+class _Obj:
+    id: str
+    name: str
+    labels: dict[str, str]
+    attrs: dict[str, Any]
+
+
+class _Networks:
+    def __init__(self, engine: FakeEngine) -> None:
+        self.engine = engine
+
+    def list(self, filters: dict[str, str] | None = None) -> list[_Obj]:
+        key, _, value = (filters or {}).get("label", "").partition("=")
+        return [_Obj(id=nid, name=n["Name"], labels=n["Labels"], attrs={"Labels": n["Labels"]})
+                for nid, n in self.engine.networks.items()
+                if key in n["Labels"] and (not value or n["Labels"][key] == value)]
+
+
+class FakeClient:
+    def __init__(self, engine: FakeEngine) -> None:
+        self.api = engine
+        self.containers = engine
+        self.networks = _Networks(engine)
+
+
+@pytest.fixture
+def engine(monkeypatch: pytest.MonkeyPatch) -> FakeEngine:
+    eng = FakeEngine()
+    client = FakeClient(eng)
+    monkeypatch.setattr("provision.providers.docker.provider.docker_client", lambda: client)
+    monkeypatch.setattr("provision.providers.docker.images.ensure_node_image",
+                        lambda opts, log, client=None: "mgpu-cloud/node:test")
+    return eng
+
+
+def _spec(nodes: int = 2, **docker: Any) -> Any:
+    return build_cluster_spec({}, {"name": "unit", "nodes": nodes, "docker": docker})
+
+
+def _up(spec: Any, store: InventoryStore) -> Inventory:
+    inv = pipeline.up(spec, confirm=lambda plan: True, store=store, bootstrap=False,
+                      log=lambda m: None)
+    assert inv is not None
+    return inv
+
+
+def test_plan_fails_before_anything_when_the_engine_is_down(monkeypatch: pytest.MonkeyPatch) -> None:
+    def down() -> Any:
+        raise ProviderUnavailableError("the Docker engine is not reachable")
+
+    monkeypatch.setattr("provision.providers.docker.provider.docker_client", down)
+    with pytest.raises(ProviderUnavailableError):
+        get_provider("docker").plan(_spec())
+
+
+def test_create_records_everything_and_pins_host_keys(engine: FakeEngine, mgpu_home: Path) -> None:
+    store = InventoryStore()
+    inv = _up(_spec(3, cpus=1.5, memory="2g"), store)
+    assert [r.kind for r in inv.resources] == ["network", "container", "container", "container"]
+    assert len(engine.containers) == 3 and len(engine.networks) == 1
+    for rank, node in enumerate(inv.nodes):
+        c = engine.containers[node.resource_id or ""]
+        assert c["name"] == f"unit-node-{rank}" and c["hostname"] == f"node-{rank}"
+        assert c["labels"] == {CLUSTER_TAG: "unit", "mgpu-cloud-node": str(rank)}
+        host = c["host_config"]
+        assert host["port_bindings"] == {22: ("127.0.0.1", None)}  # never on 0.0.0.0
+        assert host["nano_cpus"] == 1_500_000_000 and host["mem_limit"] == "2g"
+        assert c["networking_config"]["unit-net"]["aliases"] == [f"node-{rank}"]
+        env = c["environment"]
+        assert env["MGPU_HOST_KEY"].startswith("-----BEGIN OPENSSH PRIVATE KEY-----")
+        assert node.host_key and node.host_key.startswith("ssh-ed25519 ")
+        assert node.address == "127.0.0.1" and node.private_address == f"node-{rank}"
+    assert len({n.host_key for n in inv.nodes}) == 3  # one host key per node
+    assert store.load("unit").status == "ready"
+    assert inv.nccl_env["GLOO_SOCKET_IFNAME"] == "eth0" and inv.nccl_env["ACCELERATE_USE_CPU"] == "1"
+
+
+def test_a_failing_container_rolls_back_everything(engine: FakeEngine, mgpu_home: Path) -> None:
+    store = InventoryStore()
+    engine.fail["start"] = (500, "OCI runtime create failed", "unit-node-1")
+    with pytest.raises(ProvisionError, match="starting container unit-node-1 failed: OCI runtime"):
+        _up(_spec(3), store)
+    assert engine.containers == {} and engine.networks == {}
+    assert not store.exists("unit")
+
+
+def test_destroy_is_idempotent_and_sweeps_by_label(engine: FakeEngine, mgpu_home: Path) -> None:
+    store = InventoryStore()
+    inv = _up(_spec(2), store)
+    removed_by_hand = inv.nodes[0].resource_id or ""
+    del engine.containers[removed_by_hand]
+    stray = engine.create_container("x", name="unit-node-9", labels={CLUSTER_TAG: "unit"})["Id"]
+    provider = get_provider("docker")
+    provider.destroy(inv, store)
+    assert engine.containers == {} and engine.networks == {}
+    assert stray not in engine.containers and inv.resources == []
+    provider.destroy(inv, store)  # again: nothing to do, no error
+
+
+def test_destroy_reports_what_it_could_not_remove_and_keeps_it(engine: FakeEngine,
+                                                                 mgpu_home: Path) -> None:
+    store = InventoryStore()
+    inv = _up(_spec(1), store)
+    cid = inv.nodes[0].resource_id or ""
+    engine.fail["remove_container"] = (500, "device or resource busy", cid)
+    with pytest.raises(TeardownError, match="device or resource busy"):
+        get_provider("docker").destroy(inv, store)
+    assert [r.id for r in store.load("unit").resources_of("container")] == [cid]
+    del engine.fail["remove_container"]
+    engine.fail["remove_container"] = (409, "removal already in progress", cid)
+    get_provider("docker").destroy(inv, store)  # 409: someone else is removing it: fine
+
+
+def test_gc_finds_only_clusters_without_an_inventory(engine: FakeEngine, mgpu_home: Path) -> None:
+    store = InventoryStore()
+    _up(_spec(1), store)
+    engine.create_network("lost-net", "bridge", {CLUSTER_TAG: "lost"})
+    engine.create_container("x", name="lost-node-0", labels={CLUSTER_TAG: "lost"})
+    provider = get_provider("docker")
+    found = provider.orphans(_spec(), set(store.names()))
+    assert sorted((r.kind, r.extra["cluster"]) for r in found) == [
+        ("container", "lost"), ("network", "lost")]
+    provider.delete_orphans(_spec(), found)
+    assert {c["name"] for c in engine.containers.values()} == {"unit-node-0"}
+    assert [n["Name"] for n in engine.networks.values()] == ["unit-net"]

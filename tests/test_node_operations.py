@@ -1,0 +1,165 @@
+"""bootstrap, workdir sync, launch, stop, fetch and the preflight gather, through a fake
+transport: what each node is asked, and how failures are reported."""
+
+from __future__ import annotations
+
+import io
+import json
+import tarfile
+from pathlib import Path
+
+import pytest
+from fake_nodes import FakeConnector
+
+from provision.bootstrap import bootstrap_cluster, sync_workdir
+from provision.checkrun import gather_preflights
+from provision.collect import fetch_outputs
+from provision.errors import BootstrapError, LaunchError
+from provision.inventory import Inventory, InventoryStore, NodeRecord
+from provision.keys import ensure_cluster_key
+from provision.launch import run_job
+from provision.nodes import NodeGroup
+from provision.spec import build_job_spec
+
+EXAMPLE = str(Path(__file__).resolve().parent.parent / "examples" / "train_ddp.py")
+
+
+@pytest.fixture
+def cluster(mgpu_home: Path) -> tuple[Inventory, InventoryStore]:
+    store = InventoryStore()
+    nodes = [NodeRecord(name=f"node-{r}", rank=r, address="127.0.0.1", port=4000 + r,
+                        private_address=f"node-{r}", slots=2, host_key="ssh-ed25519 AAAA")
+             for r in range(2)]
+    inv = Inventory(name="demo", provider="docker", nodes=nodes, status="ready")
+    key, _ = ensure_cluster_key(store.keys_dir("demo"))
+    inv.key_path = str(key)
+    store.create(inv)
+    return inv, store
+
+
+def _members(archive: bytes) -> dict[str, bytes]:
+    with tarfile.open(fileobj=io.BytesIO(archive), mode="r:gz") as tar:
+        return {m.name: (tar.extractfile(m).read() if m.isfile() else b"")  # type: ignore[union-attr]
+                for m in tar.getmembers()}
+
+
+def test_bootstrap_sends_one_archive_and_one_command_per_node(cluster) -> None:  # type: ignore[no-untyped-def]
+    inv, store = cluster
+    fake = FakeConnector()
+    job = build_job_spec({}, {"script": EXAMPLE, "launcher": "deepspeed"})
+    bootstrap_cluster(inv, store, job=job, log=lambda m: None,
+                      group=NodeGroup(inv, connector=fake))
+    for node in ("node-0", "node-1"):
+        [command] = fake.commands(node)
+        assert "tar -xzf - -C ~" in command and "authorized_keys" in command
+        files = _members(fake.stdin(node)[0])
+        assert {".mgpu-cloud/remote.pyz", ".mgpu-cloud/hostfile", ".mgpu-cloud/ds_config.json",
+                ".mgpu-cloud/work/train_ddp.py", ".ssh/mgpu-cloud_demo_ed25519"} <= set(files)
+        assert files[".mgpu-cloud/hostfile"].decode().split("\n")[:2] == [
+            "node-0 slots=2", "node-1 slots=2"]
+    assert store.load("demo").bootstrapped
+
+
+def test_bootstrap_waits_for_gpus_pulls_the_image_and_names_every_failed_node(cluster) -> None:  # type: ignore[no-untyped-def]
+    inv, store = cluster
+    inv.wait_for_gpu, inv.container_image = True, "nvcr.io/nvidia/pytorch:24.06-py3"
+    fake = FakeConnector()
+    fake.on(r"docker pull", node="node-1", exit_code=1, stderr="toomanyrequests: rate limit")
+    with pytest.raises(BootstrapError) as info:
+        bootstrap_cluster(inv, store, log=lambda m: None, group=NodeGroup(inv, connector=fake))
+    assert "bootstrap failed on 1 of 2 node(s)" in info.value.message
+    assert "node-1: pulling the container failed (exit 1): toomanyrequests" in info.value.message
+    for node in ("node-0", "node-1"):
+        cmds = fake.commands(node)
+        assert cmds[0] == "nvidia-smi -L"
+        assert cmds[-1] == "sudo -n docker pull nvcr.io/nvidia/pytorch:24.06-py3"
+
+
+def test_unreachable_node_is_named(cluster, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    inv, store = cluster
+    monkeypatch.setattr("provision.bootstrap.SSH_DEADLINE_S", 0.2)
+    fake = FakeConnector()
+    fake.unreachable("node-0")
+    with pytest.raises(BootstrapError, match=r"node-0: OSError: \[Errno 113\] No route"):
+        bootstrap_cluster(inv, store, log=lambda m: None, group=NodeGroup(inv, connector=fake))
+    assert fake.commands("node-1")  # the other node was still prepared
+
+
+def test_sync_replaces_the_workdir_everywhere(cluster) -> None:  # type: ignore[no-untyped-def]
+    inv, _ = cluster
+    fake = FakeConnector()
+    sync_workdir(inv, build_job_spec({}, {"script": EXAMPLE}), log=lambda m: None,
+                 group=NodeGroup(inv, connector=fake))
+    for node in ("node-0", "node-1"):
+        assert fake.commands(node)[0].startswith("rm -rf .mgpu-cloud/work && mkdir -p")
+        assert ".mgpu-cloud/work/train_ddp.py" in _members(fake.stdin(node)[0])
+
+
+def test_run_job_streams_prefixed_lines_and_returns_zero(cluster) -> None:  # type: ignore[no-untyped-def]
+    inv, _ = cluster
+    fake = FakeConnector()
+    fake.on(r"torchrun", stream="step 1\nstep 2\n")
+    out = io.StringIO()
+    code = run_job(inv, build_job_spec({}, {"script": EXAMPLE}), log=lambda m: None, out=out,
+                   group=NodeGroup(inv, connector=fake))
+    assert code == 0
+    assert "[node-0] step 2" in out.getvalue() and "[node-1] step 1" in out.getvalue()
+    assert "--node_rank 1" in fake.assert_ran("node-1", "torchrun")
+
+
+def test_a_failing_node_stops_the_others_and_its_code_is_returned(cluster) -> None:  # type: ignore[no-untyped-def]
+    inv, _ = cluster
+    fake = FakeConnector()
+    fake.on(r"torchrun", node="node-1", exit_code=7, stream="CUDA out of memory\n")
+    logs: list[str] = []
+    code = run_job(inv, build_job_spec({}, {"script": EXAMPLE}), log=logs.append,
+                   out=io.StringIO(), group=NodeGroup(inv, connector=fake))
+    assert code == 7
+    assert any("node-1 exited with 7" in m for m in logs)
+    assert any("likely cause" in m and "out of memory" in m.lower() for m in logs)
+
+
+def test_deepspeed_pdsh_starts_from_node_0_only(cluster) -> None:  # type: ignore[no-untyped-def]
+    inv, _ = cluster
+    fake = FakeConnector()
+    job = build_job_spec({}, {"script": EXAMPLE, "launcher": "deepspeed"})
+    assert run_job(inv, job, log=lambda m: None, out=io.StringIO(),
+                   group=NodeGroup(inv, connector=fake)) == 0
+    fake.assert_ran("node-0", r"deepspeed --hostfile")
+    assert fake.commands("node-1") == []
+
+
+def test_a_node_that_cannot_be_reached_is_a_launch_error(cluster) -> None:  # type: ignore[no-untyped-def]
+    inv, _ = cluster
+    fake = FakeConnector()
+    fake.unreachable("node-1")
+    with pytest.raises(LaunchError, match="node-1: could not run the job"):
+        run_job(inv, build_job_spec({}, {"script": EXAMPLE}), log=lambda m: None,
+                out=io.StringIO(), group=NodeGroup(inv, connector=fake))
+
+
+def test_fetch_copies_rank_0_outputs(cluster, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    inv, _ = cluster
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w:gz") as tar:
+        data = b"weights"
+        info = tarfile.TarInfo("./checkpoint.pt")
+        info.size = len(data)
+        tar.addfile(info, io.BytesIO(data))
+    fake = FakeConnector(files={("node-0", ".mgpu-cloud/outputs.tgz"): buf.getvalue()})
+    fetch_outputs(inv, tmp_path / "out", log=lambda m: None,
+                  group=NodeGroup(inv, connector=fake))
+    assert (tmp_path / "out" / "checkpoint.pt").read_bytes() == b"weights"
+    fake.assert_ran("node-0", r"tar -czf \.mgpu-cloud/outputs\.tgz -C \.mgpu-cloud/outputs \.")
+    assert fake.commands("node-1") == []
+
+
+def test_preflight_gather_keeps_a_report_or_the_reason_for_every_node(cluster) -> None:  # type: ignore[no-untyped-def]
+    inv, _ = cluster
+    fake = FakeConnector()
+    fake.on("preflight", node="node-0", stdout="noise\n" + json.dumps({"gpus": []}) + "\n")
+    fake.on("preflight", node="node-1", exit_code=1, stderr="Traceback: ModuleNotFoundError")
+    reports = gather_preflights(inv, group=NodeGroup(inv, connector=fake))
+    assert reports["node-0"] == {"gpus": []}
+    assert "ModuleNotFoundError" in reports["node-1"]["error"]
+    assert "--master-addr node-0 --master-port 29500" in fake.assert_ran("node-1", "preflight")

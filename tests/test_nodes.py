@@ -1,0 +1,95 @@
+"""NodeGroup: one result per node, every failure named, connections reused, layout in one place."""
+
+from __future__ import annotations
+
+import pytest
+from fake_nodes import FakeConnector
+
+from provision.errors import BootstrapError
+from provision.inventory import Inventory, NodeRecord
+from provision.nodes import HomePath, NodeGroup, NodeStepError, RemoteLayout, fan_out
+
+
+def _inv(n: int = 3) -> Inventory:
+    nodes = [NodeRecord(name=f"node-{r}", rank=r, address="127.0.0.1", port=4000 + r,
+                        private_address=f"node-{r}") for r in range(n)]
+    return Inventory(name="demo", provider="docker", nodes=nodes, status="ready")
+
+
+def test_run_returns_a_result_for_every_node_even_when_some_fail() -> None:
+    fake = FakeConnector()
+    fake.unreachable("node-1")
+    fake.on("hostname", node="node-2", exit_code=3, stderr="boom")
+    with NodeGroup(_inv(), connector=fake) as group:
+        res = group.run("hostname")
+    assert list(res) == ["node-0", "node-1", "node-2"]
+    assert [r.node.name for r in res.succeeded] == ["node-0"]
+    assert [r.node.name for r in res.failed] == ["node-1", "node-2"]
+    assert "No route to host" in res["node-1"].why()
+    assert res["node-2"].why() == "exit 3: boom"
+    with pytest.raises(BootstrapError) as info:
+        res.raise_for("probe")
+    assert "probe failed on 2 of 3 node(s)" in info.value.message
+    assert "node-1: OSError" in info.value.message and "node-2: exit 3: boom" in info.value.message
+
+
+def test_connections_are_made_once_and_closed_once() -> None:
+    fake = FakeConnector()
+    group = NodeGroup(_inv(2), connector=fake)
+    group.run("a")
+    group.run(lambda node: f"echo {node.rank}")
+    assert sorted(fake.connected) == ["node-0", "node-1"]
+    assert fake.commands("node-1") == ["a", "echo 1"]
+    group.close()
+    assert sorted(fake.closed) == ["node-0", "node-1"]
+
+
+def test_a_failed_transport_is_not_reused() -> None:
+    fake = FakeConnector()
+    fake.on("flaky", node="node-0", raises=EOFError("session dropped"))
+    group = NodeGroup(_inv(1), connector=fake)
+    assert not group.run("flaky")["node-0"].ok
+    group.run("again")
+    assert fake.connected == ["node-0", "node-0"]
+
+
+def test_step_errors_read_as_their_message() -> None:
+    def step(conn, node):  # type: ignore[no-untyped-def]
+        raise NodeStepError("python3 not found")
+
+    res = NodeGroup(_inv(1), connector=FakeConnector()).each(step)
+    assert res["node-0"].why() == "python3 not found"
+
+
+def test_subset_runs_only_there() -> None:
+    fake = FakeConnector()
+    inv = _inv(3)
+    group = NodeGroup(inv, connector=fake)
+    group.subset([inv.nodes[2]]).run("x")
+    assert fake.commands("node-2") == ["x"] and fake.commands("node-0") == []
+
+
+def test_upload_sends_the_archive_on_stdin_with_one_command() -> None:
+    fake = FakeConnector()
+    NodeGroup(_inv(2), connector=fake).upload(b"ARCHIVE", ["mkdir -p x", "tar -xzf - -C ~"])
+    for node in ("node-0", "node-1"):
+        assert fake.commands(node) == ["mkdir -p x && tar -xzf - -C ~"]
+        assert fake.stdin(node) == [b"ARCHIVE"]
+
+
+def test_layout_spells_every_remote_path() -> None:
+    layout = RemoteLayout(".mgpu-cloud/ssh/lab")
+    assert layout.pyz == ".mgpu-cloud/ssh/lab/remote.pyz"
+    assert (layout.work, layout.outputs, layout.pidfile, layout.hostfile) == (
+        ".mgpu-cloud/ssh/lab/work", ".mgpu-cloud/ssh/lab/outputs",
+        ".mgpu-cloud/ssh/lab/job.pid", ".mgpu-cloud/ssh/lab/hostfile")
+    assert layout.remote_command("stop", "--pidfile", "a b") == (
+        "python3 .mgpu-cloud/ssh/lab/remote.pyz stop --pidfile 'a b'")
+    assert isinstance(RemoteLayout(HomePath(".mgpu-cloud")).work, HomePath)
+
+
+def test_fan_out_keeps_order_and_raises() -> None:
+    assert fan_out(range(5), lambda i: i * i) == [0, 1, 4, 9, 16]
+    assert fan_out([], lambda i: i) == []
+    with pytest.raises(ZeroDivisionError):
+        fan_out([1, 0], lambda i: 1 // i)
