@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import os
 import shlex
+import threading
 import time
 from collections.abc import Callable, Iterable
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -278,6 +279,21 @@ def fan_out(items: Iterable[U], fn: Callable[[U], T]) -> list[T]:
         return list(pool.map(fn, items))
 
 
+def background(fn: Callable[[], T]) -> Future[T]:
+    """fn() on a thread of its own while the caller goes on (e.g. one engine call that
+    overlaps the tool's own work); `.result()` waits and re-raises."""
+    fut: Future[T] = Future()
+
+    def target() -> None:
+        try:
+            fut.set_result(fn())
+        except BaseException as exc:  # noqa: BLE001 - handed to whoever waits
+            fut.set_exception(exc)
+
+    threading.Thread(target=target, daemon=True).start()
+    return fut
+
+
 class NodeGroup:
     """Parallel operations on a cluster's nodes (all, or the `nodes` given), one result per
     node. Connections are made on first use and reused until `close()`; use as a context
@@ -425,7 +441,8 @@ def poll(check: Callable[[], bool], deadline_s: float, interval_s: float = 5.0) 
 
 __all__ = [
     "CONTAINER_ROOT", "CommandResult", "Connector", "GroupResult", "HomePath", "NodeConnection",
-    "NodeGroup", "NodeResult", "NodeStepError", "RemoteLayout", "SshConnection", "fan_out",
+    "NodeGroup", "NodeResult", "NodeStepError", "RemoteLayout", "SshConnection", "background",
+    "fan_out",
     "join", "layout_of", "poll", "retry_open", "ssh_connector",
 ]
 

@@ -14,11 +14,11 @@ from __future__ import annotations
 import contextlib
 import logging
 import threading
-from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
 from provision.errors import TeardownError
 from provision.inventory import CLUSTER_TAG, Inventory, InventoryStore, NodeRecord, ResourceRecord
+from provision.nodes import background, fan_out
 from provision.plan import Plan, PlannedResource
 from provision.providers.docker.engine import docker_client, map_errors
 from provision.providers.docker.options import DockerOptions
@@ -127,8 +127,8 @@ class DockerProvider:
                 resource_id=cid,
             )
 
-        with ThreadPoolExecutor(max_workers=min(16, spec.nodes + 1)) as pool:
-            net_future = pool.submit(make_network)
+        net_future = background(make_network)
+        try:
             # Imported here: cryptography loads while the engine makes the network.
             from provision.keys import ensure_cluster_key, generate_ed25519, host_key_only
 
@@ -137,16 +137,14 @@ class DockerProvider:
             with store_lock:
                 inv.key_path = str(key_path)
                 store.save(inv)
-            # On failure here, leaving the `with` waits for the network to be recorded, so
-            # the rollback removes it.
             image = ensure_node_image(opts, log=log.info, client=client)
-            net_future.result()
-            futures = [pool.submit(start, r) for r in range(spec.nodes)]
-            inv.nccl_env = parse_env_file(render("nccl/docker.env.j2", gpus=opts.gpus))
-            errors = [f.exception() for f in futures if f.exception() is not None]
-            if errors:
-                raise errors[0]  # type: ignore[misc]
-            inv.nodes = [f.result() for f in futures]
+        finally:
+            # On failure, wait until the network is recorded, so the rollback removes it.
+            exc = net_future.exception()
+        if exc is not None:
+            raise exc
+        inv.nccl_env = parse_env_file(render("nccl/docker.env.j2", gpus=opts.gpus))
+        inv.nodes = fan_out(range(spec.nodes), start)
         store.save(inv)
 
     # ---------------------------------------------------------------------------------------
@@ -171,8 +169,7 @@ class DockerProvider:
                     failures.append(f"container {cid[:12]}: {exc.explanation or exc}")
                     return
 
-        with ThreadPoolExecutor(max_workers=8) as pool:
-            list(pool.map(remove, containers))
+        fan_out(containers, remove)
         for cid in containers:
             if not any(cid[:12] in f for f in failures):
                 store.forget(inv, "container", cid)
