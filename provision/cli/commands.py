@@ -1,6 +1,5 @@
 """Cluster commands: up, down, launch, run, status, exec, ssh, check, gc."""
 
-import json
 import os
 from typing import Annotated, Any
 
@@ -101,6 +100,8 @@ def status(
     invs = [store.load(name)] if name else store.all()
     rows = status_rows(invs)
     if as_json:
+        import json
+
         typer.echo(json.dumps(rows, indent=2))
         return
     from rich.console import Console
@@ -196,6 +197,8 @@ def check(
         if code != 0:
             findings.append(judge.Finding("error", "bandwidth", f"all-reduce exited {code}"))
     if as_json:
+        import json
+
         typer.echo(json.dumps(out, indent=2, default=str))
     else:
         from rich.console import Console
