@@ -81,6 +81,21 @@ class NodeRecord(BaseModel):
     proxy_jump: str | None = None
 
 
+class FabricExpectation(BaseModel):
+    """What the network between nodes should deliver, as the provider knows it from its
+    catalog (set at create; None where nothing is known, e.g. docker or the user's machines).
+    The fabric gate compares NCCL's chosen transport and the measured bandwidth with it."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    transport: str = Field(description="NCCL network expected between nodes: efa | ib | tcpx "
+                                       "| tcpxo | rdma | socket")
+    busbw_gbps: float | None = Field(None, description="expected cross-node all-reduce bus "
+                                     "bandwidth, GB/s (None: unknown)")
+    nominal: str = Field("", description="e.g. '4 x 100 Gb/s EFA'")
+    source: str = Field("", description="where the figures come from, with a date")
+
+
 class Inventory(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -109,6 +124,7 @@ class Inventory(BaseModel):
         True, description="bootstrap sets up node-to-node SSH (off where users already have it)"
     )
     bootstrapped: bool = False
+    fabric: FabricExpectation | None = None
 
     def resources_of(self, kind: str) -> list[ResourceRecord]:
         return [r for r in self.resources if r.kind == kind]
