@@ -3,16 +3,24 @@
 Runs unchanged on one machine, on emulated docker nodes, or on a GPU cluster:
     torchrun --nproc_per_node 2 examples/train_ddp.py --steps 50
     mgpu-cloud run --provider docker --nodes 2 examples/train_ddp.py --steps 50
+    mgpu-cloud run --nodes 2 --max-restarts 3 examples/train_ddp.py --steps 500 --save-every 50
 
-Rank 0 prints the loss and saves the checkpoint to $MGPU_OUTPUT_DIR (default ./outputs).
+Rank 0 prints the loss and saves the final model to $MGPU_OUTPUT_DIR (default ./outputs).
 Every rank prints one line `rank R/W on HOST: ...` so a test (or you) can account for all ranks.
+
+Checkpoints (the pattern mgpu-cloud's recovery expects, in a few lines): rank 0 saves to
+$MGPU_CHECKPOINT_DIR every --save-every steps and when SIGUSR1 arrives (a preemption notice);
+at start every rank loads the newest checkpoint there, if any. mgpu-cloud keeps that folder
+safe off the nodes and puts it back on every node before a restart.
 """
 
 from __future__ import annotations
 
 import argparse
+import glob
 import json
 import os
+import signal
 import socket
 import sys
 import time
@@ -22,6 +30,10 @@ import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
+CKPT_DIR = os.environ.get("MGPU_CHECKPOINT_DIR", "checkpoints")
+RESTART = int(os.environ.get("MGPU_RESTART_COUNT", "0"))
+save_requested = False
+
 
 def parse_args() -> argparse.Namespace:
     p = argparse.ArgumentParser()
@@ -29,7 +41,11 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--batch-size", type=int, default=64)
     p.add_argument("--lr", type=float, default=1e-2)
     p.add_argument("--hidden", type=int, default=64)
+    p.add_argument("--save-every", type=int, default=0, help="checkpoint every N steps (0: off)")
+    p.add_argument("--log-every", type=int, default=10, help="print the loss every N steps")
     p.add_argument("--fail-at-step", type=int, default=-1, help="raise on rank 0 (testing)")
+    p.add_argument("--fail-once-at-step", type=int, default=-1,
+                   help="raise on rank 0, first attempt only (testing recovery)")
     p.add_argument("--sleep", type=float, default=0.0, help="seconds per step (testing)")
     return p.parse_args()
 
@@ -40,8 +56,28 @@ def say(text: str) -> None:
     sys.stdout.flush()
 
 
+def request_save(signum: int, frame: object) -> None:
+    global save_requested
+    save_requested = True
+
+
+def latest_checkpoint() -> str | None:
+    found = sorted(glob.glob(os.path.join(CKPT_DIR, "step_*.pt")))
+    return found[-1] if found else None
+
+
+def save_checkpoint(model: DDP, opt: torch.optim.Optimizer, step: int) -> None:
+    os.makedirs(CKPT_DIR, exist_ok=True)
+    path = os.path.join(CKPT_DIR, f"step_{step:06d}.pt")
+    torch.save({"model": model.module.state_dict(), "opt": opt.state_dict(), "step": step},
+               path + ".tmp")
+    os.replace(path + ".tmp", path)  # a reader never sees half a file
+    say(f"checkpoint saved: step {step} -> {path}")
+
+
 def main() -> None:
     args = parse_args()
+    signal.signal(signal.SIGUSR1, request_save)  # mgpu-cloud's preemption signal
     use_cuda = torch.cuda.is_available()
     dist.init_process_group(backend="nccl" if use_cuda else "gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
@@ -61,9 +97,20 @@ def main() -> None:
     opt = torch.optim.SGD(model.parameters(), lr=args.lr)
     gen = torch.Generator().manual_seed(1000 + rank)  # each rank its own shard of the data
 
+    start = 0
+    latest = latest_checkpoint()
+    if latest:  # every rank loads it (mgpu-cloud put the folder on every node)
+        state = torch.load(latest, map_location=device)
+        model.module.load_state_dict(state["model"])
+        opt.load_state_dict(state["opt"])
+        start = state["step"] + 1
+        if rank == 0:
+            say(f"resumed from step {state['step']} ({latest}), restart {RESTART}")
+
+    global save_requested
     loss = torch.tensor(0.0)
     t0 = time.time()
-    for step in range(args.steps):
+    for step in range(start, args.steps):
         x = torch.randn(args.batch_size, 16, generator=gen)
         y = x @ true_w + 0.01 * torch.randn(args.batch_size, 1, generator=gen)
         x, y = x.to(device), y.to(device)
@@ -71,12 +118,22 @@ def main() -> None:
         opt.zero_grad()
         loss.backward()
         opt.step()
-        if rank == 0 and step == args.fail_at_step:
+        if rank == 0 and (step == args.fail_at_step
+                          or (step == args.fail_once_at_step and RESTART == 0)):
             raise RuntimeError(f"failing on purpose at step {step}")
         if args.sleep:
             time.sleep(args.sleep)
-        if rank == 0 and (step % 10 == 0 or step == args.steps - 1):
+        if rank == 0 and (step % args.log_every == 0 or step == args.steps - 1):
             say(f"step {step} loss {loss.item():.4f}")
+        # Save when it is time, or when any rank got the signal (all ranks agree: one tiny
+        # all-reduce, because a signal may reach only some ranks).
+        due = args.save_every > 0 and (step + 1) % args.save_every == 0
+        flag = torch.tensor([1.0 if due or save_requested else 0.0], device=device)
+        dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+        if flag.item() > 0:
+            save_requested = False
+            if rank == 0:
+                save_checkpoint(model, opt, step)
 
     # Mean final loss over all ranks: proves the all-reduce worked across nodes.
     final = loss.detach().clone()
@@ -89,6 +146,7 @@ def main() -> None:
                    os.path.join(out_dir, "checkpoint.pt"))
         with open(os.path.join(out_dir, "metrics.json"), "w") as fh:
             json.dump({"world_size": world, "final_loss": final.item(), "steps": args.steps,
+                       "resumed_from": start, "restart": RESTART,
                        "seconds": round(time.time() - t0, 2)}, fh)
         say(f"done: world_size={world} final_loss={final.item():.4f} "
             f"checkpoint={out_dir}/checkpoint.pt")

@@ -20,7 +20,7 @@ from collections.abc import Callable
 from functools import cache
 from pathlib import Path
 
-from provision.assets import remote_package_dir
+from provision.assets import remote_package_dir, templates_dir
 from provision.errors import BootstrapError
 from provision.inventory import Inventory, InventoryStore, NodeRecord
 from provision.launchers import Files, get_launcher
@@ -141,6 +141,33 @@ def _etc_hosts_files(inv: Inventory, layout: RemoteLayout) -> tuple[Files, str]:
     return {staged: (block.encode(), 0o644)}, f"sudo -n sh -c {q(inner)}"
 
 
+def _peer_pieces(inv: Inventory, layout: RemoteLayout) -> tuple[Files, list[str]]:
+    """What makes nodes know each other: node-to-node SSH (cluster key, pinned host keys)
+    and names in /etc/hosts, where the inventory asks for them."""
+    files: Files = {}
+    lines: list[str] = []
+    for enabled, builder in ((inv.inter_node_ssh, _ssh_trust_files),
+                             (inv.manage_etc_hosts, _etc_hosts_files)):
+        if enabled:
+            more, line = builder(inv, layout)
+            files.update(more)
+            lines.append(line)
+    return files, lines
+
+
+def refresh_peers(inv: Inventory, store: InventoryStore, group: NodeGroup) -> None:
+    """After nodes were replaced: the group's nodes learn the new host keys and addresses
+    (node-to-node SSH, /etc/hosts). BootstrapError names every node where it failed."""
+    write_cluster_known_hosts(inv, store)
+    layout = layout_of(inv)
+    files, lines = _peer_pieces(inv, layout)
+    if not lines:
+        return
+    steps = ["mkdir -p ~/.ssh", "chmod 700 ~/.ssh", "tar -xzf - -C ~ --no-same-owner", *lines]
+    group.upload(files_tar(files, None, layout.work), steps).raise_for(
+        "updating the other nodes", BootstrapError)
+
+
 def payload(inv: Inventory, files: Files, job: JobSpec | None) -> tuple[bytes, list[str]]:
     """One archive (files + the job's workdir and its launcher's files) and the shell steps
     that unpack it on a node, replacing the previous workdir. Used by bootstrap and launch."""
@@ -153,7 +180,7 @@ def payload(inv: Inventory, files: Files, job: JobSpec | None) -> tuple[bytes, l
         workdir = workdir_tar(job.local_workdir, job.excludes)
     archive = files_tar(files, workdir, layout.work)
     steps = [f"rm -rf {q(layout.work)}",
-             f"mkdir -p {q(layout.outputs)} {q(layout.work)} ~/.ssh",
+             f"mkdir -p {q(layout.outputs)} {q(layout.work)} {q(layout.checkpoints)} ~/.ssh",
              "chmod 700 ~/.ssh",
              "tar -xzf - -C ~ --no-same-owner"]  # the archive, on stdin
     return archive, steps
@@ -178,14 +205,11 @@ def bootstrap_cluster(
     files: Files = {
         layout.pyz: (remote_zipapp(), 0o644),
         layout.hostfile: (render("hostfile.j2", nodes=inv.nodes).encode(), 0o644),
+        f"{layout.python_path}/sitecustomize.py": (
+            (templates_dir() / "node" / "sitecustomize.py").read_bytes(), 0o644),
     }
-    extra: list[str] = []
-    for enabled, builder in ((inv.inter_node_ssh, _ssh_trust_files),
-                             (inv.manage_etc_hosts, _etc_hosts_files)):
-        if enabled:
-            more, line = builder(inv, layout)
-            files.update(more)
-            extra.append(line)
+    peer_files, extra = _peer_pieces(inv, layout)
+    files.update(peer_files)
     archive, steps = payload(inv, files, job)
     command = " && ".join(steps + extra)
 

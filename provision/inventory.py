@@ -96,6 +96,29 @@ class FabricExpectation(BaseModel):
     source: str = Field("", description="where the figures come from, with a date")
 
 
+class PreemptionSource(BaseModel):
+    """Where nodes learn they are about to be taken away (remote/preempt.py protocols)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    protocol: Literal["aws", "gcp", "file"]
+    url: str
+
+
+class Replacement(BaseModel):
+    """One node replaced during a run (recovery), for the record."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    rank: int
+    old: str | None
+    new: str | None
+    reason: str
+    at: str = Field(
+        default_factory=lambda: dt.datetime.now(dt.UTC).isoformat(timespec="seconds")
+    )
+
+
 class Inventory(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -125,6 +148,8 @@ class Inventory(BaseModel):
     )
     bootstrapped: bool = False
     fabric: FabricExpectation | None = None
+    preemption: PreemptionSource | None = None
+    replacements: list[Replacement] = Field(default_factory=list)
 
     def resources_of(self, kind: str) -> list[ResourceRecord]:
         return [r for r in self.resources if r.kind == kind]

@@ -17,7 +17,7 @@ import time
 from collections import deque
 from collections.abc import Callable
 from concurrent.futures import FIRST_COMPLETED, Future, wait
-from typing import TextIO
+from typing import Protocol, TextIO
 
 from provision.container import docker_run_argv
 from provision.errors import LaunchError
@@ -33,6 +33,8 @@ from provision.nodes import (
 from provision.spec import JobSpec
 
 Log = Callable[[str], None]
+SESSION_LOST = -1  # a node's exit code when its session ended without one (node gone?)
+STOPPED = 143  # run_job's code when a monitor stopped the job
 
 
 def word(value: str) -> str:
@@ -50,14 +52,23 @@ def assign(key: str, value: str) -> str:
     return f"{key}={word(value)}"
 
 
-def job_env(inv: Inventory, job: JobSpec, layout: RemoteLayout) -> dict[str, str]:
-    """Variables every process of the job sees: provider NCCL preset < user values."""
+def job_env(inv: Inventory, job: JobSpec, layout: RemoteLayout,
+            restart_count: int = 0) -> dict[str, str]:
+    """Variables every process of the job sees: provider NCCL preset < the tool's < user's.
+
+    MGPU_CHECKPOINT_DIR is kept safe off the nodes while the job runs and put back before a
+    restart (provision/recovery.py); MGPU_RESTART_COUNT says which attempt this is. The
+    tool's sitecustomize (faulthandler on SIGUSR2, for stack dumps of a hang) comes first on
+    PYTHONPATH unless the job sets PYTHONPATH itself."""
     env = dict(inv.nccl_env)
     if job.nccl_debug:
         env.update({"NCCL_DEBUG": "INFO", "NCCL_DEBUG_SUBSYS": "INIT,NET"})
     env.update({
         "MGPU_CLUSTER": inv.name,
         "MGPU_OUTPUT_DIR": layout.outputs,
+        "MGPU_CHECKPOINT_DIR": layout.checkpoints,
+        "MGPU_RESTART_COUNT": str(restart_count),
+        "PYTHONPATH": layout.python_path,
         "PYTHONUNBUFFERED": "1",
     })
     env.update(job.env)
@@ -85,15 +96,20 @@ def launching_nodes(inv: Inventory, job: JobSpec) -> list[NodeRecord]:
 
 
 def node_command(
-    inv: Inventory, job: JobSpec, node: NodeRecord, program: list[str] | None = None
+    inv: Inventory, job: JobSpec, node: NodeRecord, program: list[str] | None = None,
+    restart_count: int = 0,
 ) -> str:
     """The full shell command line run on `node` (every value quoted). `program` words
     starting with "@root/" are paths in the node's remote folder."""
     home = RemoteLayout(HomePath(inv.remote_root))
     ctx = _context(inv, job)
     supervise = ["python3", home.pyz, "run", "--pidfile", home.pidfile, "--watch-stdin",
-                 "--cwd", home.work, "--"]
-    env = job_env(inv, job, ctx.layout)
+                 "--cwd", home.work]
+    if inv.preemption is not None:
+        supervise += ["--preempt", inv.preemption.protocol, inv.preemption.url,
+                      job.preempt_signal]
+    supervise.append("--")
+    env = job_env(inv, job, ctx.layout, restart_count)
     if program is not None:
         program = [ctx.layout.path(p[len("@root/"):]) if p.startswith("@root/") else p
                    for p in program]
@@ -108,15 +124,33 @@ def node_command(
     return f"{prefix}env {assignments} {words(supervise + argv)}"
 
 
+class JobMonitor(Protocol):
+    """Watches a running job for run_job (provision/recovery.py implements it)."""
+
+    def line(self, node: NodeRecord, text: str) -> None:
+        """Every output line of every node, as it arrives (any thread)."""
+        ...
+
+    def poll(self) -> str | None:
+        """Called every half second: a reason to stop the job on every node now, or None."""
+        ...
+
+    def finished(self, node: NodeRecord, code: int) -> None:
+        """A node's launcher ended with `code` (-1: its session dropped)."""
+        ...
+
+
 class PrefixWriter:
     """File-like sink: splits a node's output into lines and prints `[node-R] line`."""
 
-    def __init__(self, node: str, out: TextIO, lock: threading.Lock, keep: int = 4000) -> None:
+    def __init__(self, node: str, out: TextIO, lock: threading.Lock, keep: int = 4000,
+                 on_line: Callable[[str], None] | None = None) -> None:
         self.prefix = f"[{node}] "
         self.out = out
         self.lock = lock
         self.buf = ""
         self.lines: deque[str] = deque(maxlen=keep)
+        self.on_line = on_line
 
     def write(self, data: str) -> int:
         self.buf += data.replace("\r\n", "\n")
@@ -127,6 +161,9 @@ class PrefixWriter:
                     self.lines.append(line)
                     self.out.write(self.prefix + line + "\n")
                 self.out.flush()
+            if self.on_line is not None:
+                for line in complete:
+                    self.on_line(line)
         return len(data)
 
     def flush(self) -> None:
@@ -154,8 +191,11 @@ def run_job(
     out: TextIO | None = None,
     program: list[str] | None = None,
     group: NodeGroup | None = None,
+    monitor: JobMonitor | None = None,
+    restart_count: int = 0,
 ) -> int:
-    """Run `job` on the cluster; returns 0 or the first failing node's exit code.
+    """Run `job` on the cluster; returns 0 or the first failing node's exit code (STOPPED when
+    `monitor.poll()` asked to stop it).
 
     `program` (words; a leading "@root/" means the node's remote folder) replaces the job's
     script: `check --bandwidth` runs `@root/remote.pyz allreduce` this way."""
@@ -166,19 +206,29 @@ def run_job(
     # Stopping runs on connections of their own: the launch connections are busy streaming.
     stopper = NodeGroup(inv, connector=group.connector)
     lock = threading.Lock()
-    writers = {n.name: PrefixWriter(n.name, out, lock) for n in nodes}
+
+    def listener(node: NodeRecord) -> Callable[[str], None] | None:
+        if monitor is None:
+            return None
+        return lambda text: monitor.line(node, text)
+
+    writers = {n.name: PrefixWriter(n.name, out, lock, on_line=listener(n)) for n in nodes}
     cancelled = threading.Event()
 
     def one(conn: NodeConnection, node: NodeRecord) -> int:
         w = writers[node.name]
         try:
-            return conn.run(node_command(inv, job, node, program), out=w).exit_code
+            command = node_command(inv, job, node, program, restart_count)
+            code = conn.run(command, out=w).exit_code
         except Exception as exc:
             if cancelled.is_set():
                 return 143
             raise LaunchError(f"{node.name}: could not run the job: {exc}") from exc
         finally:
             w.finish()
+        if monitor is not None:
+            monitor.finished(node, code)
+        return code
 
     what = " ".join(program) if program is not None else job.script_in_workdir
     log(f"launching {job.launcher} on {len(nodes)} node(s): {what}")
@@ -193,8 +243,16 @@ def run_job(
                 node_code = fut.result()
                 if node_code != 0 and code == 0:
                     code = node_code
-                    log(f"{futures[fut].name} exited with {node_code}; stopping the other nodes")
+                    why = ("its SSH session dropped" if node_code == SESSION_LOST
+                           else f"exited with {node_code}")
+                    log(f"{futures[fut].name} {why}; stopping the other nodes")
                     stop_job(stopper, [futures[f] for f in pending])
+            reason = monitor.poll() if monitor is not None and pending and code == 0 else None
+            if reason is not None:
+                code = STOPPED
+                log(f"{reason}; stopping the job on every node")
+                cancelled.set()
+                stop_job(stopper, [futures[f] for f in pending])
     except BaseException:
         cancelled.set()
         log("stopping the job on every node ...")

@@ -82,6 +82,16 @@ class RemoteLayout:
     def pidfile(self) -> str:
         return self.path("job.pid")
 
+    @property
+    def checkpoints(self) -> str:
+        """$MGPU_CHECKPOINT_DIR: kept safe off the nodes, restored before a restart."""
+        return self.path("checkpoints")
+
+    @property
+    def python_path(self) -> str:
+        """Put first on the job's PYTHONPATH: the tool's sitecustomize.py lives here."""
+        return self.path("py")
+
     def remote_command(self, *args: str) -> str:
         """`python3 ROOT/remote.pyz ARGS...` as one shell line (every word quoted)."""
         return " ".join(shlex.quote(w) for w in ["python3", self.pyz, *args])

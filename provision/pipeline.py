@@ -168,22 +168,29 @@ def launch(
         inv = store.load(name)
         if inv.status != "ready":
             raise MgpuError(f"cluster {name!r} is {inv.status}, not ready")
-        return _sync_run_fetch(inv, job, log)
+        return _sync_run_fetch(get_provider(inv.provider), inv, store, job, log)
 
 
-def _sync_run_fetch(inv: Inventory, job: JobSpec, log: Log, *, sync: bool = True) -> int:
-    """The job on every node over one set of connections: workdir sync, run, outputs back."""
+def _sync_run_fetch(provider: Provider, inv: Inventory, store: InventoryStore, job: JobSpec,
+                    log: Log, *, sync: bool = True) -> int:
+    """The job on every node: workdir sync, the supervised run (checkpoints kept, failures
+    recovered up to --max-restarts), rank 0's outputs back."""
     from provision.bootstrap import sync_workdir
     from provision.collect import fetch_outputs
-    from provision.launch import run_job
     from provision.nodes import NodeGroup
+    from provision.recovery import run_supervised
 
     with NodeGroup(inv) as group:
         if sync:
             sync_workdir(inv, job, log=log, group=group)
-        code = run_job(inv, job, log=log, group=group)
-        fetch_outputs(inv, Path("mgpu-outputs") / inv.name, log=log, group=group)
-        return code
+        code = run_supervised(provider, inv, store, job, log=log, group=group)
+    try:
+        fetch_outputs(inv, Path("mgpu-outputs") / inv.name, log=log)
+    except MgpuError as exc:
+        if code == 0:
+            raise
+        log(f"could not copy the outputs back: {exc.message}")  # the job's failure matters more
+    return code
 
 
 def run(
@@ -206,7 +213,7 @@ def run(
         )
         try:
             # bootstrap already placed the workdir
-            return _sync_run_fetch(inv, job, log, sync=False)
+            return _sync_run_fetch(provider, inv, store, job, log, sync=False)
         finally:
             if keep:
                 log(f"--keep: cluster {spec.name!r} left running; remove it with "

@@ -140,6 +140,12 @@ class JobSpec(StrictModel):
     nccl_debug: bool = False
     deepspeed_launcher: Literal["pdsh", "no_ssh"] = "pdsh"
     deepspeed_config: str | None = None
+    # recovery (provision/recovery.py)
+    max_restarts: int = Field(0, ge=0, le=1000, description="restarts after a failure")
+    stall_timeout: float | None = Field(
+        None, gt=0, description="seconds without output or checkpoint save = a hang")
+    on_node_loss: Literal["replace", "restart", "fail"] = "replace"
+    preempt_signal: str = Field("SIGUSR1", description="sent to every rank on a notice")
 
     @field_validator("launcher")
     @classmethod
@@ -158,6 +164,17 @@ class JobSpec(StrictModel):
         if isinstance(v, int) and v < 1:
             raise ValueError("nproc_per_node must be at least 1")
         return v
+
+    @field_validator("preempt_signal")
+    @classmethod
+    def _signal(cls, v: str) -> str:
+        import signal
+
+        name = v.upper() if v.upper().startswith("SIG") else f"SIG{v.upper()}"
+        if not isinstance(getattr(signal, name, None), signal.Signals) or name in (
+                "SIGKILL", "SIGSTOP"):
+            raise ValueError(f"{v!r} is not a signal a script can catch; e.g. SIGUSR1, SIGTERM")
+        return name
 
     @field_validator("env")
     @classmethod

@@ -43,6 +43,10 @@ JOB_OPTIONS = [
     Opt("nccl_debug", bool | None, typer.Option(None, "--nccl-debug", help="NCCL_DEBUG=INFO"), ("nccl_debug",)),
     Opt("deepspeed_launcher", str | None, typer.Option(None, "--deepspeed-launcher", help="pdsh (default) | no_ssh"), ("deepspeed_launcher",)),
     Opt("deepspeed_config", str | None, typer.Option(None, "--deepspeed-config", help="ds_config JSON"), ("deepspeed_config",)),
+    Opt("max_restarts", int | None, typer.Option(None, "--max-restarts", help="restart after a lost node, a crash, a hang or a preemption, from the last checkpoint (0)"), ("max_restarts",)),
+    Opt("stall_timeout", float | None, typer.Option(None, "--stall-timeout", help="seconds without output or checkpoint = a hang (off)"), ("stall_timeout",)),
+    Opt("on_node_loss", str | None, typer.Option(None, "--on-node-loss", help="replace (default) | restart | fail"), ("on_node_loss",)),
+    Opt("preempt_signal", str | None, typer.Option(None, "--preempt-signal", help="sent to every rank on a preemption notice (SIGUSR1)"), ("preempt_signal",)),
 ]
 
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Protocol, runtime_checkable
 
-from provision.inventory import Inventory, InventoryStore, ResourceRecord
+from provision.inventory import Inventory, InventoryStore, NodeRecord, ResourceRecord
 from provision.plan import Plan
 from provision.spec import ClusterSpec
 
@@ -46,4 +46,22 @@ class Provider(Protocol):
 
     def delete_orphans(self, spec: ClusterSpec, resources: list[ResourceRecord]) -> None:
         """Delete resources returned by `orphans`. Idempotent."""
+        ...
+
+
+@runtime_checkable
+class Recoverable(Protocol):
+    """Optional capability: providers that can tell whether a node is gone and replace one.
+    Without it, a lost node can only be restarted on (`--on-node-loss restart`) or fail."""
+
+    def node_alive(self, inv: Inventory, node: NodeRecord) -> bool:
+        """False when the provider is sure the node is gone (instance terminated, container
+        dead); True otherwise (alive, or cannot tell)."""
+        ...
+
+    def replace(self, inv: Inventory, store: InventoryStore, node: NodeRecord) -> NodeRecord:
+        """A new node with the same name, rank and place (placement group, subnet, network
+        alias) as `node`, recorded in the inventory like any resource (the old one deleted
+        and forgotten). Returns the new NodeRecord, already in `inv.nodes`. Raises
+        ProvisionError when no node can be made."""
         ...

@@ -14,10 +14,18 @@ from __future__ import annotations
 import contextlib
 import logging
 import threading
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from provision.errors import TeardownError
-from provision.inventory import CLUSTER_TAG, Inventory, InventoryStore, NodeRecord, ResourceRecord
+from provision.inventory import (
+    CLUSTER_TAG,
+    Inventory,
+    InventoryStore,
+    NodeRecord,
+    PreemptionSource,
+    ResourceRecord,
+)
 from provision.nodes import background, fan_out
 from provision.plan import Plan, PlannedResource
 from provision.providers.docker.engine import docker_client, map_errors
@@ -31,6 +39,9 @@ if TYPE_CHECKING:
 log = logging.getLogger("mgpu_cloud")
 
 DEFAULT_SLOTS = 2
+# The stand-in for the cloud metadata service on docker nodes (remote/preempt.py "file"
+# protocol): a notice is a file `instance-action` written into this folder on a node.
+METADATA_STANDIN = "/tmp/mgpu-metadata"  # noqa: S108 - inside the node container
 NODE_LABEL = "mgpu-cloud-node"
 
 
@@ -77,12 +88,14 @@ class DockerProvider:
         store_lock = threading.Lock()  # inventory writes come from several threads
 
         def record(kind: str, rid: str, name: str) -> None:
+            extra = {"image": image} if kind == "container" else {}
             with store_lock:
-                store.record(inv, ResourceRecord(kind=kind, id=rid, name=name))
+                store.record(inv, ResourceRecord(kind=kind, id=rid, name=name, extra=extra))
 
         # Low-level API calls: the SDK's model methods add an inspect after every create.
         api = client.api
         net_name = network_name(spec.name)
+        image = ""
 
         def make_network() -> None:
             with map_errors("creating the cluster network"):
@@ -90,47 +103,13 @@ class DockerProvider:
             record("network", net_id, net_name)
 
         def start(rank: int) -> NodeRecord:
-            name = container_name(spec.name, rank)
-            host: dict[str, Any] = {"port_bindings": {22: ("127.0.0.1", None)},
-                                    "network_mode": net_name, "shm_size": "1g"}
-            if opts.cpus:
-                host["nano_cpus"] = int(opts.cpus * 1e9)
-            if opts.memory:
-                host["mem_limit"] = opts.memory
-            if opts.gpus:
-                import docker.types
-
-                host["device_requests"] = [docker.types.DeviceRequest(count=-1,
-                                                                      capabilities=[["gpu"]])]
-            with map_errors(f"creating container {name}"):
-                cid = api.create_container(
-                    image,
-                    name=name,
-                    hostname=f"node-{rank}",
-                    labels={**labels, NODE_LABEL: str(rank)},
-                    ports=[22],
-                    environment=_node_environment(host_keys[rank], public_key),
-                    host_config=api.create_host_config(**host),
-                    networking_config=api.create_networking_config(
-                        {net_name: api.create_endpoint_config(aliases=[f"node-{rank}"])}),
-                    detach=True,
-                )["Id"]
-            record("container", cid, name)
-            with map_errors(f"starting container {name}"):
-                api.start(cid)
-                ports = api.inspect_container(cid)["NetworkSettings"]["Ports"]
-            return NodeRecord(
-                name=f"node-{rank}", rank=rank, address="127.0.0.1",
-                port=int(ports["22/tcp"][0]["HostPort"]),
-                private_address=f"node-{rank}", user="root", slots=plan.slots_per_node,
-                host_key=host_key_only(host_keys[rank].public_openssh),
-                resource_id=cid,
-            )
+            return _start_container(api, inv, opts, image, rank, host_keys[rank], public_key,
+                                    plan.slots_per_node, record)
 
         net_future = background(make_network)
         try:
             # Imported here: cryptography loads while the engine makes the network.
-            from provision.keys import ensure_cluster_key, generate_ed25519, host_key_only
+            from provision.keys import ensure_cluster_key, generate_ed25519
 
             key_path, public_key = ensure_cluster_key(store.keys_dir(spec.name))
             host_keys = [generate_ed25519(f"node-{r}") for r in range(spec.nodes)]
@@ -144,8 +123,55 @@ class DockerProvider:
         if exc is not None:
             raise exc
         inv.nccl_env = parse_env_file(render("nccl/docker.env.j2", gpus=opts.gpus))
+        inv.preemption = PreemptionSource(protocol="file", url=METADATA_STANDIN)
         inv.nodes = fan_out(range(spec.nodes), start)
         store.save(inv)
+
+    # --- recovery -------------------------------------------------------------------------
+    def node_alive(self, inv: Inventory, node: NodeRecord) -> bool:
+        """False when the node's container is gone or not running."""
+        import docker.errors
+
+        if not node.resource_id:
+            return True
+        try:
+            state = docker_client().api.inspect_container(node.resource_id)["State"]
+        except docker.errors.NotFound:
+            return False
+        except docker.errors.APIError:
+            return True  # cannot tell
+        return bool(state.get("Running")) and not state.get("Paused")
+
+    def replace(self, inv: Inventory, store: InventoryStore, node: NodeRecord) -> NodeRecord:
+        """Remove the node's container; start a new one with the same name, hostname and
+        network alias (so the other nodes reach it by the same name) and a new host key."""
+        import docker.errors
+
+        from provision.keys import ensure_cluster_key, generate_ed25519
+
+        api = docker_client().api
+        old = next((r for r in inv.resources_of("container") if r.id == node.resource_id), None)
+        image = (old.extra.get("image") if old else None) or ""
+        if not image:
+            with map_errors(f"looking up the image of {node.name}"):
+                image = api.inspect_container(node.resource_id or "")["Config"]["Image"]
+        if node.resource_id:
+            with contextlib.suppress(docker.errors.NotFound):
+                with map_errors(f"removing the lost container of {node.name}"):
+                    api.remove_container(node.resource_id, force=True)
+            store.forget(inv, "container", node.resource_id)
+        opts = inv.spec.options_as(DockerOptions) if inv.spec else DockerOptions()
+        _, public_key = ensure_cluster_key(store.keys_dir(inv.name))
+
+        def record(kind: str, rid: str, name: str) -> None:
+            store.record(inv, ResourceRecord(kind=kind, id=rid, name=name,
+                                             extra={"image": image}))
+
+        new = _start_container(api, inv, opts, image, node.rank, generate_ed25519(node.name),
+                               public_key, node.slots, record)
+        inv.nodes = [new if n.rank == node.rank else n for n in inv.nodes]
+        store.save(inv)
+        return new
 
     # ---------------------------------------------------------------------------------------
     def destroy(self, inv: Inventory, store: InventoryStore) -> None:
@@ -212,6 +238,48 @@ class DockerProvider:
         orphan = Inventory(name="gc-scope", provider="docker", resources=resources)
         store = _NullStore()
         self.destroy(orphan, store)  # type: ignore[arg-type]
+
+
+def _start_container(api: Any, inv: Inventory, opts: DockerOptions, image: str, rank: int,
+                     host_key: KeyPair, public_key: str, slots: int,
+                     record: Callable[[str, str, str], None]) -> NodeRecord:
+    """Create and start node `rank`'s container (recorded before it starts); its NodeRecord."""
+    from provision.keys import host_key_only
+
+    name = container_name(inv.name, rank)
+    net_name = network_name(inv.name)
+    host: dict[str, Any] = {"port_bindings": {22: ("127.0.0.1", None)},
+                            "network_mode": net_name, "shm_size": "1g"}
+    if opts.cpus:
+        host["nano_cpus"] = int(opts.cpus * 1e9)
+    if opts.memory:
+        host["mem_limit"] = opts.memory
+    if opts.gpus:
+        import docker.types
+
+        host["device_requests"] = [docker.types.DeviceRequest(count=-1, capabilities=[["gpu"]])]
+    with map_errors(f"creating container {name}"):
+        cid = api.create_container(
+            image,
+            name=name,
+            hostname=f"node-{rank}",
+            labels={CLUSTER_TAG: inv.name, NODE_LABEL: str(rank)},
+            ports=[22],
+            environment=_node_environment(host_key, public_key),
+            host_config=api.create_host_config(**host),
+            networking_config=api.create_networking_config(
+                {net_name: api.create_endpoint_config(aliases=[f"node-{rank}"])}),
+            detach=True,
+        )["Id"]
+    record("container", cid, name)
+    with map_errors(f"starting container {name}"):
+        api.start(cid)
+        ports = api.inspect_container(cid)["NetworkSettings"]["Ports"]
+    return NodeRecord(
+        name=f"node-{rank}", rank=rank, address="127.0.0.1",
+        port=int(ports["22/tcp"][0]["HostPort"]), private_address=f"node-{rank}", user="root",
+        slots=slots, host_key=host_key_only(host_key.public_openssh), resource_id=cid,
+    )
 
 
 class _NullStore:

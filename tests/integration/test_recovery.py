@@ -1,0 +1,174 @@
+"""Recovery on real docker nodes: a killed node is replaced, a hung rank is detected and its
+stack dumped, a preemption notice makes the script save, restarts run out, and DeepSpeed
+resumes from its own sharded checkpoint. Every test ends with nothing left behind."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+EXAMPLE = str(ROOT / "examples" / "train_ddp.py")
+DS_EXAMPLE = str(ROOT / "examples" / "train_deepspeed.py")
+pytestmark = [pytest.mark.docker, pytest.mark.usefixtures("node_image")]
+
+
+RUNS: list[Run] = []
+
+
+class Run:
+    """`mgpu-cloud run ...` as a process whose output we read line by line."""
+
+    def __init__(self, name: str, args: list[str], cwd: Path) -> None:
+        RUNS.append(self)
+        self.name = name
+        self.lines: list[str] = []
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "provision.cli", "run", "--provider", "docker", "--name",
+             name, *args], cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+            env={**os.environ, "PYTHONUNBUFFERED": "1"})
+
+    def wait_for(self, pattern: str, timeout: float = 240) -> str:
+        deadline = time.monotonic() + timeout
+        assert self.proc.stdout is not None
+        while time.monotonic() < deadline:
+            line = self.proc.stdout.readline()
+            if not line:
+                break
+            self.lines.append(line)
+            if re.search(pattern, line):
+                return line
+        raise AssertionError(f"{pattern!r} never appeared:\n{self.output}")
+
+    def finish(self, timeout: float = 300) -> int:
+        out, _ = self.proc.communicate(timeout=timeout)
+        self.lines.append(out)
+        return self.proc.returncode
+
+    @property
+    def output(self) -> str:
+        return "".join(self.lines)
+
+
+def leftovers(name: str) -> list[str]:
+    label = f"label=mgpu-cloud-cluster={name}"
+    out = subprocess.run(["docker", "ps", "-aq", "--filter", label], capture_output=True,
+                         text=True, check=True).stdout.split()
+    out += subprocess.run(["docker", "network", "ls", "-q", "--filter", label],
+                          capture_output=True, text=True, check=True).stdout.split()
+    return out
+
+
+@pytest.fixture
+def cluster_name(request: pytest.FixtureRequest) -> Iterator[str]:
+    name = "rc-" + re.sub(r"[^a-z0-9]+", "-", request.node.name.lower())[:20].strip("-")
+    yield name
+    for run in RUNS:  # a test that failed half-way: SIGTERM makes `run` tear down
+        if run.proc.poll() is None:
+            run.proc.terminate()
+            run.proc.wait(timeout=120)
+    RUNS.clear()
+    left = leftovers(name)
+    subprocess.run(f"docker rm -f $(docker ps -aq --filter label=mgpu-cloud-cluster={name}) "
+                   f"2>/dev/null; docker network rm {name}-net 2>/dev/null", shell=True)
+    assert left == [], f"left behind: {left}"
+
+
+def metrics(tmp_path: Path, name: str) -> dict[str, object]:
+    return json.loads((tmp_path / "mgpu-outputs" / name / "metrics.json").read_text())
+
+
+def test_a_killed_node_is_replaced_and_the_run_resumes(tmp_path: Path, cluster_name: str) -> None:
+    run = Run(cluster_name, ["--nodes", "2", "--max-restarts", "1", EXAMPLE, "--steps", "40",
+                             "--save-every", "5", "--sleep", "0.25"], tmp_path)
+    run.wait_for(r"kept checkpoint from node-0: .*step_0000(09|14)")
+    subprocess.run(["docker", "kill", f"{cluster_name}-node-1"], check=True, capture_output=True)
+    code = run.finish()
+    out = run.output
+    assert code == 0, out
+    assert re.search(r"failure: node lost \(node-1\)", out), out
+    assert "replacing node-1 (node lost)" in out and "ready to restart in" in out
+    assert out.count("restart 1 of 1") == 1 and "restart 2" not in out
+    resumed = re.search(r"resumed from step (\d+)", out)
+    assert resumed and int(resumed.group(1)) >= 9, out
+    m = metrics(tmp_path, cluster_name)
+    assert m["steps"] == 40 and m["world_size"] == 4 and m["restart"] == 1
+    assert int(str(m["resumed_from"])) > 0
+    ckpts = sorted((tmp_path / "mgpu-outputs" / cluster_name / "checkpoints").glob("step_*.pt"))
+    assert ckpts and ckpts[-1].name == "step_000039.pt"
+
+
+def test_a_stopped_rank_is_a_hang_with_stacks_then_a_restart(tmp_path: Path,
+                                                             cluster_name: str) -> None:
+    run = Run(cluster_name, ["--nodes", "2", "--max-restarts", "1", "--stall-timeout", "15",
+                             EXAMPLE, "--steps", "30", "--save-every", "5", "--sleep", "0.2",
+                             "--log-every", "1"], tmp_path)
+    run.wait_for(r"kept checkpoint from node-0")
+    stopped = time.monotonic()
+    # SIGSTOP one rank (a Python training process, not the torchrun agent) on node-1
+    subprocess.run(["docker", "exec", f"{cluster_name}-node-1", "sh", "-c",
+                    "kill -STOP $(pgrep -f -- '-u [t]rain_ddp.py' | sort -n | tail -1)"],
+                   check=True)
+    run.wait_for(r"the job looks hung")
+    detected = time.monotonic() - stopped
+    code = run.finish()
+    out = run.output
+    assert code == 0, out
+    assert detected < 15 + 10, f"detected after {detected:.1f} s"
+    assert "Stack (most recent call first)" in out or "Thread 0x" in out, out
+    assert re.search(r"failure: hang", out) and "restart 1 of 1" in out
+    assert metrics(tmp_path, cluster_name)["steps"] == 30
+
+
+def test_a_preemption_notice_saves_replaces_and_resumes(tmp_path: Path, cluster_name: str) -> None:
+    run = Run(cluster_name, ["--nodes", "2", "--max-restarts", "1", EXAMPLE, "--steps", "60",
+                             "--sleep", "0.2"], tmp_path)  # no periodic saves: only the notice
+    run.wait_for(r"\[node-0\] step 10 ")
+    notice = json.dumps({"action": "terminate", "time": "2026-11-30T12:00:00Z"})
+    subprocess.run(["docker", "exec", f"{cluster_name}-node-1", "sh", "-c",
+                    f"mkdir -p /tmp/mgpu-metadata && echo '{notice}' "
+                    "> /tmp/mgpu-metadata/instance-action"], check=True)
+    code = run.finish()
+    out = run.output
+    assert code == 0, out
+    assert "node-1: preemption notice (terminate at 2026-11-30T12:00:00Z)" in out, out
+    assert "the checkpoint saved after the notice is kept" in out, out
+    before_restart = out.split("restart 1 of 1")[0]
+    saved = re.findall(r"checkpoint saved: step (\d+)", before_restart)
+    resumed = re.search(r"resumed from step (\d+)", out)
+    assert saved and resumed and saved[-1] == resumed.group(1), out  # the notice's save
+    assert "replacing node-1 (preemption)" in out
+    assert metrics(tmp_path, cluster_name)["steps"] == 60
+
+
+def test_restarts_run_out_then_teardown_and_failure(tmp_path: Path, cluster_name: str) -> None:
+    run = Run(cluster_name, ["--nodes", "2", "--max-restarts", "1", EXAMPLE, "--steps", "20",
+                             "--fail-at-step", "3"], tmp_path)
+    code = run.finish()
+    out = run.output
+    assert code != 0, out
+    assert "restart 1 of 1" in out
+    assert "giving up: rank crash (node-0); 1 of 1 restart(s) used" in out, out
+    assert f"cluster '{cluster_name}' removed" in out
+
+
+def test_deepspeed_resumes_from_its_sharded_checkpoint(tmp_path: Path, cluster_name: str) -> None:
+    run = Run(cluster_name, ["--nodes", "2", "--max-restarts", "1", "--launcher", "deepspeed",
+                             DS_EXAMPLE, "--steps", "30", "--save-every", "10",
+                             "--fail-once-at-step", "15"], tmp_path)
+    code = run.finish(timeout=600)
+    out = run.output
+    assert code == 0, out
+    assert "restart 1 of 1" in out and "failure: rank crash" in out
+    assert re.search(r"resumed from step 9 \(tag step9\)", out), out
+    kept = tmp_path / "mgpu-outputs" / cluster_name / "checkpoints" / "step9"
+    shards = sorted(p.name for p in kept.glob("*optim_states.pt"))
+    assert len(shards) == 4, shards  # ZeRO: one optimizer shard per rank, from both nodes

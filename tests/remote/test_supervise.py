@@ -1,0 +1,132 @@
+"""remote/supervise.py for real: the whole job (even processes in sessions of their own, or
+orphaned, or stopped) is found, signalled and stopped; preemption notices are acted on."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def remote(*args: str, **kw: object) -> subprocess.Popen[str]:
+    return subprocess.Popen([sys.executable, "-m", "remote", *args], cwd=ROOT, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, **kw)  # type: ignore[call-overload]
+
+
+def alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            return fh.read().split(") ")[1][0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+def wait_for(path: Path, timeout: float = 10) -> str:
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        if path.exists() and path.read_text().strip():
+            return path.read_text()
+        time.sleep(0.05)
+    raise AssertionError(f"{path} never appeared")
+
+
+def test_stop_reaches_processes_in_their_own_session_and_stopped_ones(tmp_path: Path) -> None:
+    pidfile, pids = tmp_path / "job.pid", tmp_path / "pids"
+    # a child in a new session (like torchrun's workers) that is then SIGSTOPped
+    script = f"setsid sleep 300 & echo $! > {pids}; wait"
+    run = remote("run", "--pidfile", str(pidfile), "--", "sh", "-c", script)
+    worker = int(wait_for(pids))
+    os.kill(worker, signal.SIGSTOP)
+    wait_for(pidfile)
+    stop = subprocess.run([sys.executable, "-m", "remote", "stop", "--pidfile", str(pidfile),
+                           "--grace", "1"], cwd=ROOT, timeout=30)
+    assert stop.returncode == 0
+    run.wait(timeout=30)
+    time.sleep(0.2)
+    assert not alive(worker)
+    assert not pidfile.exists()
+
+
+def test_orphans_do_not_outlive_the_job(tmp_path: Path) -> None:
+    pids = tmp_path / "pids"
+    script = f"(setsid sleep 300 & echo $! > {pids}) ; exit 3"  # the parent leaves at once
+    run = remote("run", "--pidfile", str(tmp_path / "job.pid"), "--", "sh", "-c", script)
+    assert run.wait(timeout=30) == 3
+    time.sleep(0.2)
+    assert not alive(int(wait_for(pids)))
+
+
+def test_signal_reaches_every_process_of_the_job(tmp_path: Path) -> None:
+    pidfile, marks = tmp_path / "job.pid", tmp_path / "marks"
+    marks.mkdir()
+    handler = tmp_path / "handler.sh"
+    handler.write_text(f"trap 'touch {marks}/$$' USR1\necho ready > {marks}/ready.$$\n"
+                       "while true; do sleep 0.1; done\n")
+    script = f"setsid sh {handler} & sh {handler} & wait"  # one in a session of its own
+    run = remote("run", "--pidfile", str(pidfile), "--", "sh", "-c", script)
+    end = time.monotonic() + 10
+    while len(list(marks.glob("ready.*"))) < 2 and time.monotonic() < end:
+        time.sleep(0.05)
+    subprocess.run([sys.executable, "-m", "remote", "signal", "--pidfile", str(pidfile),
+                    "--signal", "USR1"], cwd=ROOT, check=True, timeout=30)
+    end = time.monotonic() + 10
+    while len([p for p in marks.iterdir() if not p.name.startswith("ready")]) < 2:
+        assert time.monotonic() < end, list(marks.iterdir())
+        time.sleep(0.05)
+    subprocess.run([sys.executable, "-m", "remote", "stop", "--pidfile", str(pidfile),
+                    "--grace", "1"], cwd=ROOT, check=True, timeout=30)
+    run.wait(timeout=30)
+
+
+def test_a_preemption_notice_signals_the_job_and_tells_the_controller(tmp_path: Path) -> None:
+    standin, saved = tmp_path / "metadata", tmp_path / "saved"
+    standin.mkdir()
+    script = f"trap 'touch {saved}; exit 0' USR1; while true; do sleep 0.1; done"
+    run = remote("run", "--pidfile", str(tmp_path / "job.pid"), "--preempt", "file",
+                 str(standin), "SIGUSR1", "--", "sh", "-c", script)
+    time.sleep(0.5)
+    (standin / "instance-action").write_text(
+        json.dumps({"action": "terminate", "time": "2026-11-30T12:00:00Z"}))
+    out, _ = run.communicate(timeout=30)
+    assert run.returncode == 0, out
+    assert saved.exists()
+    event = json.loads(next(line for line in out.splitlines()
+                            if line.startswith("MGPU-EVENT "))[len("MGPU-EVENT "):])
+    assert event == {"event": "preemption", "action": "terminate",
+                     "time": "2026-11-30T12:00:00Z", "source": str(standin / "instance-action"),
+                     "signal": "SIGUSR1", "processes": 1}
+
+
+def test_processes_without_a_handler_are_not_signalled(tmp_path: Path) -> None:
+    """A launcher (like torchrun) that does not handle SIGUSR1 would die of it: spared."""
+    pidfile, pids, saved = tmp_path / "job.pid", tmp_path / "pids", tmp_path / "saved"
+    worker = tmp_path / "worker.sh"
+    worker.write_text(f"trap 'touch {saved}' USR1\nwhile true; do sleep 0.1; done\n")
+    # the outer shell (the "launcher") has no handler for USR1
+    run = remote("run", "--pidfile", str(pidfile), "--", "sh", "-c",
+                 f"sh {worker} & echo $! > {pids}; wait")
+    wait_for(pids)
+    wait_for(pidfile)
+    time.sleep(0.3)  # the worker's trap is set
+    out = subprocess.run([sys.executable, "-m", "remote", "signal", "--pidfile", str(pidfile),
+                          "--signal", "SIGUSR1"], cwd=ROOT, capture_output=True, text=True,
+                         check=True, timeout=30).stdout
+    assert out.strip() == "signalled 1 process(es)"
+    wait_for_path(saved)
+    assert run.poll() is None  # the launcher survived
+    subprocess.run([sys.executable, "-m", "remote", "stop", "--pidfile", str(pidfile),
+                    "--grace", "1"], cwd=ROOT, check=True, timeout=30)
+    run.wait(timeout=30)
+
+
+def wait_for_path(path: Path, timeout: float = 10) -> None:
+    end = time.monotonic() + timeout
+    while not path.exists():
+        assert time.monotonic() < end, f"{path} never appeared"
+        time.sleep(0.05)
