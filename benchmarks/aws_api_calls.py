@@ -40,10 +40,7 @@ def measure(n: int, fakes_mod) -> tuple[Counter[str], float]:
 
     with tempfile.TemporaryDirectory() as home, mock_aws(), retry.using(retry.NO_WAIT):
         fakes = fakes_mod.AwsFakes()
-        fakes.dlami = fakes_mod.moto_client().register_image(
-            Name="Deep Learning Base OSS Nvidia Driver GPU AMI (Ubuntu 22.04) bench",
-            Architecture="x86_64", RootDeviceName="/dev/sda1", VirtualizationType="hvm",
-        )["ImageId"]
+        fakes.dlami = fakes_mod.register_dlami(fakes_mod.moto_client())
         remove = clients.add_client_hook(fakes.attach)
         try:
             store = InventoryStore(Path(home))
