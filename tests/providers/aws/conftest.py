@@ -15,18 +15,28 @@
 
 Everything is attached through the provider's documented seam `clients.add_client_hook`, and
 retry waits are zeroed through `retry.using(retry.NO_WAIT)`.
+
+Every test also runs through aws_rules.py (the autouse `aws_rules` fixture): EC2's documented
+rules moto does not enforce, on every request and on the state `create` leaves; a violation
+fails the test. Under moto the default VPC first gets what a real one has (internet gateway,
+0.0.0.0/0 route), so "every node has a path to the internet" means something.
 """
 
 from __future__ import annotations
 
 import copy
 import random
+import sys
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import pytest
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+import aws_rules  # noqa: E402
 
 REGION = "us-east-1"
 CALLER_IP = "203.0.113.7"
@@ -247,14 +257,64 @@ def aws_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Path:
     return home
 
 
+class RulesLayer:
+    """The autouse rules fixture's state: request rules on every provider client; under moto,
+    a real-looking default VPC per region and the state rules after every `create`."""
+
+    def __init__(self) -> None:
+        self.rules = aws_rules.AwsRules()
+        self.moto = False
+        self.prepared: set[str] = set()
+        self.creates_checked = 0
+
+    def hook(self, client: Any) -> None:
+        self.rules.attach(client)
+        if self.moto and client.meta.service_model.service_name == "ec2":
+            self.prepare(client.meta.region_name)
+
+    def prepare(self, region: str) -> None:
+        if region not in self.prepared:
+            self.prepared.add(region)
+            aws_rules.real_default_vpc(moto_client(region))
+
+    def after_create(self) -> None:
+        self.creates_checked += 1
+        self.rules.check_state(moto_client)
+
+
+@pytest.fixture(autouse=True)
+def aws_rules_layer(monkeypatch: pytest.MonkeyPatch) -> Iterator[RulesLayer]:
+    """Every AWS test: EC2's rules on each request and on the state `create` leaves."""
+    from provision.providers.aws import clients
+    from provision.providers.aws.provider import AwsProvider
+
+    layer = RulesLayer()
+    remove = clients.add_client_hook(layer.hook)
+    create = AwsProvider.create
+
+    def checked_create(self: Any, *args: Any, **kwargs: Any) -> None:
+        create(self, *args, **kwargs)
+        layer.after_create()
+
+    monkeypatch.setattr(AwsProvider, "create", checked_create)
+    try:
+        yield layer
+    finally:
+        remove()
+    if layer.rules.violations:
+        pytest.fail("EC2 rules violated:\n  " + "\n  ".join(layer.rules.violations))
+
+
 @pytest.fixture
-def fakes(aws_env: Path) -> Iterator[AwsFakes]:
+def fakes(aws_env: Path, aws_rules_layer: RulesLayer) -> Iterator[AwsFakes]:
     """moto's mock_aws + the fakes above on every client the provider makes; no retry waits."""
     from moto import mock_aws
 
     from provision.providers.aws import clients, retry
 
     with mock_aws(), retry.using(retry.NO_WAIT):
+        aws_rules_layer.moto = True
+        aws_rules_layer.prepare(REGION)
         f = AwsFakes()
         f.dlami = register_dlami(moto_client())
         remove = clients.add_client_hook(f.attach)
@@ -262,6 +322,7 @@ def fakes(aws_env: Path) -> Iterator[AwsFakes]:
             yield f
         finally:
             remove()
+            aws_rules_layer.moto = False
 
 
 def tagged_resources(fakes: AwsFakes, cluster: str | None = None) -> dict[str, list[str]]:

@@ -1,6 +1,7 @@
 """up/down under moto: inventory, EFA interfaces, security-group rules, tags, user data,
 egress (an Elastic IP per node, or a NAT gateway with --private-ips), idempotent and tolerant
-teardown."""
+teardown. The rules layer (aws_rules.py) checks every request and, after each `create`, that
+every node has a path to the internet in moto's state."""
 
 from __future__ import annotations
 
@@ -17,9 +18,10 @@ TAG = "mgpu-cloud-cluster"
 
 
 @pytest.mark.parametrize("nodes", [2, 16])
-def test_up_then_down(fakes, spec_for, store, up_cluster, tagged, nodes):
+def test_up_then_down(fakes, spec_for, store, up_cluster, tagged, aws_rules_layer, nodes):
     fakes.eip_quota = 64
     inv = up_cluster(spec_for(nodes=nodes))
+    assert aws_rules_layer.creates_checked == 1
     assert len(fakes.calls("RunInstances")) == 1
     run = fakes.calls("RunInstances")[0]
     assert run["MinCount"] == run["MaxCount"] == nodes
