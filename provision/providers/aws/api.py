@@ -16,8 +16,8 @@ CLIENT_TOKEN_MAX = 64
 
 
 def client_token(*parts: str) -> str:
-    """An idempotency token for one create attempt: the same parts give the same token, and
-    any cluster name (up to 40 characters) gives 45 ASCII characters."""
+    """An idempotency token for one create attempt: the same parts give the same token, always
+    45 ASCII characters whatever the cluster name."""
     digest = hashlib.sha256("\x1f".join(parts).encode()).hexdigest()[:40]
     return f"mgpu-{digest}"
 

@@ -342,8 +342,9 @@ class Creator:
         self.inv.manage_etc_hosts = True
         self.inv.container_image = self.spec.image or DEFAULT_TRAINING_IMAGE
         self.inv.container_args = efa.container_args(self.s.efa_interfaces)
+        preset = "nccl/aws-efa.env.j2" if self.s.efa_interfaces else "nccl/tcp.env.j2"
         self.inv.nccl_env = parse_env_file(render(
-            "nccl/aws-efa.env.j2", instance_type=self.s.instance_type,
+            preset, instance_type=self.s.instance_type,
             efa_interfaces=self.s.efa_interfaces, device_rdma=self.s.device_rdma,
         ))
         self.store.save(self.inv)

@@ -22,6 +22,7 @@ from provision.providers.aws.catalog import (
     catalog,
     hourly_price,
     known_type,
+    network_prices,
     parse_instance_type,
 )
 from provision.providers.aws.clients import new_session, resolve_region
@@ -228,8 +229,6 @@ def _plan(spec: ClusterSpec, launch: AwsLaunch, price: Price, gpus: int,
           unresolved: list[str]) -> AwsPlan:
     nodes_cost = None if price.usd_per_hour is None else price.usd_per_hour * spec.nodes
     unpriced = [] if nodes_cost is not None else [f"{launch.instance_type}: {price.source}"]
-    from provision.providers.aws.catalog import network_prices
-
     return AwsPlan(
         provider="aws",
         cluster=spec.name,

@@ -151,3 +151,17 @@ def test_cli_price_unknown_needs_confirmation(fakes):
     accepted = CliRunner().invoke(app, [*args, "--yes"])
     assert accepted.exit_code == 0, accepted.output
     assert CliRunner().invoke(app, ["down", "c1"]).exit_code == 0
+
+
+def test_gc_finds_and_deletes_a_lost_nat_egress(fakes, spec_for, store, up_cluster, tagged):
+    """--private-ips makes a NAT gateway, its Elastic IP, a subnet and a route table: all are
+    found by their tag when the inventory is lost, and deleted."""
+    up_cluster(spec_for(name="lost", private_ips=True))
+    store.path("lost").unlink()
+    provider = get_provider("aws")
+    spec = spec_for(name="gc-scope")
+    found = provider.orphans(spec, set(store.names()))
+    assert {r.kind for r in found} >= {"nat-gateway", "elastic-ip", "subnet", "route-table",
+                                       "instance", "security-group"}
+    provider.delete_orphans(spec, found)
+    assert tagged("lost") == {}

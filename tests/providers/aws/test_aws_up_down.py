@@ -81,9 +81,10 @@ def test_single_efa_interface_gets_a_public_ip_and_no_eip(fakes, spec_for, up_cl
 
 
 def test_type_without_efa_gets_one_plain_interface(fakes, spec_for, up_cluster):
-    up_cluster(spec_for(instance_type="g6.xlarge"))
+    inv = up_cluster(spec_for(instance_type="g6.xlarge"))
     (iface,) = fakes.calls("RunInstances")[0]["NetworkInterfaces"]
     assert "InterfaceType" not in iface
+    assert "FI_PROVIDER" not in inv.nccl_env and inv.nccl_env["NCCL_IB_DISABLE"] == "1"
 
 
 @pytest.mark.parametrize("instance_type", ["p4d.24xlarge", "g6.xlarge"])
