@@ -66,19 +66,24 @@ def test_one_interface_types_need_no_elastic_ip(fakes, spec_for):
     assert "DescribeAccountAttributes" not in fakes.operations()
 
 
-@pytest.mark.parametrize(("in_use", "quota", "nodes", "ok"),
-                         [(0, 5, 5, True), (1, 5, 5, False), (3, 64, 61, True), (4, 64, 61, False)])
-def test_elastic_ip_quota_is_checked_at_plan_time(fakes, spec_for, moto_ec2, in_use, quota,
-                                                  nodes, ok):
+@pytest.mark.parametrize(("in_use", "quota", "nodes"), [(0, 5, 5), (3, 64, 61)])
+def test_elastic_ips_that_fit_the_quota_are_planned(fakes, spec_for, moto_ec2, in_use, quota,
+                                                    nodes):
     fakes.eip_quota = quota
     for _ in range(in_use):
         moto_ec2.allocate_address(Domain="vpc")
-    spec = spec_for(nodes=nodes)
-    if ok:
-        assert get_provider("aws").plan(spec).launch.egress.eip_quota == quota
-        return
+    egress = get_provider("aws").plan(spec_for(nodes=nodes)).launch.egress
+    assert (egress.eip_quota, egress.eips_in_use, egress.elastic_ips) == (quota, in_use, nodes)
+
+
+@pytest.mark.parametrize(("in_use", "quota", "nodes"), [(1, 5, 5), (4, 64, 61)])
+def test_elastic_ips_beyond_the_quota_are_refused_at_plan_time(fakes, spec_for, moto_ec2,
+                                                               in_use, quota, nodes):
+    fakes.eip_quota = quota
+    for _ in range(in_use):
+        moto_ec2.allocate_address(Domain="vpc")
     with pytest.raises(UserInputError) as err:
-        get_provider("aws").plan(spec)
+        get_provider("aws").plan(spec_for(nodes=nodes))
     assert f"needs {nodes} Elastic IP(s)" in err.value.message
     assert "L-0263D0A3" in err.value.hint and "--private-ips" in err.value.hint
     assert fakes.writes() == []

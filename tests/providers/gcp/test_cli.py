@@ -127,14 +127,15 @@ def test_dry_run_without_credentials_prints_the_plan_and_its_cost(
     assert fake.requests == []
 
 
-@pytest.mark.parametrize("status", [200, 502])
-def test_an_html_answer_is_an_error_from_the_tree(fake: FakeCompute, status: int) -> None:
-    """A proxy's HTML page instead of Compute's JSON: exit 4 with a message, no traceback."""
+@pytest.mark.parametrize(("status", "code", "words"), [
+    (200, 4, "not a Compute Engine response"),  # read as JSON: not Compute's answer
+    (502, 6, "HTTP 502"),  # api_core turns the HTML error page into an HTTP error
+])
+def test_an_html_answer_is_an_error_from_the_tree(fake: FakeCompute, status: int, code: int,
+                                                  words: str) -> None:
+    """A proxy's HTML page instead of Compute's JSON: a message and an exit code, no traceback."""
     fake.html("GET", r"aggregated/instances$", status, times=99)
     res = CliRunner().invoke(app, ["gc", "--provider", "gcp", "--project", PROJECT])
     assert res.exception is None or isinstance(res.exception, SystemExit)
     assert "Traceback" not in res.output and "error:" in res.stderr
-    if status == 200:  # parsed as JSON: not Compute's answer
-        assert res.exit_code == 4 and "not a Compute Engine response" in res.stderr
-    else:  # api_core turns the HTML error page into an HTTP error
-        assert res.exit_code == 6 and "HTTP 502" in res.stderr
+    assert res.exit_code == code and words in res.stderr, res.output
