@@ -3,6 +3,11 @@
 Each provider returns its own subclass carrying its TYPED request (what its `create` consumes,
 e.g. AwsPlan.launch); `resources`, `notes` and the cost are the rendering for people, and
 `model_dump(mode="json")` the one for `--json`. Nothing is parsed back from strings.
+
+Two ways a plan can be incomplete, both shown instead of refused:
+- `unpriced`: parts without a known price ("price unknown"; `up` asks before creating it);
+- `unresolved`: parts a provider could not look up (e.g. `--dry-run` without credentials);
+  such a plan is printed but never created.
 """
 
 from __future__ import annotations
@@ -36,6 +41,12 @@ class Plan(BaseModel):
     max_hours: float | None = None
     price_source: str | None = None
     notes: list[str] = Field(default_factory=list)
+    unpriced: list[str] = Field(
+        default_factory=list, description="what has no known price; hourly_cost_usd is then "
+        "only the known part")
+    unresolved: list[str] = Field(
+        default_factory=list, description="what could not be looked up, and why; a plan with "
+        "unresolved parts is printed, never created")
 
     def expect(self, cls: type[P]) -> P:
         """This plan as the provider's own subclass (a provider's `create` starts with it)."""
@@ -57,7 +68,13 @@ class Plan(BaseModel):
         for res in self.resources:
             extra = ", ".join(f"{k}={v}" for k, v in sorted(res.details.items()))
             lines.append(f"  + {res.kind:<18} {res.name}" + (f"  ({extra})" if extra else ""))
-        if self.hourly_cost_usd:
+        if self.unpriced:
+            lines.append("  cost: price unknown (" + "; ".join(self.unpriced) + ")")
+            if self.hourly_cost_usd:
+                lines.append(f"  known part: ${self.hourly_cost_usd:,.2f}/hour")
+            if self.price_source:
+                lines.append(f"  prices: {self.price_source}")
+        elif self.hourly_cost_usd:
             lines.append(f"  cost: ${self.hourly_cost_usd:,.2f}/hour for the whole cluster")
             if self.max_cost_usd is not None:
                 lines.append(
@@ -69,4 +86,5 @@ class Plan(BaseModel):
         else:
             lines.append("  cost: $0.00 (local)")
         lines.extend(f"  note: {n}" for n in self.notes)
+        lines.extend(f"  unresolved: {u}" for u in self.unresolved)
         return "\n".join(lines)

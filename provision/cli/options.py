@@ -149,16 +149,28 @@ def confirmer(opts: dict[str, Any]) -> Callable[[Any], bool]:
         if opts.get("dry_run"):
             typer.echo("dry run: nothing was created", err=True)
             return False
-        free = not provider_info(plan.provider).costs_money and plan.hourly_cost_usd <= 0
+        if plan.unresolved:  # made without the cloud's answers (e.g. no credentials)
+            from provision.errors import ProviderUnavailableError
+
+            raise ProviderUnavailableError(
+                "this plan cannot be created: " + "; ".join(plan.unresolved),
+                hint="make the provider's credentials available, or add --dry-run to only "
+                "print the plan",
+            )
+        # An unknown price is confirmed like a paid plan, never taken as free.
+        free = (not provider_info(plan.provider).costs_money and plan.hourly_cost_usd <= 0
+                and not plan.unpriced)
         if free or opts.get("yes"):
             return True
         if not sys.stdin.isatty():
             from provision.errors import UserInputError
 
+            what = "the price of this plan is unknown" if plan.unpriced else "this plan costs money"
             raise UserInputError(
-                "this plan costs money and there is no terminal to confirm it on",
+                f"{what} and there is no terminal to confirm it on",
                 hint="add --yes to accept the plan above, or --dry-run to only print it",
             )
-        return typer.confirm("Create these resources?", default=False)
+        question = "Create these resources (price unknown)?" if plan.unpriced else "Create these resources?"
+        return typer.confirm(question, default=False)
 
     return confirm

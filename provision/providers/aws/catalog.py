@@ -1,4 +1,5 @@
-"""Instance-type facts (from describe_instance_types) and the shipped on-demand price table."""
+"""Instance-type facts (describe_instance_types, or the shipped catalog.yaml when planning
+offline) and prices: per type with its source and date, "unknown" instead of a refusal."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from typing import Any
 
 from provision.errors import UserInputError
 
-PRICES_FILE = Path(__file__).with_name("prices.yaml")
+CATALOG_FILE = Path(__file__).with_name("catalog.yaml")
 
 # Families whose EFA supports RDMA read/write (GPUDirect RDMA): FI_EFA_USE_DEVICE_RDMA=1.
 RDMA_FAMILIES = frozenset({"p4d", "p4de", "p5", "p5e", "p5en", "p6-b200", "p6-b300", "p6e-gb200"})
@@ -48,6 +49,15 @@ class InstanceTypeInfo:
         return f"{self.gpu_count} x {self.gpu_model} {self.gpu_memory_mib // 1024} GiB"
 
 
+@dataclass(frozen=True)
+class Price:
+    """USD per node-hour, or None when no price is known; `source` says where the number
+    comes from (and when), or why there is none."""
+
+    usd_per_hour: float | None
+    source: str
+
+
 def parse_instance_type(item: dict[str, Any]) -> InstanceTypeInfo:
     """One DescribeInstanceTypes entry -> facts. UserInputError for a type without GPUs."""
     name = str(item["InstanceType"])
@@ -72,29 +82,56 @@ def parse_instance_type(item: dict[str, Any]) -> InstanceTypeInfo:
 
 
 @cache
-def price_table() -> dict[str, Any]:
+def catalog() -> dict[str, Any]:
     import yaml
 
-    data: dict[str, Any] = yaml.safe_load(PRICES_FILE.read_text())
+    data: dict[str, Any] = yaml.safe_load(CATALOG_FILE.read_text())
     return data
 
 
-def hourly_price(instance_type: str, region: str) -> tuple[float, str]:
-    """(USD per node-hour, where the number comes from). UserInputError if not in the table:
-    a plan must state its cost, so a type without a known price is refused."""
-    table = price_table()
-    regions: dict[str, dict[str, float]] = table["regions"]
-    source = f"{table['source']}, as of {table['date']}"
-    if instance_type in regions.get(region, {}):
-        return float(regions[region][instance_type]), source
-    reference = table["reference_region"]
-    if instance_type in regions.get(reference, {}):
-        return (
-            float(regions[reference][instance_type]),
-            f"{source} ({reference} price; {region} may differ)",
-        )
-    known = ", ".join(sorted(regions.get(reference, {})))
-    raise UserInputError(
-        f"no price is known for {instance_type!r}, so the plan cannot state its cost",
-        hint=f"types with a price: {known}",
+def catalog_types() -> list[str]:
+    return sorted(catalog()["types"])
+
+
+def known_type(name: str) -> InstanceTypeInfo | None:
+    """The shipped facts of `name` (for plans made without AWS), or None."""
+    row = catalog()["types"].get(name)
+    if row is None:
+        return None
+    efa = int(row["efa_interfaces"])
+    return InstanceTypeInfo(
+        name=name, gpu_model=str(row["gpu"]["model"]), gpu_count=int(row["gpu"]["count"]),
+        gpu_memory_mib=int(row["gpu"]["memory_mib"]), efa_supported=efa > 0,
+        max_efa_interfaces=efa, network_cards=int(row["network_cards"]),
     )
+
+
+def _source(key: str, date: str) -> str:
+    return f"{catalog()['sources'][key]}, as of {date}"
+
+
+def hourly_price(instance_type: str, region: str) -> Price:
+    """On-demand USD per node-hour of `instance_type` in `region` (the reference region's price,
+    said so, when the region has none). Unknown is a Price of None, never an error: a plan
+    then says "price unknown" and asks for confirmation."""
+    row = catalog()["types"].get(instance_type)
+    if row is None:
+        return Price(None, f"{instance_type} is not in mgpu-cloud's price table ({CATALOG_FILE.name})")
+    price = row["price"]
+    prices: dict[str, float] = row.get("on_demand") or {}
+    reference = catalog()["reference_region"]
+    if region in prices:
+        return Price(float(prices[region]), _source(price["source"], price["date"]))
+    if reference in prices:
+        return Price(float(prices[reference]),
+                     f"{_source(price['source'], price['date'])} ({reference} price; "
+                     f"{region} may differ)")
+    why = price.get("unknown_because") or f"no on-demand price recorded for {instance_type}"
+    return Price(None, f"{why} ({_source(price['source'], price['date'])})")
+
+
+def network_prices() -> dict[str, Any]:
+    """Public IPv4 / NAT gateway prices and their source line."""
+    net = dict(catalog()["network"])
+    net["source"] = _source(net["source"], net["date"])
+    return net

@@ -1,10 +1,13 @@
 """The write steps of `up`, in order; each resource is recorded the moment its id exists.
 
-    key pair -> security group (+ rules) -> placement group -> ONE RunInstances (N nodes,
-    zone/market failover on capacity errors) -> wait running -> Elastic IP on node-0 (multi-card
-    types) -> inventory nodes + EFA/NCCL preset
+    key pair -> security group (+ rules) -> placement group -> [nat: route table]
+    -> ONE RunInstances (N nodes, zone/market failover on capacity errors; nat: a private subnet
+    per zone tried) -> wait running -> egress (network.py: an Elastic IP per node on multi-card
+    types, or the NAT gateway with --private-ips) -> inventory nodes + EFA container args + NCCL
+    preset
 
-Rollback is not done here: the pipeline destroys whatever the inventory holds when this raises. Every write is safe to retry (ClientToken, or "Duplicate" answers resolved by tag).
+Rollback is not done here: the pipeline destroys whatever the inventory holds when this raises.
+Every write is safe to retry (ClientToken, or "Duplicate" answers resolved by tag).
 """
 
 from __future__ import annotations
@@ -16,12 +19,13 @@ from contextlib import contextmanager
 from typing import Any
 
 from provision.container import DEFAULT_TRAINING_IMAGE
-from provision.errors import CapacityError, ProvisionError
+from provision.errors import CapacityError, ProviderUnavailableError, ProvisionError
 from provision.inventory import Inventory, InventoryStore, NodeRecord, ResourceRecord
 from provision.keys import ensure_cluster_key, generate_ed25519, host_key_only
-from provision.providers.aws import retry
-from provision.providers.aws.api import Ec2, cluster_of, tag_spec
+from provision.providers.aws import efa, retry
+from provision.providers.aws.api import Ec2, client_token, cluster_of, tag_spec
 from provision.providers.aws.errors import describe, error_code, is_capacity, map_errors
+from provision.providers.aws.network import EgressMaker
 from provision.providers.aws.plan import NODE_USER, AwsPlan, resource_name
 from provision.spec import ClusterSpec
 
@@ -35,13 +39,27 @@ def step(what: str) -> Iterator[None]:
 
 class Creator:
     def __init__(self, spec: ClusterSpec, plan: AwsPlan, inv: Inventory, store: InventoryStore):
+        if plan.unresolved or plan.launch.vpc_id is None or plan.launch.ami is None:
+            raise ProviderUnavailableError(
+                "this AWS plan was made without AWS and cannot be created: "
+                + "; ".join(plan.unresolved or ["AMI and VPC unresolved"]),
+                hint="configure AWS credentials and run `up` again",
+            )
         self.spec, self.inv, self.store = spec, inv, store
         self.s = plan.launch
+        self.vpc_id: str = plan.launch.vpc_id
+        self.ami: str = plan.launch.ami
         self.cluster = plan.cluster
         self.count = plan.nodes
         self.slots = plan.slots_per_node
         self.name = resource_name(plan.cluster)
         self.ec2 = Ec2(self.s.region)
+        # One per `up`, in every ClientToken: the retries of one call share a token, a later
+        # `up` of the same name never gets an earlier (deleted) resource back.
+        self.nonce = uuid.uuid4().hex
+        self.egress = EgressMaker(self.ec2, self.cluster, self.vpc_id,
+                                  lambda rec: self.record(rec), self.nonce)
+        self.private_subnets: dict[str, str] = {}  # zone -> subnet (nat egress)
 
     # --- bookkeeping ---------------------------------------------------------------------
     def record(self, *resources: ResourceRecord) -> None:
@@ -70,14 +88,15 @@ class Creator:
 
         with step("importing the key pair"):
             try:
-                kp_id = str(self.ec2.call(
-                    "import_key_pair", KeyName=self.name, PublicKeyMaterial=public_key.encode(),
+                kp_id = str(self.ec2.get(
+                    "import_key_pair", "KeyPairId", KeyName=self.name,
+                    PublicKeyMaterial=public_key.encode(),
                     TagSpecifications=tag_spec("key-pair", self.cluster),
-                )["KeyPairId"])
+                ))
             except ClientError as exc:
                 if error_code(exc) != "InvalidKeyPair.Duplicate":
                     raise
-                found = self.ec2.call("describe_key_pairs", KeyNames=[self.name])["KeyPairs"]
+                found = self.ec2.get("describe_key_pairs", "KeyPairs", KeyNames=[self.name])
                 kp_id = self._adopt("key pair", found, "KeyPairId")
             self.record(self._res("key-pair", kp_id))
 
@@ -86,19 +105,19 @@ class Creator:
 
         with step("creating the security group"):
             try:
-                sg = str(self.ec2.call(
-                    "create_security_group", GroupName=self.name, VpcId=self.s.vpc_id,
+                sg = str(self.ec2.get(
+                    "create_security_group", "GroupId", GroupName=self.name, VpcId=self.vpc_id,
                     Description=f"mgpu-cloud cluster {self.cluster}: SSH from {self.s.ssh_cidr}, "
                     "all traffic within the group (EFA)",
                     TagSpecifications=tag_spec("security-group", self.cluster),
-                )["GroupId"])
+                ))
             except ClientError as exc:
                 if error_code(exc) != "InvalidGroup.Duplicate":
                     raise
-                found = self.ec2.call("describe_security_groups", Filters=[
+                found = self.ec2.get("describe_security_groups", "SecurityGroups", Filters=[
                     {"Name": "group-name", "Values": [self.name]},
-                    {"Name": "vpc-id", "Values": [self.s.vpc_id]},
-                ])["SecurityGroups"]
+                    {"Name": "vpc-id", "Values": [self.vpc_id]},
+                ])
                 sg = self._adopt("security group", found, "GroupId")
             self.record(self._res("security-group", sg))
         ranges_key, range_key = (
@@ -138,9 +157,9 @@ class Creator:
             except ClientError as exc:
                 if error_code(exc) != "InvalidPlacementGroup.Duplicate":
                     raise
-                found = self.ec2.call(
-                    "describe_placement_groups", GroupNames=[self.name]
-                )["PlacementGroups"]
+                found = self.ec2.get(
+                    "describe_placement_groups", "PlacementGroups", GroupNames=[self.name]
+                )
                 self._adopt("placement group", found, "GroupName")
             # The group binds to a zone only when its first instance lands, so after a
             # capacity error (RunInstances is all-or-nothing: it stays empty) it moves along
@@ -148,11 +167,15 @@ class Creator:
             self.record(self._res("placement-group", self.name))
 
     def network_interfaces(self, subnet: str, sg: str) -> list[dict[str, Any]]:
-        """Card 0: 'efa' (carries the IP); cards 1..n-1: 'efa-only'. Plain ENA without EFA."""
+        """Card 0: 'efa' (carries the IP); cards 1..n-1: 'efa-only' at device index 1 ("Maximize
+        network bandwidth on accelerated instance types", EC2 User Guide; dstack does the same).
+        Plain ENA without EFA. A public IP is asked for only with ONE interface: EC2 refuses
+        AssociatePublicIpAddress with several ("InvalidParameterCombination")."""
+        public = self.s.egress.mode == "public-ip"
         if self.s.efa_interfaces == 0:
             return [{
                 "DeviceIndex": 0, "SubnetId": subnet, "Groups": [sg],
-                "DeleteOnTermination": True, "AssociatePublicIpAddress": not self.s.private_ips,
+                "DeleteOnTermination": True, "AssociatePublicIpAddress": public,
             }]
         out: list[dict[str, Any]] = []
         for card in range(self.s.efa_interfaces):
@@ -162,8 +185,8 @@ class Creator:
                 "InterfaceType": "efa" if card == 0 else "efa-only",
                 "SubnetId": subnet, "Groups": [sg], "DeleteOnTermination": True,
             }
-            if self.s.efa_interfaces == 1:  # one interface: EC2 can give it a public IP
-                iface["AssociatePublicIpAddress"] = not self.s.private_ips
+            if self.s.efa_interfaces == 1:
+                iface["AssociatePublicIpAddress"] = public
             out.append(iface)
         return out
 
@@ -171,8 +194,9 @@ class Creator:
         tags = tag_spec("instance", self.cluster) + tag_spec("volume", self.cluster) + tag_spec(
             "network-interface", self.cluster
         )
+        market = "spot" if spot else "od"
         params: dict[str, Any] = {
-            "ImageId": self.s.ami,
+            "ImageId": self.ami,
             "InstanceType": self.s.instance_type,
             "MinCount": self.count,
             "MaxCount": self.count,
@@ -182,14 +206,14 @@ class Creator:
             "InstanceInitiatedShutdownBehavior": "terminate",
             "UserData": user_data,
             "BlockDeviceMappings": [{
-                "DeviceName": "/dev/sda1",
+                "DeviceName": self.s.root_device,
                 "Ebs": {"VolumeSize": self.s.disk_gb, "VolumeType": "gp3",
                         "DeleteOnTermination": True},
             }],
             "MetadataOptions": {"HttpTokens": "required", "HttpEndpoint": "enabled"},
             "TagSpecifications": tags,
             # Same token on every transient retry of this attempt: EC2 launches at most once.
-            "ClientToken": f"{self.cluster}-{zone}-{'spot' if spot else 'od'}-{uuid.uuid4().hex[:12]}",
+            "ClientToken": client_token(self.cluster, self.nonce, zone, market),
         }
         if spot:
             params["InstanceMarketOptions"] = {
@@ -200,6 +224,16 @@ class Creator:
             params["TagSpecifications"] = tags + tag_spec("spot-instances-request", self.cluster)
         return params
 
+    def subnet_for(self, zone: str, default_subnet: str) -> str:
+        """The zone's default subnet, or (nat egress) the cluster's private subnet there,
+        made on first use: failover to another zone makes another."""
+        if self.s.egress.mode != "nat":
+            return default_subnet
+        if zone not in self.private_subnets:
+            with step(f"creating the private subnet in {zone}"):
+                self.private_subnets[zone] = self.egress.private_subnet(zone, self.count)
+        return self.private_subnets[zone]
+
     def launch(self, sg: str, user_data: str) -> list[dict[str, Any]]:
         """ONE RunInstances of N nodes per attempt; capacity errors move to the next zone
         (spot first in every zone, then on-demand with --spot-fallback)."""
@@ -208,13 +242,14 @@ class Creator:
         markets = [True, False] if self.s.spot and self.s.spot_fallback else [self.s.spot]
         failures: list[str] = []
         for spot in markets:
-            for zone, subnet in ((z.zone, z.subnet) for z in self.s.zones):
+            for zone, default_subnet in ((z.zone, z.subnet) for z in self.s.zones):
+                subnet = self.subnet_for(zone, default_subnet)
                 params = self.run_params(zone, subnet, sg, spot, user_data)
                 with step(f"launching {self.count} x {self.s.instance_type} in {zone}"):
                     try:
-                        instances: list[dict[str, Any]] = self.ec2.call(
-                            "run_instances", **params
-                        )["Instances"]
+                        instances: list[dict[str, Any]] = self.ec2.get(
+                            "run_instances", "Instances", **params
+                        )
                     except ClientError as exc:
                         if not is_capacity(exc):
                             raise
@@ -251,30 +286,19 @@ class Creator:
                     )
                 time.sleep(p.poll_interval_s)
 
-    def gateway_address(self, node0: dict[str, Any]) -> str:
-        eni = next(
-            (n["NetworkInterfaceId"] for n in node0.get("NetworkInterfaces", [])
-             if int(n.get("Attachment", {}).get("DeviceIndex", 0)) == 0
-             and int(n.get("Attachment", {}).get("NetworkCardIndex", 0)) == 0),
-            None,
-        )
-        if eni is None:
-            raise ProvisionError(f"node-0 ({node0['InstanceId']}) has no primary network interface")
-        with step("allocating the Elastic IP of node-0"):
-            eip = self.ec2.call(
-                "allocate_address", Domain="vpc",
-                TagSpecifications=tag_spec("elastic-ip", self.cluster),
-            )
-            self.record(ResourceRecord(
-                kind="elastic-ip", id=eip["AllocationId"], name=eip["PublicIp"],
-                region=self.s.region, zone=node0["Placement"]["AvailabilityZone"],
-            ))
-        with step("attaching the Elastic IP to node-0"):
-            self.ec2.call(
-                "associate_address", AllocationId=eip["AllocationId"], NetworkInterfaceId=eni,
-                AllowReassociation=False,
-            )
-        return str(eip["PublicIp"])
+    def addresses(self, nodes: list[dict[str, Any]]) -> dict[str, str]:
+        """Instance id -> the address the controller connects to; makes the egress."""
+        mode = self.s.egress.mode
+        if mode == "elastic-ip":
+            with step("giving every node an Elastic IP"):
+                return self.egress.node_addresses(nodes)
+        if mode == "nat":
+            zone = nodes[0]["Placement"]["AvailabilityZone"]
+            public = next(z.subnet for z in self.s.zones if z.zone == zone)
+            with step(f"creating the NAT gateway in {zone}"):
+                self.egress.nat_gateway(public, zone)
+            return {i["InstanceId"]: str(i.get("PrivateIpAddress") or "") for i in nodes}
+        return {i["InstanceId"]: str(i.get("PublicIpAddress") or "") for i in nodes}
 
     # --- the whole of `up` ------------------------------------------------------------------
     def run(self) -> None:
@@ -282,6 +306,7 @@ class Creator:
 
         key_path, public_key = ensure_cluster_key(self.store.keys_dir(self.inv.name))
         self.inv.key_path = str(key_path)
+        self.store.save(self.inv)  # on disk before the first write: see AwsProvider.destroy
         host = generate_ed25519(f"mgpu-cloud-{self.cluster}-host")
         host_public = host_key_only(host.public_openssh)
         max_seconds = int(self.s.max_hours * 3600)
@@ -294,35 +319,32 @@ class Creator:
         self.key_pair(public_key)
         sg = self.security_group()
         self.placement_group()
+        if self.s.egress.mode == "nat":
+            with step("creating the route table"):
+                self.egress.route_table()
         launched = self.launch(sg, user_data)
         nodes = self.wait_running([i["InstanceId"] for i in launched])
-        gateway = self.gateway_address(nodes[0]) if self.s.gateway_eip else None
+        addresses = self.addresses(nodes)
 
         records = []
         for rank, inst in enumerate(nodes):
             private = str(inst.get("PrivateIpAddress") or "")
-            proxy = None
-            if self.s.private_ips:
-                address = private
-            elif gateway is not None:
-                address = gateway if rank == 0 else private
-                proxy = None if rank == 0 else f"{NODE_USER}@{gateway}"
-            else:
-                address = str(inst.get("PublicIpAddress") or "")
+            address = addresses.get(inst["InstanceId"], "")
             if not address or not private:
                 raise ProvisionError(f"node {inst['InstanceId']} has no address to reach it on")
             records.append(NodeRecord(
                 name=f"node-{rank}", rank=rank, address=address, private_address=private,
                 user=NODE_USER, slots=self.slots, host_key=host_public,
                 resource_id=inst["InstanceId"], zone=inst["Placement"]["AvailabilityZone"],
-                proxy_jump=proxy,
             ))
         self.inv.nodes = records
         self.inv.wait_for_gpu = True
         self.inv.manage_etc_hosts = True
         self.inv.container_image = self.spec.image or DEFAULT_TRAINING_IMAGE
+        self.inv.container_args = efa.container_args(self.s.efa_interfaces)
+        preset = "nccl/aws-efa.env.j2" if self.s.efa_interfaces else "nccl/tcp.env.j2"
         self.inv.nccl_env = parse_env_file(render(
-            "nccl/aws-efa.env.j2", instance_type=self.s.instance_type,
+            preset, instance_type=self.s.instance_type,
             efa_interfaces=self.s.efa_interfaces, device_rdma=self.s.device_rdma,
         ))
         self.store.save(self.inv)

@@ -7,6 +7,10 @@
     NOT_FOUND_CODES             gone         teardown treats the resource as deleted
     BUSY_CODES                  busy         teardown retries (retry.while_busy)
     AUTH_CODES, no credentials  -> ProviderUnavailableError
+    unparseable answer          transient    retried in place, then ProviderUnavailableError
+      (no EC2 error code, or botocore's generic HTTP-status one; ResponseParserError; or an
+      answer without the field the operation returns: e.g. an HTML page from a proxy, which
+      botocore may parse into an empty result)
     QUOTA_CODES                 -> ProvisionError with a quota hint
     INPUT_CODES                 -> UserInputError (plan) / ProvisionError (create)
 
@@ -45,7 +49,8 @@ NOT_FOUND_CODES = frozenset({
     "InvalidInstanceID.NotFound", "InvalidGroup.NotFound", "InvalidKeyPair.NotFound",
     "InvalidPlacementGroup.Unknown", "InvalidAllocationID.NotFound",
     "InvalidAddress.NotFound", "InvalidAssociationID.NotFound",
-    "InvalidNetworkInterfaceID.NotFound", "InvalidVolume.NotFound",
+    "InvalidNetworkInterfaceID.NotFound", "InvalidVolume.NotFound", "NatGatewayNotFound",
+    "InvalidSubnetID.NotFound", "InvalidRouteTableID.NotFound",
 })
 BUSY_CODES = frozenset({
     "DependencyViolation", "InvalidPlacementGroup.InUse", "InvalidGroup.InUse",
@@ -60,13 +65,41 @@ QUOTA_CODES = frozenset({
     "VcpuLimitExceeded", "InstanceLimitExceeded", "AddressLimitExceeded",
     "MaxSpotInstanceCountExceeded", "PlacementGroupLimitExceeded",
     "SecurityGroupLimitExceeded", "RulesPerSecurityGroupLimitExceeded", "KeyPairLimitExceeded",
+    "NatGatewayLimitExceeded", "SubnetLimitExceeded", "RouteTableLimitExceeded",
 })
 INPUT_CODES = frozenset({
     "InvalidAMIID.NotFound", "InvalidAMIID.Malformed", "InvalidAMIID.Unavailable",
     "InvalidInstanceType", "InvalidParameterValue", "InvalidParameterCombination",
-    "InvalidParameter", "MissingParameter", "ParameterNotFound", "InvalidSubnetID.NotFound",
+    "InvalidParameter", "MissingParameter", "ParameterNotFound",
     "InvalidKeyPair.Duplicate", "InvalidGroup.Duplicate", "InvalidPlacementGroup.Duplicate",
 })
+
+
+class UnexpectedAnswer(Exception):
+    """EC2 answered, but not with what the operation returns (e.g. an HTML error page that
+    botocore parsed into an empty result). Raised by api.Ec2; never leaves the aws package."""
+
+    def __init__(self, operation: str, missing: str) -> None:
+        super().__init__(f"{operation}: the answer has no {missing!r}")
+        self.operation, self.missing = operation, missing
+
+
+def is_unparseable(exc: BaseException) -> bool:
+    """An answer that is not an EC2 response (classified by exception type)."""
+    if isinstance(exc, UnexpectedAnswer):
+        return True
+    response = getattr(exc, "response", None)
+    if isinstance(response, dict) and "ResponseMetadata" in response:
+        code = error_code(exc)
+        # No code, or botocore's generic one (the HTTP status as the code: an HTML or empty
+        # error body): not an EC2 error answer.
+        if code is None or code.isdigit():
+            return True
+    try:
+        from botocore.parsers import ResponseParserError
+    except ImportError:  # pragma: no cover
+        return False
+    return isinstance(exc, ResponseParserError)
 
 
 def error_code(exc: BaseException) -> str | None:
@@ -89,6 +122,8 @@ def is_transient(exc: BaseException) -> bool:
     """Throttling, 5xx and connection failures: safe to retry in place (all our writes are
     idempotent or ClientToken'ed). Capacity errors are NOT transient even when EC2 sends
     them with HTTP 500: failover decides what to do with them."""
+    if is_unparseable(exc):
+        return True  # a proxy's error page is usually gone on the next try; bounded anyway
     code = error_code(exc)
     if code is not None:
         if code in CAPACITY_CODES:
@@ -114,6 +149,8 @@ def describe(exc: BaseException) -> str:
     response = getattr(exc, "response", None)
     if isinstance(response, dict):
         err = response.get("Error", {})
+        if not err.get("Code") or str(err["Code"]).isdigit():
+            return f"HTTP {http_status(exc)} without an EC2 error code"
         return f"{err.get('Code', '?')}: {err.get('Message', '')}".rstrip(": ")
     return f"{type(exc).__name__}: {exc}"
 
@@ -130,6 +167,12 @@ def translate(exc: BaseException, action: str, *, planning: bool) -> MgpuError:
         )
     if isinstance(exc, NoRegionError):
         return UserInputError(f"{action}: no AWS region", hint="pass --region, e.g. us-east-1")
+    if is_unparseable(exc):
+        return ProviderUnavailableError(
+            f"{action}: AWS sent an answer that is not an EC2 response ({exc})",
+            hint="a proxy or firewall between you and AWS may be answering instead (check "
+            "HTTPS_PROXY and the endpoint); the request is safe to repeat",
+        )
     code = error_code(exc)
     text = describe(exc)
     if code in AUTH_CODES:
@@ -161,6 +204,6 @@ def map_errors(action: str, *, planning: bool = False) -> Iterator[None]:
     except Exception as exc:
         from botocore.exceptions import BotoCoreError, ClientError
 
-        if isinstance(exc, ClientError | BotoCoreError):
+        if isinstance(exc, ClientError | BotoCoreError) or is_unparseable(exc):
             raise translate(exc, action, planning=planning) from exc
         raise

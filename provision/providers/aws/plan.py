@@ -2,19 +2,34 @@
 
 Everything `create` needs is in the plan's typed `launch` (AwsLaunch); the resource list is its
 rendering for people. `up` executes exactly the plan it printed.
-Order of checks: local input first (nodes, CIDR, credentials, region), then describe calls.
+Order of checks: local input first (nodes, CIDR, region), then describe calls.
+Without credentials the plan is made from the shipped catalog (type facts, prices) and lists
+what it could not look up (`unresolved`: AMI, subnets, Elastic IP quota); it is printed by
+`--dry-run` and never created.
 """
 
 from __future__ import annotations
 
+from typing import Any
+
 from provision.errors import UserInputError
 from provision.model import StrictModel
-from provision.plan import Plan, PlannedResource
+from provision.plan import Plan
 from provision.providers.aws.api import Ec2
-from provision.providers.aws.catalog import hourly_price, parse_instance_type
-from provision.providers.aws.clients import new_session, require_credentials, resolve_region
+from provision.providers.aws.catalog import (
+    InstanceTypeInfo,
+    Price,
+    catalog,
+    hourly_price,
+    known_type,
+    network_prices,
+    parse_instance_type,
+)
+from provision.providers.aws.clients import new_session, resolve_region
 from provision.providers.aws.errors import error_code
+from provision.providers.aws.network import Egress, plan_egress
 from provision.providers.aws.options import AwsOptions
+from provision.providers.aws.plan_text import plan_notes, planned_resources
 from provision.spec import ClusterSpec, validate_cidr
 
 # AWS Deep Learning Base OSS Nvidia Driver GPU AMI (Ubuntu 22.04), public SSM parameter.
@@ -27,6 +42,7 @@ DEFAULT_MAX_HOURS = 8.0
 # need capacity reservations / capacity blocks, which this tool does not manage).
 MAX_NODES_PER_PLACEMENT_GROUP = 256
 NODE_USER = "ubuntu"
+NO_CREDENTIALS = "no AWS credentials"
 
 
 def resource_name(cluster: str) -> str:
@@ -44,9 +60,10 @@ class AwsLaunch(StrictModel):
     region: str
     instance_type: str
     zones: list[ZoneSubnet]  # in failover order
-    vpc_id: str
-    ami: str
+    vpc_id: str | None  # None: unresolved (offline plan)
+    ami: str | None
     ami_name: str
+    root_device: str | None  # the AMI's RootDeviceName: where disk_gb applies
     gpus: str  # e.g. "8 x NVIDIA A100 40 GiB", for people
     spot: bool
     spot_fallback: bool
@@ -56,7 +73,7 @@ class AwsLaunch(StrictModel):
     max_hours: float
     ssh_cidr: str
     private_ips: bool
-    gateway_eip: bool  # multi-card types: no automatic public IP -> one Elastic IP on node-0
+    egress: Egress
 
     @property
     def interfaces(self) -> int:
@@ -67,14 +84,18 @@ class AwsPlan(Plan):
     launch: AwsLaunch
 
 
-def _validate_local(spec: ClusterSpec) -> str:
-    """Checks that need no AWS call; returns the SSH CIDR."""
+def _validate_local(spec: ClusterSpec) -> None:
+    """Checks that need no AWS call."""
     if spec.nodes > MAX_NODES_PER_PLACEMENT_GROUP:
         raise UserInputError(
             f"{spec.nodes} nodes do not fit one cluster placement group "
             f"(this tool launches at most {MAX_NODES_PER_PLACEMENT_GROUP} in one)",
             hint=f"ask for --nodes {MAX_NODES_PER_PLACEMENT_GROUP} or fewer",
         )
+
+
+def _ssh_cidr(spec: ClusterSpec) -> str:
+    """--ssh-cidr, else this machine's public address (UserInputError if unknown)."""
     if spec.ssh_cidr is not None:
         try:
             return validate_cidr(spec.ssh_cidr)
@@ -107,7 +128,7 @@ def _zones(ec2: Ec2, spec: ClusterSpec, instance_type: str) -> tuple[str, list[t
                 hint=f"zones of {ec2.region} that do: {', '.join(offered)} (or omit --zone)",
             )
         offered = [zone]
-    vpcs = ec2.call("describe_vpcs", Filters=[{"Name": "is-default", "Values": ["true"]}])["Vpcs"]
+    vpcs = ec2.get("describe_vpcs", "Vpcs", Filters=[{"Name": "is-default", "Values": ["true"]}])
     if not vpcs:
         raise UserInputError(
             f"{ec2.region} has no default VPC to launch into",
@@ -131,115 +152,131 @@ def _zones(ec2: Ec2, spec: ClusterSpec, instance_type: str) -> tuple[str, list[t
     return vpc_id, zones
 
 
-def _ami(ec2: Ec2, wanted: str | None) -> tuple[str, str]:
+def _ami(ec2: Ec2, wanted: str | None, disk_gb: int) -> tuple[str, str, str]:
+    """(AMI id, name, root device name). The root device name comes from the image (Ubuntu
+    AMIs use /dev/sda1, Amazon Linux /dev/xvda: "Device names on Linux instances", EC2 User
+    Guide); a mapping under another name would add a second volume instead of sizing root."""
     ami = wanted or ec2.ssm_parameter(DLAMI_PARAMETER)
-    images = ec2.call("describe_images", ImageIds=[ami])["Images"]
+    images = ec2.get("describe_images", "Images", ImageIds=[ami])
     if not images:
         raise UserInputError(f"AMI {ami!r} does not exist in {ec2.region}")
-    return ami, str(images[0].get("Name") or "")
+    image: dict[str, Any] = images[0]
+    root = str(image.get("RootDeviceName") or "")
+    if not root:
+        raise UserInputError(f"AMI {ami!r} names no root device", hint="use an EBS-backed AMI")
+    for mapping in image.get("BlockDeviceMappings") or []:
+        size = (mapping.get("Ebs") or {}).get("VolumeSize")
+        if mapping.get("DeviceName") == root and size and int(size) > disk_gb:
+            raise UserInputError(
+                f"AMI {ami!r} needs a root disk of at least {size} GB; {disk_gb} GB was asked for",
+                hint=f"pass --disk-gb {size} or more",
+            )
+    return ami, str(image.get("Name") or ""), root
+
+
+def _describe_type(ec2: Ec2, instance_type: str) -> InstanceTypeInfo:
+    from botocore.exceptions import ClientError
+
+    try:
+        described = ec2.get("describe_instance_types", "InstanceTypes",
+                            InstanceTypes=[instance_type])
+    except ClientError as exc:
+        if error_code(exc) == "InvalidInstanceType":
+            raise UserInputError(
+                f"unknown instance type {instance_type!r} in {ec2.region}",
+                hint="e.g. --instance-type p4d.24xlarge or p5.48xlarge",
+            ) from None
+        raise
+    if not described:
+        raise UserInputError(f"unknown instance type {instance_type!r} in {ec2.region}")
+    return parse_instance_type(described[0])
 
 
 def build_plan(spec: ClusterSpec) -> Plan:
     """Read-only: validates `spec` and returns the Plan. Never writes."""
-    ssh_cidr = _validate_local(spec)
+    _validate_local(spec)
     opts = spec.options_as(AwsOptions)
     session = new_session()
+    if session.get_credentials() is None:
+        return _offline_plan(spec, opts, session)
+    ssh_cidr = _ssh_cidr(spec)
     region = resolve_region(session, opts.region)
-    require_credentials(session)
     ec2 = Ec2(region, session)
-
-    from botocore.exceptions import ClientError
-
-    try:
-        described = ec2.call("describe_instance_types", InstanceTypes=[opts.instance_type])
-    except ClientError as exc:
-        if error_code(exc) == "InvalidInstanceType":
-            raise UserInputError(
-                f"unknown instance type {opts.instance_type!r} in {region}",
-                hint="e.g. --instance-type p4d.24xlarge or p5.48xlarge",
-            ) from None
-        raise
-    if not described["InstanceTypes"]:
-        raise UserInputError(f"unknown instance type {opts.instance_type!r} in {region}")
-    info = parse_instance_type(described["InstanceTypes"][0])
-    price, price_source = hourly_price(info.name, region)
+    info = _describe_type(ec2, opts.instance_type)
     vpc_id, zones = _zones(ec2, spec, info.name)
-    ami, ami_name = _ami(ec2, opts.ami)
+    ami, ami_name, root = _ami(ec2, opts.ami, opts.disk_gb)
+    egress = plan_egress(ec2, spec.nodes, info.interfaces, opts.private_ips)
+    launch = _launch(spec, opts, info, region, ssh_cidr, egress, vpc_id=vpc_id,
+                     zones=[ZoneSubnet(zone=z, subnet=sn) for z, sn in zones], ami=ami,
+                     ami_name=ami_name or "(custom)", root=root)
+    return _plan(spec, launch, hourly_price(info.name, region), info.gpu_count, [])
 
-    launch = AwsLaunch(
-        region=region, instance_type=info.name, zones=[ZoneSubnet(zone=z, subnet=sn) for z, sn in zones],
-        vpc_id=vpc_id, ami=ami, ami_name=ami_name or "(custom)", gpus=info.gpu_summary(),
-        spot=spec.spot, spot_fallback=spec.spot and opts.spot_fallback,
-        efa_interfaces=info.efa_interfaces, device_rdma=info.device_rdma, disk_gb=opts.disk_gb,
+
+def _launch(spec: ClusterSpec, opts: AwsOptions, info: InstanceTypeInfo, region: str,
+            ssh_cidr: str, egress: Egress, *, vpc_id: str | None, zones: list[ZoneSubnet],
+            ami: str | None, ami_name: str, root: str | None) -> AwsLaunch:
+    return AwsLaunch(
+        region=region, instance_type=info.name, zones=zones, vpc_id=vpc_id, ami=ami,
+        ami_name=ami_name, root_device=root, gpus=info.gpu_summary(), spot=spec.spot,
+        spot_fallback=spec.spot and opts.spot_fallback, efa_interfaces=info.efa_interfaces,
+        device_rdma=info.device_rdma, disk_gb=opts.disk_gb,
         max_hours=spec.max_hours or DEFAULT_MAX_HOURS, ssh_cidr=ssh_cidr,
-        private_ips=opts.private_ips, gateway_eip=info.interfaces > 1 and not opts.private_ips,
+        private_ips=opts.private_ips, egress=egress,
     )
+
+
+def _plan(spec: ClusterSpec, launch: AwsLaunch, price: Price, gpus: int,
+          unresolved: list[str]) -> AwsPlan:
+    nodes_cost = None if price.usd_per_hour is None else price.usd_per_hour * spec.nodes
+    unpriced = [] if nodes_cost is not None else [f"{launch.instance_type}: {price.source}"]
     return AwsPlan(
         provider="aws",
         cluster=spec.name,
         nodes=spec.nodes,
-        slots_per_node=spec.gpus_per_node or info.gpu_count,
+        slots_per_node=spec.gpus_per_node or gpus,
         resources=planned_resources(spec.name, spec.nodes, launch),
-        hourly_cost_usd=round(price * spec.nodes, 4),
+        hourly_cost_usd=round((nodes_cost or 0.0) + launch.egress.hourly_usd, 4),
         max_hours=launch.max_hours,
-        price_source=price_source,
-        notes=plan_notes(launch, max_hours_defaulted=spec.max_hours is None),
+        price_source=f"{launch.instance_type}: {price.source}; network: "
+                     f"{network_prices()['source']}",
+        notes=plan_notes(spec.nodes, launch, max_hours_defaulted=spec.max_hours is None),
+        unpriced=unpriced,
+        unresolved=unresolved,
         launch=launch,
     )
 
 
-def planned_resources(cluster: str, nodes: int, launch: AwsLaunch) -> list[PlannedResource]:
-    """The plan's rendering for people (pure)."""
-    name = resource_name(cluster)
-    resources = [
-        PlannedResource(kind="key-pair", name=name, details={"key": "the cluster's ed25519 key"}),
-        PlannedResource(
-            kind="security-group", name=name,
-            details={
-                "vpc": launch.vpc_id, "ssh_from": launch.ssh_cidr,
-                "intra_cluster": "all traffic in and out to the group itself (EFA)",
-            },
-        ),
-        PlannedResource(kind="placement-group", name=name, details={"strategy": "cluster"}),
-        PlannedResource(
-            kind="instances", name=f"{nodes} x {launch.instance_type}",
-            details={
-                "region": launch.region,
-                "instance_type": launch.instance_type,
-                "gpus": launch.gpus,
-                "zones": ",".join(f"{z.zone}={z.subnet}" for z in launch.zones),
-                "ami": launch.ami,
-                "ami_name": launch.ami_name,
-                "market": "spot" if launch.spot else "on-demand",
-                "spot_fallback": "yes" if launch.spot_fallback else "no",
-                "efa_interfaces": str(launch.efa_interfaces),
-                "gpudirect_rdma": "yes" if launch.device_rdma else "no",
-                "disk_gb": str(launch.disk_gb),
-                "max_hours": f"{launch.max_hours:g}",
-                "addresses": "private" if launch.private_ips else (
-                    "node-0 via Elastic IP, others through it" if launch.gateway_eip
-                    else "public IP"
-                ),
-            },
-        ),
+def _offline_plan(spec: ClusterSpec, opts: AwsOptions, session: Any) -> AwsPlan:
+    """The plan without AWS (no credentials): facts and prices from the shipped catalog;
+    what needs AWS is listed as unresolved. Never created (create() and `up` refuse it)."""
+    unresolved: list[str] = []
+    try:
+        ssh_cidr = _ssh_cidr(spec)
+    except UserInputError as exc:
+        ssh_cidr = "(unresolved)"
+        unresolved.append(f"SSH source range ({exc.message}; pass --ssh-cidr)")
+    if opts.region or session.region_name:
+        region = resolve_region(session, opts.region)  # a local check: botocore's region list
+    else:
+        region = str(catalog()["reference_region"])
+        unresolved.append(f"region ({region} assumed: pass --region)")
+    info = known_type(opts.instance_type)
+    if info is None:
+        raise UserInputError(
+            f"{opts.instance_type!r} is not in the offline catalog, and without AWS "
+            "credentials it cannot be looked up",
+            hint="configure AWS credentials, or use one of: "
+            + ", ".join(sorted(catalog()["types"])),
+        )
+    why = f"{NO_CREDENTIALS}: configure them (aws configure, AWS_PROFILE, aws sso login)"
+    unresolved += [
+        f"AMI ({opts.ami or 'the Deep Learning Base GPU AMI'}: {why})",
+        f"zones and subnets of the default VPC in {region} ({why})",
     ]
-    if launch.gateway_eip:
-        resources.append(PlannedResource(
-            kind="elastic-ip", name=f"{name}-node-0",
-            details={"why": f"{launch.instance_type} has {launch.interfaces} network cards: "
-                     "no automatic public IP"},
-        ))
-    return resources
-
-
-def plan_notes(launch: AwsLaunch, *, max_hours_defaulted: bool) -> list[str]:
-    notes = [
-        f"nodes shut down and terminate themselves after {launch.max_hours:g} h"
-        + (" (default; change with --max-hours)" if max_hours_defaulted else ""),
-        f"zones tried in order on capacity errors: {', '.join(z.zone for z in launch.zones)}",
-    ]
-    if launch.spot:
-        notes.append("spot: the cost shown is the on-demand ceiling")
-    if launch.gateway_eip:
-        notes.append("node-0 is the SSH gateway: other nodes are reached through it (ProxyJump)")
-    return notes
+    egress = plan_egress(None, spec.nodes, info.interfaces, opts.private_ips)
+    if egress.elastic_ips:
+        unresolved.append(f"Elastic IP quota: {egress.elastic_ips} needed, not checked ({why})")
+    zones = [ZoneSubnet(zone=opts.zone, subnet="(unresolved)")] if opts.zone else []
+    launch = _launch(spec, opts, info, region, ssh_cidr, egress, vpc_id=None, zones=zones,
+                     ami=opts.ami, ami_name="(unresolved)", root=None)
+    return _plan(spec, launch, hourly_price(info.name, region), info.gpu_count, unresolved)

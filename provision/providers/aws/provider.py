@@ -60,6 +60,8 @@ class AwsProvider:
             if len(inv.resources) != before:
                 store.save(inv)
 
+        if not inv.resources and inv.key_path is None:
+            return  # `create` stores key_path before its first AWS call: none was made
         with map_errors(f"deleting cluster {inv.name!r}"):
             region = _region_of(inv) or new_session().region_name
             if not region:

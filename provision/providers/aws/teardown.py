@@ -2,9 +2,11 @@
 
 destroy_cluster works from the inventory's records plus lookups by the cluster tag, tries
 every step even when one fails, and reports everything left at the end (TeardownError).
-Order: instances (terminate, wait until terminated) -> Elastic IPs -> placement group (retried
-while in use) -> security group (retried on DependencyViolation) -> key pair -> stray volumes
-and network interfaces. Idempotent: resources already gone count as deleted.
+Order: instances (terminate, wait until terminated) -> NAT gateways (delete, wait until deleted:
+their Elastic IP stays in use until then) -> Elastic IPs -> subnets and route table of the
+--private-ips egress (retried while interfaces detach) -> placement group (retried while in
+use) -> security group (retried on DependencyViolation) -> key pair -> stray volumes and
+network interfaces. Idempotent: resources already gone count as deleted.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from provision.providers.aws.errors import BUSY_CODES, describe, is_not_found
 
 Forget = Callable[[list[tuple[str, str]]], None]
 LIVE_STATES = ["pending", "running", "stopping", "stopped", "shutting-down"]
+NAT_LIVE_STATES = ["pending", "available", "deleting", "failed"]
 CHUNK = 500  # ids per terminate call / filter
 
 
@@ -96,7 +99,7 @@ class Teardown:
 
     # --- the rest ------------------------------------------------------------------------------
     def elastic_ips(self) -> None:
-        found = self.ec2.call("describe_addresses", Filters=[cluster_filter(self.cluster)])["Addresses"]
+        found = self.ec2.get("describe_addresses", "Addresses", Filters=[cluster_filter(self.cluster)])
         addresses = {a["AllocationId"]: a for a in found}
         for rid in _ids(self.records, "elastic-ip"):
             addresses.setdefault(rid, {"AllocationId": rid})
@@ -106,26 +109,81 @@ class Teardown:
             _delete(self.ec2, "release_address", AllocationId=alloc)
             self.forget([("elastic-ip", alloc)])
 
+    def nat_gateways(self) -> None:
+        live = {"Name": "state", "Values": NAT_LIVE_STATES}
+        found = self.ec2.get("describe_nat_gateways", "NatGateways",
+                             Filter=[cluster_filter(self.cluster), live])
+        ids = {n["NatGatewayId"] for n in found} | set(_ids(self.records, "nat-gateway"))
+        for nat in sorted(ids):
+            _delete(self.ec2, "delete_nat_gateway", NatGatewayId=nat)
+        if ids:
+            self._wait_nat_deleted(sorted(ids))
+        self.forget([("nat-gateway", n) for n in ids])
+
+    def _wait_nat_deleted(self, ids: list[str]) -> None:
+        from botocore.exceptions import ClientError
+
+        p = retry.policy()
+        deadline = time.monotonic() + p.terminate_timeout_s
+        while True:
+            try:
+                found = self.ec2.get("describe_nat_gateways", "NatGateways", NatGatewayIds=ids)
+            except ClientError as exc:
+                if not is_not_found(exc):
+                    raise
+                return
+            # 'failed' is final too: a failed NAT gateway holds no address and costs nothing
+            remaining = [n["NatGatewayId"] for n in found
+                         if n.get("State") not in ("deleted", "failed")]
+            if not remaining:
+                return
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"NAT gateways still not deleted after "
+                                   f"{p.terminate_timeout_s:.0f} s: " + ", ".join(remaining))
+            time.sleep(p.poll_interval_s)
+
+    def subnets(self) -> None:
+        found = self.ec2.pages("describe_subnets", "Subnets", Filters=[cluster_filter(self.cluster)])
+        ids = {s["SubnetId"] for s in found} | set(_ids(self.records, "subnet"))
+        for subnet in sorted(ids):
+            _delete(self.ec2, "delete_subnet", busy=True, SubnetId=subnet)
+            self.forget([("subnet", subnet)])
+
+    def route_tables(self) -> None:
+        """A route table is deleted only without subnet associations ("Subnet route tables",
+        Amazon VPC User Guide): they are removed first (gone with their subnet on EC2)."""
+        found = self.ec2.pages("describe_route_tables", "RouteTables",
+                               Filters=[cluster_filter(self.cluster)])
+        ids = {r["RouteTableId"] for r in found} | set(_ids(self.records, "route-table"))
+        for table in found:
+            for assoc in table.get("Associations", []):
+                if not assoc.get("Main") and assoc.get("RouteTableAssociationId"):
+                    _delete(self.ec2, "disassociate_route_table",
+                            AssociationId=assoc["RouteTableAssociationId"])
+        for rt in sorted(ids):
+            _delete(self.ec2, "delete_route_table", busy=True, RouteTableId=rt)
+            self.forget([("route-table", rt)])
+
     def placement_groups(self) -> None:
-        found = self.ec2.call(
-            "describe_placement_groups", Filters=[cluster_filter(self.cluster)]
-        )["PlacementGroups"]
+        found = self.ec2.get(
+            "describe_placement_groups", "PlacementGroups", Filters=[cluster_filter(self.cluster)]
+        )
         names = {g["GroupName"] for g in found} | set(_ids(self.records, "placement-group"))
         for name in sorted(names):
             _delete(self.ec2, "delete_placement_group", busy=True, GroupName=name)
             self.forget([("placement-group", name)])
 
     def security_groups(self) -> None:
-        found = self.ec2.call(
-            "describe_security_groups", Filters=[cluster_filter(self.cluster)]
-        )["SecurityGroups"]
+        found = self.ec2.get(
+            "describe_security_groups", "SecurityGroups", Filters=[cluster_filter(self.cluster)]
+        )
         ids = {g["GroupId"] for g in found} | set(_ids(self.records, "security-group"))
         for sg in sorted(ids):
             _delete(self.ec2, "delete_security_group", busy=True, GroupId=sg)
             self.forget([("security-group", sg)])
 
     def key_pairs(self) -> None:
-        found = self.ec2.call("describe_key_pairs", Filters=[cluster_filter(self.cluster)])["KeyPairs"]
+        found = self.ec2.get("describe_key_pairs", "KeyPairs", Filters=[cluster_filter(self.cluster)])
         names = {k["KeyPairId"]: k.get("KeyName") for k in found}
         for r in self.records:
             if r.kind == "key-pair":
@@ -146,7 +204,10 @@ class Teardown:
 
     def run(self) -> None:
         self.attempt("terminating the instances", self.instances)
+        self.attempt("deleting the NAT gateway", self.nat_gateways)
         self.attempt("releasing the Elastic IPs", self.elastic_ips)
+        self.attempt("deleting the private subnets", self.subnets)
+        self.attempt("deleting the route table", self.route_tables)
         self.attempt("deleting the placement group", self.placement_groups)
         self.attempt("deleting the security group", self.security_groups)
         self.attempt("deleting the key pair", self.key_pairs)
@@ -172,13 +233,20 @@ def find_orphans(region: str, known: set[str]) -> list[ResourceRecord]:
     for inst in ec2.instances(any_cluster + [{"Name": "instance-state-name", "Values": LIVE_STATES}]):
         found.append(("instance", inst["InstanceId"], inst.get("Tags"),
                       inst.get("Placement", {}).get("AvailabilityZone")))
-    for a in ec2.call("describe_addresses", Filters=any_cluster)["Addresses"]:
+    for a in ec2.get("describe_addresses", "Addresses", Filters=any_cluster):
         found.append(("elastic-ip", a["AllocationId"], a.get("Tags"), None))
-    for g in ec2.call("describe_placement_groups", Filters=any_cluster)["PlacementGroups"]:
+    live_nat = {"Name": "state", "Values": ["pending", "available", "failed"]}
+    for n in ec2.get("describe_nat_gateways", "NatGateways", Filter=any_cluster + [live_nat]):
+        found.append(("nat-gateway", n["NatGatewayId"], n.get("Tags"), None))
+    for s in ec2.pages("describe_subnets", "Subnets", Filters=any_cluster):
+        found.append(("subnet", s["SubnetId"], s.get("Tags"), s.get("AvailabilityZone")))
+    for r in ec2.pages("describe_route_tables", "RouteTables", Filters=any_cluster):
+        found.append(("route-table", r["RouteTableId"], r.get("Tags"), None))
+    for g in ec2.get("describe_placement_groups", "PlacementGroups", Filters=any_cluster):
         found.append(("placement-group", g["GroupName"], g.get("Tags"), None))
     for g in ec2.pages("describe_security_groups", "SecurityGroups", Filters=any_cluster):
         found.append(("security-group", g["GroupId"], g.get("Tags"), None))
-    for k in ec2.call("describe_key_pairs", Filters=any_cluster)["KeyPairs"]:
+    for k in ec2.get("describe_key_pairs", "KeyPairs", Filters=any_cluster):
         found.append(("key-pair", k["KeyPairId"], k.get("Tags"), None))
     available = {"Name": "status", "Values": ["available"]}
     for v in ec2.pages("describe_volumes", "Volumes", Filters=any_cluster + [available]):

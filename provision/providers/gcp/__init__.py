@@ -6,10 +6,13 @@ Per cluster NAME, in the project and the zone's region:
                                      every instance
     firewall         NAME-ssh        tcp:22 from --ssh-cidr only (default: caller's address /32)
     firewall         NAME-internal   all protocols between instances tagged mgpu-cloud-NAME
-    instances        NAME-node-R     onHostMaintenance TERMINATE, automaticRestart false,
+    instances        NAME-node-R     ONE bulkInsert, count = minCount = N (all or none);
+                                     onHostMaintenance TERMINATE, automaticRestart false,
                                      maxRunDuration --max-hours (default 8 h) -> DELETE, spot:
-                                     provisioningModel SPOT (DELETE on preemption), gVNIC, DLVM
-                                     boot image, login key in ssh-keys, a pre-made host key
+                                     provisioningModel SPOT (DELETE on preemption), gVNIC, an
+                                     external IPv4 (egress), boot image from a current Deep
+                                     Learning VM family (images.py, with fallbacks), login key
+                                     in ssh-keys, a pre-made host key
 Instances and their boot disks carry the label mgpu-cloud-cluster=NAME; resource policies and
 firewall rules have no labels in the Compute API, so they carry it as their description
 (`mgpu-cloud-cluster=NAME`), which is what `gc` matches.

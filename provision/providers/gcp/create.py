@@ -1,10 +1,17 @@
 """Create a GCP cluster: placement policy, firewall rules, then N instances in one zone.
 
-All-or-nothing: on any failure the pipeline deletes everything recorded (GcpProvider.destroy). Each resource is recorded in the inventory before its insert is sent (its name,
-chosen here, is its id), so even an insert whose reply is lost is found by `down`. Every insert
-carries a requestId that is reused by the retries of that insert, so a retry never makes a
-second resource. A 409 on an insert means the name belongs to something that is not ours: the
-record is dropped (rollback must not delete it) and the error names it.
+The N instances are ONE instances.bulkInsert with count = minCount = N: Compute makes all of
+them or none ("If min_count instances cannot be created, then no instances will be created and
+instances already created will be deleted", BulkInsertInstanceResource), like AWS's one
+RunInstances; a stockout fails the whole call and the next zone is tried. One insert and one
+operation instead of N of each.
+
+All-or-nothing overall: on any failure the pipeline deletes everything recorded
+(GcpProvider.destroy). Each resource is recorded in the inventory before its insert is sent
+(its name, chosen here, is its id), so even an insert whose reply is lost is found by `down`.
+Every insert carries a requestId that is reused by the retries of that insert, so a retry never
+makes a second resource. A 409 on an insert means a name belongs to something that is not
+ours: the records are dropped (rollback must not delete it) and the error names it.
 """
 
 from __future__ import annotations
@@ -29,19 +36,21 @@ DISK_TYPE = "pd-balanced"
 Log = Callable[[str], None]
 
 
-def _insert(clients: Clients, store: InventoryStore, inv: Inventory, rec: ResourceRecord,
-            method: Any, request: Any) -> Any:
-    """Record `rec`, send the insert (retried with the same requestId), return its Operation."""
-    what = f"creating {rec.kind} {rec.name}"
-    store.record(inv, rec)
+def _insert(clients: Clients, store: InventoryStore, inv: Inventory,
+            recs: list[ResourceRecord], method: Any, request: Any) -> Any:
+    """Record `recs`, send the insert (retried with the same requestId), return its Operation."""
+    what = f"creating {recs[0].kind} {', '.join(str(r.name) for r in recs)}"
+    for rec in recs:
+        store.record(inv, rec)
     with map_errors(what):
         try:
             return clients.call(method, request)
         except Exception as exc:
             if is_conflict(exc):
-                store.forget(inv, rec.kind, rec.id)
+                for rec in recs:
+                    store.forget(inv, rec.kind, rec.id)
                 raise ProvisionError(
-                    f"{what}: a {rec.kind} named {rec.name!r} already exists in project "
+                    f"{what}: a {recs[0].kind} of that name already exists in project "
                     f"{clients.project!r} and is not part of this cluster",
                     hint="if it is left from an earlier cluster of this name, list and remove "
                     f"it: mgpu-cloud gc --provider gcp --project {clients.project} --delete",
@@ -58,7 +67,7 @@ def policy_body(layout: Layout) -> Any:
     from google.cloud import compute_v1
 
     group: dict[str, Any] = {"collocation": "COLLOCATED"}
-    if layout.nodes >= 2:  # vmCount must be at least 2; a one-node policy states no count
+    if layout.nodes >= 2:  # one node: no count (whether 1 is accepted is not documented)
         group["vm_count"] = layout.nodes
     return compute_v1.ResourcePolicy(
         name=layout.policy_name,
@@ -81,25 +90,26 @@ def firewall_bodies(layout: Layout) -> list[Any]:
     ]
 
 
-def instance_body(layout: Layout, rank: int, zone: str, policy_link: str,
-                  login_public_key: str, host_key: KeyPair) -> Any:
+def instance_properties(layout: Layout, login_public_key: str, host_key: KeyPair) -> Any:
+    """What every node of the bulkInsert shares. InstanceProperties take names, not URLs, for
+    machineType ("the request will result in an INTERNAL_ERROR" otherwise), resourcePolicies,
+    the disk type and the accelerator type (InstanceProperties / AttachedDiskInitializeParams /
+    AcceleratorConfig reference)."""
     from google.cloud import compute_v1
 
-    name = layout.instance_name(rank)
     labels = {CLUSTER_TAG: layout.cluster}
     startup = render(
-        "gcp/startup.sh.j2", cluster=layout.cluster, node_name=name, user=LOGIN_USER,
+        "gcp/startup.sh.j2", cluster=layout.cluster, user=LOGIN_USER,
         host_private_key=host_key.private_openssh.strip(),
         host_public_key=host_key_only(host_key.public_openssh),
         max_run_seconds=layout.max_run_seconds,
     )
     body: dict[str, Any] = {
-        "name": name,
-        "description": f"{CLUSTER_TAG}={layout.cluster} rank {rank}",
-        "machine_type": f"zones/{zone}/machineTypes/{layout.machine_type}",
+        "description": f"{CLUSTER_TAG}={layout.cluster}",
+        "machine_type": layout.machine_type,
         "labels": labels,
         "tags": {"items": [layout.tag]},
-        "resource_policies": [policy_link],
+        "resource_policies": [layout.policy_name],
         "scheduling": {
             "on_host_maintenance": "TERMINATE",
             "automatic_restart": False,
@@ -115,13 +125,16 @@ def instance_body(layout: Layout, rank: int, zone: str, policy_link: str,
             "initialize_params": {
                 "source_image": layout.image,
                 "disk_size_gb": layout.disk_gb,
-                "disk_type": f"zones/{zone}/diskTypes/{DISK_TYPE}",
+                "disk_type": DISK_TYPE,
                 "labels": labels,
             },
         }],
         "network_interfaces": [{
             "network": NETWORK,
             "nic_type": "GVNIC",
+            # The external address is how a node reaches the internet (image pulls, pip) and
+            # how the controller reaches it: the default network has a route to the internet
+            # gateway, and no Cloud NAT.
             "access_configs": [{"name": "External NAT", "type_": "ONE_TO_ONE_NAT",
                                 "network_tier": "PREMIUM"}],
         }],
@@ -134,10 +147,23 @@ def instance_body(layout: Layout, rank: int, zone: str, policy_link: str,
     }
     if layout.accelerator_type:
         body["guest_accelerators"] = [{
-            "accelerator_type": f"zones/{zone}/acceleratorTypes/{layout.accelerator_type}",
+            "accelerator_type": layout.accelerator_type,
             "accelerator_count": layout.gpus,
         }]
-    return compute_v1.Instance(body)
+    return compute_v1.InstanceProperties(body)
+
+
+def bulk_insert_body(layout: Layout, login_public_key: str, host_key: KeyPair) -> Any:
+    """All N nodes, named, all or nothing (count = minCount = N)."""
+    from google.cloud import compute_v1
+
+    names = [layout.instance_name(rank) for rank in range(layout.nodes)]
+    return compute_v1.BulkInsertInstanceResource(
+        count=layout.nodes, min_count=layout.nodes,
+        per_instance_properties={n: compute_v1.BulkInsertInstanceResourcePerInstanceProperties()
+                                 for n in names},
+        instance_properties=instance_properties(layout, login_public_key, host_key),
+    )
 
 
 def _request_id() -> str:
@@ -145,16 +171,15 @@ def _request_id() -> str:
 
 
 def _create_policy(clients: Clients, store: InventoryStore, inv: Inventory,
-                   layout: Layout) -> str:
+                   layout: Layout) -> None:
     from google.cloud import compute_v1
 
     rec = teardown.policy_record(clients.project, layout.region, layout.policy_name)
-    op = _insert(clients, store, inv, rec, clients.resource_policies.insert_unary,
+    op = _insert(clients, store, inv, [rec], clients.resource_policies.insert_unary,
                  compute_v1.InsertResourcePolicyRequest(
                      project=clients.project, region=layout.region,
                      resource_policy_resource=policy_body(layout), request_id=_request_id()))
     _wait(clients, op, f"creating resource policy {layout.policy_name}")
-    return f"projects/{clients.project}/{rec.id}"
 
 
 def _create_firewalls(clients: Clients, store: InventoryStore, inv: Inventory,
@@ -165,7 +190,7 @@ def _create_firewalls(clients: Clients, store: InventoryStore, inv: Inventory,
     for body in firewall_bodies(layout):
         rec = teardown.firewall_record(clients.project, body.name)
         ops.append((body.name, _insert(
-            clients, store, inv, rec, clients.firewalls.insert_unary,
+            clients, store, inv, [rec], clients.firewalls.insert_unary,
             compute_v1.InsertFirewallRequest(project=clients.project, firewall_resource=body,
                                              request_id=_request_id()))))
     for name, op in ops:
@@ -183,45 +208,35 @@ def _delete_zone_attempt(clients: Clients, store: InventoryStore, inv: Inventory
 
 
 def _create_instances(clients: Clients, store: InventoryStore, inv: Inventory, layout: Layout,
-                      policy_link: str, login_public_key: str, host_key: KeyPair,
+                      login_public_key: str, host_key: KeyPair,
                       log: Log) -> tuple[str, list[Any]]:
-    """All N instances in one zone, failing over to the next zone on capacity errors."""
+    """All N instances in one zone (one bulkInsert), failing over to the next zone on
+    capacity errors."""
     from google.cloud import compute_v1
 
+    body = bulk_insert_body(layout, login_public_key, host_key)
+    names = [layout.instance_name(rank) for rank in range(layout.nodes)]
     tried: list[str] = []
     for zone in layout.zones:
-        ops = []
-        for rank in range(layout.nodes):
-            name = layout.instance_name(rank)
-            rec = teardown.instance_record(clients.project, zone, name)
-            ops.append((name, _insert(
-                clients, store, inv, rec, clients.instances.insert_unary,
-                compute_v1.InsertInstanceRequest(
-                    project=clients.project, zone=zone, request_id=_request_id(),
-                    instance_resource=instance_body(layout, rank, zone, policy_link,
-                                                    login_public_key, host_key)))))
-        failed: list[OperationFailed] = []
-        for name, op in ops:  # wait for every insert before deciding anything
-            with map_errors(f"creating instance {name} in {zone}"):
-                try:
-                    clients.wait(op, f"creating instance {name} in {zone}")
-                except OperationFailed as exc:
-                    failed.append(exc)
-        if not failed:
-            with map_errors(f"reading the instances in {zone}"):
-                instances = [
-                    clients.call(clients.instances.get, compute_v1.GetInstanceRequest(
-                        project=clients.project, zone=zone, instance=name))
-                    for name, _ in ops
-                ]
-            return zone, instances
-        hard = [f for f in failed if not f.zone_should_fail_over]
-        if hard:
-            first = hard[0]
+        recs = [teardown.instance_record(clients.project, zone, n) for n in names]
+        what = f"creating {layout.nodes} x {layout.machine_type} in {zone}"
+        op = _insert(clients, store, inv, recs, clients.instances.bulk_insert_unary,
+                     compute_v1.BulkInsertInstanceRequest(
+                         project=clients.project, zone=zone, request_id=_request_id(),
+                         bulk_insert_instance_resource_resource=body))
+        failed: OperationFailed | None = None
+        with map_errors(what):
+            try:
+                clients.wait(op, what)
+            except OperationFailed as exc:
+                failed = exc
+        if failed is None:
+            return zone, _read_instances(clients, layout, zone, names)
+        if not failed.zone_should_fail_over:
             hint = ("request more quota: https://console.cloud.google.com/iam-admin/quotas"
-                    if first.is_quota else None)
-            raise ProvisionError(f"{first}", hint=hint)
-        tried.append(f"{zone} ({', '.join(sorted({c for f in failed for c in f.codes}))})")
+                    if failed.is_quota else None)
+            raise ProvisionError(f"{failed}", hint=hint)
+        tried.append(f"{zone} ({', '.join(sorted(set(failed.codes)))})")
         log(f"no capacity for {layout.nodes} x {layout.machine_type} in {zone}; "
             "removing what was made there and trying the next zone")
         _delete_zone_attempt(clients, store, inv, zone)
@@ -232,6 +247,21 @@ def _create_instances(clients: Clients, store: InventoryStore, inv: Inventory, l
         hint="try again later, with fewer --nodes, with --spot/--on-demand switched, or in "
         "another region (--zone)",
     )
+
+
+def _read_instances(clients: Clients, layout: Layout, zone: str, names: list[str]) -> list[Any]:
+    """The N new instances in rank order: one list call with the cluster label filter."""
+    from google.cloud import compute_v1
+
+    with map_errors(f"reading the instances in {zone}"):
+        found = {i.name: i for i in clients.call(
+            clients.instances.list, compute_v1.ListInstancesRequest(
+                project=clients.project, zone=zone,
+                filter=f'labels.{CLUSTER_TAG} = "{layout.cluster}"'))}
+    missing = [n for n in names if n not in found]
+    if missing:
+        raise ProvisionError(f"the bulk insert in {zone} finished without {', '.join(missing)}")
+    return [found[n] for n in names]
 
 
 def _node_record(rank: int, inst: Any, zone: str, slots: int, host_public: str) -> NodeRecord:
@@ -264,10 +294,10 @@ def create(spec: ClusterSpec, plan: GcpPlan, inv: Inventory, store: InventorySto
     inv.manage_etc_hosts = True
     inv.container_image = spec.image or DEFAULT_TRAINING_IMAGE
     inv.nccl_env = nccl_env(layout)  # saved with the first record below
-    policy_link = _create_policy(clients, store, inv, layout)
+    _create_policy(clients, store, inv, layout)
     _create_firewalls(clients, store, inv, layout)
-    zone, instances = _create_instances(clients, store, inv, layout, policy_link,
-                                        login_public, host_key, log)
+    zone, instances = _create_instances(clients, store, inv, layout, login_public, host_key,
+                                        log)
     host_public = host_key_only(host_key.public_openssh)
     inv.nodes = [_node_record(rank, inst, zone, layout.slots, host_public)
                  for rank, inst in enumerate(instances)]

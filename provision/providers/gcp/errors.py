@@ -6,6 +6,8 @@
     api_core NotFound in plan             -> UserInputError (caller names what was not found)
     api_core Forbidden/Unauthenticated    -> ProviderUnavailableError (credentials / API disabled)
     anything else from api_core           -> ProvisionError / TeardownError (the caller's `error`)
+    an answer that is not Compute's JSON  -> retried (TRANSIENT), then ProviderUnavailableError
+      (json_format.ParseError: e.g. a proxy's HTML page with HTTP 200)
     Operation DONE with error.errors[]    -> OperationFailed (internal, carries the codes)
         ZONE_CAPACITY_CODES, zonal QUOTA_EXCEEDED      -> zone failover
         other codes                                     -> ProvisionError
@@ -94,10 +96,19 @@ def _reasons(exc: BaseException) -> set[str]:
     return out
 
 
+def is_unparseable(exc: BaseException) -> bool:
+    from google.protobuf import json_format
+
+    return isinstance(exc, json_format.ParseError)
+
+
 def is_transient(exc: BaseException) -> bool:
-    """429, 5xx, and rate-limit 403s: safe to retry (inserts carry a requestId)."""
+    """429, 5xx, rate-limit 403s and unparseable answers: safe to retry (inserts carry a
+    requestId)."""
     from google.api_core import exceptions as gexc
 
+    if is_unparseable(exc):
+        return True
     if isinstance(exc, gexc.TooManyRequests | gexc.ServerError):
         return True
     if isinstance(exc, gexc.Forbidden):
@@ -148,3 +159,11 @@ def map_errors(action: str, error: type[MgpuError] = ProvisionError) -> Iterator
         raise error(f"{action} failed: {exc}") from exc
     except OSError as exc:
         raise error(f"{action} failed: cannot reach Compute Engine ({exc})") from exc
+    except Exception as exc:
+        if not is_unparseable(exc):
+            raise
+        raise ProviderUnavailableError(
+            f"{action}: the answer is not a Compute Engine response ({exc})",
+            hint="a proxy or firewall between you and Google may be answering instead (check "
+            "HTTPS_PROXY); the request is safe to repeat",
+        ) from exc

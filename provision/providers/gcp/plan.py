@@ -1,34 +1,33 @@
 """Resolve a ClusterSpec against Compute Engine (read-only calls) into a Layout and a Plan.
 
 `resolve` validates everything that can fail before a write: project, zone, machine type,
-accelerator type, image family, SSH CIDR. `layout_to_plan` is pure: the GcpPlan carries the
-Layout itself, so `create` makes exactly what was printed.
+accelerator type, boot image (images.py: a current Deep Learning VM family, with fallbacks),
+SSH CIDR. `offline_layout` is the same plan without Compute (no credentials): facts from the
+shipped catalog, what needs Compute listed as unresolved; it is printed, never created.
+`layout_to_plan` is pure: the GcpPlan carries the Layout itself, so `create` makes exactly
+what was printed.
 """
 
 from __future__ import annotations
 
 import re
-from functools import cache
-from pathlib import Path
 from typing import Any
-
-import yaml
 
 from provision.errors import ProviderUnavailableError, UserInputError
 from provision.model import StrictModel
 from provision.plan import Plan, PlannedResource
+from provision.providers.gcp.catalog import catalog, cluster_cost, gpu_machine_types, known_gpus
 from provision.providers.gcp.clients import Clients
 from provision.providers.gcp.errors import map_errors
+from provision.providers.gcp.images import DEFAULT_IMAGE_FAMILIES, resolve_image
 from provision.providers.gcp.options import GcpOptions
 from provision.spec import ClusterSpec, validate_cidr
 
 DEFAULT_ZONE = "us-central1-a"
 DEFAULT_MAX_HOURS = 8.0
-DEFAULT_IMAGE_PROJECT = "deeplearning-platform-release"
-DEFAULT_IMAGE_FAMILY = "common-cu121-debian-11-py310"
 NETWORK = "global/networks/default"
 ZONE_RE = re.compile(r"^([a-z]+-[a-z]+\d+)-[a-z]$")
-PRICES_PATH = Path(__file__).with_name("prices.yaml")
+UNRESOLVED = "(unresolved)"
 
 POLICY = "resource-policy"
 FIREWALL = "firewall"
@@ -47,7 +46,9 @@ class Layout(StrictModel):
     gpus: int  # GPUs per VM (bundled or guest)
     accelerator_type: str | None  # guest accelerator; None when the machine type bundles GPUs
     slots: int
-    image: str  # image self link
+    image: str  # image self link; UNRESOLVED in an offline plan
+    image_family: str
+    image_tried: list[str] = []  # families skipped before image_family, and why
     disk_gb: int
     spot: bool
     max_hours: float
@@ -85,29 +86,6 @@ def region_of(zone: str) -> str:
             hint="zones look like us-central1-a; list them with `gcloud compute zones list`",
         )
     return match.group(1)
-
-
-@cache
-def load_prices() -> dict[str, Any]:
-    data: dict[str, Any] = yaml.safe_load(PRICES_PATH.read_text())
-    return data
-
-
-def hourly_price(layout: Layout) -> float | None:
-    """Whole-cluster USD/hour, or None when the machine or accelerator type has no price."""
-    prices = load_prices()
-    kind = "spot" if layout.spot else "on_demand"
-    vm = prices["machine_types"].get(layout.machine_type)
-    if vm is None:
-        return None
-    per_vm = float(vm[kind])
-    if layout.accelerator_type:
-        acc = prices["accelerators"].get(layout.accelerator_type)
-        if acc is None:
-            return None
-        per_vm += float(acc[kind]) * layout.gpus
-    per_vm += float(prices["disk_gb_month"]) * layout.disk_gb / 730.0
-    return round(per_vm * layout.nodes, 2)
 
 
 # --- resolve (read-only API calls) --------------------------------------------------------
@@ -190,19 +168,7 @@ def resolve(spec: ClusterSpec, clients: Clients, ssh_cidr: str) -> Layout:
         z for z in region_zones
         if z != zone and _zone_offers(clients, z, opts.machine_type, accelerator) is not None
     ]
-    family = opts.image_family or DEFAULT_IMAGE_FAMILY
-    image_project = opts.image_project or DEFAULT_IMAGE_PROJECT
-    image = _get_or_none(
-        clients, clients.images.get_from_family,
-        compute_v1.GetFromFamilyImageRequest(project=image_project, family=family),
-        f"looking up image family {family}",
-    )
-    if image is None:
-        raise UserInputError(
-            f"image family {family!r} not found in project {image_project!r}",
-            hint="list Deep Learning VM families with `gcloud compute images list --project "
-            "deeplearning-platform-release --no-standard-images`, then pass --image-family",
-        )
+    image = resolve_image(clients, opts.image_family, opts.image_project)
     return Layout(
         cluster=spec.name,
         project=clients.project,
@@ -214,6 +180,8 @@ def resolve(spec: ClusterSpec, clients: Clients, ssh_cidr: str) -> Layout:
         accelerator_type=accelerator,
         slots=spec.gpus_per_node or gpus,
         image=image.self_link,
+        image_family=image.family,
+        image_tried=image.tried,
         disk_gb=opts.disk_gb,
         spot=spec.spot,
         max_hours=spec.max_hours or DEFAULT_MAX_HOURS,
@@ -221,8 +189,51 @@ def resolve(spec: ClusterSpec, clients: Clients, ssh_cidr: str) -> Layout:
     )
 
 
+# --- without Compute (no credentials) -------------------------------------------------------
+def offline_layout(spec: ClusterSpec, project: str | None, ssh_cidr: str | None,
+                   why: str) -> tuple[Layout, list[str]]:
+    """The Layout from the shipped catalog alone, and what could not be resolved (`why`:
+    the reason Compute could not be asked). Never created."""
+    opts = spec.options_as(GcpOptions)
+    zone = opts.zone or DEFAULT_ZONE
+    region = region_of(zone)
+    facts = known_gpus(opts.machine_type)
+    if facts is None:
+        raise UserInputError(
+            f"machine type {opts.machine_type!r} is not in the offline catalog, and without "
+            "Compute Engine it cannot be looked up",
+            hint=f"{why}; or use one of: {', '.join(gpu_machine_types())}",
+        )
+    _bundled, gpus = facts
+    accelerator = None
+    if not gpus:
+        if not opts.accelerator_type:
+            raise UserInputError(f"machine type {opts.machine_type} has no GPUs",
+                                 hint="use a GPU machine type, e.g. a2-ultragpu-8g")
+        accelerator, gpus = opts.accelerator_type, opts.accelerator_count or 1
+    family = opts.image_family or DEFAULT_IMAGE_FAMILIES[0]
+    unresolved = [
+        f"boot image (family {family}{'' if opts.image_family else ' or a fallback'}: {why})",
+        f"zone {zone} and the failover zones offering {opts.machine_type} ({why})",
+    ]
+    if not project:
+        unresolved.insert(0, "project (pass --project)")
+    if ssh_cidr is None:
+        unresolved.append("SSH source range (this machine's address is unknown: pass "
+                          "--ssh-cidr)")
+    layout = Layout(
+        cluster=spec.name, project=project or UNRESOLVED, region=region, zones=[zone],
+        nodes=spec.nodes, machine_type=opts.machine_type, gpus=gpus,
+        accelerator_type=accelerator, slots=spec.gpus_per_node or gpus, image=UNRESOLVED,
+        image_family=family, disk_gb=opts.disk_gb, spot=spec.spot,
+        max_hours=spec.max_hours or DEFAULT_MAX_HOURS, ssh_cidr=ssh_cidr or UNRESOLVED,
+    )
+    return layout, unresolved
+
+
 # --- Layout <-> Plan (pure) ---------------------------------------------------------------
-def layout_to_plan(layout: Layout, *, max_hours_defaulted: bool) -> GcpPlan:
+def layout_to_plan(layout: Layout, *, max_hours_defaulted: bool,
+                   unresolved: list[str] | None = None) -> GcpPlan:
     l_ = layout
     ssh_fw, internal_fw = l_.firewall_names
     resources = [
@@ -240,38 +251,45 @@ def layout_to_plan(layout: Layout, *, max_hours_defaulted: bool) -> GcpPlan:
     for rank in range(l_.nodes):
         details = {
             "zone": l_.zones[0], "machine_type": l_.machine_type, "gpus": str(l_.gpus),
-            "slots": str(l_.slots), "image": l_.image, "disk_gb": str(l_.disk_gb),
-            "provisioning": "SPOT" if l_.spot else "STANDARD",
-            "max_run_hours": f"{l_.max_hours:g}",
+            "slots": str(l_.slots), "image": l_.image, "image_family": l_.image_family,
+            "disk_gb": str(l_.disk_gb), "provisioning": "SPOT" if l_.spot else "STANDARD",
+            "max_run_hours": f"{l_.max_hours:g}", "external_ip": "yes (egress and SSH)",
         }
         if l_.accelerator_type:
             details["accelerator"] = l_.accelerator_type
         resources.append(PlannedResource(kind=INSTANCE, name=l_.instance_name(rank),
                                          details=details))
-    price = hourly_price(layout)
-    prices = load_prices()
+    cost = cluster_cost(l_.machine_type, l_.accelerator_type, l_.gpus, l_.nodes, l_.disk_gb,
+                        l_.spot)
+    ip = catalog()["external_ipv4_hour"]
     notes = [
-        f"all nodes in one zone under a COLLOCATED placement policy; zones tried in order: "
+        f"all {l_.nodes} nodes are created by one bulkInsert (minCount {l_.nodes}: all or "
+        f"none) in one zone under a COLLOCATED placement policy; zones tried in order: "
         f"{', '.join(l_.zones)}",
         f"the cloud deletes every node after {l_.max_hours:g} h (maxRunDuration, DELETE)"
         + (" — default; set --max-hours to change it" if max_hours_defaulted else ""),
         f"network {NETWORK}; SSH (tcp/22) open to {l_.ssh_cidr} only",
+        "internet: every node has an external IPv4 address on the default network "
+        f"(${ip['spot' if l_.spot else 'standard']:g}/h each, included in the cost)",
+        f"boot image {l_.image.rsplit('/', 1)[-1]} from family {l_.image_family}"
+        + (f" (skipped: {'; '.join(l_.image_tried)})" if l_.image_tried else ""),
     ]
+    if l_.machine_type.startswith("a3-"):
+        notes.append(f"{l_.machine_type}: GPUDirect-TCPX/TCPXO/RDMA is not set up yet; NCCL "
+                     "uses TCP over the primary gVNIC")
     if l_.spot:
         notes.append("spot VMs: the cloud may delete them at any time (preemption)")
-    if price is None:
-        notes.append(f"no price known for {l_.machine_type}"
-                     + (f" + {l_.accelerator_type}" if l_.accelerator_type else "")
-                     + "; the cost shown is $0")
     return GcpPlan(
         provider="gcp",
         cluster=l_.cluster,
         nodes=l_.nodes,
         slots_per_node=l_.slots,
         resources=resources,
-        hourly_cost_usd=price or 0.0,
+        hourly_cost_usd=cost.usd_per_hour,
         max_hours=l_.max_hours,
-        price_source=f"{prices['source']}, {prices['date']}" if price is not None else None,
+        price_source="; ".join(cost.sources),
         notes=notes,
+        unpriced=cost.unpriced,
+        unresolved=unresolved or [],
         layout=layout,
     )

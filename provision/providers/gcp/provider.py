@@ -17,25 +17,49 @@ class GcpProvider:
     name = "gcp"
 
     def plan(self, spec: ClusterSpec) -> Plan:
-        """Read-only: resolves project, zone, machine type, image; prices the cluster."""
+        """Read-only: resolves project, zone, machine type, image; prices the cluster.
+        Without credentials: the plan from the shipped catalog, listing what is unresolved."""
         from provision.caller_address import caller_cidr
+        from provision.errors import ProviderUnavailableError, UserInputError
         from provision.providers.gcp.clients import build_clients
-        from provision.providers.gcp.plan import layout_to_plan, region_of, resolve
+        from provision.providers.gcp.plan import (
+            layout_to_plan,
+            offline_layout,
+            region_of,
+            resolve,
+        )
 
         opts = spec.options_as(GcpOptions)
         if opts.zone:
             region_of(opts.zone)  # a malformed zone fails before credentials are read
-        clients = build_clients(opts.project)
+        defaulted = spec.max_hours is None
+        try:
+            clients = build_clients(opts.project)
+        except ProviderUnavailableError as exc:
+            try:
+                ssh_cidr: str | None = spec.ssh_cidr or caller_cidr()
+            except UserInputError:
+                ssh_cidr = None
+            why = f"{exc.message}; {exc.hint}" if exc.hint else exc.message
+            layout, unresolved = offline_layout(spec, opts.project, ssh_cidr, why)
+            return layout_to_plan(layout, max_hours_defaulted=defaulted, unresolved=unresolved)
         ssh_cidr = spec.ssh_cidr or caller_cidr()
         layout = resolve(spec, clients, ssh_cidr)
-        return layout_to_plan(layout, max_hours_defaulted=spec.max_hours is None)
+        return layout_to_plan(layout, max_hours_defaulted=defaulted)
 
     def create(self, spec: ClusterSpec, plan: Plan, inv: Inventory, store: InventoryStore) -> None:
+        from provision.errors import ProviderUnavailableError
         from provision.providers.gcp import create
         from provision.providers.gcp.clients import build_clients
         from provision.providers.gcp.plan import GcpPlan
 
         gcp_plan = plan.expect(GcpPlan)
+        if gcp_plan.unresolved:
+            raise ProviderUnavailableError(
+                "this GCP plan was made without Compute Engine and cannot be created: "
+                + "; ".join(gcp_plan.unresolved),
+                hint="log in with `gcloud auth application-default login` and run `up` again",
+            )
         clients = build_clients(gcp_plan.layout.project)
         create.create(spec, gcp_plan, inv, store, clients, log.warning)
 

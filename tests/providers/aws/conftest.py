@@ -9,20 +9,34 @@
 - fault injectors: `fail(op, code, status, when=..., times=...)` and `throttle(rate, seed)`,
   answered from a `before-call` handler (a `before-send` handler would not stop moto).
 
+- the region's Elastic IP quota (`eip_quota`; None: moto's answer, 5, AWS's default).
+- scripted images (`images`): moto's RegisterImage ignores RootDeviceName and the block device
+  mappings (always /dev/sda1, 15 GB), so AMIs with another root are answered from here.
+
 Everything is attached through the provider's documented seam `clients.add_client_hook`, and
 retry waits are zeroed through `retry.using(retry.NO_WAIT)`.
+
+Every test also runs through aws_rules.py (the autouse `aws_rules` fixture): EC2's documented
+rules moto does not enforce, on every request and on the state `create` leaves; a violation
+fails the test. Under moto the default VPC first gets what a real one has (internet gateway,
+0.0.0.0/0 route), so "every node has a path to the internet" means something.
 """
 
 from __future__ import annotations
 
 import copy
 import random
+import sys
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import pytest
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+import aws_rules  # noqa: E402
 
 REGION = "us-east-1"
 CALLER_IP = "203.0.113.7"
@@ -33,17 +47,26 @@ WRITE_PREFIXES = (
 )
 
 
-_MOTO_CLIENT: list[Any] = []
+_MOTO_CLIENTS: dict[str, Any] = {}
 
 
-def moto_client() -> Any:
+def moto_client(region: str = REGION) -> Any:
     """A plain EC2 client (no fakes attached) for looking at moto's state directly. One per
-    process: making a botocore client costs ~50 ms, and moto's state lives outside it."""
-    if not _MOTO_CLIENT:
+    region and process: making a botocore client costs ~50 ms, and moto's state lives outside
+    it."""
+    if region not in _MOTO_CLIENTS:
         from provision.providers.aws.clients import new_session
 
-        _MOTO_CLIENT.append(new_session().client("ec2", region_name=REGION))
-    return _MOTO_CLIENT[0]
+        _MOTO_CLIENTS[region] = new_session().client("ec2", region_name=region)
+    return _MOTO_CLIENTS[region]
+
+
+def register_dlami(ec2: Any) -> str:
+    image: str = ec2.register_image(
+        Name="Deep Learning Base OSS Nvidia Driver GPU AMI (Ubuntu 22.04) 20250601",
+        Architecture="x86_64", RootDeviceName="/dev/sda1", VirtualizationType="hvm",
+    )["ImageId"]
+    return image
 
 
 @dataclass
@@ -72,7 +95,10 @@ class AwsFakes:
     throttle_rate: float = 0.0
     throttled: int = 0
     rng: random.Random = field(default_factory=lambda: random.Random(1234))
-    dlami: str = ""
+    dlami: str = ""  # the DLAMI of REGION
+    dlamis: dict[str, str] = field(default_factory=dict)  # other regions, registered on first use
+    eip_quota: int | None = None
+    images: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     # --- assertions helpers ------------------------------------------------------------------
     def calls(self, operation: str) -> list[dict[str, Any]]:
@@ -93,11 +119,21 @@ class AwsFakes:
         self.throttle_rate, self.rng = rate, random.Random(seed)
 
     # --- botocore handlers -------------------------------------------------------------------
+    def dlami_in(self, region: str) -> str:
+        """The DLAMI id of `region` (moto keeps images per region)."""
+        if region == REGION:
+            return self.dlami
+        if region not in self.dlamis:
+            self.dlamis[region] = register_dlami(moto_client(region))
+        return self.dlamis[region]
+
     def attach(self, client: Any) -> None:
         events = client.meta.events
         service = client.meta.service_model.service_id.hyphenize()
+        region = client.meta.region_name
         events.register(f"before-parameter-build.{service}", self._record)
-        events.register(f"before-call.{service}", self._answer)
+        events.register(f"before-call.{service}",
+                        lambda model, context, **kw: self._answer(model, context, region))
         events.register(f"after-call.{service}.RunInstances", self._launched)
 
     def _record(self, params: dict[str, Any], model: Any, context: dict[str, Any], **_: Any) -> None:
@@ -115,7 +151,7 @@ class AwsFakes:
     def _error(self, code: str, status: int = 400) -> tuple[Any, dict[str, Any]]:
         return self._response(status, {"Error": {"Code": code, "Message": f"injected {code}"}})
 
-    def _answer(self, model: Any, context: dict[str, Any], **_: Any) -> Any:
+    def _answer(self, model: Any, context: dict[str, Any], region: str) -> Any:
         op, params = model.name, context.get("fake_params", {})
         if self.throttle_rate and self.rng.random() < self.throttle_rate:
             self.throttled += 1
@@ -123,9 +159,17 @@ class AwsFakes:
         for fault in self.faults:
             if fault.fires(op, params):
                 return self._error(fault.code, fault.status)
+        if op == "DescribeImages" and set(params.get("ImageIds", [])) & set(self.images):
+            return self._response(200, {"Images": [
+                copy.deepcopy(self.images[i]) for i in params["ImageIds"] if i in self.images]})
+        if op == "DescribeAccountAttributes" and self.eip_quota is not None:
+            return self._response(200, {"AccountAttributes": [{
+                "AttributeName": "vpc-max-elastic-ips",
+                "AttributeValues": [{"AttributeValue": str(self.eip_quota)}]}]})
         if op == "GetParameter" and params.get("Name", "").startswith("/aws/service/deeplearning/"):
             return self._response(200, {"Parameter": {
-                "Name": params["Name"], "Type": "String", "Value": self.dlami, "Version": 1}})
+                "Name": params["Name"], "Type": "String", "Value": self.dlami_in(region),
+                "Version": 1}})
         if op == "CreatePlacementGroup":
             return self._create_pg(params)
         if op == "DescribePlacementGroups":
@@ -213,24 +257,72 @@ def aws_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Path:
     return home
 
 
+class RulesLayer:
+    """The autouse rules fixture's state: request rules on every provider client; under moto,
+    a real-looking default VPC per region and the state rules after every `create`."""
+
+    def __init__(self) -> None:
+        self.rules = aws_rules.AwsRules()
+        self.moto = False
+        self.prepared: set[str] = set()
+        self.creates_checked = 0
+
+    def hook(self, client: Any) -> None:
+        self.rules.attach(client)
+        if self.moto and client.meta.service_model.service_name == "ec2":
+            self.prepare(client.meta.region_name)
+
+    def prepare(self, region: str) -> None:
+        if region not in self.prepared:
+            self.prepared.add(region)
+            aws_rules.real_default_vpc(moto_client(region))
+
+    def after_create(self) -> None:
+        self.creates_checked += 1
+        self.rules.check_state(moto_client)
+
+
+@pytest.fixture(autouse=True)
+def aws_rules_layer(monkeypatch: pytest.MonkeyPatch) -> Iterator[RulesLayer]:
+    """Every AWS test: EC2's rules on each request and on the state `create` leaves."""
+    from provision.providers.aws import clients
+    from provision.providers.aws.provider import AwsProvider
+
+    layer = RulesLayer()
+    remove = clients.add_client_hook(layer.hook)
+    create = AwsProvider.create
+
+    def checked_create(self: Any, *args: Any, **kwargs: Any) -> None:
+        create(self, *args, **kwargs)
+        layer.after_create()
+
+    monkeypatch.setattr(AwsProvider, "create", checked_create)
+    try:
+        yield layer
+    finally:
+        remove()
+    if layer.rules.violations:
+        pytest.fail("EC2 rules violated:\n  " + "\n  ".join(layer.rules.violations))
+
+
 @pytest.fixture
-def fakes(aws_env: Path) -> Iterator[AwsFakes]:
+def fakes(aws_env: Path, aws_rules_layer: RulesLayer) -> Iterator[AwsFakes]:
     """moto's mock_aws + the fakes above on every client the provider makes; no retry waits."""
     from moto import mock_aws
 
     from provision.providers.aws import clients, retry
 
     with mock_aws(), retry.using(retry.NO_WAIT):
+        aws_rules_layer.moto = True
+        aws_rules_layer.prepare(REGION)
         f = AwsFakes()
-        f.dlami = moto_client().register_image(
-            Name="Deep Learning Base OSS Nvidia Driver GPU AMI (Ubuntu 22.04) 20250601",
-            Architecture="x86_64", RootDeviceName="/dev/sda1", VirtualizationType="hvm",
-        )["ImageId"]
+        f.dlami = register_dlami(moto_client())
         remove = clients.add_client_hook(f.attach)
         try:
             yield f
         finally:
             remove()
+            aws_rules_layer.moto = False
 
 
 def tagged_resources(fakes: AwsFakes, cluster: str | None = None) -> dict[str, list[str]]:
@@ -247,6 +339,10 @@ def tagged_resources(fakes: AwsFakes, cluster: str | None = None) -> dict[str, l
         "key-pair": [k["KeyPairId"] for k in ec2.describe_key_pairs(Filters=flt)["KeyPairs"]],
         "elastic-ip": [a["AllocationId"] for a in ec2.describe_addresses(Filters=flt)["Addresses"]],
         "volume": [v["VolumeId"] for v in ec2.describe_volumes(Filters=flt)["Volumes"]],
+        "nat-gateway": [n["NatGatewayId"] for n in ec2.describe_nat_gateways(Filter=flt)["NatGateways"]
+                        if n["State"] != "deleted"],
+        "subnet": [n["SubnetId"] for n in ec2.describe_subnets(Filters=flt)["Subnets"]],
+        "route-table": [r["RouteTableId"] for r in ec2.describe_route_tables(Filters=flt)["RouteTables"]],
         "placement-group": [
             g["GroupName"] for g in fakes.placement_groups.values()
             if any(t["Key"] == TAG and (cluster is None or t["Value"] == cluster) for t in g["Tags"])

@@ -13,8 +13,19 @@ WRITE_STEPS = [
     ("AuthorizeSecurityGroupEgress", "outbound rule"),
     ("CreatePlacementGroup", "creating the placement group"),
     ("RunInstances", "launching 2 x p4d.24xlarge in us-east-1a"),
-    ("AllocateAddress", "allocating the Elastic IP"),
-    ("AssociateAddress", "attaching the Elastic IP"),
+    ("AllocateAddress", "giving every node an Elastic IP"),
+    ("AssociateAddress", "giving every node an Elastic IP"),
+]
+# --private-ips: the NAT gateway egress
+NAT_STEPS = [
+    ("CreateRouteTable", "creating the route table"),
+    ("CreateSubnet", "creating the private subnet in us-east-1a"),
+    ("AssociateRouteTable", "creating the private subnet in us-east-1a"),
+    ("RunInstances", "launching 2 x p4d.24xlarge in us-east-1a"),
+    ("AllocateAddress", "creating the NAT gateway in us-east-1a"),
+    ("CreateNatGateway", "creating the NAT gateway in us-east-1a"),
+    ("DescribeNatGateways", "creating the NAT gateway in us-east-1a"),
+    ("CreateRoute", "creating the NAT gateway in us-east-1a"),
 ]
 
 
@@ -29,6 +40,42 @@ def test_fault_at_each_write_step_leaves_nothing(fakes, spec_for, store, up_clus
     assert "everything created so far was deleted" in message
     assert tagged() == {}
     assert not store.exists("c1")
+
+
+@pytest.mark.parametrize(("operation", "step"), NAT_STEPS, ids=[op for op, _ in NAT_STEPS])
+def test_fault_at_each_nat_step_leaves_nothing(fakes, spec_for, store, up_cluster, tagged,
+                                               operation, step):
+    fakes.fail(operation, "InjectedFault", times=1)
+    with pytest.raises(ProvisionError) as err:
+        up_cluster(spec_for(private_ips=True))
+    assert step in str(err.value) and "InjectedFault" in str(err.value)
+    assert tagged() == {}
+    assert not store.exists("c1")
+
+
+def test_nat_gateway_that_fails_is_named_and_rolled_back(fakes, spec_for, store, up_cluster,
+                                                        tagged, moto_ec2):
+    """A NAT gateway can end 'failed' (e.g. no free address in the subnet): the step says so."""
+    answers = []
+
+    def failed(parsed, **_):
+        if answers:  # only the first look (while creating)
+            return
+        answers.append(1)
+        for nat in parsed.get("NatGateways", []):
+            nat.update(State="failed", FailureCode="InsufficientFreeAddressesInSubnet",
+                       FailureMessage="no address")
+
+    from provision.providers.aws import clients
+
+    remove = clients.add_client_hook(lambda c: c.meta.events.register(
+        "after-call.ec2.DescribeNatGateways", failed))
+    try:
+        with pytest.raises(ProvisionError, match="InsufficientFreeAddressesInSubnet"):
+            up_cluster(spec_for(private_ips=True))
+    finally:
+        remove()
+    assert tagged() == {}
 
 
 def test_fault_while_waiting_for_nodes_leaves_nothing(fakes, spec_for, store, up_cluster, tagged):

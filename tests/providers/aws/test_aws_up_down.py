@@ -1,5 +1,7 @@
 """up/down under moto: inventory, EFA interfaces, security-group rules, tags, user data,
-idempotent and tolerant teardown."""
+egress (an Elastic IP per node, or a NAT gateway with --private-ips), idempotent and tolerant
+teardown. The rules layer (aws_rules.py) checks every request and, after each `create`, that
+every node has a path to the internet in moto's state."""
 
 from __future__ import annotations
 
@@ -16,8 +18,10 @@ TAG = "mgpu-cloud-cluster"
 
 
 @pytest.mark.parametrize("nodes", [2, 16])
-def test_up_then_down(fakes, spec_for, store, up_cluster, tagged, nodes):
+def test_up_then_down(fakes, spec_for, store, up_cluster, tagged, aws_rules_layer, nodes):
+    fakes.eip_quota = 64
     inv = up_cluster(spec_for(nodes=nodes))
+    assert aws_rules_layer.creates_checked == 1
     assert len(fakes.calls("RunInstances")) == 1
     run = fakes.calls("RunInstances")[0]
     assert run["MinCount"] == run["MaxCount"] == nodes
@@ -29,14 +33,15 @@ def test_up_then_down(fakes, spec_for, store, up_cluster, tagged, nodes):
     assert all(n.user == "ubuntu" and n.slots == 8 and n.zone == "us-east-1a" for n in inv.nodes)
     assert all(n.host_key and n.host_key.startswith("ssh-ed25519 AAAA") for n in inv.nodes)
     assert len({n.resource_id for n in inv.nodes}) == nodes
-    # multi-card p4d: node-0 carries the Elastic IP, the others are reached through it
-    eip = inv.resources_of("elastic-ip")[0].name
-    assert inv.nodes[0].address == eip and inv.nodes[0].proxy_jump is None
-    assert all(n.address == n.private_address and n.proxy_jump == f"ubuntu@{eip}"
-               for n in inv.nodes[1:])
+    # multi-card p4d: no automatic public IP, so every node gets an Elastic IP of its own
+    eips = {r.name for r in inv.resources_of("elastic-ip")}
+    assert len(eips) == nodes and {n.address for n in inv.nodes} == eips
+    assert all(n.proxy_jump is None and n.address != n.private_address for n in inv.nodes)
+    assert len(fakes.calls("AllocateAddress")) == len(fakes.calls("AssociateAddress")) == nodes
     assert inv.wait_for_gpu and inv.manage_etc_hosts
     assert inv.container_image == "nvcr.io/nvidia/pytorch:24.06-py3"
     assert inv.nccl_env["FI_PROVIDER"] == "efa" and inv.nccl_env["FI_EFA_USE_DEVICE_RDMA"] == "1"
+    assert inv.container_args.count("--device") == 4  # p4d: uverbs0..3
     assert inv.key_path and store.load("c1").resources == inv.resources
     assert {r.kind for r in inv.resources} == {
         "key-pair", "security-group", "placement-group", "instance", "elastic-ip"}
@@ -63,7 +68,7 @@ def test_efa_interfaces_per_type(fakes, spec_for, up_cluster, instance_type, car
     assert all(i["InterfaceType"] == "efa-only" and i["DeviceIndex"] == 1 for i in ifaces[1:])
     assert all(i["DeleteOnTermination"] is True for i in ifaces)
     assert all("AssociatePublicIpAddress" not in i for i in ifaces)
-    assert len(fakes.calls("AllocateAddress")) == 1
+    assert len(fakes.calls("AllocateAddress")) == 2  # one per node
 
 
 def test_single_efa_interface_gets_a_public_ip_and_no_eip(fakes, spec_for, up_cluster):
@@ -76,15 +81,36 @@ def test_single_efa_interface_gets_a_public_ip_and_no_eip(fakes, spec_for, up_cl
 
 
 def test_type_without_efa_gets_one_plain_interface(fakes, spec_for, up_cluster):
-    up_cluster(spec_for(instance_type="g6.xlarge"))
+    inv = up_cluster(spec_for(instance_type="g6.xlarge"))
     (iface,) = fakes.calls("RunInstances")[0]["NetworkInterfaces"]
     assert "InterfaceType" not in iface
+    assert "FI_PROVIDER" not in inv.nccl_env and inv.nccl_env["NCCL_IB_DISABLE"] == "1"
 
 
-def test_private_ips(fakes, spec_for, up_cluster):
-    inv = up_cluster(spec_for(private_ips=True))
-    assert fakes.calls("AllocateAddress") == []
+@pytest.mark.parametrize("instance_type", ["p4d.24xlarge", "g6.xlarge"])
+def test_private_ips_reach_the_internet_through_a_nat_gateway(
+        fakes, spec_for, store, up_cluster, tagged, moto_ec2, instance_type):
+    inv = up_cluster(spec_for(private_ips=True, instance_type=instance_type))
     assert all(n.address == n.private_address and n.proxy_jump is None for n in inv.nodes)
+    (subnet_call,) = fakes.calls("CreateSubnet")
+    (nat_call,) = fakes.calls("CreateNatGateway")
+    (run,) = fakes.calls("RunInstances")
+    subnet = inv.resources_of("subnet")[0].id
+    # the nodes are in the cluster's private subnet, the NAT gateway in the zone's public one
+    assert {i["SubnetId"] for i in run["NetworkInterfaces"]} == {subnet}
+    assert nat_call["SubnetId"] != subnet and nat_call["ConnectivityType"] == "public"
+    assert all(i.get("AssociatePublicIpAddress") in (None, False) for i in run["NetworkInterfaces"])
+    assert subnet_call["AvailabilityZone"] == "us-east-1a"
+    assert subnet_call["CidrBlock"] == "172.31.255.240/28"  # the top of the default VPC
+    assert len(fakes.calls("AllocateAddress")) == 1  # the NAT gateway's
+    (route,) = fakes.calls("CreateRoute")
+    assert route["DestinationCidrBlock"] == "0.0.0.0/0" and route["NatGatewayId"]
+    assert {r.kind for r in inv.resources} >= {"route-table", "subnet", "nat-gateway",
+                                               "elastic-ip"}
+    assert set(tagged("c1")) >= {"route-table", "subnet", "nat-gateway", "elastic-ip"}
+
+    pipeline.down("c1", store=store, log=lambda m: None)
+    assert tagged() == {}
 
 
 def _norm(perms):
@@ -127,8 +153,14 @@ def test_every_resource_is_tagged(fakes, spec_for, up_cluster, moto_ec2):
     }
     assert tagged_types == {"key-pair", "security-group", "placement-group", "instance", "volume",
                             "network-interface", "spot-instances-request", "elastic-ip"}
+
+    up_cluster(spec_for(name="c2", private_ips=True))
+    nat_types = {spec["ResourceType"] for op, params in fakes.sent
+                 for spec in params.get("TagSpecifications", [])
+                 if {"Key": TAG, "Value": "c2"} in spec["Tags"]}
+    assert nat_types >= {"route-table", "subnet", "natgateway", "elastic-ip"}
     for op, params in fakes.sent:  # every create call carries the tag
-        if op.startswith(("Create", "Run", "Import", "Allocate")):
+        if op.startswith(("Create", "Run", "Import", "Allocate")) and op != "CreateRoute":
             assert params.get("TagSpecifications"), op
     flt = [{"Name": f"tag:{TAG}", "Values": ["c1"]}]
     ids = {i["InstanceId"] for r in moto_ec2.describe_instances(Filters=flt)["Reservations"]
@@ -143,15 +175,16 @@ def test_launch_settings_and_user_data(fakes, spec_for, up_cluster):
     assert run["ImageId"] == fakes.dlami
     assert run["KeyName"] == "mgpu-cloud-c1"
     assert run["BlockDeviceMappings"][0]["Ebs"]["VolumeSize"] == 500
+    assert run["BlockDeviceMappings"][0]["DeviceName"] == "/dev/sda1"  # the AMI's root device
     assert run["InstanceMarketOptions"]["MarketType"] == "spot"
-    assert run["ClientToken"]
+    assert run["ClientToken"].startswith("mgpu-") and len(run["ClientToken"]) == 45
     raw = run["UserData"]
     text = raw if raw.startswith("#cloud-config") else base64.b64decode(raw).decode()
     assert text.startswith("#cloud-config")
     data = yaml.safe_load(text)
     assert data["ssh_keys"]["ed25519_public"] == inv.nodes[0].host_key
     assert data["ssh_keys"]["ed25519_private"].startswith("-----BEGIN OPENSSH PRIVATE KEY-----")
-    assert data["ssh_genkeytypes"] == []
+    assert data["ssh_genkeytypes"] == ["ed25519"]  # cloud-init's schema: at least one item
     assert "--on-active=9000s" in data["bootcmd"][0][2]
     public_key = fakes.calls("ImportKeyPair")[0]["PublicKeyMaterial"]
     with open(inv.key_path + ".pub", "rb") as fh:
@@ -171,7 +204,8 @@ def test_down_tolerates_resources_already_gone(fakes, spec_for, store, up_cluste
     inv = up_cluster(spec_for())
     ids = [n.resource_id for n in inv.nodes]
     moto_ec2.terminate_instances(InstanceIds=ids)
-    moto_ec2.release_address(AllocationId=inv.resources_of("elastic-ip")[0].id)
+    for eip in inv.resources_of("elastic-ip"):
+        moto_ec2.release_address(AllocationId=eip.id)
     moto_ec2.delete_key_pair(KeyName="mgpu-cloud-c1")
     pipeline.down("c1", store=store, log=lambda m: None)
     assert tagged() == {} and not store.exists("c1")
@@ -211,11 +245,19 @@ def test_placement_group_in_use_while_instances_live(fakes, spec_for, up_cluster
         Ec2("us-east-1").client.delete_placement_group(GroupName="mgpu-cloud-c1")
 
 
-def test_api_calls_do_not_grow_with_nodes(fakes, spec_for, store, up_cluster):
+def test_api_calls_grow_only_by_the_elastic_ips(fakes, spec_for, store, up_cluster):
+    """One RunInstances for any N; the only per-node calls are the Elastic IPs (EC2 has no
+    batch form of AllocateAddress / AssociateAddress / ReleaseAddress)."""
+    fakes.eip_quota = 64
+    per_node = ("AllocateAddress", "AssociateAddress", "DisassociateAddress", "ReleaseAddress")
     counts = []
     for n, name in ((2, "small"), (12, "large")):
         start = len(fakes.sent)
         up_cluster(spec_for(name=name, nodes=n))
         pipeline.down(name, store=store, log=lambda m: None)
-        counts.append(len(fakes.sent) - start)
-    assert counts[0] == counts[1]
+        ops = [op for op, _ in fakes.sent[start:]]
+        counts.append((len([o for o in ops if o not in per_node]),
+                       {o: ops.count(o) for o in per_node}))
+    assert counts[0][0] == counts[1][0]
+    assert counts[0][1]["AllocateAddress"] == 2 and counts[1][1]["AllocateAddress"] == 12
+    assert counts[1][1]["ReleaseAddress"] == 12

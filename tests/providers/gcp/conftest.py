@@ -4,6 +4,10 @@ MGPU_CLOUD_GCP_ENDPOINT points every google-cloud-compute client at the fake (an
 credentials); MGPU_CLOUD_GCP_RETRY_BASE_S / MGPU_CLOUD_GCP_POLL_S = 0 remove retry and poll waits;
 MGPU_CLOUD_HOME keeps inventories and keys in tmp_path; MGPU_CLOUD_CALLER_IP stands in for the
 caller's public address.
+
+Every test also runs through gcp_rules.py (the autouse `gcp_rules` fixture): Compute's
+documented rules the fake does not enforce, on every request the fake captured and on the
+state after every `create`; a violation fails the test.
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
 
+import gcp_rules  # noqa: E402
 from fake_compute import FakeCompute  # noqa: E402
 
 from provision.inventory import Inventory, InventoryStore  # noqa: E402
@@ -32,6 +37,40 @@ def fake() -> Iterator[FakeCompute]:
     server.start()
     yield server
     server.stop()
+
+
+class RulesLayer:
+    def __init__(self, fake: FakeCompute) -> None:
+        self.fake = fake
+        self.state_violations: list[str] = []
+        self.creates_checked = 0
+
+    def after_create(self) -> None:
+        self.creates_checked += 1
+        self.state_violations += gcp_rules.check_state(self.fake.instances, self.fake.policies)
+
+    def violations(self) -> list[str]:
+        requests = [(r.method, r.path, r.body) for r in self.fake.requests]
+        return gcp_rules.check_requests(requests) + self.state_violations
+
+
+@pytest.fixture(autouse=True)
+def gcp_rules_layer(fake: FakeCompute, monkeypatch: pytest.MonkeyPatch) -> Iterator[RulesLayer]:
+    """Every GCP test: Compute's rules on each request and on the state `create` leaves."""
+    from provision.providers.gcp.provider import GcpProvider
+
+    layer = RulesLayer(fake)
+    create = GcpProvider.create
+
+    def checked_create(self: Any, *args: Any, **kwargs: Any) -> None:
+        create(self, *args, **kwargs)
+        layer.after_create()
+
+    monkeypatch.setattr(GcpProvider, "create", checked_create)
+    yield layer
+    found = layer.violations()
+    if found:
+        pytest.fail("Compute Engine rules violated:\n  " + "\n  ".join(found))
 
 
 @pytest.fixture(autouse=True)

@@ -7,6 +7,10 @@ rules and operations; every request captured (`requests`, `sent(...)`); faults i
 `fail_operation(...)` (the operation ends DONE with an error code; for inserts the pattern is
 matched against the collection path + "/" + the new resource's name).
 
+instances.bulkInsert is served like the real API: count/minCount, names from
+perInstanceProperties, InstanceProperties with NAMES (machine type, resource policies); all or
+nothing (a stockout or a failed name ends the operation with the error and creates none).
+
 Inserts honour requestId like the real API: the same requestId returns the first operation and
 makes nothing new. Names are unique per scope (409 alreadyExists). A resource policy in use by an
 instance cannot be deleted (400 resourceInUseByAnotherResource). Operations are RUNNING when
@@ -25,31 +29,9 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
-BASE = "https://www.googleapis.com/compute/v1"
+from fake_compute_catalog import BASE, CatalogMixin, HttpError
+
 PREFIX = "/compute/v1/"
-
-A100_80 = [{"guestAcceleratorType": "nvidia-a100-80gb", "guestAcceleratorCount": 8}]
-H100_80 = [{"guestAcceleratorType": "nvidia-h100-80gb", "guestAcceleratorCount": 8}]
-DEFAULT_MACHINE_TYPES: dict[str, dict[str, Any]] = {
-    "a2-ultragpu-8g": {"guestCpus": 96, "memoryMb": 1376256, "accelerators": A100_80},
-    "a2-highgpu-8g": {"guestCpus": 96, "memoryMb": 696320,
-                      "accelerators": [{"guestAcceleratorType": "nvidia-tesla-a100",
-                                        "guestAcceleratorCount": 8}]},
-    "a3-highgpu-8g": {"guestCpus": 208, "memoryMb": 1915904, "accelerators": H100_80},
-    "n1-standard-8": {"guestCpus": 8, "memoryMb": 30720},
-}
-DEFAULT_ZONES = {
-    "us-central1-a": ["a2-ultragpu-8g", "a2-highgpu-8g", "a3-highgpu-8g", "n1-standard-8"],
-    "us-central1-b": ["a2-highgpu-8g", "n1-standard-8"],
-    "us-central1-c": ["a2-ultragpu-8g", "a2-highgpu-8g", "a3-highgpu-8g", "n1-standard-8"],
-    "us-central1-f": ["a2-ultragpu-8g", "n1-standard-8"],
-    "europe-west4-a": ["a2-ultragpu-8g", "n1-standard-8"],
-}
-DEFAULT_ACCELERATORS = {z: ["nvidia-tesla-t4"] for z in ("us-central1-a", "us-central1-b")}
-DEFAULT_IMAGES = {
-    "deeplearning-platform-release": ["common-cu121-debian-11-py310", "pytorch-latest-gpu"],
-}
-
 
 @dataclass
 class Captured:
@@ -67,6 +49,7 @@ class Fault:
     reason: str
     times: int
     after: bool  # act first, then answer with the error (the reply is "lost")
+    html: bytes | None = None  # answer with this HTML page instead (a proxy's, say)
 
 
 @dataclass
@@ -79,18 +62,9 @@ class OpFault:
     details: list[dict[str, Any]] = field(default_factory=list)
 
 
-class HttpError(Exception):
-    def __init__(self, status: int, reason: str, message: str) -> None:
-        super().__init__(message)
-        self.status, self.reason, self.message = status, reason, message
-
-
-class FakeCompute:
+class FakeCompute(CatalogMixin):
     def __init__(self, zones: dict[str, list[str]] | None = None) -> None:
-        self.zones = zones or DEFAULT_ZONES
-        self.machine_types = dict(DEFAULT_MACHINE_TYPES)
-        self.accelerators = dict(DEFAULT_ACCELERATORS)
-        self.images = dict(DEFAULT_IMAGES)
+        self._init_catalog(zones)
         self.instances: dict[tuple[str, str, str], dict[str, Any]] = {}
         self.policies: dict[tuple[str, str, str], dict[str, Any]] = {}
         self.firewalls: dict[tuple[str, str], dict[str, Any]] = {}
@@ -120,9 +94,10 @@ class FakeCompute:
                 length = int(self.headers.get("Content-Length") or 0)
                 raw = self.rfile.read(length) if length else b""
                 status, payload = fake.handle(method, self.path, raw)
-                data = json.dumps(payload).encode()
+                html = isinstance(payload, bytes)
+                data = payload if html else json.dumps(payload).encode()
                 self.send_response(status)
-                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Type", "text/html" if html else "application/json")
                 self.send_header("Content-Length", str(len(data)))
                 self.end_headers()
                 self.wfile.write(data)
@@ -158,6 +133,11 @@ class FakeCompute:
         """Answer requests matching METHOD + regex on the path with an HTTP error."""
         self.faults.append(Fault(method, re.compile(pattern), status, reason, times, after))
 
+    def html(self, method: str, pattern: str, status: int = 200, *, times: int = 1) -> None:
+        """Answer matching requests with an HTML page (a proxy's error page)."""
+        self.faults.append(Fault(method, re.compile(pattern), status, "", times, False,
+                                 b"<!DOCTYPE html><html><body>Please sign in</body></html>"))
+
     def fail_operation(self, method: str, pattern: str, code: str, *, http_status: int = 400,
                        times: int = 1, details: list[dict[str, Any]] | None = None) -> None:
         """Let the matching write be accepted, then end its operation DONE with `code`
@@ -180,6 +160,7 @@ class FakeCompute:
 
     # --- dispatch -----------------------------------------------------------------------------
     def handle(self, method: str, raw_path: str, raw: bytes) -> tuple[int, Any]:
+        """(status, JSON-able payload, or bytes of an HTML page)."""
         parts = urlsplit(raw_path)
         path = parts.path.removeprefix(PREFIX)
         query = {k: v[0] for k, v in parse_qs(parts.query).items()}
@@ -187,6 +168,8 @@ class FakeCompute:
         with self._lock:
             self.requests.append(Captured(method, path, query, body))
             fault = self._take_fault(method, path)
+            if fault is not None and fault.html is not None:
+                return fault.status, fault.html
             try:
                 if fault is not None and not fault.after:
                     raise HttpError(fault.status, fault.reason or "injected", "injected fault")
@@ -220,6 +203,7 @@ class FakeCompute:
         ("GET", r"projects/([^/]+)/zones/([^/]+)/acceleratorTypes/([^/]+)$", "_get_accelerator"),
         ("GET", r"projects/([^/]+)/global/images/family/([^/]+)$", "_get_image_family"),
         ("POST", r"projects/([^/]+)/zones/([^/]+)/instances$", "_insert_instance"),
+        ("POST", r"projects/([^/]+)/zones/([^/]+)/instances/bulkInsert$", "_bulk_insert"),
         ("GET", r"projects/([^/]+)/zones/([^/]+)/instances$", "_list_instances"),
         ("GET", r"projects/([^/]+)/aggregated/instances$", "_aggregated_instances"),
         ("GET", r"projects/([^/]+)/zones/([^/]+)/instances/([^/]+)$", "_get_instance"),
@@ -250,9 +234,6 @@ class FakeCompute:
         raise HttpError(404, "notFound", f"no route for {method} {path}")
 
     # --- helpers ------------------------------------------------------------------------------
-    def _region_of(self, zone: str) -> str:
-        return zone.rsplit("-", 1)[0]
-
     def _new_op(self, project: str, kind: str, target: str, scope: tuple[str, str] | None,
                 error: OpFault | None = None, status: str = "RUNNING") -> dict[str, Any]:
         name = f"operation-{next(self._ids)}"
@@ -310,34 +291,6 @@ class FakeCompute:
         return [i for i in items if key in i.get("labels", {})
                 and (value is None or i["labels"][key] == value)]
 
-    # --- read-only ----------------------------------------------------------------------------
-    def _get_region(self, project: str, region: str, **_: Any) -> tuple[int, Any]:
-        zones = [z for z in self.zones if self._region_of(z) == region]
-        if not zones:
-            raise HttpError(404, "notFound", f"region {region} not found")
-        return 200, {"name": region, "status": "UP",
-                     "zones": [f"{BASE}/projects/{project}/zones/{z}" for z in zones]}
-
-    def _get_machine_type(self, project: str, zone: str, name: str, **_: Any) -> tuple[int, Any]:
-        if zone not in self.zones:
-            raise HttpError(404, "notFound", f"zone {zone} not found")
-        if name not in self.zones[zone] or name not in self.machine_types:
-            raise HttpError(404, "notFound", f"machine type {name} not found in {zone}")
-        return 200, {"name": name, "zone": zone, **self.machine_types[name],
-                     "selfLink": f"{BASE}/projects/{project}/zones/{zone}/machineTypes/{name}"}
-
-    def _get_accelerator(self, project: str, zone: str, name: str, **_: Any) -> tuple[int, Any]:
-        if name not in self.accelerators.get(zone, []):
-            raise HttpError(404, "notFound", f"accelerator type {name} not found in {zone}")
-        return 200, {"name": name, "zone": zone, "maximumCardsPerInstance": 4}
-
-    def _get_image_family(self, project: str, family: str, **_: Any) -> tuple[int, Any]:
-        if family not in self.images.get(project, []):
-            raise HttpError(404, "notFound", f"image family {family} not found")
-        name = f"{family}-v20240601"
-        return 200, {"name": name, "family": family, "status": "READY",
-                     "selfLink": f"{BASE}/projects/{project}/global/images/{name}"}
-
     # --- instances ------------------------------------------------------------------------------
     def _insert_instance(self, project: str, zone: str, query: dict[str, str], body: Any,
                          path: str) -> tuple[int, Any]:
@@ -360,21 +313,64 @@ class FakeCompute:
         op = self._new_op(project, "insert", target, ("zone", zone), fault)
         self._remember(query, op)
         if fault is None:
-            n = len(self.instances) + 2
-            inst = dict(body)
-            inst.update({
-                "kind": "compute#instance", "id": str(next(self._ids)), "status": "RUNNING",
-                "zone": f"{BASE}/projects/{project}/zones/{zone}",
-                "selfLink": f"{BASE}/{target}",
-            })
-            nics = [dict(nic) for nic in body.get("networkInterfaces", [])]
-            for nic in nics:
-                nic["networkIP"] = f"10.128.0.{n}"
-                nic["accessConfigs"] = [dict(a, natIP=f"203.0.113.{n}")
-                                        for a in nic.get("accessConfigs", [])]
-            inst["networkInterfaces"] = nics
-            self.instances[(project, zone, name)] = inst
+            self._store_instance(project, zone, body)
         return 200, self._public(op)
+
+    def _bulk_insert(self, project: str, zone: str, query: dict[str, str], body: Any,
+                     path: str) -> tuple[int, Any]:
+        if (dup := self._dedup(query)) is not None:
+            return 200, dup
+        count = int(body.get("count", 0))
+        min_count = int(body.get("minCount", count))
+        names = list(body.get("perInstanceProperties", {}))
+        props = dict(body.get("instanceProperties", {}))
+        if not 1 <= min_count <= count or (names and len(names) != count):
+            raise HttpError(400, "invalid", f"count {count}, minCount {min_count}, "
+                            f"{len(names)} names")
+        if not names:
+            raise HttpError(400, "invalid", "namePattern is not served by this fake")
+        if any((project, zone, n) in self.instances for n in names):
+            raise HttpError(409, "alreadyExists", "an instance of that name already exists")
+        mt = props.get("machineType", "")
+        if "/" in mt:  # the documented answer to a URL here
+            raise HttpError(500, "INTERNAL_ERROR", f"machineType must be a name: {mt}")
+        if mt not in self.zones.get(zone, []):
+            raise HttpError(400, "invalid", f"machine type {mt} not in {zone}")
+        region = self._region_of(zone)
+        policies = []
+        for policy in props.get("resourcePolicies", []):
+            if "/" in policy or (project, region, policy) not in self.policies:
+                raise HttpError(400, "invalid", f"resource policy {policy} not in {region}")
+            policies.append(f"{BASE}/projects/{project}/regions/{region}/resourcePolicies/{policy}")
+        fault = next((f for f in (self._take_op_fault("POST", f"{path.rsplit('/', 1)[0]}/{n}")
+                                  for n in names) if f is not None), None)
+        if fault is None and zone in self.stockouts:
+            fault = OpFault("POST", re.compile(""), "ZONE_RESOURCE_POOL_EXHAUSTED", 503, 1)
+        op = self._new_op(project, "bulkInsert", f"projects/{project}/zones/{zone}", ("zone", zone),
+                          fault)
+        self._remember(query, op)
+        if fault is None:  # all or nothing
+            for name in names:
+                inst = dict(props, name=name, resourcePolicies=policies,
+                            machineType=f"{BASE}/projects/{project}/zones/{zone}/machineTypes/{mt}")
+                self._store_instance(project, zone, inst)
+        return 200, self._public(op)
+
+    def _store_instance(self, project: str, zone: str, body: dict[str, Any]) -> None:
+        n = len(self.instances) + 2
+        target = f"projects/{project}/zones/{zone}/instances/{body['name']}"
+        inst = dict(body)
+        inst.update({
+            "kind": "compute#instance", "id": str(next(self._ids)), "status": "RUNNING",
+            "zone": f"{BASE}/projects/{project}/zones/{zone}", "selfLink": f"{BASE}/{target}",
+        })
+        nics = [dict(nic) for nic in body.get("networkInterfaces", [])]
+        for nic in nics:
+            nic["networkIP"] = f"10.128.0.{n}"
+            nic["accessConfigs"] = [dict(a, natIP=f"203.0.113.{n}")
+                                    for a in nic.get("accessConfigs", [])]
+        inst["networkInterfaces"] = nics
+        self.instances[(project, zone, body["name"])] = inst
 
     def _get_instance(self, project: str, zone: str, name: str, **_: Any) -> tuple[int, Any]:
         inst = self.instances.get((project, zone, name))

@@ -19,14 +19,14 @@ FLAGS = ["--provider", "gcp", "--nodes", "2", "--project", PROJECT, "--zone", "u
 
 
 def check_sent(fake: FakeCompute) -> None:
-    instances = [r.body for r in fake.sent("POST", r"zones/us-central1-c/instances$")]
-    assert len(instances) == 2
-    for body in instances:
-        assert body["scheduling"]["provisioningModel"] == "SPOT"
-        assert body["scheduling"]["maxRunDuration"] == {"seconds": "9000"}
-        params = body["disks"][0]["initializeParams"]
-        assert params["diskSizeGb"] == "300"
-        assert params["sourceImage"].endswith("/images/pytorch-latest-gpu-v20240601")
+    (bulk,) = [r.body for r in fake.sent("POST", r"zones/us-central1-c/instances/bulkInsert$")]
+    assert bulk["count"] == bulk["minCount"] == "2"
+    props = bulk["instanceProperties"]
+    assert props["scheduling"]["provisioningModel"] == "SPOT"
+    assert props["scheduling"]["maxRunDuration"] == {"seconds": "9000"}
+    params = props["disks"][0]["initializeParams"]
+    assert params["diskSizeGb"] == "300"
+    assert params["sourceImage"].endswith("/images/pytorch-latest-gpu-v20260804")
     (ssh_fw, _) = [r.body for r in fake.sent("POST", r"global/firewalls$")]
     assert ssh_fw["sourceRanges"] == ["192.0.2.0/28"]
 
@@ -111,3 +111,31 @@ def test_capacity_error_exits_5_and_leaves_nothing(fake: FakeCompute) -> None:
     assert "no zone had capacity" in res.stderr
     assert fake.all_resources() == []
     assert not InventoryStore().exists("c1")
+
+
+def test_dry_run_without_credentials_prints_the_plan_and_its_cost(
+    fake: FakeCompute, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("MGPU_CLOUD_GCP_ENDPOINT")
+    monkeypatch.setenv("GOOGLE_APPLICATION_CREDENTIALS", "/nonexistent/adc.json")
+    res = CliRunner().invoke(app, ["up", "--provider", "gcp", "--nodes", "2", "--name", "c1",
+                                   "--machine-type", "a3-ultragpu-8g", "--dry-run"])
+    assert res.exit_code == 0, res.output
+    assert "cost: $173.5" in res.stderr  # 2 x (86.76 + disk + address)
+    assert "unresolved: project (pass --project)" in res.stderr
+    assert "unresolved: boot image" in res.stderr
+    assert fake.requests == []
+
+
+@pytest.mark.parametrize(("status", "code", "words"), [
+    (200, 4, "not a Compute Engine response"),  # read as JSON: not Compute's answer
+    (502, 6, "HTTP 502"),  # api_core turns the HTML error page into an HTTP error
+])
+def test_an_html_answer_is_an_error_from_the_tree(fake: FakeCompute, status: int, code: int,
+                                                  words: str) -> None:
+    """A proxy's HTML page instead of Compute's JSON: a message and an exit code, no traceback."""
+    fake.html("GET", r"aggregated/instances$", status, times=99)
+    res = CliRunner().invoke(app, ["gc", "--provider", "gcp", "--project", PROJECT])
+    assert res.exception is None or isinstance(res.exception, SystemExit)
+    assert "Traceback" not in res.output and "error:" in res.stderr
+    assert res.exit_code == code and words in res.stderr, res.output

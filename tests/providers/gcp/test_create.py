@@ -16,7 +16,7 @@ from provision.spec import ClusterSpec
 
 MakeSpec = Callable[..., ClusterSpec]
 Up = Callable[[ClusterSpec], Inventory]
-POLICY_LINK = f"projects/{PROJECT}/regions/us-central1/resourcePolicies/c1-compact"
+BULK = r"zones/us-central1-a/instances/bulkInsert$"
 
 
 def bodies(fake: FakeCompute, pattern: str) -> list[Any]:
@@ -36,30 +36,34 @@ def test_up_sends_compact_policy_terminate_labels_and_firewalls(
     assert policy["groupPlacementPolicy"] == {"collocation": "COLLOCATED", "vmCount": 3}
     assert policy["description"] == f"{CLUSTER_TAG}=c1"
 
-    instances = bodies(fake, r"zones/us-central1-a/instances$")
-    assert [b["name"] for b in instances] == ["c1-node-0", "c1-node-1", "c1-node-2"]
-    for body in instances:
-        assert body["resourcePolicies"] == [POLICY_LINK]
-        assert body["scheduling"] == {
-            "onHostMaintenance": "TERMINATE", "automaticRestart": False,
-            "provisioningModel": "STANDARD", "instanceTerminationAction": "DELETE",
-            "maxRunDuration": {"seconds": "7200"},
-        }
-        assert body["labels"] == {CLUSTER_TAG: "c1"}
-        disk = body["disks"][0]
-        assert disk["boot"] and disk["autoDelete"]
-        assert disk["initializeParams"]["labels"] == {CLUSTER_TAG: "c1"}
-        assert "deeplearning-platform-release/global/images/common-cu121" in \
-            disk["initializeParams"]["sourceImage"]
-        assert body["machineType"] == "zones/us-central1-a/machineTypes/a2-ultragpu-8g"
-        assert "guestAccelerators" not in body  # a2 carries its GPUs
-        nic = body["networkInterfaces"][0]
-        assert nic["nicType"] == "GVNIC" and nic["accessConfigs"][0]["type"] == "ONE_TO_ONE_NAT"
-        assert body["tags"]["items"] == ["mgpu-cloud-c1"]
-        meta = metadata(body)
-        assert meta["ssh-keys"].startswith("mgpu:ssh-ed25519 ")
-        assert "BEGIN OPENSSH PRIVATE KEY" in meta["startup-script"]
-        assert inv.nodes[0].host_key and inv.nodes[0].host_key in meta["startup-script"]
+    # one bulkInsert for all nodes, all or nothing
+    (bulk,) = bodies(fake, BULK)
+    assert bulk["count"] == bulk["minCount"] == "3"
+    assert sorted(bulk["perInstanceProperties"]) == ["c1-node-0", "c1-node-1", "c1-node-2"]
+    body = bulk["instanceProperties"]
+    assert body["resourcePolicies"] == ["c1-compact"]  # a name, as InstanceProperties wants
+    assert body["scheduling"] == {
+        "onHostMaintenance": "TERMINATE", "automaticRestart": False,
+        "provisioningModel": "STANDARD", "instanceTerminationAction": "DELETE",
+        "maxRunDuration": {"seconds": "7200"},
+    }
+    assert body["labels"] == {CLUSTER_TAG: "c1"}
+    disk = body["disks"][0]
+    assert disk["boot"] and disk["autoDelete"]
+    assert disk["initializeParams"]["labels"] == {CLUSTER_TAG: "c1"}
+    assert disk["initializeParams"]["diskType"] == "pd-balanced"
+    assert "deeplearning-platform-release/global/images/common-cu129-ubuntu-2204-nvidia-580" in \
+        disk["initializeParams"]["sourceImage"]
+    assert body["machineType"] == "a2-ultragpu-8g"
+    assert "guestAccelerators" not in body  # a2 carries its GPUs
+    nic = body["networkInterfaces"][0]
+    assert nic["nicType"] == "GVNIC" and nic["accessConfigs"][0]["type"] == "ONE_TO_ONE_NAT"
+    assert body["tags"]["items"] == ["mgpu-cloud-c1"]
+    meta = metadata(body)
+    assert meta["ssh-keys"].startswith("mgpu:ssh-ed25519 ")
+    assert "BEGIN OPENSSH PRIVATE KEY" in meta["startup-script"]
+    assert inv.nodes[0].host_key and inv.nodes[0].host_key in meta["startup-script"]
+    assert fake.sent("POST", r"/instances$") == []  # no single inserts
 
     ssh_fw, internal_fw = bodies(fake, r"global/firewalls$")
     assert ssh_fw["name"] == "c1-ssh"
@@ -75,7 +79,7 @@ def test_up_sends_compact_policy_terminate_labels_and_firewalls(
     # every insert carries a requestId, every one different
     inserts = [r for r in fake.requests if r.method == "POST" and not r.path.endswith("/wait")]
     rids = [r.query.get("requestId") for r in inserts]
-    assert all(rids) and len(set(rids)) == len(rids) == 6
+    assert all(rids) and len(set(rids)) == len(rids) == 4  # policy, 2 firewalls, 1 bulkInsert
 
     # the inventory: nodes, keys, node-side settings
     saved = store.load("c1")
@@ -102,7 +106,7 @@ def test_operations_are_waited_on_through_our_own_clients(
     fake.pending_polls = 2  # each operation needs three waits
     up(make_spec())
     waits = [r.path for r in fake.requests if r.path.endswith("/wait")]
-    assert len(waits) == 5 * 3  # policy + 2 firewalls + 2 instances
+    assert len(waits) == 4 * 3  # policy + 2 firewalls + 1 bulkInsert
     assert any("/regions/us-central1/operations/" in w for w in waits)
     assert any("/global/operations/" in w for w in waits)
     assert any("/zones/us-central1-a/operations/" in w for w in waits)
@@ -112,8 +116,8 @@ def test_spot_keeps_terminate_and_deletes_on_preemption(
     fake: FakeCompute, make_spec: MakeSpec, up: Up
 ) -> None:
     up(make_spec(spot=True))
-    for body in bodies(fake, r"/instances$"):
-        sched = body["scheduling"]
+    for body in bodies(fake, BULK):
+        sched = body["instanceProperties"]["scheduling"]
         assert sched["provisioningModel"] == "SPOT"
         assert sched["instanceTerminationAction"] == "DELETE"
         assert sched["onHostMaintenance"] == "TERMINATE"
@@ -124,11 +128,10 @@ def test_spot_keeps_terminate_and_deletes_on_preemption(
 def test_n1_gets_guest_accelerators(fake: FakeCompute, make_spec: MakeSpec, up: Up) -> None:
     inv = up(make_spec(gcp={"machine_type": "n1-standard-8", "accelerator_type": "nvidia-tesla-t4",
                             "accelerator_count": 2}))
-    for body in bodies(fake, r"/instances$"):
-        assert body["guestAccelerators"] == [{
-            "acceleratorType": "zones/us-central1-a/acceleratorTypes/nvidia-tesla-t4",
-            "acceleratorCount": 2,
-        }]
+    (body,) = bodies(fake, BULK)
+    assert body["instanceProperties"]["guestAccelerators"] == [{
+        "acceleratorType": "nvidia-tesla-t4", "acceleratorCount": 2,
+    }]
     assert [n.slots for n in inv.nodes] == [2, 2]
 
 
@@ -142,10 +145,10 @@ def test_stockout_fails_over_to_the_next_zone(
         "firewall c1-internal", "firewall c1-ssh", "instance us-central1-c/c1-node-0",
         "instance us-central1-c/c1-node-1", "policy us-central1/c1-compact",
     ]
-    assert len(fake.sent("POST", r"zones/us-central1-a/instances$")) == 2
-    for body in bodies(fake, r"zones/us-central1-c/instances$"):
-        assert body["resourcePolicies"] == [POLICY_LINK]
-        assert body["machineType"] == "zones/us-central1-c/machineTypes/a2-ultragpu-8g"
+    assert len(fake.sent("POST", BULK)) == 1
+    (body,) = bodies(fake, r"zones/us-central1-c/instances/bulkInsert$")
+    assert body["instanceProperties"]["resourcePolicies"] == ["c1-compact"]
+    assert body["instanceProperties"]["machineType"] == "a2-ultragpu-8g"
     assert all(r.zone in (None, "us-central1-c") for r in store.load("c1").resources)
 
 
@@ -173,7 +176,7 @@ def test_regional_quota_is_not_a_capacity_problem(
         up(make_spec())
     assert not isinstance(info.value, CapacityError)
     assert "quota" in (info.value.hint or "")
-    assert fake.sent("POST", r"zones/us-central1-c/instances$") == []
+    assert fake.sent("POST", r"zones/us-central1-c/instances/bulkInsert$") == []
     assert fake.all_resources() == []
     assert not store.exists("c1")
 
@@ -189,7 +192,7 @@ def test_no_capacity_anywhere_is_a_capacity_error_and_leaves_nothing(
 
 
 def test_429_and_5xx_are_retried(fake: FakeCompute, make_spec: MakeSpec, up: Up) -> None:
-    fake.fail("POST", r"zones/us-central1-a/instances$", 429, times=2, reason="rateLimitExceeded")
+    fake.fail("POST", BULK, 429, times=2, reason="rateLimitExceeded")
     fake.fail("POST", r"resourcePolicies$", 503, times=1)
     fake.fail("POST", r"global/operations/.*/wait$", 500, times=1)
     fake.fail("GET", r"machineTypes/", 502, times=1)
@@ -201,13 +204,12 @@ def test_429_and_5xx_are_retried(fake: FakeCompute, make_spec: MakeSpec, up: Up)
 def test_retried_insert_whose_reply_was_lost_makes_one_vm(
     fake: FakeCompute, make_spec: MakeSpec, up: Up
 ) -> None:
-    # the server creates node-0 but the reply is a 503: the client retries the same requestId
-    fake.fail("POST", r"zones/us-central1-a/instances$", 503, times=1, after=True)
+    # the server creates the nodes but the reply is a 503: the client retries the same requestId
+    fake.fail("POST", BULK, 503, times=1, after=True)
     up(make_spec())
-    node0 = [r for r in fake.sent("POST", r"zones/us-central1-a/instances$")
-             if r.body["name"] == "c1-node-0"]
-    assert len(node0) == 2
-    assert node0[0].query["requestId"] == node0[1].query["requestId"]
+    sent = fake.sent("POST", BULK)
+    assert len(sent) == 2
+    assert sent[0].query["requestId"] == sent[1].query["requestId"]
     assert sorted(k[2] for k in fake.instances) == ["c1-node-0", "c1-node-1"]
 
 
@@ -223,10 +225,11 @@ FAULTS = {
     # every retry of the firewall's operation wait (MAX_ATTEMPTS) answers 429
     "firewall wait 429 until retries run out": lambda f: f.fail(
         "POST", r"global/operations/.*/wait$", 429, times=MAX_ATTEMPTS),
-    "first instance insert 400": lambda f: f.fail("POST", r"/instances$", 400),
+    "bulk insert 400": lambda f: f.fail("POST", r"/instances/bulkInsert$", 400),
     "instance operation error": lambda f: f.fail_operation("POST", r"/instances/c1-node-0$",
                                                            "INTERNAL_ERROR", http_status=500),
-    "instance get 500 forever": lambda f: f.fail("GET", r"/instances/c1-node-1$", 500, times=99),
+    "instance list 500 forever": lambda f: f.fail("GET", r"zones/us-central1-a/instances$", 500,
+                                                  times=99),
 }
 
 
@@ -258,14 +261,27 @@ def test_a_rollback_that_fails_keeps_the_inventory_for_down(
     assert not store.exists("c1")
 
 
-def test_second_instance_failing_rolls_back_the_first(
-    fake: FakeCompute, make_spec: MakeSpec, up: Up
+def test_one_node_failing_makes_none(
+    fake: FakeCompute, make_spec: MakeSpec, up: Up, store: InventoryStore
 ) -> None:
+    """bulkInsert with minCount = count: one node that cannot be made means no node at all."""
     fake.fail_operation("POST", r"/instances/c1-node-1$", "INTERNAL_ERROR", http_status=500)
     with pytest.raises(ProvisionError, match="INTERNAL_ERROR"):
         up(make_spec())
-    assert fake.all_resources() == []
-    assert fake.sent("DELETE", r"instances/c1-node-0$")
+    assert fake.all_resources() == [] and fake.instances == {}
+    assert not store.exists("c1")
+
+
+def test_a_conflicting_instance_name_is_not_ours_and_kept(
+    fake: FakeCompute, make_spec: MakeSpec, up: Up, store: InventoryStore
+) -> None:
+    fake.instances[(PROJECT, "us-central1-a", "c1-node-1")] = {"name": "c1-node-1",
+                                                               "labels": {}}
+    with pytest.raises(ProvisionError, match="already exists"):
+        up(make_spec())
+    assert list(fake.instances) == [(PROJECT, "us-central1-a", "c1-node-1")]
+    assert fake.sent("DELETE", r"instances/") == []
+    assert not store.exists("c1")
 
 
 def test_conflict_with_a_foreign_firewall_keeps_it(

@@ -9,7 +9,8 @@ from provision.render import render
 
 LAYOUT = Layout(cluster="c1", project="p", region="us-central1", zones=("us-central1-a",),
                 nodes=2, machine_type="a2-ultragpu-8g", gpus=8, accelerator_type=None, slots=8,
-                image="img", disk_gb=200, spot=False, max_hours=8.0, ssh_cidr="10.0.0.0/8")
+                image="img", image_family="fam", disk_gb=200, spot=False, max_hours=8.0,
+                ssh_cidr="10.0.0.0/8")
 
 
 def test_nccl_preset_for_a2_is_plain_tcp() -> None:
@@ -25,7 +26,7 @@ def test_nccl_preset_for_a2_is_plain_tcp() -> None:
 
 def test_startup_script_installs_the_host_key_and_quotes_values() -> None:
     key = generate_ed25519("c1-host")
-    text = render("gcp/startup.sh.j2", cluster="c1", node_name="c1-node-0", user="mgpu",
+    text = render("gcp/startup.sh.j2", cluster="c1", user="mgpu",
                   host_private_key=key.private_openssh.strip(),
                   host_public_key=host_key_only(key.public_openssh), max_run_seconds=3600)
     assert text.startswith("#!/bin/bash\n")

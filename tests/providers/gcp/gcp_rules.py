@@ -1,0 +1,177 @@
+"""Compute Engine's documented rules that the fake does not enforce, checked on every request
+the provider sends (the fake's capture) and on the state `create` leaves. Every GCP test runs
+through them (conftest's autouse `gcp_rules` fixture) and fails on a violation.
+
+Request rules are pure functions `(method, path, body, seen) -> [violation, ...]` where `seen`
+is the requests before this one (a bulkInsert's policy is checked against the policy insert
+that made it). Each rule names its source: the title of the Google document that states it.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from typing import Any
+
+Body = dict[str, Any]
+Request = tuple[str, str, Any]  # method, path (without /compute/v1/), JSON body
+# "Naming resources" / Instance.name in the Compute API reference: "1-63 characters long and
+# match the regular expression `[a-z]([-a-z0-9]*[a-z0-9])?`".
+NAME_RE = re.compile(r"^[a-z]([-a-z0-9]{0,61}[a-z0-9])?$")
+# "Requirements for labels" (Resource Manager): keys 1-63 characters, start with a lowercase
+# letter; keys and values only lowercase letters, digits, '_' and '-'; values 0-63; at most 64.
+LABEL_KEY_RE = re.compile(r"^[a-z][a-z0-9_-]{0,62}$")
+LABEL_VALUE_RE = re.compile(r"^[a-z0-9_-]{0,63}$")
+# Machine-type families that come with GPUs attached ("GPU machine types", Compute docs).
+GPU_FAMILIES = ("a2-", "a3-", "a4-", "g2-", "g4-")
+MAX_RUN_MIN_S, MAX_RUN_MAX_S = 30, 120 * 24 * 3600
+INSERT = re.compile(r"projects/[^/]+/zones/([^/]+)/instances$")
+BULK = re.compile(r"projects/[^/]+/zones/([^/]+)/instances/bulkInsert$")
+POLICY = re.compile(r"projects/[^/]+/regions/([^/]+)/resourcePolicies$")
+FIREWALL = re.compile(r"projects/[^/]+/global/firewalls$")
+
+
+def region_of(zone: str) -> str:
+    return zone.rsplit("-", 1)[0]
+
+
+def _instances(method: str, path: str, body: Any) -> tuple[str, list[str], Body] | None:
+    """(zone, names, properties) of an instance insert or bulkInsert, else None."""
+    if method != "POST" or not isinstance(body, dict):
+        return None
+    if m := INSERT.match(path):
+        return m.group(1), [body.get("name", "")], body
+    if m := BULK.match(path):
+        return m.group(1), list(body.get("perInstanceProperties", {})), \
+            body.get("instanceProperties", {})
+    return None
+
+
+def names(method: str, path: str, body: Any, seen: list[Request]) -> list[str]:
+    found = _instances(method, path, body)
+    if found is not None:
+        candidates = found[1]
+    elif method == "POST" and (POLICY.match(path) or FIREWALL.match(path)):
+        candidates = [body.get("name", "")]
+    else:
+        return []
+    return [f"{path}: name {n!r} is not a valid resource name" for n in candidates
+            if not NAME_RE.match(n)]
+
+
+def labels(method: str, path: str, body: Any, seen: list[Request]) -> list[str]:
+    found = _instances(method, path, body)
+    if found is None:
+        return []
+    props = found[2]
+    sets = [props.get("labels", {})] + [
+        d.get("initializeParams", {}).get("labels", {}) for d in props.get("disks", [])]
+    out = []
+    for label_set in sets:
+        if len(label_set) > 64:
+            out.append(f"{path}: {len(label_set)} labels; at most 64")
+        for key, value in label_set.items():
+            if not LABEL_KEY_RE.match(key):
+                out.append(f"{path}: label key {key!r} breaks the label rules")
+            if not LABEL_VALUE_RE.match(str(value)):
+                out.append(f"{path}: label value {value!r} of {key!r} breaks the label rules")
+    return out
+
+
+def scheduling(method: str, path: str, body: Any, seen: list[Request]) -> list[str]:
+    # "GPU machine types" / "Set VM host maintenance policy": VMs with GPUs cannot live
+    # migrate, onHostMaintenance must be TERMINATE. "Limit the run time of a VM":
+    # maxRunDuration from 30 seconds to 120 days. Scheduling.instanceTerminationAction and
+    # "Create and use Spot VMs": a SPOT VM states what happens when it is stopped.
+    found = _instances(method, path, body)
+    if found is None:
+        return []
+    props = found[2]
+    sched = props.get("scheduling", {})
+    machine = str(props.get("machineType", "")).rsplit("/", 1)[-1]
+    out = []
+    has_gpus = machine.startswith(GPU_FAMILIES) or bool(props.get("guestAccelerators"))
+    if has_gpus and sched.get("onHostMaintenance") != "TERMINATE":
+        out.append(f"{path}: GPUs with onHostMaintenance {sched.get('onHostMaintenance')!r}")
+    if "maxRunDuration" in sched:
+        seconds = int(sched["maxRunDuration"].get("seconds", 0))
+        if not MAX_RUN_MIN_S <= seconds <= MAX_RUN_MAX_S:
+            out.append(f"{path}: maxRunDuration {seconds} s outside 30 s .. 120 days")
+    if sched.get("provisioningModel") == "SPOT" and not sched.get("instanceTerminationAction"):
+        out.append(f"{path}: a SPOT VM without an instanceTerminationAction")
+    return out
+
+
+def bulk_properties(method: str, path: str, body: Any, seen: list[Request]) -> list[str]:
+    # "InstanceProperties" (Compute API reference): machineType "only accepts a machine type
+    # name ... the full or partial URL ... will result in an INTERNAL_ERROR"; resourcePolicies
+    # are "names, not URLs"; disk and accelerator types are names in instance properties.
+    # "BulkInsertInstanceResource": minCount <= count.
+    if method != "POST" or not BULK.match(path):
+        return []
+    props = body.get("instanceProperties", {})
+    out = []
+    urls = [("machineType", props.get("machineType", ""))]
+    urls += [("resourcePolicies", p) for p in props.get("resourcePolicies", [])]
+    urls += [("diskType", d.get("initializeParams", {}).get("diskType", ""))
+             for d in props.get("disks", [])]
+    urls += [("acceleratorType", a.get("acceleratorType", ""))
+             for a in props.get("guestAccelerators", [])]
+    out += [f"{path}: {field} {value!r} must be a name, not a URL"
+            for field, value in urls if "/" in str(value)]
+    count, min_count = int(body.get("count", 0)), int(body.get("minCount", body.get("count", 0)))
+    if not 1 <= min_count <= count:
+        out.append(f"{path}: minCount {min_count} / count {count}")
+    return out
+
+
+def collocated(method: str, path: str, body: Any, seen: list[Request]) -> list[str]:
+    # "Placement policies" / ResourcePolicyGroupPlacementPolicy.vmCount: a compact policy with
+    # vmCount works "only if it contains this exact number of VMs"; resource policies are
+    # regional and apply to VMs of their region ("About placement policies").
+    found = _instances(method, path, body)
+    if found is None:
+        return []
+    zone, vms, props = found
+    out = []
+    for ref in props.get("resourcePolicies", []):
+        m = re.search(r"regions/([^/]+)/resourcePolicies/([^/]+)$", ref)
+        region, name = (m.group(1), m.group(2)) if m else (region_of(zone), ref)
+        if region != region_of(zone):
+            out.append(f"{path}: policy {name} of {region} used by VMs in {zone}")
+        made = [b for meth, p, b in seen if meth == "POST" and (pm := POLICY.match(p))
+                and pm.group(1) == region and isinstance(b, dict) and b.get("name") == name]
+        count = (made[-1].get("groupPlacementPolicy", {}).get("vmCount") if made else None)
+        if count is not None and int(count) != len(vms) and BULK.match(path):
+            out.append(f"{path}: policy {name} has vmCount {count}, {len(vms)} VMs use it")
+    return out
+
+
+REQUEST_RULES: list[Callable[[str, str, Any, list[Request]], list[str]]] = [
+    names, labels, scheduling, bulk_properties, collocated,
+]
+
+
+def check_requests(requests: list[Request]) -> list[str]:
+    out: list[str] = []
+    for i, (method, path, body) in enumerate(requests):
+        for rule in REQUEST_RULES:
+            out += rule(method, path, body, requests[:i])
+    return out
+
+
+def check_state(instances: dict[tuple[str, str, str], Body],
+                policies: dict[tuple[str, str, str], Body]) -> list[str]:
+    """After `create`: every compact policy with a vmCount is used by exactly that many VMs,
+    all in its region (the same sources as `collocated`)."""
+    out = []
+    for (project, region, name), policy in policies.items():
+        link = f"projects/{project}/regions/{region}/resourcePolicies/{name}"
+        users = [(z, n) for (p, z, n), inst in instances.items()
+                 if any(str(r).endswith(link) for r in inst.get("resourcePolicies", []))]
+        count = policy.get("groupPlacementPolicy", {}).get("vmCount")
+        if users and count is not None and int(count) != len(users):
+            out.append(f"policy {name}: vmCount {count}, used by {len(users)} VMs")
+        out += [f"policy {name} of {region} used by {n} in {z}" for z, n in users
+                if region_of(z) != region]
+    return out
