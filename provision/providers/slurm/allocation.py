@@ -25,11 +25,31 @@ from provision.providers.slurm.slurmcmd import (
     sections,
     shell,
 )
-from provision.providers.slurm.transport import describe_end
 
 Log = Callable[[str], None]
 SETTLE_S = 10.0  # a PartitionConfig reason this old is not the submission's first moment
 POLL_MIN_S, POLL_MAX_S = 0.25, 5.0
+ENDED = {
+    "CANCELLED": "it was cancelled (scancel, by you or an administrator)",
+    "TIMEOUT": "its time limit (--time, from --max-hours) was reached",
+    "NODE_FAIL": "a node of the allocation failed",
+    "PREEMPTED": "a higher-priority job preempted it",
+    "BOOT_FAIL": "a node failed to boot",
+    "DEADLINE": "its deadline passed",
+    "OUT_OF_MEMORY": "it ran out of memory",
+    "FAILED": "its batch step failed",
+    "COMPLETED": "its batch step ended",
+}
+
+
+def describe_end(job_id: str, state: str | None, reason: str | None) -> str:
+    """One line saying that, and why, the allocation is over."""
+    if state is None:
+        return (f"the Slurm allocation {job_id} is gone (Slurm no longer lists it: it ended "
+                "a while ago)")
+    why = ENDED.get(state.split()[0], "")
+    extra = f", reason {reason}" if reason and reason != "None" else ""
+    return f"the Slurm allocation {job_id} ended: {state}{extra}" + (f" ({why})" if why else "")
 
 
 def submit(session: LoginSession, req: AllocationRequest) -> str:

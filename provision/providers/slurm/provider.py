@@ -110,12 +110,17 @@ class SlurmProvider:
         from provision.nodes import NodeGroup, ssh_connector
         from provision.sshconn import write_cluster_known_hosts
 
+        hint = "this site does not let you SSH to its compute nodes this way; use " \
+               "--node-access srun (the default)"
+        keyless = [n.name for n in inv.nodes if not n.host_key]
+        if keyless:
+            raise ProvisionError(f"no SSH host key readable on {', '.join(keyless)} "
+                                 "(/etc/ssh/ssh_host_*_key.pub): it cannot be pinned", hint=hint)
         write_cluster_known_hosts(inv, store)
         with NodeGroup(inv, connector=ssh_connector) as group:
             result = group.wait_until_reachable(deadline_s=SSH_CHECK_S)
         result.raise_for("SSH to the allocated nodes (--node-access ssh)", ProvisionError,
-                         hint="this site does not let you SSH to its compute nodes this way; "
-                              "use --node-access srun (the default)")
+                         hint=hint)
 
     # ------------------------------------------------------------------------------- destroy
     def destroy(self, inv: Inventory, store: InventoryStore) -> None:

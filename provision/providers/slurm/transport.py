@@ -19,29 +19,20 @@ from __future__ import annotations
 
 import shlex
 import threading
+import time
 from pathlib import Path
 
 from provision.errors import MgpuError
 from provision.inventory import Inventory, NodeRecord
 from provision.nodes import CommandResult, Connector, NodeConnection, Writer, ssh_connector
+from provision.providers.slurm.allocation import describe_end, state_of
 from provision.providers.slurm.login import LoginSession, LoginTarget
 from provision.providers.slurm.options import SlurmOptions
-from provision.providers.slurm.slurmcmd import STATE_FORMAT, parse_state, shell, srun_line
+from provision.providers.slurm.slurmcmd import srun_line
 
 JOB_KIND = "slurm-job"
 LOGIN_KIND = "slurm-login"
-
-ENDED = {
-    "CANCELLED": "it was cancelled (scancel, by you or an administrator)",
-    "TIMEOUT": "its time limit (--time, from --max-hours) was reached",
-    "NODE_FAIL": "a node of the allocation failed",
-    "PREEMPTED": "a higher-priority job preempted it",
-    "BOOT_FAIL": "a node failed to boot",
-    "DEADLINE": "its deadline passed",
-    "OUT_OF_MEMORY": "it ran out of memory",
-    "FAILED": "its batch step failed",
-    "COMPLETED": "its batch step ended",
-}
+COMPLETING_POLLS = 10
 
 
 class AllocationLostError(MgpuError):
@@ -71,9 +62,12 @@ class Allocation:
     def check(self, session: LoginSession) -> None:
         """Raise AllocationLostError when the allocation is no longer running."""
         if self.lost is None:
-            res = session.run(shell(f"squeue -h -t all -j {shlex.quote(self.job_id)} "
-                                    f"-o {shlex.quote(STATE_FORMAT)}"), timeout=30)
-            state = parse_state(res.stdout.splitlines()[0] if res.stdout.strip() else "")
+            state = state_of(session, self.job_id)
+            for _ in range(COMPLETING_POLLS):  # ending: wait for the state it ends in
+                if state is None or state.state != "COMPLETING":
+                    break
+                time.sleep(0.5)
+                state = state_of(session, self.job_id)
             if state is not None and (state.running or state.waiting):
                 return
             with self._lock:
@@ -81,15 +75,6 @@ class Allocation:
                                          state.reason if state else None)
         raise AllocationLostError(self.lost, hint="`mgpu-cloud down` removes the cluster's "
                                   "record; `up` (or `run`) makes a new allocation")
-
-
-def describe_end(job_id: str, state: str | None, reason: str | None) -> str:
-    if state is None:
-        return (f"the Slurm allocation {job_id} is gone (Slurm no longer lists it: it ended "
-                "a while ago)")
-    why = ENDED.get(state.split()[0], "")
-    extra = f", reason {reason}" if reason and reason != "None" else ""
-    return f"the Slurm allocation {job_id} ended: {state}{extra}" + (f" ({why})" if why else "")
 
 
 class SrunConnection:
