@@ -21,6 +21,7 @@ from provision.providers.slurm.login import Hop, LoginSession, LoginTarget, spli
 from provision.providers.slurm.options import DEFAULT_TIME_MINUTES, SlurmOptions
 from provision.providers.slurm.slurmcmd import (
     AllocationRequest,
+    check_argv,
     format_time,
     gpu_count,
     job_name,
@@ -30,7 +31,6 @@ from provision.providers.slurm.slurmcmd import (
     section_script,
     sections,
     shell,
-    test_only_argv,
 )
 from provision.spec import ClusterSpec
 
@@ -145,7 +145,7 @@ def probe_script(partition: str | None, test_request: AllocationRequest) -> str:
         "user": "id -un",
         "partition": 'echo "$P"; [ -n "$P" ] && scontrol show partition -o "$P"',
         "nodes": '[ -n "$P" ] && sinfo -h -N -p "$P" -o "%N|%t|%c|%m|%G|%f"',
-        "test": f"timeout 30 {shlex.join(test_only_argv(test_request))}; echo \"exit=$?\"",
+        "test": f"timeout 30 {shlex.join(check_argv(test_request))}; echo \"exit=$?\"",
         "assoc": 'timeout 15 sacctmgr -nP show assoc where user="$(id -un)" '
                  "format=Account,Partition,QOS,MaxWall,MaxNodes,GrpTRES; echo \"exit=$?\"",
         "runtime": "srun --help 2>&1 | grep -q -- --container-image && echo pyxis; "
@@ -208,8 +208,8 @@ class Partition:
 
 def parse_partition(text: str, nodes_text: str) -> Partition | None:
     lines = text.splitlines()
-    if len(lines) < 2 or not lines[0].strip():
-        return None
+    if len(lines) < 2 or "PartitionName=" not in lines[1]:
+        return None  # no such partition (scontrol: "Partition X not found")
     part = Partition(lines[0].strip(), key_values(lines[1]))
     for line in nodes_text.splitlines():
         cols = line.split("|")

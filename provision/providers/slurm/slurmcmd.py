@@ -160,7 +160,7 @@ def sbatch_argv(req: AllocationRequest) -> list[str]:
     return [*argv, *req.extra, "--wrap=exec sleep infinity"]
 
 
-def test_only_argv(req: AllocationRequest) -> list[str]:
+def check_argv(req: AllocationRequest) -> list[str]:
     """sbatch --test-only of the same request: Slurm validates it and says when it would
     start, without creating a job."""
     argv = sbatch_argv(req)
