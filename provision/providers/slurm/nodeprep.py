@@ -9,8 +9,9 @@ stays per node, shared home or not. The folder is made 0700 by its owner and ref
 exists otherwise (a node's /tmp is shared with other users).
 
 The same step reads each node's SSH host key (the job step is authenticated by Slurm, so the
-key can be pinned for `--node-access ssh`), checks python3, and from node 0 tries SSH to
-another node (DeepSpeed's pdsh launcher needs it).
+key can be pinned for `--node-access ssh`), checks python3, counts the GPUs the step sees
+(nvidia-smi), finds a container runtime (apptainer/singularity, for --image), and from node 0
+tries SSH to another node (DeepSpeed's pdsh launcher needs it).
 """
 
 from __future__ import annotations
@@ -38,6 +39,8 @@ class PreparedNode:
     host_key: str | None
     node_dir: str
     node_ssh: bool | None  # node 0 only: SSH to another node works
+    gpus: int  # GPUs nvidia-smi lists in the job step (0: none, or no nvidia-smi)
+    runtime: str  # "apptainer" | "singularity" | "" (none on PATH)
 
 
 def prepare_script(cluster: str, job_id: str, node_dir: str | None,
@@ -67,9 +70,12 @@ k=
 for f in /etc/ssh/ssh_host_ed25519_key.pub /etc/ssh/ssh_host_ecdsa_key.pub /etc/ssh/ssh_host_rsa_key.pub; do
   if [ -r "$f" ]; then k=$(cut -d' ' -f1,2 "$f"); break; fi
 done
+g=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU')
+r=
+for c in apptainer singularity; do if command -v $c >/dev/null 2>&1; then r=$c; break; fi; done
 s=
 {probe_ssh}
-echo "N|$n|$py|$k|$t|$s"
+echo "N|$n|$py|$k|$t|$s|${{g:-0}}|$r"
 """
 
 
@@ -82,10 +88,11 @@ def parse_prepared(output: str, expected: list[str]) -> list[PreparedNode]:
         parts = line.strip().split("|")
         if parts[0] == "E" and len(parts) >= 3:
             errors[parts[1]] = "|".join(parts[2:])
-        elif parts[0] == "N" and len(parts) == 6:
-            _, name, py, key, node_dir, ssh = parts
+        elif parts[0] == "N" and len(parts) == 8:
+            _, name, py, key, node_dir, ssh, gpus, runtime = parts
             found[name] = PreparedNode(name, py, key or None, node_dir,
-                                       {"yes": True, "no": False}.get(ssh))
+                                       {"yes": True, "no": False}.get(ssh),
+                                       int(gpus) if gpus.isdigit() else 0, runtime)
     for name in expected:
         if name in found and not found[name].python:
             errors[name] = "python3 is not on PATH (mgpu-cloud runs `python3 remote.pyz` there)"

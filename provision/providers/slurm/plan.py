@@ -45,7 +45,7 @@ class SiteFacts(StrictModel):
     user: str
     partition: str
     gpus_per_node: int  # GPUs (GRES gpu) of the partition's smallest node, 0 if none
-    container_runtime: str | None  # "pyxis" | "apptainer" | "singularity" | None
+    container_runtimes: list[str]  # on the login node: "pyxis", "apptainer", "singularity"
     accounting: bool
 
 
@@ -219,6 +219,17 @@ def parse_partition(text: str, nodes_text: str) -> Partition | None:
     return part
 
 
+def container_note(found: list[str]) -> str:
+    """What --image will use, as far as the login node shows (create asks the nodes)."""
+    usable = [r for r in found if r in ("apptainer", "singularity")]
+    if usable:
+        return f"containers (--image): {usable[0]} exec (checked again on the nodes at up)"
+    if "pyxis" in found:
+        return ("containers (--image): only pyxis found, which mgpu-cloud does not drive yet: "
+                "run without --image (set the environment up with the slurm `setup` line)")
+    return "containers (--image): none found (run without --image)"
+
+
 def _exit_of(text: str) -> tuple[int, str]:
     """(exit code, output without the trailing `exit=N` line)."""
     lines = text.rstrip("\n").splitlines()
@@ -284,7 +295,6 @@ def build_plan(spec: ClusterSpec, opts: SlurmOptions, target: LoginTarget, outpu
     assoc_code, assoc_text = _exit_of(parts.get("assoc", ""))
     accounting = assoc_code == 0
     runtimes = parts.get("runtime", "").split()
-    runtime = runtimes[0] if runtimes else None
     slots = spec.gpus_per_node or site_gpus or 1
     counts = partition.state_counts()
     limits = partition.limits
@@ -327,7 +337,7 @@ def build_plan(spec: ClusterSpec, opts: SlurmOptions, target: LoginTarget, outpu
                       if opts.node_access == "srun" else
                       "node commands run over SSH to the nodes through the login node "
                       "(checked at up)")
-    plan_notes.append(f"containers (--image): {runtime or 'none found (jobs run on the nodes as they are)'}")
+    plan_notes.append(container_note(runtimes))
     plan_notes.append("nothing is billed in dollars: the allocation counts against your "
                       "account/fair share while it runs; `down` cancels it")
     if spec.gpus_per_node and not site_gpus:
@@ -339,7 +349,7 @@ def build_plan(spec: ClusterSpec, opts: SlurmOptions, target: LoginTarget, outpu
         hourly_cost_usd=0.0, max_hours=req.time_minutes / 60, notes=plan_notes,
         target=target, request=req,
         site=SiteFacts(version=version, user=user, partition=partition.name,
-                       gpus_per_node=site_gpus, container_runtime=runtime,
+                       gpus_per_node=site_gpus, container_runtimes=runtimes,
                        accounting=accounting),
     )
 

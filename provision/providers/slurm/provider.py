@@ -97,6 +97,16 @@ class SlurmProvider:
                        resource_id=job_id)
             for rank, (a, pn) in enumerate(zip(allocated, prepared, strict=True))
         ]
+        gpus = all(pn.gpus for pn in prepared)
+        if not gpus:
+            # CPU nodes: without this, accelerate starts every process alone (world size 1).
+            inv.nccl_env = {"ACCELERATE_USE_CPU": "1"}
+            log.info("slurm: no GPUs visible in the allocation (nvidia-smi): CPU jobs (gloo)")
+        runtimes = {pn.runtime for pn in prepared}  # one that every node has, for --image
+        inv.container_runtime = "none"
+        if runtimes == {"apptainer"} or runtimes == {"singularity"}:
+            inv.container_runtime = "apptainer" if runtimes == {"apptainer"} else "singularity"
+            inv.container_args = ["--nv"] if gpus else []
         store.save(inv)
         log.info("slurm: allocation %s runs on %s", job_id, ", ".join(n.name for n in inv.nodes))
         node_ssh = prepared[0].node_ssh

@@ -133,10 +133,14 @@ def test_pending_allocation_shows_its_reason_then_up_exec_down(slurm: Any, slurm
 
 
 def test_a_lost_allocation_is_reported_as_such(slurm: Any, slurm_user: Path, cli: Any) -> None:
+    """Also: --image where the nodes have no container runtime is refused by name."""
     res = cli("up", "--provider", "slurm", "--login", slurm.login("user"), "--nodes", "1",
               "--name", "slurm-lost")
     assert res.returncode == 0, res.stderr
     job = job_id_of(res.stderr)
+    image = cli("launch", "slurm-lost", "--image", "pytorch/pytorch", "--", EXAMPLE)
+    assert image.returncode == 8  # no Docker/Apptainer on these nodes: said, not a sudo error
+    assert "cluster 'slurm-lost' cannot run container images" in image.stderr, image.stderr
     slurm.sh(f"scancel {job}", user="user")
     res = cli("exec", "slurm-lost", "--", "true")
     assert res.returncode != 0

@@ -180,7 +180,8 @@ def test_plan_from_a_probe() -> None:
         "account": "research", "qos": None, "constraint": None, "reservation": None,
         "gpus_per_node": 2, "extra": []}
     assert plan.slots_per_node == 2 and plan.site.partition == "debug"
-    assert plan.site.container_runtime == "pyxis" and plan.site.accounting
+    assert plan.site.container_runtimes == ["pyxis"] and plan.site.accounting
+    assert "only pyxis found, which mgpu-cloud does not drive yet" in plan.render()
     text = plan.render()
     assert "expected_start=2026-11-30T10:54:09" in text and "time=0-01:00:00 (default)" in text
     assert "partition debug: UP, 2 node(s) (1 idle, 1 allocated, 0 mixed, 0 other)" in text
@@ -317,8 +318,8 @@ def test_a_failing_command_is_checked_against_the_allocation() -> None:
 
 
 def test_node_preparation_reports_every_bad_node() -> None:
-    out = ("N|node1|3.11|ssh-ed25519 AAAA|/tmp/mgpu-cloud-u-c-9|yes\n"
-           "N|node2||ssh-ed25519 BBBB|/tmp/mgpu-cloud-u-c-9|\n"
+    out = ("N|node1|3.11|ssh-ed25519 AAAA|/tmp/mgpu-cloud-u-c-9|yes|8|apptainer\n"
+           "N|node2||ssh-ed25519 BBBB|/tmp/mgpu-cloud-u-c-9||8|\n"
            "E|node3|/tmp/mgpu-cloud-u-c-9 exists and is not ours\n")
     with pytest.raises(ProvisionError) as err:
         parse_prepared(out, ["node1", "node2", "node3", "node4"])
@@ -328,6 +329,7 @@ def test_node_preparation_reports_every_bad_node() -> None:
     assert "node4: did not answer" in err.value.message
     good = parse_prepared(out.splitlines()[0], ["node1"])
     assert good[0].host_key == "ssh-ed25519 AAAA" and good[0].node_ssh is True
+    assert good[0].gpus == 8 and good[0].runtime == "apptainer"
 
 
 def test_node_folder_and_cleanup_in_a_shell(tmp_path: Path) -> None:
@@ -344,7 +346,7 @@ def test_node_folder_and_cleanup_in_a_shell(tmp_path: Path) -> None:
     line = res.stdout.strip()
     user = subprocess.run(["id", "-un"], capture_output=True, text=True).stdout.strip()
     folder = tmp / f"mgpu-cloud-{user}-c1-9"
-    assert line.startswith("N|node1|") and line.endswith(f"|{folder}|"), res.stderr
+    assert line.startswith("N|node1|") and f"|{folder}||0|" in line, res.stderr
     assert (home / ".mgpu-cloud/slurm/c1").resolve() == folder and folder.is_dir()
     again = subprocess.run(["bash", "-c", f"cd && {prepare_script('c1', '9', None, None)}"],
                            capture_output=True, text=True, env=env)
@@ -393,3 +395,25 @@ def test_cli_flags_and_spec() -> None:
     assert missing.exit_code == 2 and "needs the login node" in missing.output
     gc_help = runner.invoke(app, ["gc", "--help"]).output
     assert "--login" in gc_help
+
+
+def test_images_run_with_the_runtime_the_nodes_have() -> None:
+    """--image on Slurm: `apptainer exec` (no Docker there), or a clear refusal."""
+    from provision.errors import LaunchError
+    from provision.launch import node_command
+    from provision.spec import build_job_spec
+
+    example = str(Path(__file__).resolve().parents[3] / "examples" / "train_ddp.py")
+    inv = Inventory(name="c1", provider="slurm", remote_root=".mgpu-cloud/slurm/c1",
+                    nodes=[node("node1")], container_runtime="apptainer",
+                    container_args=["--nv"])
+    job = build_job_spec({}, {"script": example, "image": "nvcr.io/nvidia/pytorch:24.06-py3",
+                              "env": {"A": "x,y"}})
+    line = node_command(inv, job, inv.nodes[0])
+    assert (" -- env MGPU_CLUSTER=c1 MGPU_OUTPUT_DIR=/mgpu/outputs PYTHONUNBUFFERED=1 A=x,y "
+            "apptainer exec --bind \"$HOME\"/.mgpu-cloud/slurm/c1:/mgpu --pwd /mgpu/work --nv "
+            "docker://nvcr.io/nvidia/pytorch:24.06-py3 torchrun ") in line, line
+    assert "docker run" not in line and "sudo" not in line
+    inv.container_runtime = "none"
+    with pytest.raises(LaunchError, match="cannot run container images"):
+        node_command(inv, job, inv.nodes[0])
