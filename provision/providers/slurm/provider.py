@@ -173,11 +173,14 @@ class SlurmProvider:
                 log.warning("slurm: allocation %s is no longer running: left on its nodes "
                             "(node-local, often removed by the site at job end): %s", job.id,
                             mine[0].extra["node_dirs"])
+            if state is not None and not (state.running or state.waiting):
+                log.info("slurm: allocation %s had ended already (%s)", job.id, state.state)
             final = cancel(session, job.id)
             if final is not None and (final.running or final.waiting):
                 raise TeardownError(f"allocation {job.id} is still {final.state} after scancel",
                                     hint=f"`mgpu-cloud down {inv.name}` again, or ask the site")
-            log.info("slurm: allocation %s cancelled", job.id)
+            if state is None or state.running or state.waiting:
+                log.info("slurm: allocation %s cancelled", job.id)
             store.forget(inv, JOB_KIND, job.id)
         for d in dirs:
             root = d.extra.get("path", "")
