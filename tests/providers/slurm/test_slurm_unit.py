@@ -417,3 +417,14 @@ def test_images_run_with_the_runtime_the_nodes_have() -> None:
     inv.container_runtime = "none"
     with pytest.raises(LaunchError, match="cannot run container images"):
         node_command(inv, job, inv.nodes[0])
+
+
+def test_the_example_cluster_yaml_is_valid() -> None:
+    from provision.spec import load_config_file
+
+    path = Path(__file__).resolve().parents[3] / "inventories" / "slurm.example.yaml"
+    spec = build_cluster_spec(load_config_file(path), {})
+    opts = spec.options_as(SlurmOptions)
+    assert spec.provider == "slurm" and spec.nodes == 4 and spec.max_hours == 6
+    assert opts.login == "alice@login.hpc.example.org" and opts.partition == "gpu"
+    assert opts.setup and opts.node_access == "srun"
