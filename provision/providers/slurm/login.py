@@ -198,7 +198,10 @@ class LoginSession:
     @contextlib.contextmanager
     def _slot(self) -> Iterator[_Conn]:
         with self._lock:  # connecting under the lock: one handshake at a time
-            self._conns = [c for c in self._conns if c.transport is not None or c.channels]
+            dead = [c for c in self._conns if c.transport is None and not c.channels]
+            for c in dead:
+                c.close()
+                self._conns.remove(c)
             conn = next((c for c in self._conns
                          if c.transport is not None and c.channels < MAX_CHANNELS), None)
             if conn is None:

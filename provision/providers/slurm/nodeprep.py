@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 from provision.errors import ProvisionError
 from provision.providers.slurm.login import LoginSession
-from provision.providers.slurm.slurmcmd import srun_line
+from provision.providers.slurm.slurmcmd import SETUP_FAILED, srun_line
 
 STOP_GRACE_S = 5
 STEP_TIMEOUT_S = 120.0
@@ -112,6 +112,12 @@ def prepare(session: LoginSession, job_id: str, cluster: str, nodes: list[str],
     script = prepare_script(cluster, job_id, node_dir, other)
     res = session.run(srun_line(job_id, None, script, setup=setup, nodes=len(nodes)),
                       timeout=STEP_TIMEOUT_S)
+    if SETUP_FAILED in res.stderr:
+        lines = [ln for ln in res.stderr.splitlines() if ln.strip() and "srun:" not in ln]
+        raise ProvisionError(f"the slurm setup line ({setup!r}) failed on the nodes: "
+                             f"{' | '.join(dict.fromkeys(lines))}",
+                             hint="fix `setup` in the slurm section; it runs in a job step "
+                                  "on each node, like a batch script's first lines")
     try:
         return parse_prepared(res.stdout, nodes)
     except ProvisionError as exc:

@@ -67,7 +67,7 @@ class SlurmProvider:
             job_id = submit(session, p.request)
             store.record(inv, ResourceRecord(
                 kind=JOB_KIND, id=job_id, name=p.request.job_name,
-                extra={"partition": p.site.partition,
+                extra={"partition": p.site.partition, "nodes": str(p.request.nodes),
                        "time": format_time(p.request.time_minutes)}))
             log.info("slurm: submitted allocation %s (%d node(s), partition %s, --time %s)",
                      job_id, p.request.nodes, p.site.partition,
@@ -160,12 +160,13 @@ class SlurmProvider:
         for job in inv.resources_of(JOB_KIND):
             state = state_of(session, job.id)
             mine = [d for d in dirs if d.id.split(":", 1)[0] == job.id]
-            if mine and state is not None and state.running and inv.nodes:
+            count = int(job.extra.get("nodes", "0")) or len(inv.nodes)
+            if mine and state is not None and state.running and count:
                 d = mine[0]
                 node_dirs = [x for x in d.extra.get("node_dirs", "").split(",") if x]
                 parents = [x for x in d.extra.get("parents", "").split(",") if x]
-                ok, why = cleanup_nodes(session, job.id, inv.name, len(inv.nodes), node_dirs,
-                                        parents, opts.setup)
+                ok, why = cleanup_nodes(session, job.id, inv.name, count, node_dirs, parents,
+                                        opts.setup)
                 if not ok:
                     log.warning("slurm: cleaning the nodes of allocation %s failed (%s); the "
                                 "allocation is cancelled anyway", job.id, why)

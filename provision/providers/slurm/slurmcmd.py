@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from provision.model import StrictModel
 
 JOB_NAME_PREFIX = "mgpu-cloud-"
+SETUP_FAILED = "mgpu-cloud: the slurm setup line failed"
 MARK = "::mgpu-cloud::"  # section marker in the output of multi-part scripts
 
 # squeue %T states: the allocation is usable / may become usable / is over.
@@ -179,8 +180,7 @@ def node_script(command: str, setup: str | None) -> str:
     """What runs on a node: in $HOME (like an SSH session), after the site's setup line."""
     lines = ['cd "$HOME" || exit 1']
     if setup:
-        lines.append(f"{{ {setup}\n}} || {{ echo 'mgpu-cloud: the slurm setup line failed' >&2;"
-                     " exit 97; }")
+        lines.append(f"{{ {setup}\n}} || {{ echo '{SETUP_FAILED}' >&2; exit 97; }}")
     lines.append(command)
     return "\n".join(lines) + "\n"
 
