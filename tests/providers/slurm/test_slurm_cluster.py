@@ -182,3 +182,22 @@ def test_plan_shows_limits_nodes_and_associations(slurm: Any, slurm_user: Path,
     assert "your associations: account default" in err and "account research" in err
     assert "dry run: nothing was created" in err
 
+
+
+def test_gc_finds_and_cancels_jobs_no_inventory_knows(slurm: Any, slurm_user: Path,
+                                                      cli: Any) -> None:
+    ghost = slurm.sh("sbatch --parsable -J mgpu-cloud-ghost -o /dev/null --wrap 'sleep 600'",
+                     user="user").stdout.strip()
+    other = slurm.sh("sbatch --parsable -J my-own-job -o /dev/null --wrap 'sleep 600'",
+                     user="user").stdout.strip()
+    try:
+        found = cli("gc", "--provider", "slurm", "--login", slurm.login("user"))
+        assert found.returncode == 0, found.stderr
+        assert found.stdout.startswith(f"slurm-job\t{ghost}\tmgpu-cloud-ghost"), found.stdout
+        assert other not in found.stdout
+        gone = cli("gc", "--provider", "slurm", "--login", slurm.login("user"), "--delete")
+        assert gone.returncode == 0 and "deleted 1 resource(s)" in gone.stderr, gone.stderr
+        assert slurm.job(ghost)["JobState"] == "CANCELLED"
+        assert slurm.job(other)["JobState"] in ("PENDING", "RUNNING")
+    finally:
+        slurm.sh(f"scancel {ghost} {other}", user="user")
