@@ -291,7 +291,10 @@ def build_plan(spec: ClusterSpec, opts: SlurmOptions, target: LoginTarget, outpu
             "the allocation cannot be made: " + "\n".join(problems),
             hint="`sinfo -s` on the login node lists the partitions; check --partition, "
                  "--account, --qos, --constraint, --nodes and --max-hours")
-    assert partition is not None  # the test passed, so the partition exists
+    if partition is None:  # Slurm accepted it, but `scontrol show partition` said nothing
+        raise UserInputError(f"cannot read the limits of partition {asked or '(default)'!r} "
+                             "on the login node", hint="pass --partition explicitly; `sinfo -s` "
+                             "lists the partitions")
     assoc_code, assoc_text = _exit_of(parts.get("assoc", ""))
     accounting = assoc_code == 0
     runtimes = parts.get("runtime", "").split()
