@@ -1,11 +1,14 @@
 """Container mode: cloud nodes run the job inside a training image (`docker run` on the host).
 
 The default image is defined here once; a provider adds what its fabric needs inside the
-container (devices, library mounts) through `Inventory.container_args`.
+container (devices, library mounts) through `Inventory.container_args`. Where nodes have no
+Docker (Slurm sites), the provider names another runtime in `Inventory.container_runtime`:
+Apptainer/Singularity (`exec`, unprivileged, the host's environment and $HOME passed through).
 """
 
 from __future__ import annotations
 
+from provision.errors import LaunchError
 from provision.inventory import Inventory
 from provision.nodes import CONTAINER_ROOT, HomePath
 
@@ -31,3 +34,24 @@ def docker_run_argv(inv: Inventory, image: str, env: dict[str, str], *, mount: s
         argv += ["-e", f"{key}={value}"]
     argv += [*inv.container_args, *(extra or []), image]
     return argv
+
+
+def container_run_argv(inv: Inventory, image: str, env: dict[str, str], *, mount: str,
+                       extra: list[str] | None = None) -> list[str]:
+    """The words that start the job's container with the inventory's runtime (the launcher's
+    argv follows). `extra` are the launcher's `docker run` words (Docker only: Apptainer
+    binds $HOME, so e.g. ~/.ssh is there already)."""
+    runtime = inv.container_runtime
+    if runtime == "docker":
+        return docker_run_argv(inv, image, env, mount=mount, extra=extra)
+    if runtime == "none":
+        raise LaunchError(f"cluster {inv.name!r} cannot run container images (no Docker, "
+                          "Apptainer or Singularity on its nodes)",
+                          hint="run without --image, in an environment set up on the nodes")
+    uri = image if "://" in image or image.endswith(".sif") or image.startswith(("/", ".")) \
+        else f"docker://{image}"
+    # `env K=V` before the runtime: Apptainer passes the caller's environment into the
+    # container (no --cleanenv), so the variables arrive without a comma-splitting --env.
+    return ["env", *(f"{k}={v}" for k, v in env.items()), runtime, "exec",
+            "--bind", HomePath(f"{mount}:{CONTAINER_ROOT}"), "--pwd", f"{CONTAINER_ROOT}/work",
+            *inv.container_args, uri]

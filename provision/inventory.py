@@ -141,6 +141,9 @@ class Inventory(BaseModel):
         default_factory=list,
         description="extra `docker run` words the provider's fabric needs (devices, mounts, env)",
     )
+    container_runtime: Literal["docker", "apptainer", "singularity", "none"] = Field(
+        "docker", description="what runs a job's image on the nodes (provision/container.py); "
+        "container_args are words of this runtime; none: the nodes cannot run images")
     wait_for_gpu: bool = Field(False, description="bootstrap waits for nvidia-smi too")
     manage_etc_hosts: bool = Field(False, description="bootstrap writes node names to /etc/hosts")
     inter_node_ssh: bool = Field(

@@ -19,7 +19,7 @@ from collections.abc import Callable
 from concurrent.futures import FIRST_COMPLETED, Future, wait
 from typing import Protocol, TextIO
 
-from provision.container import docker_run_argv
+from provision.container import container_run_argv
 from provision.errors import LaunchError
 from provision.inventory import Inventory, NodeRecord
 from provision.launchers import LaunchContext, get_launcher
@@ -118,7 +118,7 @@ def node_command(
     prefix, container_extra = launcher.prepare(ctx, env)
     if ctx.in_container:
         image = job.image or inv.container_image or ""
-        docker = docker_run_argv(inv, image, env, mount=home.root, extra=container_extra)
+        docker = container_run_argv(inv, image, env, mount=home.root, extra=container_extra)
         return prefix + words(supervise + docker + argv)
     assignments = " ".join(assign(k, v) for k, v in env.items())
     return f"{prefix}env {assignments} {words(supervise + argv)}"

@@ -27,6 +27,7 @@ REGISTRY: dict[str, str] = {
     "aws": "provision.providers.aws",
     "gcp": "provision.providers.gcp",
     "ssh": "provision.providers.ssh",
+    "slurm": "provision.providers.slurm",
 }
 DEFAULT_PROVIDER = "docker"
 
