@@ -140,6 +140,10 @@ class JobSpec(StrictModel):
     nccl_debug: bool = False
     deepspeed_launcher: Literal["pdsh", "no_ssh"] = "pdsh"
     deepspeed_config: str | None = None
+    # the fabric gate before a multi-node job (provision/gate.py, docs/fabric-gate.md)
+    fabric_check: Literal["auto", "on", "off"] = Field(
+        "auto", description="auto: on for multi-node clusters whose provider knows the fabric")
+    allow_slow_network: bool = Field(False, description="run even when the fabric gate fails")
 
     @field_validator("launcher")
     @classmethod

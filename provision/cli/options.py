@@ -43,6 +43,8 @@ JOB_OPTIONS = [
     Opt("nccl_debug", bool | None, typer.Option(None, "--nccl-debug", help="NCCL_DEBUG=INFO"), ("nccl_debug",)),
     Opt("deepspeed_launcher", str | None, typer.Option(None, "--deepspeed-launcher", help="pdsh (default) | no_ssh"), ("deepspeed_launcher",)),
     Opt("deepspeed_config", str | None, typer.Option(None, "--deepspeed-config", help="ds_config JSON"), ("deepspeed_config",)),
+    Opt("fabric_check", str | None, typer.Option(None, "--fabric-check", help="auto (default: on for multi-node clusters whose provider knows the fabric, i.e. aws/gcp) | on | off"), ("fabric_check",)),
+    Opt("allow_slow_network", bool | None, typer.Option(None, "--allow-slow-network", help="run even when the fabric gate fails (with a warning)"), ("allow_slow_network",)),
 ]
 
 
