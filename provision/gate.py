@@ -17,9 +17,10 @@ Then, from the output alone:
   - transport: each node's NCCL INFO lines -> provision.fabric.transport_of, compared with
     Inventory.fabric.transport;
   - bandwidth: the peak busbw against BUSBW_FAIL_FRACTION x Inventory.fabric.busbw_gbps;
-  - slow node: a node whose BEST pair is below PAIR_SLOW_FRACTION of the reference (the median
-    over nodes of each node's best pair): every pair it is in is slow, so it is the node;
-  - slow link: a pair below it whose two nodes are otherwise fine.
+  - slow pair: below PAIR_SLOW_FRACTION of the reference (the median over nodes of each node's
+    best pair) in both of its measurements;
+  - slow node: every pair it is in is slow (even its best one), so it is the node;
+  - slow link: a slow pair whose two nodes are fine with other partners.
 Failure -> one table, the problems, the likely fixes (provision.fabric's per-fabric fixes and
 the provision.diagnose signatures found in the output), FabricGateError before the job; with
 --allow-slow-network a warning instead. The result is kept in Inventory.fabric_gate.
@@ -315,14 +316,17 @@ def evaluate(inv: Inventory, output: str, code: int, *, mode: str,
         for name, bw in best.items():
             if bw is not None and summary is not None:
                 rows[name].busbw_gbps = bw
-        slow_nodes = [n for n, bw in best.items() if bw is not None and bw < floor]
+        # Slow = below the line in BOTH measurements: the nodes measure again every pair that
+        # was below it the first time (a pair measured once was above it then).
+        for pair in pairs:
+            if pair.busbw_gbps < floor and pair.measurements > 1:
+                pair.verdict = "slow"
+        slow_nodes = [n for n in names if best[n] is not None
+                      and all(p.verdict == "slow" for p in pairs if n in p.nodes)]
         for name in slow_nodes:
             rows[name].verdict = "slow"
             rows[name].detail = (f"its best pair {best[name]:.3g} GB/s is "
                                  f"{_pct((best[name] or 0) / reference)} of the median pair")
-        for pair in pairs:
-            if pair.busbw_gbps < floor:
-                pair.verdict = "slow"
         links = [p for p in pairs if p.verdict == "slow"
                  and not set(p.nodes) & set(slow_nodes)]
         for p in links:

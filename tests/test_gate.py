@@ -98,13 +98,25 @@ def test_healthy_nodes_pass() -> None:
 
 def test_a_slow_link_names_the_pair_not_the_nodes() -> None:
     pairs = {(0, 1): 0.1, (0, 2): 1.0, (0, 3): 1.0, (1, 2): 1.0, (1, 3): 1.0, (2, 3): 1.0}
-    out = lines("node-0", summary(0.9, 4), *(pair(a, b, bw, 0) for (a, b), bw in pairs.items()))
+    out = lines("node-0", summary(0.9, 4), *(pair(a, b, bw, 0) for (a, b), bw in pairs.items()),
+                pair(0, 1, 0.12, 0, confirm=True))
     record = evaluate(inventory(4), out, 0, mode="on")
     assert record.verdict == "fail"
     assert {n.node: n.verdict for n in record.nodes} == {
         "node-0": "slow link", "node-1": "slow link", "node-2": "ok", "node-3": "ok"}
     assert any("node-0 <-> node-1" in p for p in record.problems)
     assert SLOW_LINK_FIX in record.fixes
+
+
+def test_a_pair_is_slow_only_when_both_measurements_are() -> None:
+    # (0, 2) was below the line, then fine when measured again: that raises the reference
+    # above (0, 3) and (1, 2), which were measured once (above the line at the time)
+    out = lines("node-0", summary(0.3, 4), pair(0, 3, 0.379, 0), pair(1, 2, 0.39, 0),
+                pair(0, 2, 0.368, 1), pair(1, 3, 0.615, 1), pair(0, 1, 0.858, 2),
+                pair(2, 3, 0.644, 2), pair(0, 2, 0.887, 0, confirm=True))
+    record = evaluate(inventory(4), out, 0, mode="on")
+    assert record.verdict == "pass", record.problems
+    assert record.pair_reference_gbps == pytest.approx((0.887 + 0.858) / 2)
 
 
 def test_two_nodes_cannot_blame_one() -> None:
