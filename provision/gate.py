@@ -399,7 +399,8 @@ def render_table(record: GateRecord) -> str:
            + (f", expected {record.expected_busbw_gbps:g}" if record.expected_busbw_gbps else "")
            + f", {record.rounds} pairwise rounds, {record.seconds:.1f} s)"]
     for r in rows:
-        out.append("  " + "  ".join(cell.ljust(w) for cell, w in zip(r, widths, strict=True)))
+        out.append(("  " + "  ".join(cell.ljust(w) for cell, w in zip(r, widths, strict=True)))
+                   .rstrip())
     out += [f"  problem: {p}" for p in record.problems]
     out += [f"  note: {n}" for n in record.notes]
     out += [f"  likely fix: {f}" for f in record.fixes]
