@@ -61,23 +61,42 @@ def run_allreduce(
     group: NodeGroup | None = None,
 ) -> tuple[int, list[dict[str, Any]]]:
     """torchrun `remote.pyz allreduce` across all nodes; returns (exit code, rank 0's records)."""
-    from provision.launch import run_job
-
     # model_construct: no validation (the "script" lives on the nodes); defaults otherwise
     job = JobSpec.model_construct(script="remote.pyz", launcher="torchrun", excludes=[],
                                   nproc_per_node=nproc_per_node, master_port=master_port)
     program = ["@root/remote.pyz", "allreduce", "--min-bytes", min_bytes, "--max-bytes",
                max_bytes, "--iters", str(iters)]
+    code, output = run_remote_program(inv, job, program, log=log, group=group)
+    records = json_lines(output, inv.master.name)
+    if code != 0:
+        log(output[-3000:])
+    return code, records
+
+
+def run_remote_program(
+    inv: Inventory, job: JobSpec, program: list[str], *, log: Log = print,
+    group: NodeGroup | None = None,
+) -> tuple[int, str]:
+    """`program` (words; "@root/remote.pyz ..." is the node's copy) launched as `job` says
+    (launcher, env, image, port) on every node; returns (exit code, every node's output as
+    launch prints it: `[node] line`). The output is kept, not printed."""
+    from provision.launch import run_job
+
     sink = io.StringIO()
     code = run_job(inv, job, log=log, out=sink, program=program, group=group)
+    return code, sink.getvalue()
+
+
+def json_lines(output: str, node: str) -> list[dict[str, Any]]:
+    """The JSON objects `node` printed (one per line) in `[node] `-prefixed output."""
+    prefix = f"[{node}] {{"
     records: list[dict[str, Any]] = []
-    master = f"[{inv.master.name}] "
-    for line in sink.getvalue().splitlines():
-        if line.startswith(master + "{"):
+    for line in output.splitlines():
+        if line.startswith(prefix):
             try:
-                records.append(json.loads(line[len(master):]))
+                value = json.loads(line[len(prefix) - 1:])
             except json.JSONDecodeError:
                 continue
-    if code != 0:
-        log(sink.getvalue()[-3000:])
-    return code, records
+            if isinstance(value, dict):
+                records.append(value)
+    return records

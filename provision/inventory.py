@@ -33,6 +33,7 @@ from provision.errors import (
     MgpuError,
     UserInputError,
 )
+from provision.gate_record import GateRecord
 from provision.spec import ClusterSpec, validate_cluster_name
 
 CLUSTER_TAG = "mgpu-cloud-cluster"
@@ -153,6 +154,7 @@ class Inventory(BaseModel):
     fabric: FabricExpectation | None = None
     preemption: PreemptionSource | None = None
     replacements: list[Replacement] = Field(default_factory=list)
+    fabric_gate: GateRecord | None = Field(None, description="the fabric gate's last result")
 
     def resources_of(self, kind: str) -> list[ResourceRecord]:
         return [r for r in self.resources if r.kind == kind]

@@ -168,6 +168,7 @@ def launch(
         inv = store.load(name)
         if inv.status != "ready":
             raise MgpuError(f"cluster {name!r} is {inv.status}, not ready")
+        _fabric_gate(inv, job, store, log)
         return _sync_run_fetch(get_provider(inv.provider), inv, store, job, log)
 
 
@@ -212,6 +213,7 @@ def run(
             provider, spec, plan, store, bootstrap=True, job=job, log=log
         )
         try:
+            _fabric_gate(inv, job, store, log)
             # bootstrap already placed the workdir
             return _sync_run_fetch(provider, inv, store, job, log, sync=False)
         finally:
@@ -221,3 +223,12 @@ def run(
             else:
                 with sigterm_raises():
                     _destroy(provider, inv, store, log)
+
+
+# --- the fabric gate (provision/gate.py): before a multi-node job, stop on a degraded network
+def _fabric_gate(inv: Inventory, job: JobSpec, store: InventoryStore, log: Log) -> None:
+    """Raises FabricGateError (a LaunchError) when the gate fails and the job did not say
+    --allow-slow-network; records the result in the inventory either way."""
+    from provision.gate import gate_before_job
+
+    gate_before_job(inv, job, store=store, log=log)

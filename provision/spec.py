@@ -146,6 +146,10 @@ class JobSpec(StrictModel):
         None, gt=0, description="seconds without output or checkpoint save = a hang")
     on_node_loss: Literal["replace", "restart", "fail"] = "replace"
     preempt_signal: str = Field("SIGUSR1", description="sent to every rank on a notice")
+    # the fabric gate before a multi-node job (provision/gate.py, docs/fabric-gate.md)
+    fabric_check: Literal["auto", "on", "off"] = Field(
+        "auto", description="auto: on for multi-node clusters whose provider knows the fabric")
+    allow_slow_network: bool = Field(False, description="run even when the fabric gate fails")
 
     @field_validator("launcher")
     @classmethod

@@ -99,19 +99,26 @@ def status(
     store = InventoryStore()
     invs = [store.load(name)] if name else store.all()
     rows = status_rows(invs)
+    gates = {inv.name: inv.fabric_gate for inv in invs}  # the fabric gate's last result
     if as_json:
         import json
 
+        for r in rows:
+            gate = gates.get(r["name"])
+            r["fabric_gate"] = gate.model_dump(mode="json") if gate else None
         typer.echo(json.dumps(rows, indent=2))
         return
     from rich.console import Console
     from rich.table import Table
 
-    table = Table("cluster", "provider", "status", "nodes", "created", "$/hour", "addresses")
+    table = Table("cluster", "provider", "status", "nodes", "created", "$/hour", "addresses",
+                  "fabric gate")
     for r in rows:
         addrs = ", ".join(f"{n['name']}={n['address']}:{n['port']}" for n in r["nodes"])
+        gate = gates.get(r["name"])
         table.add_row(r["name"], r["provider"], r["status"], str(len(r["nodes"])),
-                      r["created_at"], f"{r['hourly_cost_usd']:.2f}", addrs)
+                      r["created_at"], f"{r['hourly_cost_usd']:.2f}", addrs,
+                      gate.summary() if gate else "-")
     Console().print(table)
 
 
@@ -174,9 +181,11 @@ def check(
     min_bytes: Annotated[str, typer.Option("--min-bytes", help="smallest all-reduce size")] = "1M",
     interconnect: Annotated[str | None, typer.Option("--interconnect", help="nvlink3|nvlink4|pcie4|efa-p4d|efa-p5|ib-hdr|ib-ndr|eth-10|eth-25|eth-100")] = None,
     gpus_per_node: Annotated[int | None, typer.Option("--gpus-per-node", help="GPUs each node should have")] = None,
+    fabric: Annotated[bool, typer.Option("--fabric", help="run the fabric gate now (as `launch --fabric-check on` does) and keep its result")] = False,
     as_json: Annotated[bool, typer.Option("--json", help="machine-readable output")] = False,
 ) -> None:
-    """Compare every node's GPUs, driver, torch/NCCL versions and ports; optionally bandwidth."""
+    """Compare every node's GPUs, driver, torch/NCCL versions and ports; optionally bandwidth.
+    Shows the fabric gate's last result (--fabric: runs it now)."""
     from provision import check as judge
     from provision.checkrun import gather_preflights, run_allreduce
     from provision.inventory import InventoryStore
@@ -196,12 +205,25 @@ def check(
         findings = [*findings, *summary.findings]
         if code != 0:
             findings.append(judge.Finding("error", "bandwidth", f"all-reduce exited {code}"))
+    # the fabric gate: its last result, or a new one with --fabric
+    gate = inv.fabric_gate
+    if fabric:
+        from provision.gate import check_fabric
+
+        gate = check_fabric(name, log=lambda m: typer.echo(m, err=True))
+        if gate.verdict == "fail":
+            findings.append(judge.Finding("error", "fabric-gate", "; ".join(gate.problems),
+                                          tuple(n.node for n in gate.nodes if n.verdict != "ok"),
+                                          gate.fixes[0] if gate.fixes else None))
+    if gate is not None:
+        out["fabric_gate"] = gate.model_dump(mode="json")
     if as_json:
         import json
 
         typer.echo(json.dumps(out, indent=2, default=str))
     else:
         from rich.console import Console
+        from rich.markup import escape
         from rich.table import Table
 
         console = Console()
@@ -209,10 +231,15 @@ def check(
                      + [judge.render_findings_table(findings)]):
             table = Table(*rows[0])
             for row in rows[1:]:
-                table.add_row(*row)
+                table.add_row(*(escape(cell) for cell in row))  # log lines hold [brackets]
             console.print(table)
         if summary:
             console.print(f"peak busbw {summary.peak_busbw_gbps:.2f} GB/s on {summary.interconnect}: {summary.verdict}")
+        if gate is not None:
+            from provision.gate import render_table
+
+            when = "now" if fabric else f"last run {gate.checked_at}"
+            typer.echo(f"{render_table(gate)}\n  ({when}; `check {name} --fabric` runs it again)")
     raise typer.Exit(1 if any(f.severity == "error" for f in findings) else 0)
 
 

@@ -1,8 +1,10 @@
-"""remote/allreduce.py: size parsing, the nccl-tests formulas, and a real 2-process gloo run
-under torchrun on CPU."""
+"""remote/allreduce.py: size parsing, the nccl-tests formulas, the pairwise schedule, a real
+2-process gloo run under torchrun on CPU, and the gate mode's pairwise rounds across three
+torchrun agents on this machine."""
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import subprocess
@@ -11,7 +13,16 @@ from pathlib import Path
 
 import pytest
 
-from remote.allreduce import bus_bandwidth, main, parse_size, sizes
+from remote.allreduce import (
+    bus_bandwidth,
+    disjoint_rounds,
+    main,
+    pair_reference,
+    parse_size,
+    round_robin,
+    sizes,
+    slow_pairs,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -73,3 +84,70 @@ def test_two_rank_gloo_run_under_torchrun(tmp_path: Path) -> None:
         assert r["busbw_gbps"] == pytest.approx(r["algbw_gbps"], rel=0.01)  # 2(n-1)/n = 1 for n=2
     assert summary["summary"] is True and len(summary["hosts"]) == 2
     assert summary["max_busbw_gbps"] >= summary["avg_busbw_gbps"] > 0
+
+
+# ----------------------------------------------------------------------------- schedule
+@pytest.mark.parametrize("n", range(2, 14))
+def test_round_robin_meets_every_pair_once_in_disjoint_rounds(n: int) -> None:
+    rounds = round_robin(n)
+    assert len(rounds) == (n - 1 if n % 2 == 0 else n)  # O(n) rounds
+    for pairs in rounds:
+        nodes = [x for p in pairs for x in p]
+        assert len(nodes) == len(set(nodes))  # disjoint: a node is in one pair per round
+        assert len(pairs) == n // 2
+    met = sorted(p for pairs in rounds for p in pairs)
+    assert met == list(itertools.combinations(range(n), 2))
+
+
+def test_round_robin_cap_and_small_n() -> None:
+    assert round_robin(1) == [] and round_robin(0) == []
+    assert round_robin(2) == [[(0, 1)]]
+    capped = round_robin(40, 16)
+    assert len(capped) == 16
+    partners = {x: set() for x in range(40)}  # type: dict[int, set[int]]
+    for pairs in capped:
+        for a, b in pairs:
+            partners[a].add(b)
+            partners[b].add(a)
+    assert all(len(p) == 16 for p in partners.values())
+
+
+def test_pair_reference_is_robust_to_one_slow_node_of_three() -> None:
+    pairs = {(0, 1): 1.0, (0, 2): 0.01, (1, 2): 0.01}  # 2 of 3 pairs touch the slow node
+    assert pair_reference(pairs) == pytest.approx(1.0)
+    assert slow_pairs(pairs, 0.5) == [(0, 2), (1, 2)]
+    assert disjoint_rounds([(0, 2), (1, 2), (3, 4)]) == [[(0, 2), (3, 4)], [(1, 2)]]
+    assert pair_reference({}) == 0.0
+
+
+@pytest.mark.slow
+def test_gate_mode_measures_every_pair_across_three_torchrun_agents(tmp_path: Path) -> None:
+    """Three torchrun agents on this machine stand in for three nodes (GROUP_RANK 0..2);
+    --pair-fraction 2 makes every pair a suspect, so the confirmation round runs too."""
+    pytest.importorskip("torch")
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1",
+           "CUDA_VISIBLE_DEVICES": ""}
+    port = "29687"
+    agents = [
+        subprocess.Popen(
+            [sys.executable, "-m", "torch.distributed.run", "--nnodes", "3", "--node_rank",
+             str(rank), "--nproc_per_node", "1", "--master_addr", "127.0.0.1", "--master_port",
+             port, "-m", "remote", "allreduce", "--gate", "--max-bytes", "1M",
+             "--pairwise-below", "inf", "--pair-fraction", "2"],
+            env=env, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        for rank in range(3)
+    ]
+    outputs = []
+    for agent in agents:
+        out, err = agent.communicate(timeout=180)
+        assert agent.returncode == 0, err[-3000:]
+        outputs.append(out)
+    records = [json.loads(line) for out in outputs for line in out.splitlines()
+               if line.startswith("{")]
+    summary = next(r for r in records if r.get("summary"))
+    assert summary["pairwise"] is True and summary["node_ranks"] == [0, 1, 2]
+    assert [r["size_bytes"] for r in records if "size_bytes" in r] == [262144, 1048576]
+    first = sorted(tuple(r["pair"]) for r in records if "pair" in r and not r["confirm"])
+    again = sorted(tuple(r["pair"]) for r in records if "pair" in r and r["confirm"])
+    assert first == again == [(0, 1), (0, 2), (1, 2)]
+    assert all(r["busbw_gbps"] > 0 and r["world_size"] == 2 for r in records if "pair" in r)
