@@ -15,6 +15,7 @@ import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from types import FrameType
+from typing import TYPE_CHECKING
 
 from provision.errors import MgpuError, ProvisionError, TeardownError, UserInputError
 from provision.inventory import Inventory, InventoryStore
@@ -22,6 +23,10 @@ from provision.plan import Plan
 from provision.providers import get_provider
 from provision.providers.contract import Provider
 from provision.spec import ClusterSpec, JobSpec
+
+if TYPE_CHECKING:
+    from provision.jobs import JobRecord
+    from provision.nodes import NodeGroup
 
 Log = Callable[[str], None]
 Confirm = Callable[[Plan], bool]
@@ -125,6 +130,7 @@ def _roll_back(
 
 
 def _destroy(provider: Provider, inv: Inventory, store: InventoryStore, log: Log) -> None:
+    _save_job_logs(inv, log)
     inv.status = "destroying"
     store.save(inv)
     provider.destroy(inv, store)
@@ -181,9 +187,37 @@ def _sync_run_fetch(inv: Inventory, job: JobSpec, log: Log, *, sync: bool = True
     with NodeGroup(inv) as group:
         if sync:
             sync_workdir(inv, job, log=log, group=group)
-        code = run_job(inv, job, log=log, group=group)
+        rec = _begin_job(inv, job, group, log)
+        code = run_job(inv, job, log=log, group=group, job_id=rec.id)
+        _end_job(inv, rec, group)
         fetch_outputs(inv, Path("mgpu-outputs") / inv.name, log=log, group=group)
         return code
+
+
+def _begin_job(inv: Inventory, job: JobSpec, group: NodeGroup, log: Log) -> JobRecord:
+    """The job's record (its id names its log on the nodes and here); refuses to start while
+    a detached job of this cluster still runs."""
+    from provision import jobs
+    from provision.launch import launching_nodes
+
+    jobs.refuse_if_busy(inv, group)
+    rec = jobs.begin(inv, job, launching_nodes(inv, job), detached=False)
+    log(f"job {rec.id} (its log: mgpu-cloud logs {inv.name} {rec.id})")
+    return rec
+
+
+def _save_job_logs(inv: Inventory, log: Log) -> None:
+    """Job logs not copied yet come here before the nodes go (best effort)."""
+    from provision.jobs import before_teardown
+
+    before_teardown(inv, log)
+
+
+def _end_job(inv: Inventory, rec: JobRecord, group: NodeGroup) -> None:
+    """Per-node exit codes into the record; the nodes' logs copied here."""
+    from provision.jobs import refresh
+
+    refresh(inv, [rec], group)
 
 
 def run(

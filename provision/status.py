@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from provision.inventory import Inventory
@@ -24,3 +25,26 @@ def status_rows(invs: list[Inventory]) -> list[dict[str, Any]]:
         }
         for inv in invs
     ]
+
+
+def text_table(rows: Sequence[Sequence[str]], right: set[int] | None = None) -> list[str]:
+    """Rows (the first is the header) as aligned lines, columns two spaces apart; columns in
+    `right` are right-aligned. Nothing is ever cut: a long cell widens its column."""
+    right = right or set()
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    return ["  ".join(c.rjust(w) if i in right else c.ljust(w)
+                      for i, (c, w) in enumerate(zip(row, widths, strict=True))).rstrip()
+            for row in rows]
+
+
+def when(iso: str | None) -> str:
+    """'2025-01-02T03:04:05+00:00' -> '2025-01-02 03:04Z' (17 columns, never cut)."""
+    import datetime as dt
+
+    if not iso:
+        return "-"
+    try:
+        t = dt.datetime.fromisoformat(iso).astimezone(dt.UTC)
+    except ValueError:
+        return iso
+    return t.strftime("%Y-%m-%d %H:%MZ")

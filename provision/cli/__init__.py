@@ -3,6 +3,7 @@
     app.py       the Typer app, error handling, the option-signature helper
     options.py   option tables (core + every provider's flags from the registry) -> spec models
     commands.py  cluster commands (up, down, launch, run, status, exec, ssh, check, gc)
+    day2.py      jobs, logs, cancel
 Providers may add their own sub-commands (ProviderInfo.commands).
 """
 
@@ -11,6 +12,7 @@ from __future__ import annotations
 import sys
 
 from provision.cli import commands as _commands  # noqa: F401 - registers the commands
+from provision.cli import day2 as _day2  # noqa: F401 - jobs, logs, cancel
 from provision.cli.app import app, load_provider_commands
 
 load_provider_commands()

@@ -58,12 +58,18 @@ def launch(
     name: Annotated[str, typer.Argument(help="cluster name")],
     script: Annotated[str, typer.Argument(help="training script")],
     args: Annotated[list[str] | None, typer.Argument(help="script arguments")] = None,
+    detach: Annotated[bool, typer.Option("--detach", "-d", help="return once the job runs; prints its id (see `jobs`, `logs`)")] = False,
     jopts: dict[str, Any] = {},  # noqa: B006
 ) -> None:
     """Start SCRIPT on every node of a cluster (torchrun by default)."""
     from provision import pipeline
 
     job = job_spec(*script_and_args(script, args), jopts, {})
+    if detach:
+        from provision.detached import launch_detached
+
+        typer.echo(launch_detached(name, job).id)
+        return
     raise typer.Exit(pipeline.launch(name, job))
 
 
@@ -76,6 +82,8 @@ def run(
     script: Annotated[str, typer.Argument(help="training script")],
     args: Annotated[list[str] | None, typer.Argument(help="script arguments")] = None,
     keep: Annotated[bool, typer.Option("--keep", help="leave the cluster running afterwards")] = False,
+    detach: Annotated[bool, typer.Option("--detach", "-d", help="return once the job runs; the nodes stop themselves after it")] = False,
+    idle_minutes: Annotated[float, typer.Option("--idle-minutes", help="with --detach: minutes the nodes wait after the job before stopping (time for `logs` to copy the logs)")] = 1.0,
     opts: dict[str, Any] = {},  # noqa: B006
 ) -> None:
     """up + launch + fetch outputs + down, with teardown in every case (unless --keep)."""
@@ -83,6 +91,18 @@ def run(
 
     spec, file_values = cluster_spec(opts)
     job = job_spec(*script_and_args(script, args), opts, file_values)
+    if detach:
+        from provision.detached import run_detached
+        from provision.errors import UserInputError
+
+        if keep:
+            raise UserInputError("--keep and --detach contradict each other",
+                                 hint="--detach hands teardown to the nodes; leave out --keep")
+        rec = run_detached(spec, job, confirm=confirmer(opts), idle_minutes=idle_minutes)
+        if rec is None:
+            raise typer.Exit(1)
+        typer.echo(rec.id)
+        return
     raise typer.Exit(pipeline.run(spec, job, confirm=confirmer(opts), keep=keep))
 
 
