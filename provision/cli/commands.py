@@ -168,20 +168,21 @@ def exec_(
     raise typer.Exit(worst)
 
 
-@app.command()
+@app.command(context_settings={"ignore_unknown_options": True})
 @guard
 def ssh(
     name: Annotated[str, typer.Argument(help="cluster name")],
     node: Annotated[int, typer.Option("--node", help="node rank")] = 0,
-    command: Annotated[list[str] | None, typer.Argument(help="optional command")] = None,
+    command: Annotated[list[str] | None, typer.Argument(help="ssh options (e.g. -L 6006:localhost:6006), then an optional command")] = None,
 ) -> None:
-    """Open an SSH session on one node (host key pinned)."""
+    """Open an SSH session on one node (host key pinned); extra ssh options pass through."""
     from provision.inventory import InventoryStore
+    from provision.sshconfig import ssh_command
     from provision.sshconn import ssh_argv
 
     store = InventoryStore()
     inv = store.load(name)
-    argv = ssh_argv(inv, node, command or [])
+    argv = ssh_command(ssh_argv(inv, node, []), command or [])
     os.execvp(argv[0], argv)
 
 

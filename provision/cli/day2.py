@@ -1,4 +1,4 @@
-"""Day-2 commands: jobs, logs, cancel.
+"""Day-2 commands: jobs, logs, cancel, ssh-config.
 
 Like the rest of the CLI, only typer is imported here at start-up; everything else is
 imported inside the commands (`mgpu-cloud --help` must stay fast).
@@ -169,3 +169,24 @@ def cancel(
         cancel_job(rec, group, grace=grace)
         refresh(inv, [rec], group)
     typer.echo(f"job {rec.id}: {rec.state}")
+
+
+@app.command("ssh-config")
+@guard
+def ssh_config(
+    name: Annotated[str, typer.Argument(help="cluster name")],
+    install: Annotated[bool, typer.Option("--install", help="Include it from ~/.ssh/config (removed by `down`)")] = False,
+) -> None:
+    """Print an OpenSSH config for the cluster: `ssh NAME`, `ssh NAME-node-R`, scp, rsync."""
+    from provision.inventory import InventoryStore
+    from provision.sshconfig import config_text
+    from provision.sshconfig import install as install_config
+
+    store = InventoryStore()
+    inv = store.load(name)
+    if install:
+        path = install_config(inv, store)
+        _err(f"wrote {path}; ~/.ssh/config includes it: ssh {name}, ssh {name}-node-1, "
+             f"scp FILE {name}:, pdsh -R ssh -w {name}-node-[0-{len(inv.nodes) - 1}] hostname")
+        return
+    typer.echo(config_text(inv))
