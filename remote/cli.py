@@ -14,6 +14,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "stop": ("remote.supervise", "stop a command started by `run` (TERM, then KILL)"),
     "preflight": ("remote.preflight", "report GPUs, topology, versions, disk, addresses"),
     "allreduce": ("remote.allreduce", "all-reduce bandwidth benchmark (run under torchrun)"),
+    "monitor": ("remote.monitor", "GPU/CPU/memory/load samples, one JSON line each"),
     "job": ("remote.jobs", "start / follow / status / cancel a job that outlives its session"),
 }
 

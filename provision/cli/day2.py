@@ -1,4 +1,4 @@
-"""Day-2 commands: jobs, logs, cancel, ssh-config.
+"""Day-2 commands: jobs, logs, cancel, ssh-config, monitor.
 
 Like the rest of the CLI, only typer is imported here at start-up; everything else is
 imported inside the commands (`mgpu-cloud --help` must stay fast).
@@ -190,3 +190,57 @@ def ssh_config(
              f"scp FILE {name}:, pdsh -R ssh -w {name}-node-[0-{len(inv.nodes) - 1}] hostname")
         return
     typer.echo(config_text(inv))
+
+
+@app.command()
+@guard
+def monitor(
+    name: Annotated[str, typer.Argument(help="cluster name")],
+    interval: Annotated[float, typer.Option("--interval", help="seconds between samples")] = 2.0,
+    once: Annotated[bool, typer.Option("--once", help="one sample of every node, then exit")] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="with --once: machine-readable output")] = False,
+) -> None:
+    """Live per-node GPU utilisation, memory, power, temperature (CPU/memory/load without GPUs)."""
+    import time
+
+    from provision.inventory import InventoryStore
+    from provision.monitor import HEADER, LiveMonitor, snapshot, table_rows
+    from provision.nodes import NodeGroup
+    from provision.status import text_table
+
+    inv = InventoryStore().load(name)
+    if once:
+        with NodeGroup(inv) as group:
+            samples = snapshot(group)
+        if as_json:
+            import json
+
+            typer.echo(json.dumps({"cluster": name, "nodes": samples}, indent=2))
+        else:
+            typer.echo("\n".join(text_table([HEADER, *table_rows(samples)])))
+        raise typer.Exit(1 if any("error" in s for s in samples) else 0)
+    live = LiveMonitor(inv, interval)
+    live.start()
+    try:
+        if sys.stdout.isatty():
+            from rich.live import Live
+            from rich.table import Table
+
+            def render() -> Table:
+                table = Table(*HEADER, title=f"{name} (every {interval:g} s; Ctrl-C to stop)")
+                for row in table_rows(live.latest()):
+                    table.add_row(*row)
+                return table
+
+            with Live(render(), refresh_per_second=4) as screen:
+                while True:
+                    time.sleep(interval / 2)
+                    screen.update(render())
+        else:
+            while True:
+                time.sleep(interval)
+                typer.echo("\n".join(text_table([HEADER, *table_rows(live.latest())])) + "\n")
+    except KeyboardInterrupt:
+        pass
+    finally:
+        live.close()
