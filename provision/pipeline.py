@@ -87,6 +87,7 @@ def _create_and_bootstrap(
         hourly_cost_usd=plan.hourly_cost_usd,
     )
     store.create(inv)
+    _record_cost_event("up", inv)
     if bootstrap:
         # Import Fabric/paramiko while the provider waits on its API (saves ~0.3 s of `up`).
         threading.Thread(target=importlib.import_module, args=("provision.bootstrap",),
@@ -135,7 +136,15 @@ def _destroy(provider: Provider, inv: Inventory, store: InventoryStore, log: Log
     store.save(inv)
     provider.destroy(inv, store)
     store.delete(inv.name)
+    _record_cost_event("down", inv)
     log(f"cluster {inv.name!r} removed")
+
+
+def _record_cost_event(event: str, inv: Inventory) -> None:
+    """The cost history (provision/cost.py; best effort, never fails `up`/`down`)."""
+    from provision import cost
+
+    (cost.record_up if event == "up" else cost.record_down)(inv)
 
 
 def up(
@@ -248,3 +257,6 @@ def run(
             else:
                 with sigterm_raises():
                     _destroy(provider, inv, store, log)
+                from provision.cost import describe
+
+                log(describe(inv.hourly_cost_usd, inv.created_at, None, spec.spot))

@@ -1,4 +1,4 @@
-"""Day-2 commands: jobs, logs, cancel, ssh-config, monitor.
+"""Day-2 commands: jobs, logs, cancel, ssh-config, monitor, cost.
 
 Like the rest of the CLI, only typer is imported here at start-up; everything else is
 imported inside the commands (`mgpu-cloud --help` must stay fast).
@@ -244,3 +244,34 @@ def monitor(
         pass
     finally:
         live.close()
+
+
+@app.command()
+@guard
+def cost(
+    name: Annotated[str | None, typer.Argument(help="one cluster name (default: all)")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="machine-readable output")] = False,
+) -> None:
+    """What every cluster made here cost (also removed ones), at the catalog price."""
+    from provision.cost import report
+    from provision.status import text_table, when
+
+    rep = report(name)
+    if as_json:
+        import json
+
+        typer.echo(json.dumps(rep, indent=2))
+        return
+    if not rep["clusters"]:
+        typer.echo("no clusters recorded yet")
+        return
+    rows = [("CLUSTER", "PROVIDER", "TYPE", "NODES", "CREATED", "REMOVED", "NODE-H", "$")]
+    for r in rep["clusters"]:
+        rows.append((r["cluster"], r["provider"] or "-",
+                     (r["type"] or "-") + (" (spot)" if r["spot"] else ""), str(r["nodes"]),
+                     when(r["created"]), when(r["removed"]) if r["removed"] else "running",
+                     f"{r['node_hours']:.2f}", f"{r['cost_usd']:.2f}"))
+    rows.append(("total", "", "", "", "", "", "", f"{rep['total_usd']:.2f}"))
+    typer.echo("\n".join(text_table(rows, right={3, 6, 7})))
+    typer.echo("catalog prices x time from up to down; the bill also has disks, traffic and "
+               "rounding", err=True)

@@ -21,6 +21,7 @@ INFO = ProviderInfo(
     options="provision.providers.aws.options:AwsOptions",
     implementation="provision.providers.aws.provider:AwsProvider",
     costs_money=True,
+    machine_type="instance_type",
     # Launched with InstanceInitiatedShutdownBehavior=terminate: power-off terminates.
     self_stop="sudo -n shutdown -h now",
     self_stop_note="each instance powers off, which terminates it (billing stops); `down` "

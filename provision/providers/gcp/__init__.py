@@ -34,6 +34,7 @@ INFO = ProviderInfo(
     options="provision.providers.gcp.options:GcpOptions",
     implementation="provision.providers.gcp.provider:GcpProvider",
     costs_money=True,
+    machine_type="machine_type",
     # A guest shutdown only STOPS a VM (its boot disk stays billed); deleting it needs the
     # Compute API and credentials, which nodes never get. maxRunDuration still DELETEs it.
     self_stop="sudo -n shutdown -h now",
