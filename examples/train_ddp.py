@@ -6,6 +6,8 @@ Runs unchanged on one machine, on emulated docker nodes, or on a GPU cluster:
 
 Rank 0 prints the loss and saves the checkpoint to $MGPU_OUTPUT_DIR (default ./outputs).
 Every rank prints one line `rank R/W on HOST: ...` so a test (or you) can account for all ranks.
+Rank 0 ends with `samples/s=X`: global samples per second after the first (warm-up) step,
+the metric `mgpu-cloud scale` compares across cluster sizes.
 """
 
 from __future__ import annotations
@@ -63,6 +65,7 @@ def main() -> None:
 
     loss = torch.tensor(0.0)
     t0 = time.time()
+    t_warm = t0  # after step 0: connection set-up and first-step costs are not throughput
     for step in range(args.steps):
         x = torch.randn(args.batch_size, 16, generator=gen)
         y = x @ true_w + 0.01 * torch.randn(args.batch_size, 1, generator=gen)
@@ -77,7 +80,10 @@ def main() -> None:
             time.sleep(args.sleep)
         if rank == 0 and (step % 10 == 0 or step == args.steps - 1):
             say(f"step {step} loss {loss.item():.4f}")
+        if step == 0:
+            t_warm = time.time()
 
+    t_end = time.time()
     # Mean final loss over all ranks: proves the all-reduce worked across nodes.
     final = loss.detach().clone()
     dist.all_reduce(final)
@@ -92,6 +98,10 @@ def main() -> None:
                        "seconds": round(time.time() - t0, 2)}, fh)
         say(f"done: world_size={world} final_loss={final.item():.4f} "
             f"checkpoint={out_dir}/checkpoint.pt")
+        timed_steps = args.steps - 1 if args.steps > 1 else 1
+        elapsed = max(t_end - (t_warm if args.steps > 1 else t0), 1e-9)
+        say(f"throughput: samples/s={timed_steps * args.batch_size * world / elapsed:.1f} "
+            f"(global batch {args.batch_size * world}, {timed_steps} timed steps)")
     dist.barrier()
     dist.destroy_process_group()
 

@@ -1,4 +1,4 @@
-"""Day-2 commands: jobs, logs, cancel, ssh-config, monitor, cost.
+"""Day-2 commands: jobs, logs, cancel, ssh-config, monitor, cost, scale.
 
 Like the rest of the CLI, only typer is imported here at start-up; everything else is
 imported inside the commands (`mgpu-cloud --help` must stay fast).
@@ -9,7 +9,8 @@ from typing import Annotated, Any
 
 import typer
 
-from provision.cli.app import app, guard
+from provision.cli.app import app, guard, with_options
+from provision.cli.options import CLUSTER_OPTIONS, JOB_OPTIONS, cluster_spec, confirmer, job_spec
 
 
 def _err(msg: str) -> None:
@@ -275,3 +276,47 @@ def cost(
     typer.echo("\n".join(text_table(rows, right={3, 6, 7})))
     typer.echo("catalog prices x time from up to down; the bill also has disks, traffic and "
                "rounding", err=True)
+
+
+_SCALE_CLUSTER_OPTIONS = [o for o in CLUSTER_OPTIONS if o.name != "nodes"]
+
+
+@app.command(context_settings={"allow_interspersed_args": False, "ignore_unknown_options": True})
+@guard
+@with_options(_SCALE_CLUSTER_OPTIONS + JOB_OPTIONS, "opts")
+def scale(
+    script: Annotated[str, typer.Argument(help="training script (prints samples/s=X, or is timed)")],
+    args: Annotated[list[str] | None, typer.Argument(help="script arguments")] = None,
+    sizes: Annotated[str, typer.Option("--nodes", "-n", help="cluster sizes to compare, e.g. 1,2,4")] = "1,2",
+    cluster: Annotated[str | None, typer.Option("--cluster", help="use this existing cluster (no up/down)")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="machine-readable output")] = False,
+    plot_path: Annotated[str | None, typer.Option("--plot", help="also write a PNG chart here (needs matplotlib)")] = None,
+    opts: dict[str, Any] = {},  # noqa: B006 - filled by with_options
+) -> None:
+    """Run the same job on 1..N nodes: throughput, speedup, efficiency and $ per job."""
+    from provision import scale as scaling
+    from provision.cli.options import script_and_args
+    from provision.status import text_table
+
+    counts = scaling.parse_sizes(sizes)
+    if plot_path:
+        scaling.require_matplotlib()  # before any node is made, not after the runs
+    spec = None
+    file_values: dict[str, Any] = {}
+    if cluster is None:
+        spec, file_values = cluster_spec({**opts, "nodes": counts[-1]})
+    job = job_spec(*script_and_args(script, args), opts, file_values)
+    result = scaling.scale(job, counts, spec=spec, cluster=cluster, confirm=confirmer(opts),
+                           log=_err)
+    if result is None:
+        raise typer.Exit(1)
+    if plot_path:
+        scaling.plot(result, plot_path)
+        _err(f"wrote {plot_path}")
+    if as_json:
+        import json
+
+        typer.echo(json.dumps(result, indent=2))
+    else:
+        typer.echo("\n".join(text_table(scaling.table(result), right=set(range(7)))))
+    raise typer.Exit(1 if any(r["exit_code"] for r in result["rows"]) else 0)
