@@ -99,9 +99,11 @@ def _create_and_bootstrap(
         store.save(inv)
         if bootstrap:
             from provision.bootstrap import bootstrap_cluster
+            from provision.progress import bootstrap_group
 
             log("bootstrapping nodes ...")
-            bootstrap_cluster(inv, store, job=job, log=log)
+            with bootstrap_group(inv, store) as group:  # per-node progress (issue 14)
+                bootstrap_cluster(inv, store, job=job, log=log, group=group)
     except BaseException as exc:
         log(f"up failed ({type(exc).__name__}: {exc}); rolling back ...")
         _roll_back(provider, inv, store, exc, log)

@@ -48,3 +48,22 @@ def when(iso: str | None) -> str:
     except ValueError:
         return iso
     return t.strftime("%Y-%m-%d %H:%MZ")
+
+
+def status_text(rows: list[dict[str, Any]]) -> str:
+    """Plain lines that fit 80 columns for names up to 30 characters: one line per cluster,
+    then one per node (address and port never cut, unlike a table squeezed to the terminal)."""
+    if not rows:
+        return "no clusters (create one: mgpu-cloud up)"
+    head = ("CLUSTER", "PROVIDER", "STATUS", "NODES", "CREATED", "$/HOUR")
+    table = [head] + [(r["name"], r["provider"], r["status"], str(len(r["nodes"])),
+                       when(r["created_at"]), f"{r['hourly_cost_usd']:.2f}") for r in rows]
+    lines = text_table(table, right={3, 5})
+    out = [lines[0]]
+    for r, cells in zip(rows, lines[1:], strict=True):
+        out.append(cells)
+        for n in r["nodes"]:
+            private = "" if n["private_address"] == n["address"] else \
+                f"  private {n['private_address']}"
+            out.append(f"  {n['name']}  {n['user']}@{n['address']}:{n['port']}{private}")
+    return "\n".join(out)

@@ -1,6 +1,8 @@
 """Cluster commands: up, down, launch, run, status, exec, ssh, check, gc."""
 
+import contextlib
 import os
+from collections.abc import Iterator
 from typing import Annotated, Any
 
 import typer
@@ -18,6 +20,18 @@ from provision.cli.options import (
 )
 
 
+@contextlib.contextmanager
+def _progress() -> Iterator[Any]:
+    """An inventory store that shows per-node progress while nodes are created/bootstrapped."""
+    from provision.progress import NodeProgress, ReportingStore
+
+    progress = NodeProgress()
+    try:
+        yield ReportingStore(progress)
+    finally:
+        progress.close()
+
+
 # --------------------------------------------------------------------------------------------
 @app.command()
 @guard
@@ -30,7 +44,8 @@ def up(
     from provision import pipeline
 
     spec, _ = cluster_spec(opts)
-    inv = pipeline.up(spec, confirm=confirmer(opts), bootstrap=not no_bootstrap)
+    with _progress() as store:
+        inv = pipeline.up(spec, confirm=confirmer(opts), bootstrap=not no_bootstrap, store=store)
     if inv is not None:
         typer.echo(f"cluster {inv.name!r} is up: {len(inv.nodes)} node(s)", err=True)
         typer.echo(inv.name)
@@ -103,7 +118,9 @@ def run(
             raise typer.Exit(1)
         typer.echo(rec.id)
         return
-    raise typer.Exit(pipeline.run(spec, job, confirm=confirmer(opts), keep=keep))
+    with _progress() as store:
+        code = pipeline.run(spec, job, confirm=confirmer(opts), keep=keep, store=store)
+    raise typer.Exit(code)
 
 
 @app.command()
@@ -114,9 +131,10 @@ def status(
 ) -> None:
     """List clusters known on this machine."""
     from provision.inventory import InventoryStore
-    from provision.status import status_rows
+    from provision.status import status_rows, status_text
 
     store = InventoryStore()
+    store.clean_stale_locks()
     invs = [store.load(name)] if name else store.all()
     rows = status_rows(invs)
     if as_json:
@@ -124,15 +142,7 @@ def status(
 
         typer.echo(json.dumps(rows, indent=2))
         return
-    from rich.console import Console
-    from rich.table import Table
-
-    table = Table("cluster", "provider", "status", "nodes", "created", "$/hour", "addresses")
-    for r in rows:
-        addrs = ", ".join(f"{n['name']}={n['address']}:{n['port']}" for n in r["nodes"])
-        table.add_row(r["name"], r["provider"], r["status"], str(len(r["nodes"])),
-                      r["created_at"], f"{r['hourly_cost_usd']:.2f}", addrs)
-    Console().print(table)
+    typer.echo(status_text(rows))
 
 
 @app.command(
