@@ -12,6 +12,9 @@ Checkpoints (the pattern mgpu-cloud's recovery expects, in a few lines): rank 0 
 $MGPU_CHECKPOINT_DIR every --save-every steps and when SIGUSR1 arrives (a preemption notice);
 at start every rank loads the newest checkpoint there, if any. mgpu-cloud keeps that folder
 safe off the nodes and puts it back on every node before a restart.
+
+Rank 0 ends with `samples/s=X`: global samples per second after the first (warm-up) step,
+the metric `mgpu-cloud scale` compares across cluster sizes.
 """
 
 from __future__ import annotations
@@ -110,6 +113,7 @@ def main() -> None:
     global save_requested
     loss = torch.tensor(0.0)
     t0 = time.time()
+    t_warm = t0  # after the first step: connection set-up and first-step costs are not throughput
     for step in range(start, args.steps):
         x = torch.randn(args.batch_size, 16, generator=gen)
         y = x @ true_w + 0.01 * torch.randn(args.batch_size, 1, generator=gen)
@@ -134,7 +138,10 @@ def main() -> None:
             save_requested = False
             if rank == 0:
                 save_checkpoint(model, opt, step)
+        if step == start:
+            t_warm = time.time()
 
+    t_end = time.time()
     # Mean final loss over all ranks: proves the all-reduce worked across nodes.
     final = loss.detach().clone()
     dist.all_reduce(final)
@@ -150,6 +157,11 @@ def main() -> None:
                        "seconds": round(time.time() - t0, 2)}, fh)
         say(f"done: world_size={world} final_loss={final.item():.4f} "
             f"checkpoint={out_dir}/checkpoint.pt")
+        ran = args.steps - start  # steps this attempt ran (after a resume: fewer)
+        timed_steps = ran - 1 if ran > 1 else 1
+        elapsed = max(t_end - (t_warm if ran > 1 else t0), 1e-9)
+        say(f"throughput: samples/s={timed_steps * args.batch_size * world / elapsed:.1f} "
+            f"(global batch {args.batch_size * world}, {timed_steps} timed steps)")
     dist.barrier()
     dist.destroy_process_group()
 

@@ -3,8 +3,11 @@
 State dir: `$MGPU_CLOUD_HOME`, default `~/.mgpu-cloud`:
 
     clusters/NAME.yaml     the Inventory (0600; written atomically: temp file + fsync + rename)
-    clusters/NAME.lock     flock'ed while a command acts on the cluster
+    clusters/NAME.lock     flock'ed while a command acts on the cluster (removed by `down`)
     keys/NAME/             the cluster's ed25519 key (0600), known_hosts, node host keys
+    ssh/NAME.conf          `ssh-config --install`: the OpenSSH config of the cluster's nodes
+    jobs/NAME/ID/          job records and copied logs (provision/jobs.py; kept after `down`)
+    history.jsonl          every cluster made here, for `cost` (provision/cost.py)
 
 Contract: a provider records every resource through `InventoryStore.record` the moment its id
 exists, before making the next call, so a crash never leaves something billed that `down`
@@ -175,6 +178,10 @@ class InventoryStore:
     def path(self, name: str) -> Path:
         return self.clusters_dir / f"{checked_name(name)}.yaml"
 
+    def ssh_config_path(self, name: str) -> Path:
+        """The cluster's OpenSSH config, when installed (provision/sshconfig.py)."""
+        return self.home / "ssh" / f"{checked_name(name)}.conf"
+
     def keys_dir(self, name: str) -> Path:
         d = self.home / "keys" / checked_name(name)
         d.mkdir(parents=True, exist_ok=True, mode=0o700)
@@ -186,18 +193,31 @@ class InventoryStore:
     # --- locking -----------------------------------------------------------------------
     @contextlib.contextmanager
     def lock(self, name: str) -> Iterator[None]:
-        """Hold the cluster's lock or raise ClusterBusyError at once (never waits)."""
+        """Hold the cluster's lock or raise ClusterBusyError at once (never waits).
+
+        `delete` removes the lock file while holding it; a command that opened the old file
+        just before would then hold a lock nobody else can see, so the lock taken is checked
+        to still be the file at the path (else taken again on the new one)."""
         self._ensure_dirs()
         lock_path = self.clusters_dir / f"{checked_name(name)}.lock"
-        fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o600)
-        try:
+        while True:
+            fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o600)
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
+                os.close(fd)
                 raise ClusterBusyError(
                     f"cluster {name!r} is in use by another mgpu-cloud command",
                     hint="wait for it to finish (or stop it), then try again",
                 ) from None
+            try:
+                same = os.stat(lock_path).st_ino == os.fstat(fd).st_ino
+            except FileNotFoundError:
+                same = False
+            if same:
+                break
+            os.close(fd)
+        try:
             yield
         finally:
             os.close(fd)
@@ -270,7 +290,36 @@ class InventoryStore:
         self.save(inv)
 
     def delete(self, name: str) -> None:
-        """Remove the inventory and the cluster's keys. Idempotent."""
-        with contextlib.suppress(FileNotFoundError):
-            self.path(name).unlink()
+        """Remove the inventory, the cluster's keys, its installed ssh config and its lock
+        file (the caller may hold the lock: `lock` copes with that). Idempotent. Job records
+        and the cost history are kept."""
+        for path in (self.path(name), self.ssh_config_path(name),
+                     self.clusters_dir / f"{name}.lock"):
+            with contextlib.suppress(FileNotFoundError):
+                path.unlink()
         shutil.rmtree(self.home / "keys" / name, ignore_errors=True)
+        self.clean_stale_locks()
+
+    def clean_stale_locks(self) -> int:
+        """Remove lock files of clusters that have no inventory and that nobody holds (e.g.
+        left by a `launch` of a name that does not exist). Returns how many were removed."""
+        if not self.clusters_dir.is_dir():
+            return 0
+        removed = 0
+        for lock_path in self.clusters_dir.glob("*.lock"):
+            if lock_path.with_suffix(".yaml").exists():
+                continue
+            try:
+                fd = os.open(lock_path, os.O_RDWR)
+            except FileNotFoundError:
+                continue
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                if not lock_path.with_suffix(".yaml").exists():
+                    lock_path.unlink(missing_ok=True)
+                    removed += 1
+            except BlockingIOError:
+                pass  # held: a command is creating that cluster right now
+            finally:
+                os.close(fd)
+        return removed

@@ -5,7 +5,8 @@ quoted); the launcher (provision/launchers/) decides the launcher's own argv. `r
 the commands together through the NodeGroup, streams each node's output with a `[node-R]`
 prefix, and returns one exit code. When a node fails, or the user presses Ctrl-C, the other
 nodes' process groups are stopped (`remote.pyz stop`); the job runs under
-`remote.pyz run --watch-stdin`, so even a controller that dies takes its job with it.
+`remote.pyz job start --attach` (provision/jobs.py: the node keeps the job's log; end of stdin
+stops it), so even a controller that dies takes its job with it.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from typing import Protocol, TextIO
 from provision.container import container_run_argv
 from provision.errors import LaunchError
 from provision.inventory import Inventory, NodeRecord
+from provision.jobs import Detach, adhoc_job_id, supervisor_words
 from provision.launchers import LaunchContext, get_launcher
 from provision.nodes import (
     CONTAINER_ROOT,
@@ -96,19 +98,19 @@ def launching_nodes(inv: Inventory, job: JobSpec) -> list[NodeRecord]:
 
 
 def node_command(
-    inv: Inventory, job: JobSpec, node: NodeRecord, program: list[str] | None = None,
-    restart_count: int = 0,
+    inv: Inventory, job: JobSpec, node: NodeRecord, program: list[str] | None = None, *,
+    job_id: str | None = None, detach: Detach | None = None, restart_count: int = 0,
 ) -> str:
     """The full shell command line run on `node` (every value quoted). `program` words
-    starting with "@root/" are paths in the node's remote folder."""
+    starting with "@root/" are paths in the node's remote folder. The job runs under
+    `remote.pyz job start` (provision/jobs.py): its log is kept on the node under `job_id`;
+    attached (the default) it streams and stops with the controller, `detach` returns."""
     home = RemoteLayout(HomePath(inv.remote_root))
     ctx = _context(inv, job)
-    supervise = ["python3", home.pyz, "run", "--pidfile", home.pidfile, "--watch-stdin",
-                 "--cwd", home.work]
+    preempt = None
     if inv.preemption is not None:
-        supervise += ["--preempt", inv.preemption.protocol, inv.preemption.url,
-                      job.preempt_signal]
-    supervise.append("--")
+        preempt = (inv.preemption.protocol, inv.preemption.url, job.preempt_signal)
+    supervise = supervisor_words(home, job_id or adhoc_job_id(), detach, preempt)
     env = job_env(inv, job, ctx.layout, restart_count)
     if program is not None:
         program = [ctx.layout.path(p[len("@root/"):]) if p.startswith("@root/") else p
@@ -191,6 +193,7 @@ def run_job(
     out: TextIO | None = None,
     program: list[str] | None = None,
     group: NodeGroup | None = None,
+    job_id: str | None = None,
     monitor: JobMonitor | None = None,
     restart_count: int = 0,
 ) -> int:
@@ -198,8 +201,10 @@ def run_job(
     `monitor.poll()` asked to stop it).
 
     `program` (words; a leading "@root/" means the node's remote folder) replaces the job's
-    script: `check --bandwidth` runs `@root/remote.pyz allreduce` this way."""
+    script: `check --bandwidth` runs `@root/remote.pyz allreduce` this way. Each node keeps
+    the job's log under `job_id` (provision/jobs.py; default: an unrecorded ad hoc id)."""
     out = out or sys.stdout
+    job_id = job_id or adhoc_job_id()
     own_group = group is None
     group = group or NodeGroup(inv)
     nodes = launching_nodes(inv, job)
@@ -218,7 +223,8 @@ def run_job(
     def one(conn: NodeConnection, node: NodeRecord) -> int:
         w = writers[node.name]
         try:
-            command = node_command(inv, job, node, program, restart_count)
+            command = node_command(inv, job, node, program, job_id=job_id,
+                                   restart_count=restart_count)
             code = conn.run(command, out=w).exit_code
         except Exception as exc:
             if cancelled.is_set():

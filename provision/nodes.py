@@ -92,6 +92,18 @@ class RemoteLayout:
         """Put first on the job's PYTHONPATH: the tool's sitecustomize.py lives here."""
         return self.path("py")
 
+    @property
+    def jobs(self) -> str:
+        """Where every job's folder lives (remote/jobs.py)."""
+        return self.path("jobs")
+
+    def job_dir(self, job_id: str) -> str:
+        return self.path("jobs", job_id)
+
+    def job_log(self, job_id: str) -> str:
+        """The job's merged stdout/stderr on this node (remote/jobs.py LOG)."""
+        return self.path("jobs", job_id, "node.log")
+
     def remote_command(self, *args: str) -> str:
         """`python3 ROOT/remote.pyz ARGS...` as one shell line (every word quoted)."""
         return " ".join(shlex.quote(w) for w in ["python3", self.pyz, *args])

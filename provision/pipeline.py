@@ -15,6 +15,7 @@ import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from types import FrameType
+from typing import TYPE_CHECKING
 
 from provision.errors import MgpuError, ProvisionError, TeardownError, UserInputError
 from provision.inventory import Inventory, InventoryStore
@@ -22,6 +23,10 @@ from provision.plan import Plan
 from provision.providers import get_provider
 from provision.providers.contract import Provider
 from provision.spec import ClusterSpec, JobSpec
+
+if TYPE_CHECKING:
+    from provision.jobs import JobRecord
+    from provision.nodes import NodeGroup
 
 Log = Callable[[str], None]
 Confirm = Callable[[Plan], bool]
@@ -82,6 +87,7 @@ def _create_and_bootstrap(
         hourly_cost_usd=plan.hourly_cost_usd,
     )
     store.create(inv)
+    _record_cost_event("up", inv)
     if bootstrap:
         # Import Fabric/paramiko while the provider waits on its API (saves ~0.3 s of `up`).
         threading.Thread(target=importlib.import_module, args=("provision.bootstrap",),
@@ -93,9 +99,11 @@ def _create_and_bootstrap(
         store.save(inv)
         if bootstrap:
             from provision.bootstrap import bootstrap_cluster
+            from provision.progress import bootstrap_group
 
             log("bootstrapping nodes ...")
-            bootstrap_cluster(inv, store, job=job, log=log)
+            with bootstrap_group(inv, store) as group:  # per-node progress (issue 14)
+                bootstrap_cluster(inv, store, job=job, log=log, group=group)
     except BaseException as exc:
         log(f"up failed ({type(exc).__name__}: {exc}); rolling back ...")
         _roll_back(provider, inv, store, exc, log)
@@ -125,11 +133,20 @@ def _roll_back(
 
 
 def _destroy(provider: Provider, inv: Inventory, store: InventoryStore, log: Log) -> None:
+    _save_job_logs(inv, log)
     inv.status = "destroying"
     store.save(inv)
     provider.destroy(inv, store)
     store.delete(inv.name)
+    _record_cost_event("down", inv)
     log(f"cluster {inv.name!r} removed")
+
+
+def _record_cost_event(event: str, inv: Inventory) -> None:
+    """The cost history (provision/cost.py; best effort, never fails `up`/`down`)."""
+    from provision import cost
+
+    (cost.record_up if event == "up" else cost.record_down)(inv)
 
 
 def up(
@@ -184,7 +201,19 @@ def _sync_run_fetch(provider: Provider, inv: Inventory, store: InventoryStore, j
     with NodeGroup(inv) as group:
         if sync:
             sync_workdir(inv, job, log=log, group=group)
-        code = run_supervised(provider, inv, store, job, log=log, group=group)
+
+        records: dict[str, JobRecord] = {}  # every attempt is a job of its own
+
+        def begin(nodes: NodeGroup) -> str:
+            rec = _begin_job(inv, job, nodes, log)
+            records[rec.id] = rec
+            return rec.id
+
+        def end(job_id: str, nodes: NodeGroup) -> None:
+            _end_job(inv, records[job_id], nodes)
+
+        code = run_supervised(provider, inv, store, job, log=log, group=group,
+                              begin=begin, end=end)
     try:
         fetch_outputs(inv, Path("mgpu-outputs") / inv.name, log=log)
     except MgpuError as exc:
@@ -192,6 +221,32 @@ def _sync_run_fetch(provider: Provider, inv: Inventory, store: InventoryStore, j
             raise
         log(f"could not copy the outputs back: {exc.message}")  # the job's failure matters more
     return code
+
+
+def _begin_job(inv: Inventory, job: JobSpec, group: NodeGroup, log: Log) -> JobRecord:
+    """The job's record (its id names its log on the nodes and here); refuses to start while
+    a detached job of this cluster still runs."""
+    from provision import jobs
+    from provision.launch import launching_nodes
+
+    jobs.refuse_if_busy(inv, group)
+    rec = jobs.begin(inv, job, launching_nodes(inv, job), detached=False)
+    log(f"job {rec.id} (its log: mgpu-cloud logs {inv.name} {rec.id})")
+    return rec
+
+
+def _save_job_logs(inv: Inventory, log: Log) -> None:
+    """Job logs not copied yet come here before the nodes go (best effort)."""
+    from provision.jobs import before_teardown
+
+    before_teardown(inv, log)
+
+
+def _end_job(inv: Inventory, rec: JobRecord, group: NodeGroup) -> None:
+    """Per-node exit codes into the record; the nodes' logs copied here."""
+    from provision.jobs import refresh
+
+    refresh(inv, [rec], group)
 
 
 def run(
@@ -223,6 +278,9 @@ def run(
             else:
                 with sigterm_raises():
                     _destroy(provider, inv, store, log)
+                from provision.cost import describe
+
+                log(describe(inv.hourly_cost_usd, inv.created_at, None, spec.spot))
 
 
 # --- the fabric gate (provision/gate.py): before a multi-node job, stop on a degraded network

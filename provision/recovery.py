@@ -222,24 +222,37 @@ class Recovery:
             group.wait_until_reachable(RETURN_DEADLINE_S).raise_for("waiting for the nodes")
 
 
+Begin = Callable[[NodeGroup], str]  # a job record for the next attempt: its id
+End = Callable[[str, NodeGroup], None]  # the attempt `id` has ended: record how
+
+
 def run_supervised(provider: Provider, inv: Inventory, store: InventoryStore, job: JobSpec,
-                   *, log: Log, group: NodeGroup | None = None) -> int:
+                   *, log: Log, group: NodeGroup | None = None, begin: Begin | None = None,
+                   end: End | None = None) -> int:
     """Run `job`, keeping its checkpoints safe; on a failure, recover and restart (at most
-    job.max_restarts times). Returns the job's exit code (0, or the last failure's)."""
+    job.max_restarts times). Each attempt is a job of its own (`begin` gives its id, `end`
+    records its outcome). Returns the job's exit code (0, or the last failure's)."""
     keeper = CheckpointKeeper(inv, local_checkpoint_dir(inv), log=log)
     recovery = Recovery(provider, inv, store, job, log, keeper)
     restarts = 0
     while True:
         watcher = Watcher(inv, job, keeper, log)
+        nodes = group or NodeGroup(inv)
+        job_id = begin(nodes) if begin is not None else None
         keeper.start()
         try:
-            code = run_job(inv, job, log=log, group=group, monitor=watcher,
-                           restart_count=restarts)
+            code = run_job(inv, job, log=log, group=nodes, monitor=watcher,
+                           restart_count=restarts, job_id=job_id)
         except LaunchError as exc:
             log(f"{exc}")
             code = SESSION_LOST
         finally:
             keeper.stop()
+            if job_id is not None and end is not None:
+                with NodeGroup(inv) as fresh:
+                    end(job_id, fresh)
+            if nodes is not group:
+                nodes.close()
         group = None  # after a failure the nodes may have changed: fresh connections
         if code == 0:
             return 0

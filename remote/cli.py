@@ -10,13 +10,14 @@ import sys
 
 COMMANDS: dict[str, tuple[str, str]] = {
     # name: (module, one-line help)
-    "run": ("remote.supervise", "run a command in its own process group; record its pid"),
-    "stop": ("remote.supervise", "stop a command started by `run` (TERM, then KILL)"),
-    "signal": ("remote.supervise", "send a signal to every process of a `run` command"),
+    "stop": ("remote.supervise", "stop the running job, all of it (TERM, then KILL)"),
+    "signal": ("remote.supervise", "send a signal to the running job's processes that handle it"),
     "preflight": ("remote.preflight", "report GPUs, topology, versions, disk, addresses"),
     "allreduce": ("remote.allreduce", "all-reduce bandwidth benchmark (run under torchrun)"),
     "stacks": ("remote.stacks", "print the Python stacks of a running job's processes"),
     "ckpt-manifest": ("remote.ckpt", "list the checkpoint folder (sizes, times) as JSON"),
+    "monitor": ("remote.monitor", "GPU/CPU/memory/load samples, one JSON line each"),
+    "job": ("remote.jobs", "start / follow / status / cancel a job that outlives its session"),
 }
 
 

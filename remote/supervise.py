@@ -1,22 +1,21 @@
-"""Run a job command so that all of it can be found, signalled and stopped.
+"""A job as a whole: find, signal and stop every process of it.
 
-    run  --pidfile F [--watch-stdin] [--cwd D] [--preempt PROTOCOL URL SIGNAL] -- CMD ...
-         starts CMD in a new session and records "PGID SUPERVISOR_PID" in F. The supervisor
-         is a child subreaper (prctl PR_SET_CHILD_SUBREAPER): every process the job starts,
-         even in sessions of its own (torchrun's workers) or orphaned when its parent dies,
-         stays its descendant, so "the job" is exactly the supervisor's descendants. TERM/
-         INT/HUP stop the job; the exit code is CMD's. With --watch-stdin, end of stdin (the
-         controller's SSH channel closed: it crashed, or the user pressed Ctrl-C) stops the
-         job too, so no training process outlives its controller. With --preempt, a thread
-         polls the metadata service (remote/preempt.py); on a notice it sends SIGNAL to every
-         process of the job that handles it (the script saves a checkpoint) and prints one line
-         `MGPU-EVENT {"event": "preemption", ...}` that tells the controller.
+A job's supervisor (remote/jobs.py) is a child subreaper (prctl PR_SET_CHILD_SUBREAPER):
+every process the job starts, even in sessions of its own (torchrun's workers) or orphaned
+when its parent dies, stays its descendant, so "the job" is exactly the supervisor's
+descendants. The supervisor records "PGID SUPERVISOR_PID" in the cluster's pidfile.
+
     stop --pidfile F [--grace S]
          TERM to every process of the job, KILL after S seconds (a stopped process is
          continued so it can act on TERM). Idempotent: no pidfile or process -> exit 0.
     signal --pidfile F --signal SIG
          SIG to every process of the job that handles it (e.g. SIGUSR1: "save a checkpoint
          now"); processes without a handler (the launcher) are left alone.
+
+`watch_preemption` runs in the supervisor with `job start --preempt PROTOCOL URL SIGNAL`: it
+polls the metadata service (remote/preempt.py); on a notice it signals the job like `signal`
+and prints one line `MGPU-EVENT {"event": "preemption", ...}` into the job's output, which
+tells the controller.
 """
 
 from __future__ import annotations
@@ -25,18 +24,15 @@ import argparse
 import ctypes
 import os
 import signal
-import subprocess
 import sys
-import threading
 import time
-from typing import NoReturn
 
 PR_SET_CHILD_SUBREAPER = 36  # linux/prctl.h
 EVENT_PREFIX = "MGPU-EVENT "
 PREEMPT_POLL_S = 1.0
 
 
-def _become_subreaper() -> None:
+def become_subreaper() -> None:
     try:
         ctypes.CDLL(None, use_errno=True).prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
     except (OSError, AttributeError):
@@ -148,7 +144,7 @@ def stop_job(pgid: int, supervisor: int | None, grace: float) -> None:
             pass
 
 
-def _reap() -> None:
+def reap() -> None:
     """Collect exit statuses of adopted orphans (we are their subreaper)."""
     while True:
         try:
@@ -159,55 +155,7 @@ def _reap() -> None:
             return
 
 
-def _run(args: argparse.Namespace) -> int:
-    cmd = args.cmd[1:] if args.cmd and args.cmd[0] == "--" else args.cmd
-    if not cmd:
-        print("supervise run: no command given", file=sys.stderr)
-        return 2
-    _become_subreaper()
-    proc = subprocess.Popen(cmd, cwd=args.cwd, start_new_session=True, stdin=subprocess.DEVNULL)
-    pgid, me = proc.pid, os.getpid()
-    os.makedirs(os.path.dirname(os.path.abspath(args.pidfile)), exist_ok=True)
-    with open(args.pidfile, "w") as fh:
-        fh.write(f"{pgid} {me}\n")
-
-    stopping = threading.Event()
-
-    def stop(*_: object) -> None:
-        if not stopping.is_set():
-            stopping.set()
-            threading.Thread(target=stop_job, args=(pgid, me, args.grace), daemon=True).start()
-
-    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
-        signal.signal(sig, lambda s, f: stop())
-
-    if args.preempt:
-        protocol, url, signame = args.preempt
-        threading.Thread(target=_watch_preemption, args=(protocol, url, signame, pgid, me),
-                         daemon=True).start()
-
-    if args.watch_stdin:
-        def watch() -> None:
-            while sys.stdin.buffer.read(4096):
-                pass
-            stop()
-
-        threading.Thread(target=watch, daemon=True).start()
-
-    try:
-        code = proc.wait()
-    finally:
-        try:
-            os.unlink(args.pidfile)
-        except FileNotFoundError:
-            pass
-    # Whatever the leader did, leave nothing of the job behind (orphans are ours).
-    stop_job(pgid, me, 0.5)
-    _reap()
-    return code if code >= 0 else 128 - code
-
-
-def _watch_preemption(protocol: str, url: str, signame: str, pgid: int, me: int) -> None:
+def watch_preemption(protocol: str, url: str, signame: str, pgid: int, me: int) -> None:
     """Poll for a notice; on the first one, signal the job's processes and tell the
     controller (one line on our stdout, which is the job's output stream)."""
     import json
@@ -227,23 +175,10 @@ def _watch_preemption(protocol: str, url: str, signame: str, pgid: int, me: int)
         time.sleep(PREEMPT_POLL_S)
 
 
-def _exit_now(code: int) -> NoReturn:
-    """Exit without joining the stdin watcher (it may sit in a blocking read forever)."""
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(code)
-
-
 def main(command: str, argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog=f"remote.pyz {command}")
     parser.add_argument("--pidfile", required=True)
     parser.add_argument("--grace", type=float, default=10.0)
-    if command == "run":
-        parser.add_argument("--watch-stdin", action="store_true")
-        parser.add_argument("--cwd", default=None)
-        parser.add_argument("--preempt", nargs=3, metavar=("PROTOCOL", "URL", "SIGNAL"))
-        parser.add_argument("cmd", nargs=argparse.REMAINDER)
-        _exit_now(_run(parser.parse_args(argv)))
     if command == "signal":
         parser.add_argument("--signal", required=True)
     args = parser.parse_args(argv)

@@ -3,14 +3,17 @@
     app.py       the Typer app, error handling, the option-signature helper
     options.py   option tables (core + every provider's flags from the registry) -> spec models
     commands.py  cluster commands (up, down, launch, run, status, exec, ssh, check, gc)
+    day2.py      jobs, logs, cancel, ssh-config, monitor, cost, scale
 Providers may add their own sub-commands (ProviderInfo.commands).
 """
 
 from __future__ import annotations
 
+import os
 import sys
 
 from provision.cli import commands as _commands  # noqa: F401 - registers the commands
+from provision.cli import day2 as _day2  # noqa: F401 - jobs, logs, cancel, ssh-config, monitor, cost, scale
 from provision.cli.app import app, load_provider_commands
 
 load_provider_commands()
@@ -24,6 +27,10 @@ def main() -> None:
     logger = logging.getLogger("mgpu_cloud")
     logger.addHandler(handler)
     logger.setLevel(logging.INFO)
+    if "_MGPU_CLOUD_COMPLETE" in os.environ:  # shell completion (README): only when asked
+        from typer._completion_classes import completion_init
+
+        completion_init()
     try:
         app()
     finally:

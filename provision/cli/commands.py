@@ -1,6 +1,8 @@
 """Cluster commands: up, down, launch, run, status, exec, ssh, check, gc."""
 
+import contextlib
 import os
+from collections.abc import Iterator
 from typing import Annotated, Any
 
 import typer
@@ -18,6 +20,18 @@ from provision.cli.options import (
 )
 
 
+@contextlib.contextmanager
+def _progress() -> Iterator[Any]:
+    """An inventory store that shows per-node progress while nodes are created/bootstrapped."""
+    from provision.progress import NodeProgress, ReportingStore
+
+    progress = NodeProgress()
+    try:
+        yield ReportingStore(progress)
+    finally:
+        progress.close()
+
+
 # --------------------------------------------------------------------------------------------
 @app.command()
 @guard
@@ -30,7 +44,8 @@ def up(
     from provision import pipeline
 
     spec, _ = cluster_spec(opts)
-    inv = pipeline.up(spec, confirm=confirmer(opts), bootstrap=not no_bootstrap)
+    with _progress() as store:
+        inv = pipeline.up(spec, confirm=confirmer(opts), bootstrap=not no_bootstrap, store=store)
     if inv is not None:
         typer.echo(f"cluster {inv.name!r} is up: {len(inv.nodes)} node(s)", err=True)
         typer.echo(inv.name)
@@ -58,12 +73,18 @@ def launch(
     name: Annotated[str, typer.Argument(help="cluster name")],
     script: Annotated[str, typer.Argument(help="training script")],
     args: Annotated[list[str] | None, typer.Argument(help="script arguments")] = None,
+    detach: Annotated[bool, typer.Option("--detach", "-d", help="return once the job runs; prints its id (see `jobs`, `logs`)")] = False,
     jopts: dict[str, Any] = {},  # noqa: B006
 ) -> None:
     """Start SCRIPT on every node of a cluster (torchrun by default)."""
     from provision import pipeline
 
     job = job_spec(*script_and_args(script, args), jopts, {})
+    if detach:
+        from provision.detached import launch_detached
+
+        typer.echo(launch_detached(name, job).id)
+        return
     raise typer.Exit(pipeline.launch(name, job))
 
 
@@ -76,6 +97,8 @@ def run(
     script: Annotated[str, typer.Argument(help="training script")],
     args: Annotated[list[str] | None, typer.Argument(help="script arguments")] = None,
     keep: Annotated[bool, typer.Option("--keep", help="leave the cluster running afterwards")] = False,
+    detach: Annotated[bool, typer.Option("--detach", "-d", help="return once the job runs; the nodes stop themselves after it")] = False,
+    idle_minutes: Annotated[float, typer.Option("--idle-minutes", help="with --detach: minutes the nodes wait after the job before stopping (time for `logs` to copy the logs)")] = 1.0,
     opts: dict[str, Any] = {},  # noqa: B006
 ) -> None:
     """up + launch + fetch outputs + down, with teardown in every case (unless --keep)."""
@@ -83,7 +106,21 @@ def run(
 
     spec, file_values = cluster_spec(opts)
     job = job_spec(*script_and_args(script, args), opts, file_values)
-    raise typer.Exit(pipeline.run(spec, job, confirm=confirmer(opts), keep=keep))
+    if detach:
+        from provision.detached import run_detached
+        from provision.errors import UserInputError
+
+        if keep:
+            raise UserInputError("--keep and --detach contradict each other",
+                                 hint="--detach hands teardown to the nodes; leave out --keep")
+        rec = run_detached(spec, job, confirm=confirmer(opts), idle_minutes=idle_minutes)
+        if rec is None:
+            raise typer.Exit(1)
+        typer.echo(rec.id)
+        return
+    with _progress() as store:
+        code = pipeline.run(spec, job, confirm=confirmer(opts), keep=keep, store=store)
+    raise typer.Exit(code)
 
 
 @app.command()
@@ -94,9 +131,10 @@ def status(
 ) -> None:
     """List clusters known on this machine."""
     from provision.inventory import InventoryStore
-    from provision.status import status_rows
+    from provision.status import status_rows, status_text
 
     store = InventoryStore()
+    store.clean_stale_locks()
     invs = [store.load(name)] if name else store.all()
     rows = status_rows(invs)
     gates = {inv.name: inv.fabric_gate for inv in invs}  # the fabric gate's last result
@@ -108,18 +146,8 @@ def status(
             r["fabric_gate"] = gate.model_dump(mode="json") if gate else None
         typer.echo(json.dumps(rows, indent=2))
         return
-    from rich.console import Console
-    from rich.table import Table
-
-    table = Table("cluster", "provider", "status", "nodes", "created", "$/hour", "addresses",
-                  "fabric gate")
-    for r in rows:
-        addrs = ", ".join(f"{n['name']}={n['address']}:{n['port']}" for n in r["nodes"])
-        gate = gates.get(r["name"])
-        table.add_row(r["name"], r["provider"], r["status"], str(len(r["nodes"])),
-                      r["created_at"], f"{r['hourly_cost_usd']:.2f}", addrs,
-                      gate.summary() if gate else "-")
-    Console().print(table)
+    typer.echo(status_text(rows, {name: f"fabric gate: {gate.summary()}"
+                                  for name, gate in gates.items() if gate}))
 
 
 @app.command(
@@ -155,20 +183,21 @@ def exec_(
     raise typer.Exit(worst)
 
 
-@app.command()
+@app.command(context_settings={"ignore_unknown_options": True})
 @guard
 def ssh(
     name: Annotated[str, typer.Argument(help="cluster name")],
     node: Annotated[int, typer.Option("--node", help="node rank")] = 0,
-    command: Annotated[list[str] | None, typer.Argument(help="optional command")] = None,
+    command: Annotated[list[str] | None, typer.Argument(help="ssh options (e.g. -L 6006:localhost:6006), then an optional command")] = None,
 ) -> None:
-    """Open an SSH session on one node (host key pinned)."""
+    """Open an SSH session on one node (host key pinned); extra ssh options pass through."""
     from provision.inventory import InventoryStore
+    from provision.sshconfig import ssh_command
     from provision.sshconn import ssh_argv
 
     store = InventoryStore()
     inv = store.load(name)
-    argv = ssh_argv(inv, node, command or [])
+    argv = ssh_command(ssh_argv(inv, node, []), command or [])
     os.execvp(argv[0], argv)
 
 

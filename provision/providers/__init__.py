@@ -62,6 +62,13 @@ class ProviderInfo:
     flags: tuple[Flag, ...] = ()
     connector: str | None = None  # "module:function(inv) -> Connector"; None: SSH to the nodes
     commands: tuple[tuple[str, str], ...] = ()  # CLI sub-commands: (name, "module:typer_app")
+    # The field of the options model naming the node type (shown by `cost`), if any.
+    machine_type: str | None = None
+    # A shell line a node runs (as the node user) to end its own billing when a detached run
+    # is over (`run --detach`), and what it leaves for `down`; None: nodes cannot (or must not)
+    # stop themselves, and the cluster stays until `down`.
+    self_stop: str | None = None
+    self_stop_note: str = ""
 
 
 def provider_names() -> tuple[str, ...]:

@@ -1,5 +1,6 @@
-"""remote/supervise.py for real: the whole job (even processes in sessions of their own, or
-orphaned, or stopped) is found, signalled and stopped; preemption notices are acted on."""
+"""remote/supervise.py (with the job supervisor of remote/jobs.py) for real: the whole job,
+even processes in sessions of their own, orphaned or stopped, is found, signalled and stopped;
+preemption notices are acted on."""
 
 from __future__ import annotations
 
@@ -16,7 +17,14 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def remote(*args: str, **kw: object) -> subprocess.Popen[str]:
     return subprocess.Popen([sys.executable, "-m", "remote", *args], cwd=ROOT, text=True,
+                            stdin=subprocess.PIPE,  # open: EOF would cancel an attached job
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, **kw)  # type: ignore[call-overload]
+
+
+def start(tmp_path: Path, pidfile: Path, *cmd: str, extra: tuple[str, ...] = ()) -> subprocess.Popen[str]:
+    """`remote.pyz job start --attach` of `cmd`, as launch runs every job."""
+    return remote("job", "start", "--attach", "--dir", str(tmp_path / "job"), "--pidfile",
+                  str(pidfile), *extra, "--", *cmd)
 
 
 def alive(pid: int) -> bool:
@@ -40,7 +48,7 @@ def test_stop_reaches_processes_in_their_own_session_and_stopped_ones(tmp_path: 
     pidfile, pids = tmp_path / "job.pid", tmp_path / "pids"
     # a child in a new session (like torchrun's workers) that is then SIGSTOPped
     script = f"setsid sleep 300 & echo $! > {pids}; wait"
-    run = remote("run", "--pidfile", str(pidfile), "--", "sh", "-c", script)
+    run = start(tmp_path, pidfile, "sh", "-c", script)
     worker = int(wait_for(pids))
     os.kill(worker, signal.SIGSTOP)
     wait_for(pidfile)
@@ -53,10 +61,23 @@ def test_stop_reaches_processes_in_their_own_session_and_stopped_ones(tmp_path: 
     assert not pidfile.exists()
 
 
+def test_end_of_stdin_stops_an_attached_job(tmp_path: Path) -> None:
+    """The controller's channel closing (it died, or Ctrl-C) takes the job with it."""
+    pids = tmp_path / "pids"
+    run = start(tmp_path, tmp_path / "job.pid", "sh", "-c",
+                f"setsid sleep 300 & echo $! > {pids}; wait")
+    worker = int(wait_for(pids))
+    assert run.stdin is not None
+    run.stdin.close()
+    run.wait(timeout=30)
+    time.sleep(0.3)
+    assert not alive(worker)
+
+
 def test_orphans_do_not_outlive_the_job(tmp_path: Path) -> None:
     pids = tmp_path / "pids"
     script = f"(setsid sleep 300 & echo $! > {pids}) ; exit 3"  # the parent leaves at once
-    run = remote("run", "--pidfile", str(tmp_path / "job.pid"), "--", "sh", "-c", script)
+    run = start(tmp_path, tmp_path / "job.pid", "sh", "-c", script)
     assert run.wait(timeout=30) == 3
     time.sleep(0.2)
     assert not alive(int(wait_for(pids)))
@@ -69,7 +90,7 @@ def test_signal_reaches_every_process_of_the_job(tmp_path: Path) -> None:
     handler.write_text(f"trap 'touch {marks}/$$' USR1\necho ready > {marks}/ready.$$\n"
                        "while true; do sleep 0.1; done\n")
     script = f"setsid sh {handler} & sh {handler} & wait"  # one in a session of its own
-    run = remote("run", "--pidfile", str(pidfile), "--", "sh", "-c", script)
+    run = start(tmp_path, pidfile, "sh", "-c", script)
     end = time.monotonic() + 10
     while len(list(marks.glob("ready.*"))) < 2 and time.monotonic() < end:
         time.sleep(0.05)
@@ -88,12 +109,14 @@ def test_a_preemption_notice_signals_the_job_and_tells_the_controller(tmp_path: 
     standin, saved = tmp_path / "metadata", tmp_path / "saved"
     standin.mkdir()
     script = f"trap 'touch {saved}; exit 0' USR1; while true; do sleep 0.1; done"
-    run = remote("run", "--pidfile", str(tmp_path / "job.pid"), "--preempt", "file",
-                 str(standin), "SIGUSR1", "--", "sh", "-c", script)
+    run = start(tmp_path, tmp_path / "job.pid", "sh", "-c", script,
+                extra=("--preempt", "file", str(standin), "SIGUSR1"))
     time.sleep(0.5)
     (standin / "instance-action").write_text(
         json.dumps({"action": "terminate", "time": "2026-11-30T12:00:00Z"}))
-    out, _ = run.communicate(timeout=30)
+    run.wait(timeout=30)  # the script exits after saving (stdin stays open: not cancelled)
+    assert run.stdout is not None
+    out = run.stdout.read()
     assert run.returncode == 0, out
     assert saved.exists()
     event = json.loads(next(line for line in out.splitlines()
@@ -109,8 +132,7 @@ def test_processes_without_a_handler_are_not_signalled(tmp_path: Path) -> None:
     worker = tmp_path / "worker.sh"
     worker.write_text(f"trap 'touch {saved}' USR1\nwhile true; do sleep 0.1; done\n")
     # the outer shell (the "launcher") has no handler for USR1
-    run = remote("run", "--pidfile", str(pidfile), "--", "sh", "-c",
-                 f"sh {worker} & echo $! > {pids}; wait")
+    run = start(tmp_path, pidfile, "sh", "-c", f"sh {worker} & echo $! > {pids}; wait")
     wait_for(pids)
     wait_for(pidfile)
     time.sleep(0.3)  # the worker's trap is set

@@ -21,6 +21,11 @@ INFO = ProviderInfo(
     options="provision.providers.aws.options:AwsOptions",
     implementation="provision.providers.aws.provider:AwsProvider",
     costs_money=True,
+    machine_type="instance_type",
+    # Launched with InstanceInitiatedShutdownBehavior=terminate: power-off terminates.
+    self_stop="sudo -n shutdown -h now",
+    self_stop_note="each instance powers off, which terminates it (billing stops); `down` "
+                   "removes the placement group, security group, key pair and the inventory",
     flags=(
         Flag("--instance-type", "instance_type", help="e.g. p4d.24xlarge"),
         Flag("--region", "region", help="region", gc=True),

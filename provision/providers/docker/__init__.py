@@ -12,6 +12,10 @@ INFO = ProviderInfo(
     implementation="provision.providers.docker.provider:DockerProvider",
     costs_money=False,
     commands=(("image", "provision.providers.docker.cli:image_app"),),
+    # sshd is the container's PID 1: TERM stops the container (it cannot remove itself).
+    self_stop="kill -TERM 1",
+    self_stop_note="each node container stops itself; `down` removes the stopped containers, "
+                   "the network and the inventory",
     flags=(
         Flag("--base-image", "base_image", help="base of the node image"),
         Flag("--node-image", "image", help="use this node image as is"),

@@ -37,6 +37,12 @@ INFO = ProviderInfo(
     options="provision.providers.gcp.options:GcpOptions",
     implementation="provision.providers.gcp.provider:GcpProvider",
     costs_money=True,
+    machine_type="machine_type",
+    # A guest shutdown only STOPS a VM (its boot disk stays billed); deleting it needs the
+    # Compute API and credentials, which nodes never get. maxRunDuration still DELETEs it.
+    self_stop="sudo -n shutdown -h now",
+    self_stop_note="each VM powers off: its GPUs and vCPUs stop being billed, its boot disk "
+                   "does not until `down` (or --max-hours) deletes it",
     flags=(
         Flag("--project", "project", help="project id", gc=True),
         Flag("--zone", "zone", help="zone", gc=True),

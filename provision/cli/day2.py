@@ -1,0 +1,322 @@
+"""Day-2 commands: jobs, logs, cancel, ssh-config, monitor, cost, scale.
+
+Like the rest of the CLI, only typer is imported here at start-up; everything else is
+imported inside the commands (`mgpu-cloud --help` must stay fast).
+"""
+
+import sys
+from typing import Annotated, Any
+
+import typer
+
+from provision.cli.app import app, guard, with_options
+from provision.cli.options import CLUSTER_OPTIONS, JOB_OPTIONS, cluster_spec, confirmer, job_spec
+
+
+def _err(msg: str) -> None:
+    typer.echo(msg, err=True)
+
+
+def _inventory_or_none(name: str) -> Any:
+    from provision.inventory import InventoryStore
+
+    store = InventoryStore()
+    return store.load(name) if store.exists(name) else None
+
+
+def _record(name: str, job_id: str | None) -> Any:
+    from provision.jobs import JobStore
+
+    store = JobStore()
+    return store.load(name, job_id) if job_id else store.latest(name)
+
+
+def _exit_text(rec: Any) -> str:
+    codes = [n.exit_code for n in rec.nodes.values()]
+    if all(c is None for c in codes):
+        return "-"
+    return ",".join("-" if c is None else str(c) for c in codes)
+
+
+def _duration(seconds: float | None) -> str:
+    if seconds is None:
+        return "-"
+    s = int(seconds)
+    return f"{s // 3600}h{s % 3600 // 60:02d}m" if s >= 3600 else f"{s // 60}m{s % 60:02d}s"
+
+
+# --------------------------------------------------------------------------------------------
+@app.command()
+@guard
+def jobs(
+    name: Annotated[str, typer.Argument(help="cluster name (also one that was removed)")],
+    as_json: Annotated[bool, typer.Option("--json", help="machine-readable output")] = False,
+) -> None:
+    """List a cluster's jobs: id, state, start, duration, exit code per node, command."""
+    from provision.jobs import JobStore, refresh
+    from provision.nodes import NodeGroup
+    from provision.status import text_table, when
+
+    store = JobStore()
+    recs = store.all(name)
+    inv = _inventory_or_none(name)
+    if inv is not None and inv.status == "ready":
+        with NodeGroup(inv) as group:
+            recs = refresh(inv, recs, group, store=store)
+    if as_json:
+        import json
+
+        typer.echo(json.dumps([{**r.model_dump(mode="json"), "exit_code": r.exit_code,
+                                "duration_s": r.duration_s()} for r in recs], indent=2))
+        return
+    if not recs:
+        typer.echo(f"no jobs on {name!r} yet")
+        return
+    rows = [("ID", "STATE", "STARTED", "DURATION", "EXIT", "COMMAND")]
+    rows += [(r.id, r.state + (" (detached)" if r.detached else ""), when(r.started_at),
+              _duration(r.duration_s()), _exit_text(r), r.command) for r in recs]
+    typer.echo("\n".join(text_table(rows, right={0})))
+
+
+@app.command()
+@guard
+def logs(
+    name: Annotated[str, typer.Argument(help="cluster name (also one that was removed)")],
+    job_id: Annotated[str | None, typer.Argument(metavar="[JOB]", help="job id (default: the latest)")] = None,
+    follow: Annotated[bool, typer.Option("--follow", "-f", help="keep streaming until the job ends; exit with its code")] = False,
+    node: Annotated[int | None, typer.Option("--node", help="only this node rank")] = None,
+) -> None:
+    """Print a job's output, `[node-R]`-prefixed, from its start (while it runs, or after)."""
+    from provision.jobs import follow as follow_job
+    from provision.jobs import is_current, print_saved_logs, refresh
+    from provision.nodes import NodeGroup
+
+    rec = _record(name, job_id)
+    names = list(rec.nodes)
+    if node is not None:
+        names = [n for n, nj in rec.nodes.items() if nj.rank == node]
+        if not names:
+            from provision.errors import UserInputError
+
+            raise UserInputError(f"job {rec.id} did not run on node {node}; it ran on "
+                                 + ", ".join(rec.nodes))
+    inv = _inventory_or_none(name)
+    live = inv is not None and is_current(rec, inv) and inv.status == "ready"
+    if rec.logs_saved or not live:
+        missing = print_saved_logs(rec, sys.stdout, names)
+        if missing:
+            from provision.errors import MgpuError
+
+            raise MgpuError(f"the log of job {rec.id} on {', '.join(missing)} was not copied "
+                            "before the cluster was removed")
+        _finish(rec, follow)
+        return
+    with NodeGroup(inv) as group:
+        refresh(inv, [rec], group)
+        if rec.logs_saved:
+            print_saved_logs(rec, sys.stdout, names)
+        else:
+            nodes = [n for n in group.nodes if n.name in names]
+            try:
+                followed = follow_job(rec, group, sys.stdout, nodes, wait=follow)
+            except KeyboardInterrupt:
+                _err(f"stopped following; job {rec.id} goes on "
+                     f"(cancel it: mgpu-cloud cancel {name} {rec.id})")
+                raise typer.Exit(130) from None
+            for r in followed.values():
+                if r.error is not None:
+                    _err(f"{r.node.name}: could not read the log: {r.error}")
+            if followed.failed and not follow:
+                raise typer.Exit(1)
+            if follow:
+                refresh(inv, [rec], group)
+    _finish(rec, follow)
+
+
+def _finish(rec: Any, follow: bool) -> None:
+    if not follow:
+        return
+    code = rec.exit_code
+    if code is None:
+        _err(f"job {rec.id}: {rec.state}")
+        raise typer.Exit(255)
+    _err(f"job {rec.id} {rec.state} (exit code {code})")
+    raise typer.Exit(code)
+
+
+@app.command()
+@guard
+def cancel(
+    name: Annotated[str, typer.Argument(help="cluster name")],
+    job_id: Annotated[str | None, typer.Argument(metavar="[JOB]", help="job id (default: the latest)")] = None,
+    grace: Annotated[float, typer.Option("--grace", help="seconds between TERM and KILL")] = 10.0,
+) -> None:
+    """Stop a job on every node (TERM to every rank's process group, KILL after --grace)."""
+    from provision.errors import MgpuError
+    from provision.inventory import InventoryStore
+    from provision.jobs import cancel as cancel_job
+    from provision.jobs import is_current, refresh
+    from provision.nodes import NodeGroup
+
+    inv = InventoryStore().load(name)
+    rec = _record(name, job_id)
+    if not is_current(rec, inv):
+        raise MgpuError(f"job {rec.id} ran on an earlier cluster named {name!r}")
+    with NodeGroup(inv) as group:
+        refresh(inv, [rec], group)
+        if rec.final:
+            typer.echo(f"job {rec.id} has already ended: {rec.state}")
+            return
+        cancel_job(rec, group, grace=grace)
+        refresh(inv, [rec], group)
+    typer.echo(f"job {rec.id}: {rec.state}")
+
+
+@app.command("ssh-config")
+@guard
+def ssh_config(
+    name: Annotated[str, typer.Argument(help="cluster name")],
+    install: Annotated[bool, typer.Option("--install", help="Include it from ~/.ssh/config (removed by `down`)")] = False,
+) -> None:
+    """Print an OpenSSH config for the cluster: `ssh NAME`, `ssh NAME-node-R`, scp, rsync."""
+    from provision.inventory import InventoryStore
+    from provision.sshconfig import config_text
+    from provision.sshconfig import install as install_config
+
+    store = InventoryStore()
+    inv = store.load(name)
+    if install:
+        path = install_config(inv, store)
+        _err(f"wrote {path}; ~/.ssh/config includes it: ssh {name}, ssh {name}-node-1, "
+             f"scp FILE {name}:, pdsh -R ssh -w {name}-node-[0-{len(inv.nodes) - 1}] hostname")
+        return
+    typer.echo(config_text(inv))
+
+
+@app.command()
+@guard
+def monitor(
+    name: Annotated[str, typer.Argument(help="cluster name")],
+    interval: Annotated[float, typer.Option("--interval", help="seconds between samples")] = 2.0,
+    once: Annotated[bool, typer.Option("--once", help="one sample of every node, then exit")] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="with --once: machine-readable output")] = False,
+) -> None:
+    """Live per-node GPU utilisation, memory, power, temperature (CPU/memory/load without GPUs)."""
+    import time
+
+    from provision.inventory import InventoryStore
+    from provision.monitor import HEADER, LiveMonitor, snapshot, table_rows
+    from provision.nodes import NodeGroup
+    from provision.status import text_table
+
+    inv = InventoryStore().load(name)
+    if once:
+        with NodeGroup(inv) as group:
+            samples = snapshot(group)
+        if as_json:
+            import json
+
+            typer.echo(json.dumps({"cluster": name, "nodes": samples}, indent=2))
+        else:
+            typer.echo("\n".join(text_table([HEADER, *table_rows(samples)])))
+        raise typer.Exit(1 if any("error" in s for s in samples) else 0)
+    live = LiveMonitor(inv, interval)
+    live.start()
+    try:
+        if sys.stdout.isatty():
+            from rich.live import Live
+            from rich.table import Table
+
+            def render() -> Table:
+                table = Table(*HEADER, title=f"{name} (every {interval:g} s; Ctrl-C to stop)")
+                for row in table_rows(live.latest()):
+                    table.add_row(*row)
+                return table
+
+            with Live(render(), refresh_per_second=4) as screen:
+                while True:
+                    time.sleep(interval / 2)
+                    screen.update(render())
+        else:
+            while True:
+                time.sleep(interval)
+                typer.echo("\n".join(text_table([HEADER, *table_rows(live.latest())])) + "\n")
+    except KeyboardInterrupt:
+        pass
+    finally:
+        live.close()
+
+
+@app.command()
+@guard
+def cost(
+    name: Annotated[str | None, typer.Argument(help="one cluster name (default: all)")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="machine-readable output")] = False,
+) -> None:
+    """What every cluster made here cost (also removed ones), at the catalog price."""
+    from provision.cost import report
+    from provision.status import text_table, when
+
+    rep = report(name)
+    if as_json:
+        import json
+
+        typer.echo(json.dumps(rep, indent=2))
+        return
+    if not rep["clusters"]:
+        typer.echo("no clusters recorded yet")
+        return
+    rows = [("CLUSTER", "PROVIDER", "TYPE", "NODES", "CREATED", "REMOVED", "NODE-H", "$")]
+    for r in rep["clusters"]:
+        rows.append((r["cluster"], r["provider"] or "-",
+                     (r["type"] or "-") + (" (spot)" if r["spot"] else ""), str(r["nodes"]),
+                     when(r["created"]), when(r["removed"]) if r["removed"] else "running",
+                     f"{r['node_hours']:.2f}", f"{r['cost_usd']:.2f}"))
+    rows.append(("total", "", "", "", "", "", "", f"{rep['total_usd']:.2f}"))
+    typer.echo("\n".join(text_table(rows, right={3, 6, 7})))
+    typer.echo("catalog prices x time from up to down; the bill also has disks, traffic and "
+               "rounding", err=True)
+
+
+_SCALE_CLUSTER_OPTIONS = [o for o in CLUSTER_OPTIONS if o.name != "nodes"]
+
+
+@app.command(context_settings={"allow_interspersed_args": False, "ignore_unknown_options": True})
+@guard
+@with_options(_SCALE_CLUSTER_OPTIONS + JOB_OPTIONS, "opts")
+def scale(
+    script: Annotated[str, typer.Argument(help="training script (prints samples/s=X, or is timed)")],
+    args: Annotated[list[str] | None, typer.Argument(help="script arguments")] = None,
+    sizes: Annotated[str, typer.Option("--nodes", "-n", help="cluster sizes to compare, e.g. 1,2,4")] = "1,2",
+    cluster: Annotated[str | None, typer.Option("--cluster", help="use this existing cluster (no up/down)")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="machine-readable output")] = False,
+    plot_path: Annotated[str | None, typer.Option("--plot", help="also write a PNG chart here (needs matplotlib)")] = None,
+    opts: dict[str, Any] = {},  # noqa: B006 - filled by with_options
+) -> None:
+    """Run the same job on 1..N nodes: throughput, speedup, efficiency and $ per job."""
+    from provision import scale as scaling
+    from provision.cli.options import script_and_args
+    from provision.status import text_table
+
+    counts = scaling.parse_sizes(sizes)
+    if plot_path:
+        scaling.require_matplotlib()  # before any node is made, not after the runs
+    spec = None
+    file_values: dict[str, Any] = {}
+    if cluster is None:
+        spec, file_values = cluster_spec({**opts, "nodes": counts[-1]})
+    job = job_spec(*script_and_args(script, args), opts, file_values)
+    result = scaling.scale(job, counts, spec=spec, cluster=cluster, confirm=confirmer(opts),
+                           log=_err)
+    if result is None:
+        raise typer.Exit(1)
+    if plot_path:
+        scaling.plot(result, plot_path)
+        _err(f"wrote {plot_path}")
+    if as_json:
+        import json
+
+        typer.echo(json.dumps(result, indent=2))
+    else:
+        typer.echo("\n".join(text_table(scaling.table(result), right=set(range(7)))))
+    raise typer.Exit(1 if any(r["exit_code"] for r in result["rows"]) else 0)

@@ -1,0 +1,135 @@
+"""remote/jobs.py for real, on this machine: a job that outlives the process that started
+it, its log, its exit status, follow, cancel, and an attached job stopped by end of stdin."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from provision.nodes import RemoteLayout
+from remote import jobs as remote_jobs
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def job(*args: str, stdin: str | None = None, timeout: float = 30) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "remote", "job", *args], input=stdin,
+                          capture_output=True, text=True, timeout=timeout, cwd=ROOT,
+                          env={**os.environ, "PYTHONPATH": str(ROOT)})
+
+
+def status(jobs_dir: Path) -> dict[str, dict[str, object]]:
+    res = job("status", "--jobs", str(jobs_dir))
+    assert res.returncode == 0, res.stderr
+    data: dict[str, dict[str, object]] = json.loads(res.stdout)
+    return data
+
+
+def wait_for(check, timeout: float = 20) -> None:  # type: ignore[no-untyped-def]
+    end = time.monotonic() + timeout
+    while not check():
+        assert time.monotonic() < end, "timed out"
+        time.sleep(0.05)
+
+
+def test_layout_and_remote_agree_on_the_log_name() -> None:
+    assert RemoteLayout("r").job_log("7") == f"r/jobs/7/{remote_jobs.LOG}"
+
+
+def test_detached_job_outlives_start_and_records_exit(tmp_path: Path) -> None:
+    d = tmp_path / "jobs" / "1"
+    t0 = time.monotonic()
+    res = job("start", "--dir", str(d), "--pidfile", str(tmp_path / "job.pid"), "--",
+              "sh", "-c", "echo one; sleep 1; echo two >&2; exit 3")
+    assert res.returncode == 0, res.stderr
+    assert time.monotonic() - t0 < 1.0, "start must return while the job runs"
+    pgid = int(res.stdout)
+    assert status(tmp_path / "jobs")["1"]["state"] == "running"
+    assert int((tmp_path / "job.pid").read_text()) == pgid  # `remote.pyz stop` still works
+    followed = job("follow", "--dir", str(d))
+    assert followed.returncode == 3
+    assert followed.stdout == "one\ntwo\n"
+    st = status(tmp_path / "jobs")["1"]
+    assert st["state"] == "exited" and st["exit_code"] == 3
+    assert not (tmp_path / "job.pid").exists()
+    # follow from an offset, and without waiting on an ended job
+    assert job("follow", "--dir", str(d), "--offset", "4").stdout == "two\n"
+
+
+def test_cancel_stops_the_whole_process_group(tmp_path: Path) -> None:
+    d = tmp_path / "jobs" / "2"
+    marker = tmp_path / "child-alive"
+    script = f"(while true; do touch {marker}; sleep 0.1; done) & wait"
+    res = job("start", "--dir", str(d), "--", "sh", "-c", script)
+    assert res.returncode == 0, res.stderr
+    wait_for(marker.exists)
+    assert job("cancel", "--dir", str(d), "--grace", "2").returncode == 0
+    st = status(tmp_path / "jobs")["2"]
+    assert st["state"] == "cancelled" and st["exit_code"] is not None
+    marker.unlink()
+    time.sleep(0.4)
+    assert not marker.exists(), "a member of the job's process group survived cancel"
+    assert job("cancel", "--dir", str(d)).returncode == 0  # idempotent
+
+
+def test_attached_job_streams_and_stops_when_stdin_closes(tmp_path: Path) -> None:
+    d = tmp_path / "jobs" / "3"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "remote", "job", "start", "--attach", "--grace", "1", "--dir",
+         str(d), "--", "sh", "-c", "echo started; sleep 60"],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert proc.stdout is not None and proc.stdin is not None
+    assert proc.stdout.readline() == "started\n"
+    proc.stdin.close()  # the controller's channel went away
+    assert proc.wait(timeout=20) == 143
+    st = status(tmp_path / "jobs")["3"]
+    assert st["state"] == "cancelled"
+    assert (d / "node.log").read_text() == "started\n"
+
+
+def test_a_command_that_cannot_start(tmp_path: Path) -> None:
+    d = tmp_path / "jobs" / "4"
+    res = job("start", "--dir", str(d), "--", "/nonexistent/program")
+    assert res.returncode == 127 and "cannot start" in res.stderr
+    assert status(tmp_path / "jobs")["4"]["exit_code"] == 127
+    assert job("start", "--dir", str(d), "--", "true").returncode == 2  # the folder is taken
+
+
+def test_then_runs_after_the_job(tmp_path: Path) -> None:
+    d = tmp_path / "jobs" / "5"
+    done = tmp_path / "then-ran"
+    res = job("start", "--dir", str(d), "--then", f"touch {done}", "--then-after", "0", "--",
+              "true")
+    assert res.returncode == 0
+    wait_for(done.exists)
+
+
+def test_a_vanished_supervisor_is_lost(tmp_path: Path) -> None:
+    d = tmp_path / "jobs" / "6"
+    d.mkdir(parents=True)
+    (d / "meta.json").write_text(json.dumps({"argv": ["x"], "started": time.time() - 100}))
+    (d / "pid").write_text("999999 999999\n")  # no such process
+    assert status(tmp_path / "jobs")["6"]["state"] == "lost"
+    res = job("follow", "--dir", str(d), "--no-wait")
+    assert res.returncode == 0
+
+
+@pytest.mark.parametrize("state", ["Z", "S"])
+def test_alive_treats_zombies_as_dead(monkeypatch: pytest.MonkeyPatch, state: str) -> None:
+    real_open = open
+
+    def fake_open(path, *a, **kw):  # type: ignore[no-untyped-def]
+        if str(path) == f"/proc/{os.getpid()}/stat":
+            import io
+            return io.StringIO(f"{os.getpid()} (python3) {state} 1 2 3")
+        return real_open(path, *a, **kw)
+
+    monkeypatch.setattr("builtins.open", fake_open)
+    assert remote_jobs.alive(os.getpid()) is (state == "S")

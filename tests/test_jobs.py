@@ -1,0 +1,168 @@
+"""Job records and the controller side of jobs, through a fake transport: ids, what each node
+is asked, states from the nodes' answers, logs copied when a job ends and before teardown."""
+
+from __future__ import annotations
+
+import io
+import json
+import shlex
+from pathlib import Path
+
+import pytest
+from fake_nodes import FakeConnector
+
+from provision import jobs
+from provision.errors import LaunchError
+from provision.inventory import Inventory, NodeRecord
+from provision.launch import node_command, run_job
+from provision.nodes import NodeGroup
+from provision.spec import build_job_spec
+
+EXAMPLE = str(Path(__file__).resolve().parent.parent / "examples" / "train_ddp.py")
+
+
+def _inv(n: int = 2) -> Inventory:
+    nodes = [NodeRecord(name=f"node-{r}", rank=r, address="127.0.0.1", port=4000 + r,
+                        private_address=f"node-{r}", slots=2) for r in range(n)]
+    return Inventory(name="demo", provider="docker", nodes=nodes, status="ready")
+
+
+def _job(**kw: object):  # type: ignore[no-untyped-def]
+    return build_job_spec({}, {"script": EXAMPLE, **kw})
+
+
+def _status(**by_job: dict[str, object]) -> str:
+    return json.dumps(by_job)
+
+
+def test_ids_count_up_per_cluster_and_outlive_the_cluster() -> None:
+    inv = _inv()
+    a = jobs.begin(inv, _job(), inv.nodes, detached=True)
+    b = jobs.begin(inv, _job(args=["--steps", "3"]), inv.nodes, detached=False)
+    assert (a.id, b.id) == ("1", "2")
+    assert b.command == "train_ddp.py --steps 3"
+    later = Inventory(name="demo", provider="docker", nodes=inv.nodes,
+                      created_at="2099-01-01T00:00:00+00:00")
+    c = jobs.begin(later, _job(), later.nodes, detached=False)
+    assert c.id == "3", "a new cluster of the same name must not reuse (and overwrite) ids"
+    store = jobs.JobStore()
+    assert [r.id for r in store.all("demo")] == ["1", "2", "3"]
+    assert store.latest("demo").id == "3"
+    assert not jobs.is_current(a, later) and jobs.is_current(c, later)
+
+
+def test_node_command_attached_and_detached() -> None:
+    inv = _inv()
+    attached = shlex.split(node_command(inv, _job(), inv.nodes[0], job_id="4"))
+    i = attached.index("job")
+    assert attached[i:i + 4] == ["job", "start", "--dir", "$HOME/.mgpu-cloud/jobs/4"]
+    assert "--attach" in attached and "--then" not in attached
+    detached = shlex.split(node_command(inv, _job(), inv.nodes[0], job_id="4",
+                                        detach=jobs.Detach(then="kill -TERM 1",
+                                                           then_after_s=60)))
+    assert "--attach" not in detached
+    assert detached[detached.index("--then") + 1] == "kill -TERM 1"
+    assert detached[detached.index("--then-after") + 1] == "60"
+
+
+def test_attached_run_keeps_a_log_under_the_job_id() -> None:
+    inv = _inv()
+    fake = FakeConnector()
+    fake.on(r"job start", stream="hello\n")
+    out = io.StringIO()
+    code = run_job(inv, _job(), log=lambda m: None, out=out,
+                   group=NodeGroup(inv, connector=fake), job_id="9")
+    assert code == 0
+    assert fake.assert_ran("node-1", r"jobs/9 .*--attach")
+    assert "[node-0] hello" in out.getvalue()
+
+
+def test_detached_start_failing_on_one_node_cancels_all() -> None:
+    inv = _inv()
+    fake = FakeConnector()
+    fake.on(r"job start", node="node-1", exit_code=127, stderr="python3: not found")
+    rec = jobs.begin(inv, _job(), inv.nodes, detached=True)
+    with pytest.raises(LaunchError) as err:
+        jobs.start_detached(inv, _job(), rec, NodeGroup(inv, connector=fake), jobs.Detach())
+    assert "node-1" in err.value.message and "node-0" not in err.value.message
+    for node in ("node-0", "node-1"):
+        fake.assert_ran(node, r"job cancel --dir .*jobs/1")
+    rec = jobs.JobStore().load("demo", "1")
+    assert rec.state == "failed" and rec.nodes["node-1"].state == "lost"
+
+
+def test_refresh_reads_states_and_copies_logs_once_ended() -> None:
+    inv = _inv()
+    rec = jobs.begin(inv, _job(), inv.nodes, detached=True)
+    fake = FakeConnector()
+    fake.on(r"job status", stdout=_status(**{"1": {"state": "running"}}))
+    group = NodeGroup(inv, connector=fake)
+    [rec] = jobs.refresh(inv, [rec], group)
+    assert rec.state == "running" and not rec.logs_saved and rec.exit_code is None
+    fake.on(r"job status", node="node-0",
+            stdout=_status(**{"1": {"state": "exited", "exit_code": 0, "ended": 4e9}}))
+    fake.on(r"job status", node="node-1",
+            stdout=_status(**{"1": {"state": "exited", "exit_code": 3, "ended": 4e9 + 5}}))
+    for node in ("node-0", "node-1"):
+        fake.files[(node, ".mgpu-cloud/jobs/1/node.log")] = f"out of {node}\n".encode()
+    [rec] = jobs.refresh(inv, [rec], group)
+    assert rec.state == "failed" and rec.exit_code == 3 and rec.logs_saved
+    assert rec.ended_at == "2096-10-02T07:06:45+00:00"  # the last node's end, not now
+    store = jobs.JobStore()
+    assert store.log_path(rec, "node-1").read_text() == "out of node-1\n"
+    out = io.StringIO()
+    assert jobs.print_saved_logs(store.load("demo", "1"), out) == []
+    assert out.getvalue() == "[node-0] out of node-0\n[node-1] out of node-1\n"
+    asked = len(fake.commands("node-0"))
+    jobs.refresh(inv, [rec], group)
+    assert len(fake.commands("node-0")) == asked, "a finished, saved job is not asked again"
+
+
+def test_unreachable_and_unknown_jobs() -> None:
+    inv = _inv()
+    rec = jobs.begin(inv, _job(), inv.nodes, detached=True)
+    fake = FakeConnector()
+    fake.unreachable("node-1")
+    fake.on(r"job status", stdout="{}")  # node-0 never heard of job 1
+    [rec] = jobs.refresh(inv, [rec], NodeGroup(inv, connector=fake))
+    assert rec.nodes["node-0"].state == "lost" and rec.nodes["node-1"].state == "unreachable"
+    assert rec.state == "unknown" and not rec.final
+
+
+def test_a_running_job_blocks_a_new_launch() -> None:
+    inv = _inv()
+    jobs.begin(inv, _job(), inv.nodes, detached=True)
+    fake = FakeConnector()
+    fake.on(r"job status", stdout=_status(**{"1": {"state": "running"}}))
+    with pytest.raises(LaunchError) as err:
+        jobs.refuse_if_busy(inv, NodeGroup(inv, connector=fake))
+    assert "job 1" in err.value.message and "cancel demo 1" in (err.value.hint or "")
+    fake.on(r"job status", stdout=_status(**{"1": {"state": "exited", "exit_code": 0}}))
+    jobs.refuse_if_busy(inv, NodeGroup(inv, connector=fake))  # ended: no error
+
+
+def test_before_teardown_saves_logs_and_marks_running_jobs_removed(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    inv = _inv()
+    rec = jobs.begin(inv, _job(), inv.nodes, detached=True)
+    fake = FakeConnector()
+    fake.on(r"job status", stdout=_status(**{"1": {"state": "running"}}))
+    for node in ("node-0", "node-1"):
+        fake.files[(node, ".mgpu-cloud/jobs/1/node.log")] = b"partial\n"
+    monkeypatch.setattr("provision.nodes.default_connector", lambda inv: fake)
+    jobs.before_teardown(inv, log=lambda m: None)
+    rec = jobs.JobStore().load("demo", rec.id)
+    assert rec.state == "removed" and rec.logs_saved and rec.final
+
+
+def test_follow_prefixes_every_node() -> None:
+    inv = _inv()
+    rec = jobs.begin(inv, _job(), inv.nodes, detached=True)
+    fake = FakeConnector()
+    fake.on(r"job follow", stream="a\nb\n", exit_code=2)
+    out = io.StringIO()
+    results = jobs.follow(rec, NodeGroup(inv, connector=fake), out)
+    assert {n: r.value for n, r in results.items()} == {"node-0": 2, "node-1": 2}
+    assert sorted(out.getvalue().splitlines()) == ["[node-0] a", "[node-0] b", "[node-1] a",
+                                                   "[node-1] b"]
+    fake.assert_ran("node-0", r"job follow --dir .*jobs/1$")

@@ -1,0 +1,54 @@
+"""`status` at 80 columns, per-node progress."""
+
+from __future__ import annotations
+
+import io
+from pathlib import Path
+
+from fake_nodes import FakeConnector
+
+from provision.inventory import Inventory, InventoryStore, NodeRecord, ResourceRecord
+from provision.progress import NodeProgress, ReportingStore, bootstrap_group
+from provision.status import status_rows, status_text
+
+
+def _inv(name: str = "llama-finetune-prod", n: int = 4) -> Inventory:
+    nodes = [NodeRecord(name=f"node-{r}", rank=r, address=f"203.0.113.{100 + r}",
+                        port=22, private_address=f"10.20.30.{40 + r}", user="ubuntu")
+             for r in range(n)]
+    return Inventory(name=name, provider="aws", nodes=nodes, status="ready",
+                     created_at="2025-06-01T12:34:56+00:00", hourly_cost_usd=131.04)
+
+
+def test_status_fits_80_columns_and_cuts_nothing() -> None:
+    text = status_text(status_rows([_inv(), _inv("b", 2)]))
+    lines = text.splitlines()
+    assert max(len(line) for line in lines) <= 80, text
+    assert "2025-06-01 12:34Z" in text and "131.04" in text
+    for r in range(4):
+        assert f"node-{r}  ubuntu@203.0.113.{100 + r}:22  private 10.20.30.{40 + r}" in text
+    assert "…" not in text and "..." not in text
+
+
+def test_progress_plain_lines_for_created_resources_and_bootstrap(mgpu_home: Path) -> None:
+    out = io.StringIO()
+    progress = NodeProgress(out, live=False)
+    store = ReportingStore(progress)
+    inv = _inv("p", 2)
+    store.create(inv)
+    store.record(inv, ResourceRecord(kind="instance", id="i-1", name="p-node-0"))
+    fake = FakeConnector()
+    with bootstrap_group(inv, store, fake) as group:
+        assert group is not None
+        group.wait_until_reachable()
+        group.upload(b"archive", ["tar -xzf -"])
+    lines = out.getvalue().splitlines()
+    assert "  p-node-0: instance created" in lines
+    for node in ("node-0", "node-1"):
+        assert lines.index(f"  {node}: waiting for ssh") < lines.index(f"  {node}: ssh answers") \
+            < lines.index(f"  {node}: files in place")
+
+
+def test_no_progress_group_for_a_plain_store(mgpu_home: Path) -> None:
+    with bootstrap_group(_inv("q", 1), InventoryStore()) as group:
+        assert group is None
