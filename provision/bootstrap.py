@@ -186,6 +186,26 @@ def payload(inv: Inventory, files: Files, job: JobSpec | None) -> tuple[bytes, l
     return archive, steps
 
 
+EGRESS_TIMEOUT_S = 10
+
+
+def registry_of(image: str) -> str:
+    """The registry host an image is pulled from ("nvcr.io/nvidia/pytorch:x" -> nvcr.io;
+    "ubuntu:22.04" -> Docker Hub)."""
+    first = image.split("/", 1)[0]
+    if "/" in image and ("." in first or ":" in first or first == "localhost"):
+        return first.split(":", 1)[0]
+    return "registry-1.docker.io"
+
+
+def egress_probe(image: str) -> str:
+    """A shell line that succeeds only when this node resolves and reaches the image's
+    registry on 443 within EGRESS_TIMEOUT_S (no curl needed: bash's /dev/tcp)."""
+    host = shlex.quote(registry_of(image))
+    return (f"getent hosts {host} >/dev/null && timeout {EGRESS_TIMEOUT_S} "
+            f"bash -c {shlex.quote(f'exec 3<>/dev/tcp/{registry_of(image)}/443')}")
+
+
 def _checked(res: object, what: str) -> None:
     from provision.nodes import CommandResult
 
@@ -219,6 +239,13 @@ def bootstrap_cluster(
             raise NodeStepError(f"nvidia-smi did not answer within {GPU_DEADLINE_S:.0f} s")
         _checked(conn.run(command, stdin=archive), "unpacking the uploaded files")
         if inv.container_image:
+            # A node without a way out (no public address, no NAT) is named here, before a
+            # pull that would fail or hang on it.
+            if not conn.run(egress_probe(inv.container_image)).ok:
+                raise NodeStepError(
+                    f"no path to the internet: {registry_of(inv.container_image)}:443 cannot "
+                    f"be reached within {EGRESS_TIMEOUT_S} s (needed to pull "
+                    f"{inv.container_image}; see docs/clouds.md)")
             _checked(conn.run(f"sudo -n docker pull {q(inv.container_image)}"),
                      "pulling the container")
 

@@ -1,7 +1,8 @@
 """Container mode: cloud nodes run the job inside a training image (`docker run` on the host).
 
 The default image is defined here once; a provider adds what its fabric needs inside the
-container (devices, library mounts) through `Inventory.container_args`. Where nodes have no
+container through `Inventory.container_args` (devices, mounts) and
+`Inventory.container_library_path` (folders put first on the image's own LD_LIBRARY_PATH). Where nodes have no
 Docker (Slurm sites), the provider names another runtime in `Inventory.container_runtime`:
 Apptainer/Singularity (`exec`, unprivileged, the host's environment and $HOME passed through).
 """
@@ -19,6 +20,19 @@ RUN_FLAGS = [
 ]
 
 
+# Runs in the container before the launcher: puts the provider's library folders (passed as
+# $0) first on the image's own LD_LIBRARY_PATH (`docker run -e` could only replace it).
+PREPEND_LIBRARY_PATH = 'LD_LIBRARY_PATH="$0${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" exec "$@"'
+
+
+def library_prefix(inv: Inventory) -> list[str]:
+    """Words between the image and the launcher's argv that prepend
+    Inventory.container_library_path inside the container ([] when there is none)."""
+    if not inv.container_library_path:
+        return []
+    return ["sh", "-c", PREPEND_LIBRARY_PATH, ":".join(inv.container_library_path)]
+
+
 def container_name(inv: Inventory) -> str:
     return f"mgpu-{inv.name}-job"
 
@@ -32,7 +46,7 @@ def docker_run_argv(inv: Inventory, image: str, env: dict[str, str], *, mount: s
             "-v", HomePath(f"{mount}:{CONTAINER_ROOT}"), "-w", f"{CONTAINER_ROOT}/work"]
     for key, value in env.items():
         argv += ["-e", f"{key}={value}"]
-    argv += [*inv.container_args, *(extra or []), image]
+    argv += [*inv.container_args, *(extra or []), image, *library_prefix(inv)]
     return argv
 
 
@@ -54,4 +68,4 @@ def container_run_argv(inv: Inventory, image: str, env: dict[str, str], *, mount
     # container (no --cleanenv), so the variables arrive without a comma-splitting --env.
     return ["env", *(f"{k}={v}" for k, v in env.items()), runtime, "exec",
             "--bind", HomePath(f"{mount}:{CONTAINER_ROOT}"), "--pwd", f"{CONTAINER_ROOT}/work",
-            *inv.container_args, uri]
+            *inv.container_args, uri, *library_prefix(inv)]

@@ -138,12 +138,19 @@ class Inventory(BaseModel):
     key_path: str | None = None
     known_hosts_path: str | None = None
     hourly_cost_usd: float = 0.0
+    unpriced: list[str] = Field(default_factory=list, description="parts without a known "
+                                "price: hourly_cost_usd is then only the known part")
     remote_root: str = ".mgpu-cloud"
     nccl_env: dict[str, str] = Field(default_factory=dict)
     container_image: str | None = Field(None, description="jobs run inside this image when set")
     container_args: list[str] = Field(
         default_factory=list,
         description="extra `docker run` words the provider's fabric needs (devices, mounts, env)",
+    )
+    container_library_path: list[str] = Field(
+        default_factory=list,
+        description="folders put first on LD_LIBRARY_PATH inside the container (e.g. the "
+        "host's libfabric and NCCL net plugin, mounted by container_args)",
     )
     container_runtime: Literal["docker", "apptainer", "singularity", "none"] = Field(
         "docker", description="what runs a job's image on the nodes (provision/container.py); "

@@ -58,15 +58,19 @@ class Detach:
 
 
 def supervisor_words(home: RemoteLayout, job_id: str, detach: Detach | None,
-                     preempt: tuple[str, str, str] | None = None) -> list[str]:
+                     preempt: tuple[str, str, str] | None = None,
+                     container: str | None = None) -> list[str]:
     """The words that run a job's command line under remote.pyz on a node (`home`: the
     remote folder as the node's shell sees it). Attached: start + follow, stopped when the
     controller's channel closes; detached: returns as soon as the job runs. `preempt`:
-    (protocol, url, signal) of the node's preemption watcher (remote/preempt.py)."""
+    (protocol, url, signal) of the node's preemption watcher (remote/preempt.py); `container`:
+    the job runs in that container (signals reach its processes through `docker exec`)."""
     words = ["python3", home.pyz, "job", "start", "--dir", home.job_dir(job_id),
              "--pidfile", home.pidfile, "--cwd", home.work]
     if preempt is not None:
         words += ["--preempt", *preempt]
+    if container is not None:
+        words += ["--container", container]
     if detach is None:
         words.append("--attach")
     elif detach.then:

@@ -20,7 +20,7 @@ from collections.abc import Callable
 from concurrent.futures import FIRST_COMPLETED, Future, wait
 from typing import Protocol, TextIO
 
-from provision.container import container_run_argv
+from provision.container import container_name, container_run_argv
 from provision.errors import LaunchError
 from provision.inventory import Inventory, NodeRecord
 from provision.jobs import Detach, adhoc_job_id, supervisor_words
@@ -92,6 +92,11 @@ def launcher_argv(
     return get_launcher(job.launcher).argv(ctx, node, program)
 
 
+def job_container(inv: Inventory, job: JobSpec) -> str | None:
+    """The container the job runs in on each node (container mode), or None."""
+    return container_name(inv) if (job.image or inv.container_image) else None
+
+
 def launching_nodes(inv: Inventory, job: JobSpec) -> list[NodeRecord]:
     """Where the launcher starts: every node, or node 0 for a runner that fans out itself."""
     return get_launcher(job.launcher).starting_nodes(_context(inv, job))
@@ -110,7 +115,8 @@ def node_command(
     preempt = None
     if inv.preemption is not None:
         preempt = (inv.preemption.protocol, inv.preemption.url, job.preempt_signal)
-    supervise = supervisor_words(home, job_id or adhoc_job_id(), detach, preempt)
+    supervise = supervisor_words(home, job_id or adhoc_job_id(), detach, preempt,
+                                 job_container(inv, job))
     env = job_env(inv, job, ctx.layout, restart_count)
     if program is not None:
         program = [ctx.layout.path(p[len("@root/"):]) if p.startswith("@root/") else p

@@ -17,7 +17,13 @@ from pathlib import Path
 from types import FrameType
 from typing import TYPE_CHECKING
 
-from provision.errors import MgpuError, ProvisionError, TeardownError, UserInputError
+from provision.errors import (
+    MgpuError,
+    ProviderUnavailableError,
+    ProvisionError,
+    TeardownError,
+    UserInputError,
+)
 from provision.inventory import Inventory, InventoryStore
 from provision.plan import Plan
 from provision.providers import get_provider
@@ -56,6 +62,17 @@ def _stderr(msg: str) -> None:
     print(msg, file=sys.stderr, flush=True)
 
 
+def refuse_unresolved(plan: Plan) -> None:
+    """A plan made without the cloud's answers (e.g. `--dry-run` without credentials) is
+    printed, never created: ProviderUnavailableError before anything is written."""
+    if plan.unresolved:
+        raise ProviderUnavailableError(
+            "this plan cannot be created: " + "; ".join(plan.unresolved),
+            hint="make the provider's credentials available, or add --dry-run to only print "
+            "the plan",
+        )
+
+
 def plan_cluster(spec: ClusterSpec, store: InventoryStore) -> tuple[Provider, Plan]:
     """Validate everything that can be validated without writing, and plan."""
     if store.exists(spec.name):
@@ -85,6 +102,7 @@ def _create_and_bootstrap(
         provider=spec.provider,
         spec=spec,
         hourly_cost_usd=plan.hourly_cost_usd,
+        unpriced=plan.unpriced,
     )
     store.create(inv)
     _record_cost_event("up", inv)
@@ -162,6 +180,7 @@ def up(
     provider, plan = plan_cluster(spec, store)
     if not confirm(plan):
         return None
+    refuse_unresolved(plan)
     with store.lock(spec.name), sigterm_raises():
         return _create_and_bootstrap(
             provider, spec, plan, store, bootstrap=bootstrap, job=None, log=log
@@ -263,6 +282,7 @@ def run(
     provider, plan = plan_cluster(spec, store)
     if not confirm(plan):
         return 1
+    refuse_unresolved(plan)
     with store.lock(spec.name), sigterm_raises():
         inv = _create_and_bootstrap(
             provider, spec, plan, store, bootstrap=True, job=job, log=log

@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from provision.checkpoints import CheckpointKeeper, local_checkpoint_dir
 from provision.errors import LaunchError, MgpuError
 from provision.inventory import Inventory, InventoryStore, NodeRecord, Replacement
-from provision.launch import SESSION_LOST, run_job
+from provision.launch import SESSION_LOST, job_container, run_job
 from provision.nodes import NodeGroup
 from provision.providers.contract import Provider, Recoverable
 from provision.spec import JobSpec
@@ -96,7 +96,7 @@ class Watcher:
                 self.reason = "hang"
                 self.log(f"no output and no checkpoint for {quiet:.0f} s (--stall-timeout "
                          f"{timeout:g}): the job looks hung; dumping every rank's stack")
-                dump_stacks(self.inv, self.log)
+                dump_stacks(self.inv, self.job, self.log)
                 return f"hang: no progress for {quiet:.0f} s"
         return None
 
@@ -111,7 +111,9 @@ class Watcher:
             others = [n for n in self.inv.nodes if n.name not in self.preempted]
             layout = group.layout
             group.run(layout.remote_command("signal", "--pidfile", layout.pidfile,
-                                            "--signal", signame), nodes=others, timeout=10)
+                                            "--signal", signame,
+                                            *_container_words(self.inv, self.job)),
+                      nodes=others, timeout=60)
         if self.keeper.wait_for_copy(after=self.notice_at, deadline_s=PREEMPT_SAVE_DEADLINE_S):
             self.log("the checkpoint saved after the notice is kept")
         else:
@@ -120,13 +122,18 @@ class Watcher:
         return f"preemption notice on {', '.join(names)}"
 
 
-def dump_stacks(inv: Inventory, log: Log) -> None:
+def _container_words(inv: Inventory, job: JobSpec) -> list[str]:
+    container = job_container(inv, job)
+    return ["--container", container] if container else []
+
+
+def dump_stacks(inv: Inventory, job: JobSpec, log: Log) -> None:
     """Every rank's Python stack: py-spy output comes back here; faulthandler's goes to the
     job's own output (already streamed with its [node-R] prefix)."""
     with NodeGroup(inv) as group:
         layout = group.layout
-        res = group.run(layout.remote_command("stacks", "--pidfile", layout.pidfile),
-                        timeout=60)
+        res = group.run(layout.remote_command("stacks", "--pidfile", layout.pidfile,
+                                              *_container_words(inv, job)), timeout=150)
     for name, r in res.items():
         text = r.value.stdout if r.value is not None else r.why()
         for line in text.splitlines():

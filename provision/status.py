@@ -16,6 +16,7 @@ def status_rows(invs: list[Inventory]) -> list[dict[str, Any]]:
             "status": inv.status,
             "created_at": inv.created_at,
             "hourly_cost_usd": inv.hourly_cost_usd,
+            "price_known": not inv.unpriced,
             "resources": len(inv.resources),
             "nodes": [
                 {"name": n.name, "rank": n.rank, "address": n.address, "port": n.port,
@@ -50,6 +51,11 @@ def when(iso: str | None) -> str:
     return t.strftime("%Y-%m-%d %H:%MZ")
 
 
+def _price(row: dict[str, Any]) -> str:
+    """The cluster's $/hour; "+?" when part of it has no known price."""
+    return f"{row['hourly_cost_usd']:.2f}" + ("" if row.get("price_known", True) else "+?")
+
+
 def status_text(rows: list[dict[str, Any]], notes: dict[str, str] | None = None) -> str:
     """Plain lines that fit 80 columns for names up to 30 characters: one line per cluster,
     then one per node (address and port never cut, unlike a table squeezed to the terminal),
@@ -58,7 +64,7 @@ def status_text(rows: list[dict[str, Any]], notes: dict[str, str] | None = None)
         return "no clusters (create one: mgpu-cloud up)"
     head = ("CLUSTER", "PROVIDER", "STATUS", "NODES", "CREATED", "$/HOUR")
     table = [head] + [(r["name"], r["provider"], r["status"], str(len(r["nodes"])),
-                       when(r["created_at"]), f"{r['hourly_cost_usd']:.2f}") for r in rows]
+                       when(r["created_at"]), _price(r)) for r in rows]
     lines = text_table(table, right={3, 5})
     out = [lines[0]]
     for r, cells in zip(rows, lines[1:], strict=True):

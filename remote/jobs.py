@@ -137,7 +137,8 @@ def _supervise(args: argparse.Namespace, cmd: list[str], report: int) -> NoRetur
         signal.signal(sig, lambda s, f: stop())
     if args.preempt:
         protocol, url, signame = args.preempt
-        threading.Thread(target=watch_preemption, args=(protocol, url, signame, pgid, me),
+        threading.Thread(target=watch_preemption,
+                         args=(protocol, url, signame, pgid, me, args.container),
                          daemon=True).start()
     code = proc.wait()
     stop_job(pgid, me, 0.5)  # whatever the leader did, leave nothing of the job behind
@@ -304,6 +305,7 @@ def main(command: str, argv: list[str]) -> int:
     start.add_argument("--then", default=None)
     start.add_argument("--then-after", type=float, default=0.0)
     start.add_argument("--preempt", nargs=3, metavar=("PROTOCOL", "URL", "SIGNAL"))
+    start.add_argument("--container", default=None, help="the job runs in this container")
     start.add_argument("cmd", nargs=argparse.REMAINDER)
     fol = sub.add_parser("follow")
     fol.add_argument("--dir", required=True)

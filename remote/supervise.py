@@ -8,9 +8,13 @@ descendants. The supervisor records "PGID SUPERVISOR_PID" in the cluster's pidfi
     stop --pidfile F [--grace S]
          TERM to every process of the job, KILL after S seconds (a stopped process is
          continued so it can act on TERM). Idempotent: no pidfile or process -> exit 0.
-    signal --pidfile F --signal SIG
+    signal --pidfile F --signal SIG [--container NAME]
+    signal --all --signal SIG
          SIG to every process of the job that handles it (e.g. SIGUSR1: "save a checkpoint
-         now"); processes without a handler (the launcher) are left alone.
+         now"); processes without a handler (the launcher) are left alone, and so are
+         `docker`/`sudo`, which would relay it to the launcher. --container: the job runs in
+         that container; its processes are reached with `docker exec ... signal --all` (every
+         process of the container's pid namespace that handles SIG).
 
 `watch_preemption` runs in the supervisor with `job start --preempt PROTOCOL URL SIGNAL`: it
 polls the metadata service (remote/preempt.py); on a notice it signals the job like `signal`
@@ -110,13 +114,51 @@ def catches(pid: int, sig: int) -> bool:
     return False
 
 
-def notify(pgid: int, supervisor: int | None, sig: int) -> int:
+# Processes that catch every signal only to pass it on to what they run: `docker run`'s signal
+# proxy would hand SIGUSR1 to the container's first process (the launcher), `sudo` likewise.
+RELAYS = frozenset({"docker", "sudo"})
+
+
+def _comm(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/comm") as fh:
+            return fh.read().strip()
+    except OSError:
+        return ""
+
+
+def notify(pgid: int, supervisor: int | None, sig: int, container: str | None = None) -> int:
     """Send `sig` to the job's processes that handle it (the ranks of a script that asked
     for it); the others are left alone: to a launcher (torchrun) or a data-loader worker
-    without a handler, SIGUSR1 would be fatal. Returns how many were signalled."""
-    targets = [p for p in job_pids(pgid, supervisor) if catches(p, sig)]
+    without a handler, SIGUSR1 would be fatal. With `container` (the job runs in that
+    container), the processes inside it are found and signalled through `docker exec`.
+    Returns how many were signalled."""
+    targets = [p for p in job_pids(pgid, supervisor) if catches(p, sig) and
+               _comm(p) not in RELAYS]
     _send(targets, sig)
-    return len(targets)
+    told = len(targets)
+    if container:
+        told += in_container(container, "signal", "--all", "--signal", signal.Signals(sig).name)
+    return told
+
+
+def in_container(container: str, *args: str) -> int:
+    """`remote.pyz ARGS` inside the job's container (the tool's folder is mounted at /mgpu);
+    returns the count it prints ("signalled N process(es)"), 0 when it cannot run."""
+    import subprocess
+
+    res = subprocess.run(["sudo", "-n", "docker", "exec", container, "python3",
+                          "/mgpu/remote.pyz", *args], capture_output=True, text=True,
+                         timeout=60)
+    sys.stdout.write(res.stdout)
+    words = res.stdout.split()
+    return int(words[1]) if res.returncode == 0 and len(words) > 1 and words[1].isdigit() else 0
+
+
+def everything_here() -> list[int]:
+    """Every process of this pid namespace but ourselves (inside a job's container: the
+    job)."""
+    return [p for p in _parents() if p != os.getpid()]
 
 
 def stop_job(pgid: int, supervisor: int | None, grace: float) -> None:
@@ -155,7 +197,8 @@ def reap() -> None:
             return
 
 
-def watch_preemption(protocol: str, url: str, signame: str, pgid: int, me: int) -> None:
+def watch_preemption(protocol: str, url: str, signame: str, pgid: int, me: int,
+                     container: str | None = None) -> None:
     """Poll for a notice; on the first one, signal the job's processes and tell the
     controller (one line on our stdout, which is the job's output stream)."""
     import json
@@ -166,7 +209,7 @@ def watch_preemption(protocol: str, url: str, signame: str, pgid: int, me: int) 
     while True:
         notice = check(protocol, url)
         if notice is not None:
-            told = notify(pgid, me, sig)
+            told = notify(pgid, me, sig, container)
             event = {"event": "preemption", "action": notice.action, "time": notice.time,
                      "source": notice.source, "signal": sig.name, "processes": told}
             sys.stdout.write("\n" + EVENT_PREFIX + json.dumps(event) + "\n")
@@ -177,19 +220,29 @@ def watch_preemption(protocol: str, url: str, signame: str, pgid: int, me: int) 
 
 def main(command: str, argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog=f"remote.pyz {command}")
-    parser.add_argument("--pidfile", required=True)
+    parser.add_argument("--pidfile")
     parser.add_argument("--grace", type=float, default=10.0)
     if command == "signal":
         parser.add_argument("--signal", required=True)
+        parser.add_argument("--container", default=None)
+        parser.add_argument("--all", action="store_true")
     args = parser.parse_args(argv)
-    found = read_pidfile(args.pidfile)
+    if command == "signal":
+        name = args.signal.upper()
+        sig = getattr(signal, name if name.startswith("SIG") else f"SIG{name}")
+        if args.all:
+            targets = [p for p in everything_here() if catches(p, sig)]
+            _send(targets, sig)
+            print(f"signalled {len(targets)} process(es)")
+            return 0
+    found = read_pidfile(args.pidfile) if args.pidfile else None
     if found is None:
+        if command == "signal":
+            print("signalled 0 process(es)")
         return 0
     pgid, supervisor = found
     if command == "signal":
-        name = args.signal.upper()
-        told = notify(pgid, supervisor, getattr(signal, name if name.startswith("SIG")
-                                               else f"SIG{name}"))
+        told = notify(pgid, supervisor, sig, args.container)
         print(f"signalled {told} process(es)")
         return 0
     stop_job(pgid, supervisor, args.grace)

@@ -136,3 +136,24 @@ def test_nccl_debug_and_user_env_override_preset() -> None:
                        inv.nodes[0])
     words = shlex.split(cmd.replace('"$HOME"', "/h"))
     assert "NCCL_SOCKET_IFNAME=ens5" in words and "NCCL_DEBUG=INFO" in words
+
+
+def test_container_library_path_is_prepended_inside_the_container() -> None:
+    """The words after the image put the provider's folders first on the image's own
+    LD_LIBRARY_PATH (run here through a real shell, as the container would)."""
+    inv = _inv(2, container_image="img:1", container_library_path=["/opt/amazon/efa/lib",
+                                                                    "/opt/x y"])
+    words = shlex.split(node_command(inv, _job(), inv.nodes[0]).replace('"$HOME"', "/h"))
+    after = words[words.index("img:1") + 1:]
+    i = after.index("torchrun")
+    prefix = after[:i]
+    show = ["sh", "-c", 'printf %s "$LD_LIBRARY_PATH"']
+    with_old = subprocess.run(prefix + show, capture_output=True, text=True, check=True,
+                              env={"PATH": "/usr/bin:/bin", "LD_LIBRARY_PATH": "/usr/local/lib"})
+    assert with_old.stdout == "/opt/amazon/efa/lib:/opt/x y:/usr/local/lib"
+    without = subprocess.run(prefix + show, capture_output=True, text=True, check=True,
+                             env={"PATH": "/usr/bin:/bin"})
+    assert without.stdout == "/opt/amazon/efa/lib:/opt/x y"
+    plain = _inv(2, container_image="img:1")
+    plain_words = shlex.split(node_command(plain, _job(), plain.nodes[0]).replace('"$HOME"', "/h"))
+    assert plain_words[plain_words.index("img:1") + 1] == "torchrun"

@@ -75,6 +75,30 @@ def test_bootstrap_waits_for_gpus_pulls_the_image_and_names_every_failed_node(cl
         assert cmds[-1] == "sudo -n docker pull nvcr.io/nvidia/pytorch:24.06-py3"
 
 
+def test_a_node_without_egress_is_named_before_the_pull(cluster) -> None:  # type: ignore[no-untyped-def]
+    inv, store = cluster
+    inv.container_image = "nvcr.io/nvidia/pytorch:24.06-py3"
+    fake = FakeConnector()
+    fake.on(r"/dev/tcp/nvcr\.io/443", node="node-1", exit_code=124)
+    with pytest.raises(BootstrapError) as info:
+        bootstrap_cluster(inv, store, log=lambda m: None, group=NodeGroup(inv, connector=fake))
+    assert ("node-1: no path to the internet: nvcr.io:443 cannot be reached within 10 s"
+            in info.value.message)
+    assert not any("docker pull" in c for c in fake.commands("node-1"))
+    fake.assert_ran("node-0", r"docker pull")
+
+
+@pytest.mark.parametrize(("image", "registry"), [
+    ("nvcr.io/nvidia/pytorch:24.06-py3", "nvcr.io"), ("ubuntu:22.04", "registry-1.docker.io"),
+    ("pytorch/pytorch:2.4.0", "registry-1.docker.io"), ("localhost:5000/x:1", "localhost"),
+    ("123.dkr.ecr.us-east-1.amazonaws.com/t:1", "123.dkr.ecr.us-east-1.amazonaws.com"),
+])
+def test_registry_of(image: str, registry: str) -> None:
+    from provision.bootstrap import registry_of
+
+    assert registry_of(image) == registry
+
+
 def test_unreachable_node_is_named(cluster, monkeypatch) -> None:  # type: ignore[no-untyped-def]
     inv, store = cluster
     monkeypatch.setattr("provision.bootstrap.SSH_DEADLINE_S", 0.2)

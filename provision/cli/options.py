@@ -151,14 +151,8 @@ def confirmer(opts: dict[str, Any]) -> Callable[[Any], bool]:
         if opts.get("dry_run"):
             typer.echo("dry run: nothing was created", err=True)
             return False
-        if plan.unresolved:  # made without the cloud's answers (e.g. no credentials)
-            from provision.errors import ProviderUnavailableError
-
-            raise ProviderUnavailableError(
-                "this plan cannot be created: " + "; ".join(plan.unresolved),
-                hint="make the provider's credentials available, or add --dry-run to only "
-                "print the plan",
-            )
+        if plan.unresolved:  # nothing to ask: the pipeline refuses to create it
+            return True
         # An unknown price is confirmed like a paid plan, never taken as free.
         free = (not provider_info(plan.provider).costs_money and plan.hourly_cost_usd <= 0
                 and not plan.unpriced)

@@ -152,3 +152,24 @@ def wait_for_path(path: Path, timeout: float = 10) -> None:
     while not path.exists():
         assert time.monotonic() < end, f"{path} never appeared"
         time.sleep(0.05)
+
+
+def test_relays_are_not_signalled(tmp_path: Path) -> None:
+    """`docker run` and `sudo` catch every signal to relay it to what they run (the
+    container's launcher, which would die of SIGUSR1): a notice never goes to them."""
+    pidfile, relayed = tmp_path / "job.pid", tmp_path / "relayed"
+    relay = tmp_path / "docker"  # a process whose name is `docker`
+    relay.symlink_to("/bin/sh")
+    script = f"trap 'touch {relayed}' USR1; echo up > {tmp_path}/up; while true; do sleep 0.1; done"
+    run = start(tmp_path, pidfile, str(relay), "-c", script)
+    wait_for(tmp_path / "up")
+    wait_for(pidfile)
+    out = subprocess.run([sys.executable, "-m", "remote", "signal", "--pidfile", str(pidfile),
+                          "--signal", "SIGUSR1"], cwd=ROOT, capture_output=True, text=True,
+                         check=True, timeout=30).stdout
+    assert out.strip() == "signalled 0 process(es)"
+    time.sleep(0.5)
+    assert not relayed.exists()
+    subprocess.run([sys.executable, "-m", "remote", "stop", "--pidfile", str(pidfile),
+                    "--grace", "1"], cwd=ROOT, check=True, timeout=30)
+    run.wait(timeout=30)

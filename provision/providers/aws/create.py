@@ -342,6 +342,7 @@ class Creator:
         self.inv.manage_etc_hosts = True
         self.inv.container_image = self.spec.image or DEFAULT_TRAINING_IMAGE
         self.inv.container_args = efa.container_args(self.s.efa_interfaces)
+        self.inv.container_library_path = efa.library_path(self.s.efa_interfaces)
         preset = "nccl/aws-efa.env.j2" if self.s.efa_interfaces else "nccl/tcp.env.j2"
         self.inv.nccl_env = parse_env_file(render(
             preset, instance_type=self.s.instance_type,

@@ -12,7 +12,8 @@ issue #803: "Selected Provider is tcp").
 - Libraries: the host's (the Deep Learning Base AMI's) libfabric and aws-ofi-nccl, mounted
   read-only at the same paths, so the container uses the versions that match the host's EFA
   driver: /opt/amazon/efa (libfabric) and /opt/amazon/ofi-nccl (the NCCL net plugin; on the
-  Ubuntu DLAMI under lib/x86_64-linux-gnu), both on LD_LIBRARY_PATH (cloud-facts 2.1).
+  Ubuntu DLAMI under lib/x86_64-linux-gnu), put first on the image's own LD_LIBRARY_PATH
+  inside the container (Inventory.container_library_path; cloud-facts 2.1).
 - memlock unlimited (`--ulimit memlock=-1`, else "Libfabric error: (-12) Cannot allocate
   memory") is already in provision.container.RUN_FLAGS, as are --network host and --ipc host.
 """
@@ -26,18 +27,6 @@ EFA_LIBRARY_DIRS = (
     f"{OFI_NCCL_DIR}/lib",
     f"{EFA_DIR}/lib",
 )
-# `docker run -e` replaces the image's LD_LIBRARY_PATH, it cannot prepend to it, so the value
-# repeats what the NGC PyTorch images (provision.container.DEFAULT_TRAINING_IMAGE) set in their
-# own ENV after the EFA directories. NOT verified against the image here (no registry on the
-# build machines): see docs/clouds.md; the launcher prepending inside the container would
-# remove the need for it.
-NGC_PYTORCH_LIBRARY_PATH = (
-    "/usr/local/lib/python3.10/dist-packages/torch/lib:"
-    "/usr/local/lib/python3.10/dist-packages/torch_tensorrt/lib:"
-    "/usr/local/cuda/compat/lib:/usr/local/nvidia/lib:/usr/local/nvidia/lib64"
-)
-
-
 def uverbs_devices(efa_interfaces: int) -> list[str]:
     return [f"/dev/infiniband/uverbs{i}" for i in range(efa_interfaces)]
 
@@ -51,6 +40,9 @@ def container_args(efa_interfaces: int) -> list[str]:
         args += ["--device", device]
     for directory in (EFA_DIR, OFI_NCCL_DIR):
         args += ["-v", f"{directory}:{directory}:ro"]
-    library_path = ":".join((*EFA_LIBRARY_DIRS, NGC_PYTORCH_LIBRARY_PATH))
-    args += ["-e", f"LD_LIBRARY_PATH={library_path}"]
     return args
+
+
+def library_path(efa_interfaces: int) -> list[str]:
+    """Folders put first on LD_LIBRARY_PATH inside the container: [] without EFA."""
+    return list(EFA_LIBRARY_DIRS) if efa_interfaces > 0 else []

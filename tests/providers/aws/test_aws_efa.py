@@ -27,10 +27,11 @@ def test_every_efa_device_and_the_host_libraries_reach_the_container(
     assert _pairs(before_image, "-v")[1:] == ["/opt/amazon/efa:/opt/amazon/efa:ro",
                                               "/opt/amazon/ofi-nccl:/opt/amazon/ofi-nccl:ro"]
     env = dict(e.split("=", 1) for e in _pairs(before_image, "-e"))
-    library_path = env["LD_LIBRARY_PATH"].split(":")
-    assert library_path[:3] == ["/opt/amazon/ofi-nccl/lib/x86_64-linux-gnu",
-                                "/opt/amazon/ofi-nccl/lib", "/opt/amazon/efa/lib"]
-    assert "/usr/local/cuda/compat/lib" in library_path  # the image's own entries are kept
+    assert "LD_LIBRARY_PATH" not in env  # not replaced: prepended inside the container
+    after_image = argv[image_at + 1:]
+    assert after_image[:2] == ["sh", "-c"] and after_image[3].split(":") == [
+        "/opt/amazon/ofi-nccl/lib/x86_64-linux-gnu", "/opt/amazon/ofi-nccl/lib",
+        "/opt/amazon/efa/lib"]
     assert env["FI_PROVIDER"] == "efa" and env["NCCL_NET_PLUGIN"] == "ofi"
     assert "memlock=-1" in _pairs(before_image, "--ulimit")  # "Cannot allocate memory" otherwise
 
@@ -40,6 +41,7 @@ def test_no_efa_no_container_args(fakes, spec_for, up_cluster):
     assert inv.container_args == []
     argv = docker_run_argv(inv, inv.container_image, {}, mount=".mgpu-cloud/run")
     assert "--device" not in argv and "/opt/amazon/efa:/opt/amazon/efa:ro" not in argv
+    assert argv[-1] == inv.container_image  # nothing to prepend
 
 
 def test_container_args_are_pure():

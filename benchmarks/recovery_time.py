@@ -1,0 +1,99 @@
+"""Time from a node's death to training again, on 2 and 4 docker nodes, split into parts.
+
+    python benchmarks/recovery_time.py [--nodes 2 4] [--repeat 1]
+
+For each N: `mgpu-cloud run --nodes N --max-restarts 1` of examples/train_ddp.py (saving a
+checkpoint every 5 steps); once a checkpoint is kept, node-1's container is killed. From the
+run's own output (timestamped here as it arrives):
+
+    detection    kill -> "failure: node lost (node-1)"
+    replacement / bootstrap / restore    the run's "ready to restart in ..." line
+    relaunch     "ready to restart" -> rank 0's "resumed from step" (torch start + rendezvous)
+    total        kill -> "resumed from step"
+
+Baseline beside it, same run: `mgpu-cloud up` of N fresh nodes (what replacing the whole
+cluster would cost before the job could even start again; the relaunch comes on top).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+EXAMPLE = str(ROOT / "examples" / "train_ddp.py")
+CLI = [sys.executable, "-m", "provision.cli"]
+
+
+def one(n: int, home: str, cwd: str) -> dict[str, float]:
+    name = f"bench-rc-{n}"
+    env = {**os.environ, "MGPU_CLOUD_HOME": home, "PYTHONUNBUFFERED": "1"}
+    proc = subprocess.Popen([*CLI, "run", "--nodes", str(n), "--name", name, "--max-restarts",
+                             "1", EXAMPLE, "--steps", "100000", "--save-every", "5", "--sleep",
+                             "0.1", "--log-every", "1000"], cwd=cwd, env=env, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    assert proc.stdout is not None
+    marks: dict[str, float] = {}
+    split: dict[str, float] = {}
+    try:
+        for line in proc.stdout:
+            now = time.monotonic()
+            if "kept checkpoint" in line and "kill" not in marks:
+                subprocess.run(["docker", "kill", f"{name}-node-1"], check=True,
+                               capture_output=True)
+                marks["kill"] = time.monotonic()
+            elif "failure: node lost" in line:
+                marks["detected"] = now
+            elif m := re.search(r"ready to restart in [\d.]+ s: replacement ([\d.]+) s, "
+                                r"bootstrap ([\d.]+) s, restore ([\d.]+) s", line):
+                marks["ready"] = now
+                split = dict(zip(("replacement", "bootstrap", "restore"),
+                                 map(float, m.groups()), strict=True))
+            elif "resumed from step" in line:
+                marks["resumed"] = now
+                break
+    finally:
+        proc.terminate()  # SIGTERM: the run tears the cluster down
+        proc.wait(timeout=300)
+    if not {"kill", "detected", "ready", "resumed"} <= set(marks):
+        raise SystemExit(f"N={n}: the run did not recover: {sorted(marks)}")
+    return {"detection": marks["detected"] - marks["kill"], **split,
+            "relaunch": marks["resumed"] - marks["ready"],
+            "total": marks["resumed"] - marks["kill"]}
+
+
+def baseline_up(n: int, home: str) -> float:
+    env = {**os.environ, "MGPU_CLOUD_HOME": home}
+    t0 = time.monotonic()
+    subprocess.run([*CLI, "up", "--nodes", str(n), "--name", f"bench-up-{n}"], env=env,
+                   check=True, capture_output=True)
+    elapsed = time.monotonic() - t0
+    subprocess.run([*CLI, "down", f"bench-up-{n}"], env=env, check=True, capture_output=True)
+    return elapsed
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--nodes", type=int, nargs="+", default=[2, 4])
+    ap.add_argument("--repeat", type=int, default=1)
+    args = ap.parse_args()
+    cols = ["detection", "replacement", "bootstrap", "restore", "relaunch", "total"]
+    print(f"medians of {args.repeat} run(s); {os.cpu_count()} CPUs; seconds")
+    print(f"{'N':>3} " + " ".join(f"{c:>11}" for c in cols) + f" {'baseline up(N)':>15}")
+    with tempfile.TemporaryDirectory() as tmp:
+        for n in args.nodes:
+            runs = [one(n, f"{tmp}/home", tmp) for _ in range(args.repeat)]
+            base = statistics.median(baseline_up(n, f"{tmp}/home") for _ in range(args.repeat))
+            med = {c: statistics.median(r[c] for r in runs) for c in cols}
+            print(f"{n:>3} " + " ".join(f"{med[c]:>11.2f}" for c in cols) + f" {base:>15.2f}")
+
+
+if __name__ == "__main__":
+    main()
