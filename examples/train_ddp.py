@@ -20,6 +20,7 @@ the metric `mgpu-cloud scale` compares across cluster sizes.
 from __future__ import annotations
 
 import argparse
+import gc
 import glob
 import json
 import os
@@ -163,6 +164,11 @@ def main() -> None:
         say(f"throughput: samples/s={timed_steps * args.batch_size * world / elapsed:.1f} "
             f"(global batch {args.batch_size * world}, {timed_steps} timed steps)")
     dist.barrier()
+    # DDP's reducer holds the process group: free it (and its gloo threads) now, while the
+    # interpreter is alive, not during its shutdown (a SIGABRT "terminate called without an
+    # active exception" at exit, pytorch/pytorch#179291).
+    del model, opt
+    gc.collect()
     dist.destroy_process_group()
 
 

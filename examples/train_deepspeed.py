@@ -14,6 +14,7 @@ whole folder on every node, where `load_checkpoint` finds the newest tag.
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import signal
@@ -106,6 +107,10 @@ def main() -> None:
     engine.save_checkpoint(out_dir, tag="final")  # collective: every rank takes part
     if rank == 0:
         say(f"done: world_size={world} launcher=deepspeed checkpoint={out_dir}/final")
+    torch.distributed.barrier()
+    del engine, model  # they hold the process group: free it while the interpreter is alive
+    gc.collect()
+    torch.distributed.destroy_process_group()
 
 
 if __name__ == "__main__":

@@ -93,8 +93,10 @@ def launcher_argv(
 
 
 def job_container(inv: Inventory, job: JobSpec) -> str | None:
-    """The container the job runs in on each node (container mode), or None."""
-    return container_name(inv) if (job.image or inv.container_image) else None
+    """The Docker container the job runs in on each node (container mode), or None (no
+    container, or a runtime like Apptainer whose processes stay the supervisor's own)."""
+    in_docker = (job.image or inv.container_image) and inv.container_runtime == "docker"
+    return container_name(inv) if in_docker else None
 
 
 def launching_nodes(inv: Inventory, job: JobSpec) -> list[NodeRecord]:

@@ -247,12 +247,12 @@ def run_supervised(provider: Provider, inv: Inventory, store: InventoryStore, jo
         nodes = group or NodeGroup(inv)
         job_id = begin(nodes) if begin is not None else None
         keeper.start()
+        launch_error: LaunchError | None = None
         try:
             code = run_job(inv, job, log=log, group=nodes, monitor=watcher,
                            restart_count=restarts, job_id=job_id)
         except LaunchError as exc:
-            log(f"{exc}")
-            code = SESSION_LOST
+            launch_error, code = exc, SESSION_LOST
         finally:
             keeper.stop()
             if job_id is not None and end is not None:
@@ -264,8 +264,12 @@ def run_supervised(provider: Provider, inv: Inventory, store: InventoryStore, jo
         if code == 0:
             return 0
         failure = classify(code, watcher, provider, inv)
+        if launch_error is not None and failure.kind != "node lost":
+            raise launch_error  # e.g. the nodes cannot run the image: not worth a restart
         log(f"failure: {failure.describe()}")
         if restarts >= job.max_restarts:
+            if launch_error is not None:
+                raise launch_error
             used = f"{restarts} of {job.max_restarts} restart(s) used"
             log(f"giving up: {failure.describe()}; {used}" if job.max_restarts else
                 f"not restarting: {failure.describe()} (use --max-restarts N to recover)")

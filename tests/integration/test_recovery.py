@@ -123,7 +123,7 @@ def test_a_stopped_rank_is_a_hang_with_stacks_then_a_restart(tmp_path: Path,
     out = run.output
     assert code == 0, out
     assert detected < 15 + 10, f"detected after {detected:.1f} s"
-    assert "Stack (most recent call first)" in out or "Thread 0x" in out, out
+    assert "(most recent call first)" in out, out  # faulthandler: "Current thread 0x..."
     assert re.search(r"failure: hang", out) and "restart 1 of 1" in out
     assert metrics(tmp_path, cluster_name)["steps"] == 30
 

@@ -410,10 +410,13 @@ def test_images_run_with_the_runtime_the_nodes_have() -> None:
     job = build_job_spec({}, {"script": example, "image": "nvcr.io/nvidia/pytorch:24.06-py3",
                               "env": {"A": "x,y"}})
     line = node_command(inv, job, inv.nodes[0])
-    assert (" -- env MGPU_CLUSTER=c1 MGPU_OUTPUT_DIR=/mgpu/outputs PYTHONUNBUFFERED=1 A=x,y "
+    assert (" -- env MGPU_CLUSTER=c1 MGPU_OUTPUT_DIR=/mgpu/outputs "
+            "MGPU_CHECKPOINT_DIR=/mgpu/checkpoints MGPU_RESTART_COUNT=0 PYTHONPATH=/mgpu/py "
+            "PYTHONUNBUFFERED=1 A=x,y "
             "apptainer exec --bind \"$HOME\"/.mgpu-cloud/slurm/c1:/mgpu --pwd /mgpu/work --nv "
             "docker://nvcr.io/nvidia/pytorch:24.06-py3 torchrun ") in line, line
     assert "docker run" not in line and "sudo" not in line
+    assert "--container" not in line  # apptainer's processes are the supervisor's own
     inv.container_runtime = "none"
     with pytest.raises(LaunchError, match="cannot run container images"):
         node_command(inv, job, inv.nodes[0])
