@@ -22,7 +22,15 @@ from typing import Any
 
 from provision.container import DEFAULT_TRAINING_IMAGE
 from provision.errors import CapacityError, ProvisionError
-from provision.inventory import CLUSTER_TAG, Inventory, InventoryStore, NodeRecord, ResourceRecord
+from provision.fabric import expectation_for
+from provision.inventory import (
+    CLUSTER_TAG,
+    Inventory,
+    InventoryStore,
+    NodeRecord,
+    PreemptionSource,
+    ResourceRecord,
+)
 from provision.keys import KeyPair, ensure_cluster_key, generate_ed25519, host_key_only
 from provision.providers.gcp import teardown
 from provision.providers.gcp.clients import Clients
@@ -33,6 +41,8 @@ from provision.spec import ClusterSpec
 
 LOGIN_USER = "mgpu"
 DISK_TYPE = "pd-balanced"
+# Where a node reads preemption and maintenance notices (remote/preempt.py "gcp").
+METADATA_URL = "http://metadata.google.internal"
 Log = Callable[[str], None]
 
 
@@ -153,13 +163,15 @@ def instance_properties(layout: Layout, login_public_key: str, host_key: KeyPair
     return compute_v1.InstanceProperties(body)
 
 
-def bulk_insert_body(layout: Layout, login_public_key: str, host_key: KeyPair) -> Any:
-    """All N nodes, named, all or nothing (count = minCount = N)."""
+def bulk_insert_body(layout: Layout, login_public_key: str, host_key: KeyPair,
+                     names: list[str] | None = None) -> Any:
+    """All N nodes (or the `names` given: a replacement), named, all or nothing
+    (count = minCount = the number of names)."""
     from google.cloud import compute_v1
 
-    names = [layout.instance_name(rank) for rank in range(layout.nodes)]
+    names = names or [layout.instance_name(rank) for rank in range(layout.nodes)]
     return compute_v1.BulkInsertInstanceResource(
-        count=layout.nodes, min_count=layout.nodes,
+        count=len(names), min_count=len(names),
         per_instance_properties={n: compute_v1.BulkInsertInstanceResourcePerInstanceProperties()
                                  for n in names},
         instance_properties=instance_properties(layout, login_public_key, host_key),
@@ -218,7 +230,7 @@ def _create_instances(clients: Clients, store: InventoryStore, inv: Inventory, l
     names = [layout.instance_name(rank) for rank in range(layout.nodes)]
     tried: list[str] = []
     for zone in layout.zones:
-        recs = [teardown.instance_record(clients.project, zone, n) for n in names]
+        recs = [teardown.instance_record(clients.project, zone, n, layout.image) for n in names]
         what = f"creating {layout.nodes} x {layout.machine_type} in {zone}"
         op = _insert(clients, store, inv, recs, clients.instances.bulk_insert_unary,
                      compute_v1.BulkInsertInstanceRequest(
@@ -294,6 +306,11 @@ def create(spec: ClusterSpec, plan: GcpPlan, inv: Inventory, store: InventorySto
     inv.manage_etc_hosts = True
     inv.container_image = spec.image or DEFAULT_TRAINING_IMAGE
     inv.nccl_env = nccl_env(layout)  # saved with the first record below
+    inv.fabric = expectation_for(layout.machine_type)
+    # Every cluster watches the metadata server, spot or not: GPU VMs cannot live-migrate
+    # (onHostMaintenance TERMINATE), so host maintenance ends them like a preemption, with
+    # TERMINATE_ON_HOST_MAINTENANCE about 60 s ahead; spot VMs get `preempted` ~30 s ahead.
+    inv.preemption = PreemptionSource(protocol="gcp", url=METADATA_URL)
     _create_policy(clients, store, inv, layout)
     _create_firewalls(clients, store, inv, layout)
     zone, instances = _create_instances(clients, store, inv, layout, login_public, host_key,

@@ -24,9 +24,11 @@ ORDER = (INSTANCE, POLICY, FIREWALL)  # a policy in use by a VM cannot be delete
 DESCRIPTION_PREFIX = f"{CLUSTER_TAG}="
 
 
-def instance_record(project: str, zone: str, name: str) -> ResourceRecord:
+def instance_record(project: str, zone: str, name: str, image: str | None = None) -> ResourceRecord:
+    """`image`: the boot image it was made from (a replacement is made from the same one)."""
+    extra = {"project": project} | ({"image": image} if image else {})
     return ResourceRecord(kind=INSTANCE, id=f"zones/{zone}/instances/{name}", name=name,
-                          zone=zone, extra={"project": project})
+                          zone=zone, extra=extra)
 
 
 def policy_record(project: str, region: str, name: str) -> ResourceRecord:

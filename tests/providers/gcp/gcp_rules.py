@@ -29,6 +29,7 @@ INSERT = re.compile(r"projects/[^/]+/zones/([^/]+)/instances$")
 BULK = re.compile(r"projects/[^/]+/zones/([^/]+)/instances/bulkInsert$")
 POLICY = re.compile(r"projects/[^/]+/regions/([^/]+)/resourcePolicies$")
 FIREWALL = re.compile(r"projects/[^/]+/global/firewalls$")
+DELETE_INSTANCE = re.compile(r"projects/[^/]+/zones/([^/]+)/instances/([^/]+)$")
 
 
 def region_of(zone: str) -> str:
@@ -125,25 +126,46 @@ def bulk_properties(method: str, path: str, body: Any, seen: list[Request]) -> l
     return out
 
 
+def _policy_of(ref: str, zone: str) -> tuple[str, str]:
+    """(region, name) of a resourcePolicies entry (a name means the VMs' region)."""
+    m = re.search(r"regions/([^/]+)/resourcePolicies/([^/]+)$", ref)
+    return (m.group(1), m.group(2)) if m else (region_of(zone), ref)
+
+
+def _members(seen: list[Request], region: str, name: str) -> set[tuple[str, str]]:
+    """(zone, VM) asked to join the policy by the requests so far and not deleted since."""
+    members: set[tuple[str, str]] = set()
+    for method, path, body in seen:
+        if method == "DELETE" and (m := DELETE_INSTANCE.match(path)):
+            members.discard((m.group(1), m.group(2)))
+        elif (found := _instances(method, path, body)) is not None:
+            zone, vms, props = found
+            if (region, name) in {_policy_of(r, zone) for r in props.get("resourcePolicies", [])}:
+                members |= {(zone, vm) for vm in vms}
+    return members
+
+
 def collocated(method: str, path: str, body: Any, seen: list[Request]) -> list[str]:
     # "Placement policies" / ResourcePolicyGroupPlacementPolicy.vmCount: a compact policy with
-    # vmCount works "only if it contains this exact number of VMs"; resource policies are
-    # regional and apply to VMs of their region ("About placement policies").
+    # vmCount works "only if it contains this exact number of VMs": it never holds more (a
+    # replacement is made after the VM it replaces is deleted; the state rule checks the exact
+    # count after `up` and after each replacement); resource policies are regional and apply
+    # to VMs of their region ("About placement policies").
     found = _instances(method, path, body)
     if found is None:
         return []
     zone, vms, props = found
     out = []
     for ref in props.get("resourcePolicies", []):
-        m = re.search(r"regions/([^/]+)/resourcePolicies/([^/]+)$", ref)
-        region, name = (m.group(1), m.group(2)) if m else (region_of(zone), ref)
+        region, name = _policy_of(ref, zone)
         if region != region_of(zone):
             out.append(f"{path}: policy {name} of {region} used by VMs in {zone}")
         made = [b for meth, p, b in seen if meth == "POST" and (pm := POLICY.match(p))
                 and pm.group(1) == region and isinstance(b, dict) and b.get("name") == name]
         count = (made[-1].get("groupPlacementPolicy", {}).get("vmCount") if made else None)
-        if count is not None and int(count) != len(vms) and BULK.match(path):
-            out.append(f"{path}: policy {name} has vmCount {count}, {len(vms)} VMs use it")
+        total = len(_members(seen, region, name) | {(zone, vm) for vm in vms})
+        if count is not None and total > int(count):
+            out.append(f"{path}: policy {name} has vmCount {count}, {total} VMs use it")
     return out
 
 

@@ -101,6 +101,15 @@ def test_vm_count_must_match_the_vms_of_the_bulk_insert() -> None:
     assert check(POLICY_2, ("POST", BULK, bulk(count=2))) == []
 
 
+def test_a_replacement_joins_the_policy_only_after_the_vm_it_replaces_is_deleted() -> None:
+    one = {**bulk(count=1), "perInstanceProperties": {"c1-node-1": {}}}
+    delete = ("DELETE", f"{INSERT}/c1-node-1", None)
+    assert check(POLICY_2, ("POST", BULK, bulk()), delete, ("POST", BULK, one)) == []
+    other = {**one, "perInstanceProperties": {"c1-node-2": {}}}
+    assert check(POLICY_2, ("POST", BULK, bulk()), ("POST", BULK, other)) == [
+        f"{BULK}: policy c1-compact has vmCount 2, 3 VMs use it"]
+
+
 def test_documented_requests_pass() -> None:
     assert check(
         POLICY_2, ("POST", "projects/p/global/firewalls", {"name": "c1-ssh"}),
@@ -109,7 +118,7 @@ def test_documented_requests_pass() -> None:
                                         "maxRunDuration": {"seconds": "30"}})),
         ("POST", BULK, bulk(labels={"k_" + "x" * 61: "v-" + "y" * 61})),
         ("POST", INSERT, dict(props(machineType="zones/z/machineTypes/n1-standard-8",
-                                    scheduling={}), name="n" * 63)),
+                                    scheduling={}, resourcePolicies=[]), name="n" * 63)),
     ) == []
 
 
