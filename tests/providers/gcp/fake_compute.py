@@ -88,6 +88,9 @@ class FakeCompute(NetworkMixin, CatalogMixin):
 
         class Handler(BaseHTTPRequestHandler):
             protocol_version = "HTTP/1.1"  # keep-alive: the client reuses its connection
+            # Headers and body go out in two writes: with Nagle's algorithm on, the body waits
+            # for the client's delayed ACK (~40 ms per request on Linux).
+            disable_nagle_algorithm = True
 
             def log_message(self, *args: Any) -> None:
                 pass
@@ -115,7 +118,8 @@ class FakeCompute(NetworkMixin, CatalogMixin):
 
         self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self._server.daemon_threads = True
-        self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
+        self._thread = threading.Thread(target=self._server.serve_forever, args=(0.02,),
+                                        daemon=True)  # stop() waits one poll, 20 ms
         self._thread.start()
         return self.url
 
