@@ -7,8 +7,12 @@
           EC2 User Guide).
     gcp   GET {url}/computeMetadata/v1/instance/preempted (Metadata-Flavor: Google): "TRUE"
           once the VM is being preempted (~30 s ahead); and .../instance/maintenance-event:
-          "NONE" or e.g. "TERMINATE_ON_HOST_MAINTENANCE" ("Detect if a VM was preempted" and
-          "Monitor maintenance events", Compute Engine docs).
+          "NONE", "MIGRATE_ON_HOST_MAINTENANCE" or "TERMINATE_ON_HOST_MAINTENANCE" (~60 s
+          ahead) ("Detect if a VM was preempted" and "Monitor maintenance events", Compute
+          Engine docs). Only a TERMINATE event is a notice: a live migration keeps the VM and
+          its processes running (GPU VMs are never migrated: onHostMaintenance TERMINATE).
+          Compared by substring, as TensorFlow's gce_util does, since newer VMs may answer
+          with a longer value.
     file  the docker provider's stand-in: {url} is a folder; a file `instance-action` in it
           holds the same JSON as aws's. The same polling, parsing and signalling code runs;
           only the transport differs (no token, file:// instead of http://).
@@ -70,8 +74,8 @@ def check(protocol: str, url: str) -> Notice | None:
         if preempted and preempted.strip().upper() == "TRUE":
             return Notice("preempt", "", "instance/preempted")
         event = _get(f"{base}/computeMetadata/v1/instance/maintenance-event", flavor)
-        if event and event.strip().upper() not in ("", "NONE"):
-            return Notice(event.strip(), "", "instance/maintenance-event")
+        if event and "TERMINATE_ON_HOST_MAINTENANCE" in event.upper():
+            return Notice("TERMINATE_ON_HOST_MAINTENANCE", "", "instance/maintenance-event")
         return None
     if protocol == "file":
         path = Path(url) / "instance-action"

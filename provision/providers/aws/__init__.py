@@ -8,6 +8,7 @@ inside the functions that call AWS, never at module level.
     plan.py       read-only validation -> AwsPlan (what `up` prints, and what `create` consumes)
     create.py     the write steps of `up`, each resource recorded the moment its id exists
     teardown.py   destroy (idempotent, from the inventory + tag lookups) and `gc` orphans
+    replace.py    recovery (contract.Recoverable): node_alive, one instance in a lost one's place
     api.py        EC2 calls through retry.py; clients.py makes sessions/clients
     errors.py     error-code tables; retry.py tenacity policies (with the test seam)
     catalog.py    instance-type facts from describe_instance_types + the shipped prices.yaml

@@ -20,14 +20,39 @@ from typing import Any
 
 from provision.container import DEFAULT_TRAINING_IMAGE
 from provision.errors import CapacityError, ProviderUnavailableError, ProvisionError
-from provision.inventory import Inventory, InventoryStore, NodeRecord, ResourceRecord
-from provision.keys import ensure_cluster_key, generate_ed25519, host_key_only
+from provision.fabric import expectation_for
+from provision.inventory import (
+    Inventory,
+    InventoryStore,
+    NodeRecord,
+    PreemptionSource,
+    ResourceRecord,
+)
+from provision.keys import KeyPair, ensure_cluster_key, generate_ed25519, host_key_only
 from provision.providers.aws import efa, retry
 from provision.providers.aws.api import Ec2, client_token, cluster_of, tag_spec
 from provision.providers.aws.errors import describe, error_code, is_capacity, map_errors
 from provision.providers.aws.network import EgressMaker
 from provision.providers.aws.plan import NODE_USER, AwsPlan, resource_name
 from provision.spec import ClusterSpec
+
+# Where a node reads its spot interruption notice (IMDSv2; remote/preempt.py "aws").
+METADATA_URL = "http://169.254.169.254"
+
+
+def user_data(cluster: str, host: KeyPair, max_seconds: int) -> str:
+    """The cloud-init user data of a node: its pinned host key and a power-off (= terminate)
+    `max_seconds` after boot."""
+    from provision.render import render
+
+    max_seconds = max(60, max_seconds)
+    return render(
+        "aws/user-data.yaml.j2", cluster=cluster,
+        host_private_key=host.private_openssh.strip(),
+        host_public_key=host_key_only(host.public_openssh),
+        max_hours=f"{max_seconds / 3600:g}", max_seconds=max_seconds,
+        max_minutes=max(1, max_seconds // 60),
+    )
 
 
 @contextmanager
@@ -38,7 +63,8 @@ def step(what: str) -> Iterator[None]:
 
 
 class Creator:
-    def __init__(self, spec: ClusterSpec, plan: AwsPlan, inv: Inventory, store: InventoryStore):
+    def __init__(self, spec: ClusterSpec, plan: AwsPlan, inv: Inventory, store: InventoryStore,
+                 ec2: Ec2 | None = None):
         if plan.unresolved or plan.launch.vpc_id is None or plan.launch.ami is None:
             raise ProviderUnavailableError(
                 "this AWS plan was made without AWS and cannot be created: "
@@ -53,13 +79,14 @@ class Creator:
         self.count = plan.nodes
         self.slots = plan.slots_per_node
         self.name = resource_name(plan.cluster)
-        self.ec2 = Ec2(self.s.region)
+        self.ec2 = ec2 or Ec2(self.s.region)
         # One per `up`, in every ClientToken: the retries of one call share a token, a later
         # `up` of the same name never gets an earlier (deleted) resource back.
         self.nonce = uuid.uuid4().hex
         self.egress = EgressMaker(self.ec2, self.cluster, self.vpc_id,
                                   lambda rec: self.record(rec), self.nonce)
         self.private_subnets: dict[str, str] = {}  # zone -> subnet (nat egress)
+        self.spot_launched = False  # the market RunInstances succeeded in (spot fallback)
 
     # --- bookkeeping ---------------------------------------------------------------------
     def record(self, *resources: ResourceRecord) -> None:
@@ -67,8 +94,10 @@ class Creator:
         self.inv.resources.extend(resources)
         self.store.save(self.inv)
 
-    def _res(self, kind: str, rid: str, zone: str | None = None) -> ResourceRecord:
-        return ResourceRecord(kind=kind, id=rid, name=self.name, region=self.s.region, zone=zone)
+    def _res(self, kind: str, rid: str, zone: str | None = None,
+             extra: dict[str, str] | None = None) -> ResourceRecord:
+        return ResourceRecord(kind=kind, id=rid, name=self.name, region=self.s.region, zone=zone,
+                              extra=extra or {})
 
     def _adopt(self, kind: str, found: list[dict[str, Any]], id_key: str) -> str:
         """A create answered 'Duplicate' (e.g. a retried call that had succeeded): use the
@@ -256,7 +285,11 @@ class Creator:
                         market = "spot" if spot else "on-demand"
                         failures.append(f"{zone} ({market}): {describe(exc)}")
                         continue
-                self.record(*(self._res("instance", i["InstanceId"], zone) for i in instances))
+                # What a replacement of this node needs to launch it the same way (replace.py)
+                how = {"ami": self.ami, "subnet": subnet, "market": "spot" if spot else "on-demand"}
+                self.record(*(self._res("instance", i["InstanceId"], zone, dict(how))
+                              for i in instances))
+                self.spot_launched = spot
                 return instances
         raise CapacityError(
             f"no zone had capacity for {self.count} x {self.s.instance_type} in one placement "
@@ -309,20 +342,14 @@ class Creator:
         self.store.save(self.inv)  # on disk before the first write: see AwsProvider.destroy
         host = generate_ed25519(f"mgpu-cloud-{self.cluster}-host")
         host_public = host_key_only(host.public_openssh)
-        max_seconds = int(self.s.max_hours * 3600)
-        user_data = render(
-            "aws/user-data.yaml.j2", cluster=self.cluster,
-            host_private_key=host.private_openssh.strip(), host_public_key=host_public,
-            max_hours=f"{self.s.max_hours:g}", max_seconds=max_seconds,
-            max_minutes=max(1, max_seconds // 60),
-        )
+        data = user_data(self.cluster, host, int(self.s.max_hours * 3600))
         self.key_pair(public_key)
         sg = self.security_group()
         self.placement_group()
         if self.s.egress.mode == "nat":
             with step("creating the route table"):
                 self.egress.route_table()
-        launched = self.launch(sg, user_data)
+        launched = self.launch(sg, data)
         nodes = self.wait_running([i["InstanceId"] for i in launched])
         addresses = self.addresses(nodes)
 
@@ -348,6 +375,11 @@ class Creator:
             preset, instance_type=self.s.instance_type,
             efa_interfaces=self.s.efa_interfaces, device_rdma=self.s.device_rdma,
         ))
+        # What the fabric gate expects between nodes (None: a type without a row is not gated
+        # by `--fabric-check auto`); spot nodes watch for EC2's two-minute interruption notice.
+        self.inv.fabric = expectation_for(self.s.instance_type)
+        self.inv.preemption = (PreemptionSource(protocol="aws", url=METADATA_URL)
+                               if self.spot_launched else None)
         self.store.save(self.inv)
 
 

@@ -3,8 +3,8 @@ MgpuErrors (errors.map_errors); the modules it calls raise botocore errors or Mg
 
 from __future__ import annotations
 
-from provision.errors import TeardownError
-from provision.inventory import Inventory, InventoryStore, ResourceRecord
+from provision.errors import MgpuError, TeardownError
+from provision.inventory import Inventory, InventoryStore, NodeRecord, ResourceRecord
 from provision.plan import Plan
 from provision.providers.aws.errors import map_errors
 from provision.providers.aws.options import AwsOptions
@@ -69,6 +69,34 @@ class AwsProvider:
                     raise TeardownError(f"cluster {inv.name!r}: its inventory names no region")
                 return
             destroy_cluster(region, inv.name, list(inv.resources), forget)
+
+    # --- recovery (contract.Recoverable) -------------------------------------------------------
+    def node_alive(self, inv: Inventory, node: NodeRecord) -> bool:
+        """False when EC2 says the node's instance is gone (not listed, or shutting-down,
+        terminated, stopping, stopped); True when it runs or EC2 cannot be asked."""
+        from provision.providers.aws.api import Ec2
+        from provision.providers.aws.replace import node_alive
+
+        region = _region_of(inv)
+        if region is None:
+            return True
+        try:
+            with map_errors(f"looking up {node.name} of cluster {inv.name!r}"):
+                return node_alive(Ec2(region), node)
+        except MgpuError:
+            return True  # cannot tell: the recovery loop tries to log in
+
+    def replace(self, inv: Inventory, store: InventoryStore, node: NodeRecord) -> NodeRecord:
+        """One new instance in the lost one's place (replace.py); CapacityError /
+        ProvisionError when none can be made, with nothing of the attempt left."""
+        from provision.errors import ProvisionError
+        from provision.providers.aws.replace import replace_node
+
+        region = _region_of(inv)
+        if region is None:
+            raise ProvisionError(f"cluster {inv.name!r}: its inventory names no region")
+        with map_errors(f"replacing {node.name} of cluster {inv.name!r}"):
+            return replace_node(region, inv, store, node)
 
     def orphans(self, spec: ClusterSpec, known: set[str]) -> list[ResourceRecord]:
         from provision.providers.aws.teardown import find_orphans

@@ -13,9 +13,17 @@ Per cluster NAME, in the project and the zone's region:
                                      external IPv4 (egress), boot image from a current Deep
                                      Learning VM family (images.py, with fallbacks), login key
                                      in ssh-keys, a pre-made host key
-Instances and their boot disks carry the label mgpu-cloud-cluster=NAME; resource policies and
-firewall rules have no labels in the Compute API, so they carry it as their description
-(`mgpu-cloud-cluster=NAME`), which is what `gc` matches.
+    multi-node a3-highgpu-8g / a3-megagpu-8g (GPUDirect-TCPX / TCPXO, gpudirect.py):
+    networks         NAME-gpunet-K   K = 0..3 / 0..7, MTU 8244, each with one subnet (same
+    subnetworks      NAME-gpunet-K   name, a /20 of 10.0.0.0/9) and one firewall rule
+    firewalls        NAME-gpunet-K-internal  (tcp/udp/icmp from the subnet); the VMs get one
+                                     gVNIC data NIC in each
+Instances and their boot disks carry the label mgpu-cloud-cluster=NAME; resource policies,
+firewall rules, networks and subnets have no labels in the Compute API, so they carry it as
+their description (`mgpu-cloud-cluster=NAME`), which is what `gc` matches.
+
+Recovery (replace.py, contract.Recoverable): node_alive reads the VM's status; replace deletes
+the lost VM, then makes one with the same name under the same policy.
 
 Credentials: Application Default Credentials (google.auth.default()); never written anywhere.
 

@@ -78,6 +78,14 @@ class Clients:
         return self._make("FirewallsClient")
 
     @cached_property
+    def networks(self) -> Any:
+        return self._make("NetworksClient")
+
+    @cached_property
+    def subnetworks(self) -> Any:
+        return self._make("SubnetworksClient")
+
+    @cached_property
     def machine_types(self) -> Any:
         return self._make("MachineTypesClient")
 

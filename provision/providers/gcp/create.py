@@ -22,9 +22,17 @@ from typing import Any
 
 from provision.container import DEFAULT_TRAINING_IMAGE
 from provision.errors import CapacityError, ProvisionError
-from provision.inventory import CLUSTER_TAG, Inventory, InventoryStore, NodeRecord, ResourceRecord
+from provision.fabric import expectation_for
+from provision.inventory import (
+    CLUSTER_TAG,
+    Inventory,
+    InventoryStore,
+    NodeRecord,
+    PreemptionSource,
+    ResourceRecord,
+)
 from provision.keys import KeyPair, ensure_cluster_key, generate_ed25519, host_key_only
-from provision.providers.gcp import teardown
+from provision.providers.gcp import gpudirect, teardown
 from provision.providers.gcp.clients import Clients
 from provision.providers.gcp.errors import OperationFailed, is_conflict, map_errors
 from provision.providers.gcp.plan import NETWORK, GcpPlan, Layout
@@ -33,6 +41,8 @@ from provision.spec import ClusterSpec
 
 LOGIN_USER = "mgpu"
 DISK_TYPE = "pd-balanced"
+# Where a node reads preemption and maintenance notices (remote/preempt.py "gcp").
+METADATA_URL = "http://metadata.google.internal"
 Log = Callable[[str], None]
 
 
@@ -90,6 +100,55 @@ def firewall_bodies(layout: Layout) -> list[Any]:
     ]
 
 
+def data_network_bodies(layout: Layout) -> tuple[list[Any], list[Any], list[Any]]:
+    """The GPUDirect data networks, their subnets and firewall rules (gpudirect.py); three
+    empty lists without GPUDirect."""
+    from google.cloud import compute_v1
+
+    tag = f"{CLUSTER_TAG}={layout.cluster}"
+    nets = layout.data_networks
+    networks = [compute_v1.Network(name=n.name, auto_create_subnetworks=False,
+                                   mtu=gpudirect.DATA_MTU, description=tag) for n in nets]
+    subnets = [compute_v1.Subnetwork(name=n.name, network=f"global/networks/{n.name}",
+                                     ip_cidr_range=n.cidr, region=layout.region,
+                                     description=tag) for n in nets]
+    firewalls = [compute_v1.Firewall(
+        name=n.firewall, network=f"global/networks/{n.name}", direction="INGRESS",
+        priority=1000, source_ranges=[n.cidr], description=tag,
+        allowed=[{"I_p_protocol": proto} for proto in ("tcp", "udp", "icmp")])
+        for n in nets]
+    return networks, subnets, firewalls
+
+
+def _network_interfaces(layout: Layout) -> list[dict[str, Any]]:
+    # nic0: the external address is how a node reaches the internet (image pulls, pip) and
+    # how the controller reaches it: the default network has a route to the internet gateway,
+    # and no Cloud NAT. GPUDirect data NICs: one per data network, internal only.
+    nics: list[dict[str, Any]] = [{
+        "network": NETWORK,
+        "nic_type": "GVNIC",
+        "access_configs": [{"name": "External NAT", "type_": "ONE_TO_ONE_NAT",
+                            "network_tier": "PREMIUM"}],
+    }]
+    nics += [{"network": f"global/networks/{n.name}",
+              "subnetwork": f"regions/{layout.region}/subnetworks/{n.name}",
+              "nic_type": "GVNIC"} for n in layout.data_networks]
+    return nics
+
+
+def startup_script(layout: Layout, host_key: KeyPair) -> str:
+    stack = layout.gpu_direct
+    return render(
+        "gcp/startup.sh.j2", cluster=layout.cluster, user=LOGIN_USER,
+        host_private_key=host_key.private_openssh.strip(),
+        host_public_key=host_key_only(host_key.public_openssh),
+        max_run_seconds=layout.max_run_seconds, gpudirect=stack,
+        run_dir=gpudirect.RUN_DIR, done_marker=gpudirect.DONE_MARKER,
+        status_file=gpudirect.STATUS_FILE, setup_log=gpudirect.SETUP_LOG,
+        uds_path=gpudirect.TCPX_UDS_PATH, aperture_devices=gpudirect.APERTURE_DEVICES,
+    )
+
+
 def instance_properties(layout: Layout, login_public_key: str, host_key: KeyPair) -> Any:
     """What every node of the bulkInsert shares. InstanceProperties take names, not URLs, for
     machineType ("the request will result in an INTERNAL_ERROR" otherwise), resourcePolicies,
@@ -98,12 +157,7 @@ def instance_properties(layout: Layout, login_public_key: str, host_key: KeyPair
     from google.cloud import compute_v1
 
     labels = {CLUSTER_TAG: layout.cluster}
-    startup = render(
-        "gcp/startup.sh.j2", cluster=layout.cluster, user=LOGIN_USER,
-        host_private_key=host_key.private_openssh.strip(),
-        host_public_key=host_key_only(host_key.public_openssh),
-        max_run_seconds=layout.max_run_seconds,
-    )
+    startup = startup_script(layout, host_key)
     body: dict[str, Any] = {
         "description": f"{CLUSTER_TAG}={layout.cluster}",
         "machine_type": layout.machine_type,
@@ -129,15 +183,7 @@ def instance_properties(layout: Layout, login_public_key: str, host_key: KeyPair
                 "labels": labels,
             },
         }],
-        "network_interfaces": [{
-            "network": NETWORK,
-            "nic_type": "GVNIC",
-            # The external address is how a node reaches the internet (image pulls, pip) and
-            # how the controller reaches it: the default network has a route to the internet
-            # gateway, and no Cloud NAT.
-            "access_configs": [{"name": "External NAT", "type_": "ONE_TO_ONE_NAT",
-                                "network_tier": "PREMIUM"}],
-        }],
+        "network_interfaces": _network_interfaces(layout),
         "metadata": {"items": [
             {"key": "ssh-keys", "value": f"{LOGIN_USER}:{login_public_key}"},
             {"key": "enable-oslogin", "value": "FALSE"},
@@ -153,13 +199,15 @@ def instance_properties(layout: Layout, login_public_key: str, host_key: KeyPair
     return compute_v1.InstanceProperties(body)
 
 
-def bulk_insert_body(layout: Layout, login_public_key: str, host_key: KeyPair) -> Any:
-    """All N nodes, named, all or nothing (count = minCount = N)."""
+def bulk_insert_body(layout: Layout, login_public_key: str, host_key: KeyPair,
+                     names: list[str] | None = None) -> Any:
+    """All N nodes (or the `names` given: a replacement), named, all or nothing
+    (count = minCount = the number of names)."""
     from google.cloud import compute_v1
 
-    names = [layout.instance_name(rank) for rank in range(layout.nodes)]
+    names = names or [layout.instance_name(rank) for rank in range(layout.nodes)]
     return compute_v1.BulkInsertInstanceResource(
-        count=layout.nodes, min_count=layout.nodes,
+        count=len(names), min_count=len(names),
         per_instance_properties={n: compute_v1.BulkInsertInstanceResourcePerInstanceProperties()
                                  for n in names},
         instance_properties=instance_properties(layout, login_public_key, host_key),
@@ -197,6 +245,40 @@ def _create_firewalls(clients: Clients, store: InventoryStore, inv: Inventory,
         _wait(clients, op, f"creating firewall rule {name}")
 
 
+def _insert_all(clients: Clients, store: InventoryStore, inv: Inventory,
+                inserts: list[tuple[ResourceRecord, Any, Any]]) -> None:
+    """Send every (record, method, request) insert, then wait for all of them."""
+    ops = [(rec, _insert(clients, store, inv, [rec], method, request))
+           for rec, method, request in inserts]
+    for rec, op in ops:
+        _wait(clients, op, f"creating {rec.kind} {rec.name}")
+
+
+def _create_data_networks(clients: Clients, store: InventoryStore, inv: Inventory,
+                          layout: Layout) -> None:
+    """GPUDirect: the data networks, then their subnets, then their firewall rules; the
+    inserts of one kind are sent together, then waited for."""
+    from google.cloud import compute_v1
+
+    networks, subnets, firewalls = data_network_bodies(layout)
+    project, region = clients.project, layout.region
+    _insert_all(clients, store, inv, [
+        (teardown.network_record(project, b.name), clients.networks.insert_unary,
+         compute_v1.InsertNetworkRequest(project=project, network_resource=b,
+                                         request_id=_request_id()))
+        for b in networks])
+    _insert_all(clients, store, inv, [
+        (teardown.subnetwork_record(project, region, b.name), clients.subnetworks.insert_unary,
+         compute_v1.InsertSubnetworkRequest(project=project, region=region,
+                                            subnetwork_resource=b, request_id=_request_id()))
+        for b in subnets])
+    _insert_all(clients, store, inv, [
+        (teardown.firewall_record(project, b.name), clients.firewalls.insert_unary,
+         compute_v1.InsertFirewallRequest(project=project, firewall_resource=b,
+                                          request_id=_request_id()))
+        for b in firewalls])
+
+
 def _delete_zone_attempt(clients: Clients, store: InventoryStore, inv: Inventory,
                          zone: str) -> None:
     recs = [r for r in inv.resources if r.kind == teardown.INSTANCE and r.zone == zone]
@@ -218,7 +300,7 @@ def _create_instances(clients: Clients, store: InventoryStore, inv: Inventory, l
     names = [layout.instance_name(rank) for rank in range(layout.nodes)]
     tried: list[str] = []
     for zone in layout.zones:
-        recs = [teardown.instance_record(clients.project, zone, n) for n in names]
+        recs = [teardown.instance_record(clients.project, zone, n, layout.image) for n in names]
         what = f"creating {layout.nodes} x {layout.machine_type} in {zone}"
         op = _insert(clients, store, inv, recs, clients.instances.bulk_insert_unary,
                      compute_v1.BulkInsertInstanceRequest(
@@ -276,9 +358,11 @@ def _node_record(rank: int, inst: Any, zone: str, slots: int, host_public: str) 
 
 
 def nccl_env(layout: Layout) -> dict[str, str]:
-    text = render("nccl/gcp-tcp.env.j2", cluster=layout.cluster,
+    stack = layout.gpu_direct
+    text = render(gpudirect.nccl_preset(stack), cluster=layout.cluster,
                   machine_type=layout.machine_type, socket_ifname="^lo,docker",
-                  socket_nthreads=4, nsocks_perthread=4)
+                  socket_nthreads=4, nsocks_perthread=4, stack=stack,
+                  uds_path=gpudirect.TCPX_UDS_PATH, aperture_devices=gpudirect.APERTURE_DEVICES)
     return parse_env_file(text)
 
 
@@ -294,8 +378,16 @@ def create(spec: ClusterSpec, plan: GcpPlan, inv: Inventory, store: InventorySto
     inv.manage_etc_hosts = True
     inv.container_image = spec.image or DEFAULT_TRAINING_IMAGE
     inv.nccl_env = nccl_env(layout)  # saved with the first record below
+    inv.container_args = gpudirect.container_args(layout.gpu_direct)
+    inv.container_library_path = gpudirect.library_path(layout.gpu_direct)
+    inv.fabric = expectation_for(layout.machine_type)
+    # Every cluster watches the metadata server, spot or not: GPU VMs cannot live-migrate
+    # (onHostMaintenance TERMINATE), so host maintenance ends them like a preemption, with
+    # TERMINATE_ON_HOST_MAINTENANCE about 60 s ahead; spot VMs get `preempted` ~30 s ahead.
+    inv.preemption = PreemptionSource(protocol="gcp", url=METADATA_URL)
     _create_policy(clients, store, inv, layout)
     _create_firewalls(clients, store, inv, layout)
+    _create_data_networks(clients, store, inv, layout)
     zone, instances = _create_instances(clients, store, inv, layout, login_public, host_key,
                                         log)
     host_public = host_key_only(host_key.public_openssh)

@@ -1,5 +1,6 @@
 """Find mgpu-cloud resources in a project by label (instances) or description (placement
-policies, firewall rules, which have no labels). Read-only."""
+policies, firewall rules, GPUDirect data networks and subnets, which have no labels).
+Read-only."""
 
 from __future__ import annotations
 
@@ -45,5 +46,23 @@ def tagged_resources(clients: Clients, zone: str | None) -> list[ResourceRecord]
             if fw_owner:
                 rec = teardown.firewall_record(project, fw.name)
                 rec.extra["cluster"] = fw_owner
+                out.append(rec)
+    with map_errors("listing networks and subnets", ProviderUnavailableError):
+        subnets = clients.call(clients.subnetworks.aggregated_list,
+                               compute_v1.AggregatedListSubnetworksRequest(project=project))
+        for _scope, scoped in subnets:
+            for sub in scoped.subnetworks:
+                sub_owner = _owner(sub.description)
+                sub_region = sub.region.rsplit("/", 1)[-1]
+                if sub_owner and (region is None or sub_region == region):
+                    rec = teardown.subnetwork_record(project, sub_region, sub.name)
+                    rec.extra["cluster"] = sub_owner
+                    out.append(rec)
+        for net in clients.call(clients.networks.list,
+                                compute_v1.ListNetworksRequest(project=project)):
+            net_owner = _owner(net.description)
+            if net_owner:
+                rec = teardown.network_record(project, net.name)
+                rec.extra["cluster"] = net_owner
                 out.append(rec)
     return out

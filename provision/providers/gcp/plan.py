@@ -19,6 +19,7 @@ from provision.plan import Plan, PlannedResource
 from provision.providers.gcp.catalog import catalog, cluster_cost, gpu_machine_types, known_gpus
 from provision.providers.gcp.clients import Clients
 from provision.providers.gcp.errors import map_errors
+from provision.providers.gcp.gpudirect import DATA_MTU, DataNetwork, Stack, data_networks, stack_for
 from provision.providers.gcp.images import DEFAULT_IMAGE_FAMILIES, resolve_image
 from provision.providers.gcp.options import GcpOptions
 from provision.spec import ClusterSpec, validate_cidr
@@ -32,6 +33,8 @@ UNRESOLVED = "(unresolved)"
 POLICY = "resource-policy"
 FIREWALL = "firewall"
 INSTANCE = "instance"
+NETWORK_KIND = "network"
+SUBNETWORK = "subnetwork"
 
 
 class Layout(StrictModel):
@@ -72,6 +75,18 @@ class Layout(StrictModel):
     @property
     def max_run_seconds(self) -> int:
         return int(round(self.max_hours * 3600))
+
+    @property
+    def gpu_direct(self) -> Stack | None:
+        """GPUDirect-TCPX / TCPXO (gpudirect.py) for multi-node a3-highgpu / a3-megagpu."""
+        return stack_for(self.machine_type, self.nodes)
+
+    @property
+    def data_networks(self) -> list[DataNetwork]:
+        """The data NICs' VPC networks (each with a subnet and a firewall rule), in NIC
+        order; [] without GPUDirect."""
+        stack = self.gpu_direct
+        return data_networks(self.cluster, stack) if stack is not None else []
 
 
 class GcpPlan(Plan):
@@ -248,6 +263,15 @@ def layout_to_plan(layout: Layout, *, max_hours_defaulted: bool,
             "allow": "all", "source_tag": l_.tag, "target_tag": l_.tag,
         }),
     ]
+    for net in l_.data_networks:
+        resources += [
+            PlannedResource(kind=NETWORK_KIND, name=net.name, details={
+                "mtu": str(DATA_MTU), "subnets": "custom"}),
+            PlannedResource(kind=SUBNETWORK, name=net.name, details={
+                "region": l_.region, "range": net.cidr}),
+            PlannedResource(kind=FIREWALL, name=net.firewall, details={
+                "network": net.name, "allow": "tcp,udp,icmp", "source_ranges": net.cidr}),
+        ]
     for rank in range(l_.nodes):
         details = {
             "zone": l_.zones[0], "machine_type": l_.machine_type, "gpus": str(l_.gpus),
@@ -257,6 +281,8 @@ def layout_to_plan(layout: Layout, *, max_hours_defaulted: bool,
         }
         if l_.accelerator_type:
             details["accelerator"] = l_.accelerator_type
+        if l_.data_networks:
+            details["data_nics"] = ",".join(n.name for n in l_.data_networks)
         resources.append(PlannedResource(kind=INSTANCE, name=l_.instance_name(rank),
                                          details=details))
     cost = cluster_cost(l_.machine_type, l_.accelerator_type, l_.gpus, l_.nodes, l_.disk_gb,
@@ -274,9 +300,7 @@ def layout_to_plan(layout: Layout, *, max_hours_defaulted: bool,
         f"boot image {l_.image.rsplit('/', 1)[-1]} from family {l_.image_family}"
         + (f" (skipped: {'; '.join(l_.image_tried)})" if l_.image_tried else ""),
     ]
-    if l_.machine_type.startswith("a3-"):
-        notes.append(f"{l_.machine_type}: GPUDirect-TCPX/TCPXO/RDMA is not set up yet; NCCL "
-                     "uses TCP over the primary gVNIC")
+    notes += _fabric_notes(l_)
     if l_.spot:
         notes.append("spot VMs: the cloud may delete them at any time (preemption)")
     return GcpPlan(
@@ -293,3 +317,33 @@ def layout_to_plan(layout: Layout, *, max_hours_defaulted: bool,
         unresolved=unresolved or [],
         layout=layout,
     )
+
+
+def _fabric_notes(l_: Layout) -> list[str]:
+    """What the plan does for the machine type's GPU network, and what is not verified."""
+    stack = l_.gpu_direct
+    if stack is None:
+        if l_.machine_type in ("a3-highgpu-8g", "a3-megagpu-8g"):
+            return [f"{l_.machine_type} on one node: no GPUDirect set-up (no traffic between "
+                    "nodes)"]
+        if l_.machine_type.startswith("a3-ultragpu"):
+            return [f"{l_.machine_type}: GPUDirect RDMA (RoCE VPC, gIB plugin) is not set up "
+                    "by mgpu-cloud; NCCL uses TCP over the primary gVNIC, so the fabric gate "
+                    "stops multi-node launches (--fabric-check off or --allow-slow-network to "
+                    "run anyway)"]
+        return []
+    flavour = "GPUDirect-TCPX" if stack.name == "tcpx" else "GPUDirect-TCPXO"
+    return [
+        f"{flavour}: {stack.nic_count} extra gVNIC data NICs, each in its own VPC network "
+        f"(MTU {DATA_MTU}) with one subnet and one firewall rule; every node's startup script "
+        f"installs the NCCL plugin ({stack.plugin_image.rsplit('/', 1)[-1]}) and starts the "
+        f"receive-datapath manager ({stack.rxdm_image.rsplit('/', 1)[-1]}); jobs run with the "
+        f"plugin's NCCL preset",
+        f"{flavour} is NOT verified by mgpu-cloud's tests (no real A3 VMs): it needs a boot "
+        "image whose kernel supports it (the default Deep Learning VM image is not known to; "
+        "build one with Cluster Toolkit's A3 blueprint and pass --image-family/"
+        "--image-project) and guest interface names "
+        f"{stack.ctrl_dev} + {','.join(stack.data_nics)}; a node whose set-up failed says why "
+        "in /var/log/mgpu-cloud-gpudirect.log, and the fabric gate stops a launch that falls "
+        "back to sockets",
+    ]

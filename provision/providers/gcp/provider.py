@@ -4,13 +4,22 @@ from __future__ import annotations
 
 import logging
 
-from provision.errors import TeardownError
-from provision.inventory import Inventory, InventoryStore, ResourceRecord
+from provision.errors import MgpuError, TeardownError
+from provision.inventory import Inventory, InventoryStore, NodeRecord, ResourceRecord
 from provision.plan import Plan
 from provision.providers.gcp.options import GcpOptions
 from provision.spec import ClusterSpec
 
 log = logging.getLogger(__name__)
+
+
+def _project_of(inv: Inventory) -> str | None:
+    for rec in inv.resources:
+        if rec.extra.get("project"):
+            return rec.extra["project"]
+    if inv.spec is not None and inv.spec.provider == "gcp":
+        return inv.spec.options_as(GcpOptions).project
+    return None
 
 
 class GcpProvider:
@@ -69,8 +78,27 @@ class GcpProvider:
 
         if not inv.resources:
             return  # every resource is recorded before its insert is sent: nothing was made
-        project = inv.resources[0].extra.get("project")
-        teardown.destroy(inv, store, build_clients(project))
+        teardown.destroy(inv, store, build_clients(_project_of(inv)))
+
+    # --- recovery (contract.Recoverable) -------------------------------------------------------
+    def node_alive(self, inv: Inventory, node: NodeRecord) -> bool:
+        """False when Compute says the node's VM is gone (deleted, or stopping / stopped /
+        suspended / terminated); True when it runs or Compute cannot be asked."""
+        from provision.providers.gcp.clients import build_clients
+        from provision.providers.gcp.replace import node_alive
+
+        try:
+            return node_alive(build_clients(_project_of(inv)), inv, node)
+        except MgpuError:
+            return True  # cannot tell: the recovery loop tries to log in
+
+    def replace(self, inv: Inventory, store: InventoryStore, node: NodeRecord) -> NodeRecord:
+        """Delete the node's VM, then make one in its place (replace.py). CapacityError /
+        ProvisionError when none can be made, with nothing of the attempt left."""
+        from provision.providers.gcp.clients import build_clients
+        from provision.providers.gcp.replace import replace_node
+
+        return replace_node(build_clients(_project_of(inv)), inv, store, node)
 
     def orphans(self, spec: ClusterSpec, known: set[str]) -> list[ResourceRecord]:
         """Instances (by label), placement policies and firewall rules (by description) of

@@ -1,4 +1,6 @@
-"""Delete a cluster's GCP resources: instances, then the placement policy, then firewalls.
+"""Delete a cluster's GCP resources: instances, then the placement policy, then firewalls,
+then the GPUDirect data subnets and their networks (a network with a subnet or a firewall rule
+cannot be deleted, a subnet in use by a VM neither).
 
 Works from the inventory (each ResourceRecord's extra["project"]) plus a label lookup for
 instances, so a node made but not recorded is still found. Idempotent: NotFound counts as
@@ -20,13 +22,19 @@ from provision.providers.gcp.errors import is_not_found, map_errors
 INSTANCE = "instance"
 POLICY = "resource-policy"
 FIREWALL = "firewall"
-ORDER = (INSTANCE, POLICY, FIREWALL)  # a policy in use by a VM cannot be deleted
+SUBNETWORK = "subnetwork"
+NETWORK = "network"
+# a policy in use by a VM cannot be deleted; a subnet in use by a VM neither; a network with
+# subnets or firewall rules neither
+ORDER = (INSTANCE, POLICY, FIREWALL, SUBNETWORK, NETWORK)
 DESCRIPTION_PREFIX = f"{CLUSTER_TAG}="
 
 
-def instance_record(project: str, zone: str, name: str) -> ResourceRecord:
+def instance_record(project: str, zone: str, name: str, image: str | None = None) -> ResourceRecord:
+    """`image`: the boot image it was made from (a replacement is made from the same one)."""
+    extra = {"project": project} | ({"image": image} if image else {})
     return ResourceRecord(kind=INSTANCE, id=f"zones/{zone}/instances/{name}", name=name,
-                          zone=zone, extra={"project": project})
+                          zone=zone, extra=extra)
 
 
 def policy_record(project: str, region: str, name: str) -> ResourceRecord:
@@ -37,6 +45,16 @@ def policy_record(project: str, region: str, name: str) -> ResourceRecord:
 def firewall_record(project: str, name: str) -> ResourceRecord:
     return ResourceRecord(kind=FIREWALL, id=f"global/firewalls/{name}", name=name,
                           extra={"project": project})
+
+
+def network_record(project: str, name: str) -> ResourceRecord:
+    return ResourceRecord(kind=NETWORK, id=f"global/networks/{name}", name=name,
+                          extra={"project": project})
+
+
+def subnetwork_record(project: str, region: str, name: str) -> ResourceRecord:
+    return ResourceRecord(kind=SUBNETWORK, id=f"regions/{region}/subnetworks/{name}", name=name,
+                          region=region, extra={"project": project})
 
 
 def _start_delete(clients: Clients, rec: ResourceRecord) -> Any:
@@ -59,6 +77,13 @@ def _start_delete(clients: Clients, rec: ResourceRecord) -> Any:
     elif rec.kind == FIREWALL:
         method = clients.firewalls.delete_unary
         request = compute_v1.DeleteFirewallRequest(project=project, firewall=name, request_id=rid)
+    elif rec.kind == SUBNETWORK:
+        method = clients.subnetworks.delete_unary
+        request = compute_v1.DeleteSubnetworkRequest(project=project, region=rec.region,
+                                                     subnetwork=name, request_id=rid)
+    elif rec.kind == NETWORK:
+        method = clients.networks.delete_unary
+        request = compute_v1.DeleteNetworkRequest(project=project, network=name, request_id=rid)
     else:
         raise ValueError(f"unknown GCP resource kind {rec.kind!r}")
     return clients.call_or_none(method, request)

@@ -284,7 +284,8 @@ class RulesLayer:
 
 @pytest.fixture(autouse=True)
 def aws_rules_layer(monkeypatch: pytest.MonkeyPatch) -> Iterator[RulesLayer]:
-    """Every AWS test: EC2's rules on each request and on the state `create` leaves."""
+    """Every AWS test: EC2's rules on each request and on the state `create` (and `replace`)
+    leaves."""
     from provision.providers.aws import clients
     from provision.providers.aws.provider import AwsProvider
 
@@ -297,6 +298,14 @@ def aws_rules_layer(monkeypatch: pytest.MonkeyPatch) -> Iterator[RulesLayer]:
         layer.after_create()
 
     monkeypatch.setattr(AwsProvider, "create", checked_create)
+    replace = AwsProvider.replace
+
+    def checked_replace(self: Any, *args: Any, **kwargs: Any) -> Any:
+        new = replace(self, *args, **kwargs)
+        layer.after_create()  # a replacement obeys the same rules as the nodes of `up`
+        return new
+
+    monkeypatch.setattr(AwsProvider, "replace", checked_replace)
     try:
         yield layer
     finally:

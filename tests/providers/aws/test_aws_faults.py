@@ -137,6 +137,7 @@ def test_spot_falls_back_to_on_demand_with_the_flag(fakes, spec_for, up_cluster)
     calls = fakes.calls("RunInstances")
     assert [_spot(c) for c in calls] == [True] * 4 + [False]
     assert len(inv.nodes) == 2
+    assert inv.preemption is None  # bought on-demand: no spot notices to watch for
 
 
 def test_throttling_on_30_percent_of_calls_still_succeeds(fakes, spec_for, store, up_cluster, tagged):

@@ -158,7 +158,7 @@ def test_without_credentials_the_plan_is_offline_and_says_what_is_unresolved(
     # such a plan is never created
     from provision import pipeline
 
-    with pytest.raises(ProviderUnavailableError, match="made without AWS"):
+    with pytest.raises(ProviderUnavailableError, match="this plan cannot be created"):
         pipeline.up(spec_for(nodes=3, instance_type="p5.48xlarge"), confirm=lambda p: True,
                     store=store, bootstrap=False, log=lambda m: None)
     assert fakes.writes() == [] and not store.exists("c1")

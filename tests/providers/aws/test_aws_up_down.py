@@ -42,6 +42,9 @@ def test_up_then_down(fakes, spec_for, store, up_cluster, tagged, aws_rules_laye
     assert inv.container_image == "nvcr.io/nvidia/pytorch:24.06-py3"
     assert inv.nccl_env["FI_PROVIDER"] == "efa" and inv.nccl_env["FI_EFA_USE_DEVICE_RDMA"] == "1"
     assert inv.container_args.count("--device") == 4  # p4d: uverbs0..3
+    # the fabric gate's expectation (provision/fabric.py's row); on-demand: no notices
+    assert inv.fabric is not None and (inv.fabric.transport, inv.fabric.busbw_gbps) == ("efa", 77.35)
+    assert inv.preemption is None
     assert inv.key_path and store.load("c1").resources == inv.resources
     assert {r.kind for r in inv.resources} == {
         "key-pair", "security-group", "placement-group", "instance", "elastic-ip"}
@@ -85,6 +88,7 @@ def test_type_without_efa_gets_one_plain_interface(fakes, spec_for, up_cluster):
     (iface,) = fakes.calls("RunInstances")[0]["NetworkInterfaces"]
     assert "InterfaceType" not in iface
     assert "FI_PROVIDER" not in inv.nccl_env and inv.nccl_env["NCCL_IB_DISABLE"] == "1"
+    assert inv.fabric is None  # no row in the fabric table: `--fabric-check auto` skips it
 
 
 @pytest.mark.parametrize("instance_type", ["p4d.24xlarge", "g6.xlarge"])
@@ -177,6 +181,9 @@ def test_launch_settings_and_user_data(fakes, spec_for, up_cluster):
     assert run["BlockDeviceMappings"][0]["Ebs"]["VolumeSize"] == 500
     assert run["BlockDeviceMappings"][0]["DeviceName"] == "/dev/sda1"  # the AMI's root device
     assert run["InstanceMarketOptions"]["MarketType"] == "spot"
+    # spot nodes watch EC2's interruption notice (IMDSv2, remote/preempt.py)
+    assert inv.preemption is not None
+    assert (inv.preemption.protocol, inv.preemption.url) == ("aws", "http://169.254.169.254")
     assert run["ClientToken"].startswith("mgpu-") and len(run["ClientToken"]) == 45
     raw = run["UserData"]
     text = raw if raw.startswith("#cloud-config") else base64.b64decode(raw).decode()

@@ -56,7 +56,8 @@ class RulesLayer:
 
 @pytest.fixture(autouse=True)
 def gcp_rules_layer(fake: FakeCompute, monkeypatch: pytest.MonkeyPatch) -> Iterator[RulesLayer]:
-    """Every GCP test: Compute's rules on each request and on the state `create` leaves."""
+    """Every GCP test: Compute's rules on each request and on the state `create` (and
+    `replace`) leaves."""
     from provision.providers.gcp.provider import GcpProvider
 
     layer = RulesLayer(fake)
@@ -67,6 +68,14 @@ def gcp_rules_layer(fake: FakeCompute, monkeypatch: pytest.MonkeyPatch) -> Itera
         layer.after_create()
 
     monkeypatch.setattr(GcpProvider, "create", checked_create)
+    replace = GcpProvider.replace
+
+    def checked_replace(self: Any, *args: Any, **kwargs: Any) -> Any:
+        new = replace(self, *args, **kwargs)
+        layer.after_create()  # the policy holds exactly vmCount VMs again, all in its region
+        return new
+
+    monkeypatch.setattr(GcpProvider, "replace", checked_replace)
     yield layer
     found = layer.violations()
     if found:

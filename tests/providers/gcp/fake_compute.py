@@ -30,6 +30,7 @@ from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
 from fake_compute_catalog import BASE, CatalogMixin, HttpError
+from fake_compute_network import NetworkMixin
 
 PREFIX = "/compute/v1/"
 
@@ -62,9 +63,10 @@ class OpFault:
     details: list[dict[str, Any]] = field(default_factory=list)
 
 
-class FakeCompute(CatalogMixin):
+class FakeCompute(NetworkMixin, CatalogMixin):
     def __init__(self, zones: dict[str, list[str]] | None = None) -> None:
         self._init_catalog(zones)
+        self._init_network()
         self.instances: dict[tuple[str, str, str], dict[str, Any]] = {}
         self.policies: dict[tuple[str, str, str], dict[str, Any]] = {}
         self.firewalls: dict[tuple[str, str], dict[str, Any]] = {}
@@ -86,6 +88,9 @@ class FakeCompute(CatalogMixin):
 
         class Handler(BaseHTTPRequestHandler):
             protocol_version = "HTTP/1.1"  # keep-alive: the client reuses its connection
+            # Headers and body go out in two writes: with Nagle's algorithm on, the body waits
+            # for the client's delayed ACK (~40 ms per request on Linux).
+            disable_nagle_algorithm = True
 
             def log_message(self, *args: Any) -> None:
                 pass
@@ -113,7 +118,8 @@ class FakeCompute(CatalogMixin):
 
         self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self._server.daemon_threads = True
-        self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
+        self._thread = threading.Thread(target=self._server.serve_forever, args=(0.02,),
+                                        daemon=True)  # stop() waits one poll, 20 ms
         self._thread.start()
         return self.url
 
@@ -156,7 +162,9 @@ class FakeCompute(CatalogMixin):
         with self._lock:
             return ([f"instance {k[1]}/{k[2]}" for k in self.instances]
                     + [f"policy {k[1]}/{k[2]}" for k in self.policies]
-                    + [f"firewall {k[1]}" for k in self.firewalls])
+                    + [f"firewall {k[1]}" for k in self.firewalls]
+                    + [f"network {k[1]}" for k in self.networks]
+                    + [f"subnetwork {k[1]}/{k[2]}" for k in self.subnetworks])
 
     # --- dispatch -----------------------------------------------------------------------------
     def handle(self, method: str, raw_path: str, raw: bytes) -> tuple[int, Any]:
@@ -225,7 +233,7 @@ class FakeCompute(CatalogMixin):
     ]
 
     def _route(self, method: str, path: str, query: dict[str, str], body: Any) -> tuple[int, Any]:
-        for verb, pattern, handler in self.ROUTES:
+        for verb, pattern, handler in self.ROUTES + self.NETWORK_ROUTES:
             m = re.match(pattern, path)
             if verb == method and m:
                 result: tuple[int, Any] = getattr(self, handler)(*m.groups(), query=query,
@@ -306,6 +314,7 @@ class FakeCompute(CatalogMixin):
             m = re.search(r"regions/([^/]+)/resourcePolicies/([^/]+)$", link)
             if not m or (project, m.group(1), m.group(2)) not in self.policies:
                 raise HttpError(400, "invalid", f"resource policy {link} not found")
+        self.require_nics(project, zone, body.get("networkInterfaces", []))
         target = f"projects/{project}/zones/{zone}/instances/{name}"
         fault = self._take_op_fault("POST", f"{path}/{name}")
         if fault is None and zone in self.stockouts:
@@ -336,6 +345,7 @@ class FakeCompute(CatalogMixin):
             raise HttpError(500, "INTERNAL_ERROR", f"machineType must be a name: {mt}")
         if mt not in self.zones.get(zone, []):
             raise HttpError(400, "invalid", f"machine type {mt} not in {zone}")
+        self.require_nics(project, zone, props.get("networkInterfaces", []))
         region = self._region_of(zone)
         policies = []
         for policy in props.get("resourcePolicies", []):
@@ -459,6 +469,7 @@ class FakeCompute(CatalogMixin):
         name = body["name"]
         if (project, name) in self.firewalls:
             raise HttpError(409, "alreadyExists", f"firewall {name} already exists")
+        self.require_network(project, body.get("network", "global/networks/default"))
         target = f"projects/{project}/global/firewalls/{name}"
         fault = self._take_op_fault("POST", path + "/" + name)
         op = self._new_op(project, "insert", target, None, fault)

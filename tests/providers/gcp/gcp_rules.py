@@ -29,6 +29,17 @@ INSERT = re.compile(r"projects/[^/]+/zones/([^/]+)/instances$")
 BULK = re.compile(r"projects/[^/]+/zones/([^/]+)/instances/bulkInsert$")
 POLICY = re.compile(r"projects/[^/]+/regions/([^/]+)/resourcePolicies$")
 FIREWALL = re.compile(r"projects/[^/]+/global/firewalls$")
+DELETE_INSTANCE = re.compile(r"projects/[^/]+/zones/([^/]+)/instances/([^/]+)$")
+NETWORK = re.compile(r"projects/[^/]+/global/networks$")
+SUBNETWORK = re.compile(r"projects/[^/]+/regions/([^/]+)/subnetworks$")
+# "Maximum transmission unit" (VPC docs): a network's MTU is 1300..8896 bytes.
+MTU_MIN, MTU_MAX = 1300, 8896
+# Google's A3 set-up (cluster-toolkit examples/machine-learning/a3-highgpu-8g and a3-megagpu-8g
+# blueprints; "GPUDirect-TCPX/TCPXO" docs): besides the primary NIC, 4 (A3 High) or 8 (A3 Mega)
+# gVNIC data NICs, each in a VPC network of its own with MTU 8244, one subnet in the VMs'
+# region and a firewall rule letting the other nodes' data traffic in.
+GPU_DIRECT_NICS = {"a3-highgpu-8g": 4, "a3-megagpu-8g": 8}
+GPU_DIRECT_MTU = 8244
 
 
 def region_of(zone: str) -> str:
@@ -51,7 +62,8 @@ def names(method: str, path: str, body: Any, seen: list[Request]) -> list[str]:
     found = _instances(method, path, body)
     if found is not None:
         candidates = found[1]
-    elif method == "POST" and (POLICY.match(path) or FIREWALL.match(path)):
+    elif method == "POST" and (POLICY.match(path) or FIREWALL.match(path)
+                               or NETWORK.match(path) or SUBNETWORK.match(path)):
         candidates = [body.get("name", "")]
     else:
         return []
@@ -125,30 +137,114 @@ def bulk_properties(method: str, path: str, body: Any, seen: list[Request]) -> l
     return out
 
 
+def _policy_of(ref: str, zone: str) -> tuple[str, str]:
+    """(region, name) of a resourcePolicies entry (a name means the VMs' region)."""
+    m = re.search(r"regions/([^/]+)/resourcePolicies/([^/]+)$", ref)
+    return (m.group(1), m.group(2)) if m else (region_of(zone), ref)
+
+
+def _members(seen: list[Request], region: str, name: str) -> set[tuple[str, str]]:
+    """(zone, VM) asked to join the policy by the requests so far and not deleted since."""
+    members: set[tuple[str, str]] = set()
+    for method, path, body in seen:
+        if method == "DELETE" and (m := DELETE_INSTANCE.match(path)):
+            members.discard((m.group(1), m.group(2)))
+        elif (found := _instances(method, path, body)) is not None:
+            zone, vms, props = found
+            if (region, name) in {_policy_of(r, zone) for r in props.get("resourcePolicies", [])}:
+                members |= {(zone, vm) for vm in vms}
+    return members
+
+
 def collocated(method: str, path: str, body: Any, seen: list[Request]) -> list[str]:
     # "Placement policies" / ResourcePolicyGroupPlacementPolicy.vmCount: a compact policy with
-    # vmCount works "only if it contains this exact number of VMs"; resource policies are
-    # regional and apply to VMs of their region ("About placement policies").
+    # vmCount works "only if it contains this exact number of VMs": it never holds more (a
+    # replacement is made after the VM it replaces is deleted; the state rule checks the exact
+    # count after `up` and after each replacement); resource policies are regional and apply
+    # to VMs of their region ("About placement policies").
     found = _instances(method, path, body)
     if found is None:
         return []
     zone, vms, props = found
     out = []
     for ref in props.get("resourcePolicies", []):
-        m = re.search(r"regions/([^/]+)/resourcePolicies/([^/]+)$", ref)
-        region, name = (m.group(1), m.group(2)) if m else (region_of(zone), ref)
+        region, name = _policy_of(ref, zone)
         if region != region_of(zone):
             out.append(f"{path}: policy {name} of {region} used by VMs in {zone}")
         made = [b for meth, p, b in seen if meth == "POST" and (pm := POLICY.match(p))
                 and pm.group(1) == region and isinstance(b, dict) and b.get("name") == name]
         count = (made[-1].get("groupPlacementPolicy", {}).get("vmCount") if made else None)
-        if count is not None and int(count) != len(vms) and BULK.match(path):
-            out.append(f"{path}: policy {name} has vmCount {count}, {len(vms)} VMs use it")
+        total = len(_members(seen, region, name) | {(zone, vm) for vm in vms})
+        if count is not None and total > int(count):
+            out.append(f"{path}: policy {name} has vmCount {count}, {total} VMs use it")
+    return out
+
+
+def _last(seen: list[Request], pattern: re.Pattern[str], name: str,
+          region: str | None = None) -> Body | None:
+    """The body of the last POST matching `pattern` that made `name` (in `region`)."""
+    for method, path, body in reversed(seen):
+        m = pattern.match(path)
+        if (method == "POST" and m and isinstance(body, dict) and body.get("name") == name
+                and (region is None or m.group(1) == region)):
+            return body
+    return None
+
+
+def _name_of(link: Any) -> str:
+    return str(link or "").rstrip("/").rsplit("/", 1)[-1]
+
+
+def networks(method: str, path: str, body: Any, seen: list[Request]) -> list[str]:
+    if method != "POST" or not NETWORK.match(path) or not isinstance(body, dict):
+        return []
+    mtu = int(body.get("mtu", 1460))
+    return [] if MTU_MIN <= mtu <= MTU_MAX else [f"{path}: MTU {mtu} outside 1300..8896"]
+
+
+def gpudirect_nics(method: str, path: str, body: Any, seen: list[Request]) -> list[str]:
+    found = _instances(method, path, body)
+    if found is None:
+        return []
+    zone, _vms, props = found
+    machine = _name_of(props.get("machineType"))
+    nics = props.get("networkInterfaces", [])
+    if machine not in GPU_DIRECT_NICS or len(nics) <= 1:  # one NIC: no GPUDirect (one node)
+        return []
+    data = GPU_DIRECT_NICS[machine]
+    out = []
+    if len(nics) != 1 + data:
+        out.append(f"{path}: {machine} with {len(nics)} NICs; GPUDirect has 1 + {data}")
+    nets = [_name_of(n.get("network")) for n in nics]
+    if len(set(nets)) != len(nets):
+        out.append(f"{path}: NICs share a VPC network ({', '.join(nets)})")
+    out += [f"{path}: NIC {i} is {n.get('nicType')!r}, not GVNIC"
+            for i, n in enumerate(nics) if n.get("nicType") != "GVNIC"]
+    region = region_of(zone)
+    for i, nic in enumerate(nics[1:], 1):
+        net = nets[i]
+        if nic.get("accessConfigs"):
+            out.append(f"{path}: data NIC {i} has an external address")
+        made = _last(seen, NETWORK, net)
+        if made is None:
+            out.append(f"{path}: data NIC {i}: network {net} was not created first")
+        elif int(made.get("mtu", 1460)) != GPU_DIRECT_MTU or made.get("autoCreateSubnetworks"):
+            out.append(f"{path}: data NIC {i}: network {net} has MTU {made.get('mtu')}, "
+                       f"automatic subnets {made.get('autoCreateSubnetworks')}")
+        sub = _last(seen, SUBNETWORK, _name_of(nic.get("subnetwork")), region)
+        if sub is None or _name_of(sub.get("network")) != net:
+            out.append(f"{path}: data NIC {i}: no subnet of {net} in {region}")
+        walls = [b for m, p, b in seen if m == "POST" and FIREWALL.match(p)
+                 and isinstance(b, dict) and _name_of(b.get("network")) == net
+                 and b.get("direction", "INGRESS") == "INGRESS" and b.get("allowed")]
+        if sub is not None and not any(sub.get("ipCidrRange") in w.get("sourceRanges", [])
+                                       for w in walls):
+            out.append(f"{path}: data NIC {i}: no firewall rule lets {net}'s subnet in")
     return out
 
 
 REQUEST_RULES: list[Callable[[str, str, Any, list[Request]], list[str]]] = [
-    names, labels, scheduling, bulk_properties, collocated,
+    names, labels, scheduling, bulk_properties, collocated, networks, gpudirect_nics,
 ]
 
 

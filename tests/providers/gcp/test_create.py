@@ -94,6 +94,11 @@ def test_up_sends_compact_policy_terminate_labels_and_firewalls(
     assert saved.wait_for_gpu and saved.manage_etc_hosts
     assert saved.container_image == "nvcr.io/nvidia/pytorch:24.06-py3"
     assert saved.nccl_env["NCCL_IB_DISABLE"] == "1"
+    assert saved.fabric is None  # a2: no row in the fabric table, `--fabric-check auto` skips it
+    # on-demand too: host maintenance ends GPU VMs (no live migration) with a notice
+    assert saved.preemption is not None
+    assert (saved.preemption.protocol, saved.preemption.url) == ("gcp",
+                                                                 "http://metadata.google.internal")
     assert saved.hourly_cost_usd > 0
     kinds = sorted(r.kind for r in saved.resources)
     assert kinds == ["firewall", "firewall", "instance", "instance", "instance", "resource-policy"]

@@ -101,6 +101,15 @@ def test_vm_count_must_match_the_vms_of_the_bulk_insert() -> None:
     assert check(POLICY_2, ("POST", BULK, bulk(count=2))) == []
 
 
+def test_a_replacement_joins_the_policy_only_after_the_vm_it_replaces_is_deleted() -> None:
+    one = {**bulk(count=1), "perInstanceProperties": {"c1-node-1": {}}}
+    delete = ("DELETE", f"{INSERT}/c1-node-1", None)
+    assert check(POLICY_2, ("POST", BULK, bulk()), delete, ("POST", BULK, one)) == []
+    other = {**one, "perInstanceProperties": {"c1-node-2": {}}}
+    assert check(POLICY_2, ("POST", BULK, bulk()), ("POST", BULK, other)) == [
+        f"{BULK}: policy c1-compact has vmCount 2, 3 VMs use it"]
+
+
 def test_documented_requests_pass() -> None:
     assert check(
         POLICY_2, ("POST", "projects/p/global/firewalls", {"name": "c1-ssh"}),
@@ -109,7 +118,7 @@ def test_documented_requests_pass() -> None:
                                         "maxRunDuration": {"seconds": "30"}})),
         ("POST", BULK, bulk(labels={"k_" + "x" * 61: "v-" + "y" * 61})),
         ("POST", INSERT, dict(props(machineType="zones/z/machineTypes/n1-standard-8",
-                                    scheduling={}), name="n" * 63)),
+                                    scheduling={}, resourcePolicies=[]), name="n" * 63)),
     ) == []
 
 
@@ -159,3 +168,55 @@ def test_longest_name_and_every_catalog_type_pass_all_rules(
         f"{LONGEST_NAME}-node-0", f"{LONGEST_NAME}-node-1"]
     pipeline.down(LONGEST_NAME, store=store, log=lambda m: None)
     assert fake.all_resources() == []
+
+
+# --- GPUDirect (a3): the data NICs as Google's A3 set-up has them -----------------------------
+def _a3_setup(mtu: int = 8244, walls: bool = True) -> list[tuple[str, str, Any]]:
+    reqs: list[tuple[str, str, Any]] = [POLICY_2]
+    for k in range(4):
+        net, cidr = f"c1-gpunet-{k}", f"10.0.{16 * k}.0/20"
+        reqs.append(("POST", "projects/p/global/networks",
+                     {"name": net, "mtu": mtu, "autoCreateSubnetworks": False}))
+        reqs.append(("POST", "projects/p/regions/us-central1/subnetworks",
+                     {"name": net, "network": f"global/networks/{net}", "ipCidrRange": cidr}))
+        if walls:
+            reqs.append(("POST", "projects/p/global/firewalls",
+                         {"name": f"{net}-internal", "network": f"global/networks/{net}",
+                          "sourceRanges": [cidr], "allowed": [{"IPProtocol": "tcp"}]}))
+    return reqs
+
+
+def _a3_nics(k: int = 4) -> list[dict[str, Any]]:
+    nics: list[dict[str, Any]] = [{"network": "global/networks/default", "nicType": "GVNIC",
+                                   "accessConfigs": [{"type": "ONE_TO_ONE_NAT"}]}]
+    return nics + [{"network": f"global/networks/c1-gpunet-{j}", "nicType": "GVNIC",
+                    "subnetwork": f"regions/us-central1/subnetworks/c1-gpunet-{j}"}
+                   for j in range(k)]
+
+
+def _a3_bulk(nics: list[dict[str, Any]]) -> tuple[str, str, Any]:
+    return ("POST", BULK, bulk(machineType="a3-highgpu-8g", networkInterfaces=nics))
+
+
+@pytest.mark.parametrize(("setup", "nics", "words"), [
+    (_a3_setup(), _a3_nics(3), "a3-highgpu-8g with 4 NICs; GPUDirect has 1 + 4"),
+    (_a3_setup(), [*_a3_nics(3), _a3_nics()[1]], "NICs share a VPC network"),
+    (_a3_setup(), [_a3_nics()[0], {**_a3_nics()[1], "nicType": "VIRTIO_NET"}, *_a3_nics()[2:]],
+     "NIC 1 is 'VIRTIO_NET'"),
+    (_a3_setup(), [*_a3_nics()[:4], {**_a3_nics()[4], "accessConfigs": [{}]}],
+     "data NIC 4 has an external address"),
+    (_a3_setup(mtu=1460), _a3_nics(), "network c1-gpunet-0 has MTU 1460"),
+    (_a3_setup()[:1], _a3_nics(), "network c1-gpunet-0 was not created first"),
+    (_a3_setup(walls=False), _a3_nics(), "no firewall rule lets c1-gpunet-3's subnet in"),
+    ([("POST", "projects/p/global/networks", {"name": "n", "mtu": 9000})], None,
+     "MTU 9000 outside 1300..8896"),
+])
+def test_the_gpudirect_rules_fail_on_each_violation(
+        setup: list[tuple[str, str, Any]], nics: list[dict[str, Any]] | None, words: str) -> None:
+    found = check(*setup, *([_a3_bulk(nics)] if nics is not None else []))
+    assert any(words in v for v in found), found
+
+
+def test_the_documented_a3_layout_passes() -> None:
+    assert check(*_a3_setup(), _a3_bulk(_a3_nics())) == []
+    assert check(POLICY_2, _a3_bulk(_a3_nics()[:1])) == []  # one NIC: no GPUDirect

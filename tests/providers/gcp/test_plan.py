@@ -113,9 +113,9 @@ def test_without_credentials_the_plan_is_made_offline(
     assert plan.slots_per_node == 8
     assert "unresolved: boot image" in plan.render()
     from provision import pipeline
-    from provision.errors import MgpuError
+    from provision.errors import ProviderUnavailableError
 
-    with pytest.raises(MgpuError, match="made without Compute Engine"):
+    with pytest.raises(ProviderUnavailableError, match="this plan cannot be created"):
         pipeline.up(spec, confirm=lambda p: True, store=store, bootstrap=False,  # type: ignore[arg-type]
                     log=lambda m: None)
     assert fake.requests == []

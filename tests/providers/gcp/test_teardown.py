@@ -74,7 +74,7 @@ def test_failed_instance_delete_keeps_the_rest_and_the_inventory(
 def test_gc_lists_and_deletes_resources_no_inventory_knows(
     fake: FakeCompute, make_spec: MakeSpec, up: Up, store: InventoryStore
 ) -> None:
-    up(make_spec(name="lost"))
+    up(make_spec(name="lost", gcp={"machine_type": "a3-highgpu-8g"}))  # + GPUDirect networks
     store.delete("lost")  # the inventory is gone, the cloud resources are not
     up(make_spec(name="kept"))
     fake.firewalls[(PROJECT, "unrelated")] = {"name": "unrelated", "description": "not ours"}
@@ -87,6 +87,9 @@ def test_gc_lists_and_deletes_resources_no_inventory_knows(
         "zones/us-central1-a/instances/lost-node-0", "zones/us-central1-a/instances/lost-node-1",
         "regions/us-central1/resourcePolicies/lost-compact", "global/firewalls/lost-ssh",
         "global/firewalls/lost-internal",
+        *[f"global/networks/lost-gpunet-{k}" for k in range(4)],
+        *[f"regions/us-central1/subnetworks/lost-gpunet-{k}" for k in range(4)],
+        *[f"global/firewalls/lost-gpunet-{k}-internal" for k in range(4)],
     ])
     res = runner.invoke(app, ["gc", "--provider", "gcp", "--project", PROJECT,
                               "--zone", "us-central1-a", "--delete"])

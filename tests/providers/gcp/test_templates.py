@@ -3,9 +3,8 @@
 from __future__ import annotations
 
 from provision.keys import generate_ed25519, host_key_only
-from provision.providers.gcp.create import nccl_env
+from provision.providers.gcp.create import nccl_env, startup_script
 from provision.providers.gcp.plan import Layout
-from provision.render import render
 
 LAYOUT = Layout(cluster="c1", project="p", region="us-central1", zones=("us-central1-a",),
                 nodes=2, machine_type="a2-ultragpu-8g", gpus=8, accelerator_type=None, slots=8,
@@ -26,10 +25,9 @@ def test_nccl_preset_for_a2_is_plain_tcp() -> None:
 
 def test_startup_script_installs_the_host_key_and_quotes_values() -> None:
     key = generate_ed25519("c1-host")
-    text = render("gcp/startup.sh.j2", cluster="c1", user="mgpu",
-                  host_private_key=key.private_openssh.strip(),
-                  host_public_key=host_key_only(key.public_openssh), max_run_seconds=3600)
+    text = startup_script(LAYOUT, key)
     assert text.startswith("#!/bin/bash\n")
+    assert "GPUDirect" not in text  # a2: nothing to set up
     assert key.private_openssh.strip() in text
     assert f"echo '{host_key_only(key.public_openssh)}' > /etc/ssh/ssh_host_ed25519_key.pub" in text
     assert "chmod 0600 /etc/ssh/ssh_host_ed25519_key" in text
