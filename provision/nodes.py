@@ -262,9 +262,6 @@ class GroupResult(dict[str, NodeResult[T]]):
     def failed(self) -> list[NodeResult[T]]:
         return [r for r in self.values() if not r.ok]
 
-    def values_by_node(self) -> dict[str, T | None]:
-        return {name: r.value for name, r in self.items()}
-
     def raise_for(self, what: str, error: type[MgpuError] = BootstrapError,
                   hint: str | None = None) -> None:
         """`error` naming EVERY failed node, if any failed."""
@@ -335,12 +332,6 @@ class NodeGroup:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-
-    def subset(self, nodes: Iterable[NodeRecord]) -> NodeGroup:
-        """A group of some of these nodes sharing this group's connections."""
-        sub = NodeGroup(self.inv, nodes, connector=self.connector)
-        sub._conns = self._conns
-        return sub
 
     def connection(self, node: NodeRecord) -> NodeConnection:
         conn = self._conns.get(node.name)

@@ -61,11 +61,10 @@ def test_step_errors_read_as_their_message() -> None:
     assert res["node-0"].why() == "python3 not found"
 
 
-def test_subset_runs_only_there() -> None:
+def test_a_group_of_some_nodes_runs_only_there() -> None:
     fake = FakeConnector()
     inv = _inv(3)
-    group = NodeGroup(inv, connector=fake)
-    group.subset([inv.nodes[2]]).run("x")
+    NodeGroup(inv, [inv.nodes[2]], connector=fake).run("x")
     assert fake.commands("node-2") == ["x"] and fake.commands("node-0") == []
 
 
