@@ -42,6 +42,7 @@ from provision.providers.aws.errors import error_code
 
 EgressMode = Literal["public-ip", "elastic-ip", "nat"]
 EIP_QUOTA_ATTRIBUTE = "vpc-max-elastic-ips"
+EVERYWHERE = "0.0.0.0/0"  # the default route's destination: egress only, never an SSH source
 RESERVED_PER_SUBNET = 5  # AWS keeps the first four and the last address of every subnet
 Record = Callable[[ResourceRecord], None]
 
@@ -207,7 +208,7 @@ class EgressMaker:
 
     def nat_gateway(self, public_subnet: str, zone: str) -> str:
         """A NAT gateway (with its own Elastic IP) in the zone's default subnet, and the route
-        0.0.0.0/0 -> it in the cluster's route table. Waits until it is available."""
+        EVERYWHERE -> it in the cluster's route table. Waits until it is available."""
         assert self.route_table_id is not None, "route_table() first"
         eip = self.ec2.call("allocate_address", Domain="vpc",
                             TagSpecifications=tag_spec("elastic-ip", self.cluster))
@@ -224,7 +225,7 @@ class EgressMaker:
 
         try:
             self.ec2.call("create_route", RouteTableId=self.route_table_id,
-                          DestinationCidrBlock="0.0.0.0/0", NatGatewayId=nat_id)
+                          DestinationCidrBlock=EVERYWHERE, NatGatewayId=nat_id)
         except ClientError as exc:
             if error_code(exc) != "RouteAlreadyExists":  # a retried call had succeeded
                 raise

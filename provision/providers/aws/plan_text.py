@@ -63,7 +63,7 @@ def planned_resources(cluster: str, nodes: int, launch: AwsLaunch) -> list[Plann
     elif egress.mode == "nat":
         resources += [
             PlannedResource(kind="route-table", name=name,
-                            details={"routes": "0.0.0.0/0 -> the NAT gateway"}),
+                            details={"routes": "egress (all destinations) -> the NAT gateway"}),
             PlannedResource(kind="subnet", name=f"{name} (private)",
                             details={"where": "a free block of the default VPC, in the "
                                      "launch zone", "public_ips": "none"}),
