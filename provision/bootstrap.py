@@ -30,6 +30,7 @@ from provision.nodes import (
     NodeGroup,
     NodeStepError,
     RemoteLayout,
+    borrowed,
     layout_of,
     poll,
     retry_open,
@@ -250,7 +251,7 @@ def bootstrap_cluster(
                      "pulling the container")
 
     t0 = time.monotonic()
-    with _group(inv, group) as nodes:
+    with borrowed(inv, group) as nodes:
         results = nodes.each(step)
     results.raise_for("bootstrap", BootstrapError)
     inv.bootstrapped = True
@@ -264,20 +265,6 @@ def sync_workdir(inv: Inventory, job: JobSpec, *, log: Log = print,
     """Copy the job's workdir (and its launcher's files) to every node, replacing the
     previous one. BootstrapError names every node where it failed."""
     archive, steps = payload(inv, {}, job)
-    with _group(inv, group) as nodes:
+    with borrowed(inv, group) as nodes:
         nodes.upload(archive, steps).raise_for("workdir sync", BootstrapError)
     log(f"synced {job.local_workdir} ({len(archive) / 1024:.0f} KiB) to {len(inv.nodes)} node(s)")
-
-
-class _group:  # noqa: N801 - used like a function in `with`
-    """The caller's group (left open), or a new one closed at the end."""
-
-    def __init__(self, inv: Inventory, group: NodeGroup | None) -> None:
-        self.group, self.own = group or NodeGroup(inv), group is None
-
-    def __enter__(self) -> NodeGroup:
-        return self.group
-
-    def __exit__(self, *exc: object) -> None:
-        if self.own:
-            self.group.close()

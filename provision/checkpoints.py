@@ -14,7 +14,6 @@ from __future__ import annotations
 import io
 import shlex
 import tarfile
-import tempfile
 import threading
 import time
 from collections.abc import Callable
@@ -23,7 +22,7 @@ from pathlib import Path
 from provision.checkrun import parse_last_json
 from provision.errors import BootstrapError
 from provision.inventory import Inventory, NodeRecord
-from provision.nodes import Connector, NodeGroup
+from provision.nodes import Connector, NodeGroup, NodeStepError, fetch_tree
 
 Log = Callable[[str], None]
 Manifest = dict[str, list[float]]
@@ -116,20 +115,12 @@ class CheckpointKeeper:
                     group.close()
 
     def _copy(self, group: NodeGroup, node: NodeRecord, files: list[str]) -> None:
-        layout, q = group.layout, shlex.quote
-        archive = layout.path("checkpoints.tgz")
-        conn = group.connection(node)
-        packed = conn.run(f"tar -czf {q(archive)} -C {q(layout.checkpoints)} -- "
-                          + " ".join(q(f) for f in files))
-        if not packed.ok:
-            raise BootstrapError(f"packing checkpoints on {node.name} failed: {packed.tail()}")
-        self.local.mkdir(parents=True, exist_ok=True)
-        with tempfile.TemporaryDirectory() as tmp:
-            local = Path(tmp) / "ckpt.tgz"
-            conn.get(archive, local)
-            with tarfile.open(local) as tar:
-                tar.extractall(self.local, filter="data")  # no absolute paths, no escapes
-        conn.run(f"rm -f {q(archive)}")
+        layout = group.layout
+        try:
+            fetch_tree(group.connection(node), layout.checkpoints,
+                       layout.path("checkpoints.tgz"), self.local, files)
+        except NodeStepError as exc:
+            raise BootstrapError(f"copying checkpoints from {node.name} failed: {exc}") from exc
 
     def wait_for_copy(self, after: float, deadline_s: float) -> bool:
         """Until a copy happens after monotonic time `after` (e.g. the save a preemption

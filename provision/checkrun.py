@@ -12,7 +12,7 @@ from collections.abc import Callable
 from typing import Any
 
 from provision.inventory import Inventory
-from provision.nodes import NodeGroup
+from provision.nodes import NodeGroup, borrowed
 from provision.spec import DEFAULT_MASTER_PORT, JobSpec
 
 Log = Callable[[str], None]
@@ -32,20 +32,15 @@ def gather_preflights(
     inv: Inventory, master_port: int = DEFAULT_MASTER_PORT, *, group: NodeGroup | None = None,
 ) -> dict[str, dict[str, Any]]:
     """node name -> preflight report (or {"error": ...} for a node where it could not run)."""
-    own = group is None
-    group = group or NodeGroup(inv)
-    layout = group.layout
-    cmd = layout.remote_command("preflight", "--json", "--workdir", layout.root,
-                                "--master-addr", inv.master.private_address,
-                                "--master-port", str(master_port))
     reports: dict[str, dict[str, Any]] = {}
-    try:
-        for name, res in group.run(cmd).items():
+    with borrowed(inv, group) as nodes:
+        layout = nodes.layout
+        cmd = layout.remote_command("preflight", "--json", "--workdir", layout.root,
+                                    "--master-addr", inv.master.private_address,
+                                    "--master-port", str(master_port))
+        for name, res in nodes.run(cmd).items():
             report = parse_last_json(res.value.stdout) if res.value is not None else None
             reports[name] = report if report is not None else {"error": res.why()[-500:]}
-    finally:
-        if own:
-            group.close()
     return reports
 
 

@@ -41,7 +41,7 @@ from provision.errors import LaunchError
 from provision.fabric import UNKNOWN, Transport, fix_for, matches, transport_of
 from provision.gate_record import GateNode, GatePair, GateRecord
 from provision.inventory import Inventory, InventoryStore
-from provision.nodes import NodeGroup
+from provision.nodes import NodeGroup, borrowed
 from provision.spec import DEFAULT_MASTER_PORT, JobSpec
 from remote.allreduce import pair_reference
 
@@ -145,16 +145,11 @@ def run_gate(inv: Inventory, job: JobSpec | None, *, mode: str, log: Log = print
              group: NodeGroup | None = None) -> GateRecord:
     """Measure and judge. Never raises for a bad fabric (that is the record's verdict)."""
     t0 = time.monotonic()
-    own = group is None
-    group = group or NodeGroup(inv)
-    try:
+    with borrowed(inv, group) as nodes:
         # the probe opens the connections the gate's launch then reuses
-        code, output = run_remote_program(inv, gate_job(job, gpus=any_gpu(group)),
+        code, output = run_remote_program(inv, gate_job(job, gpus=any_gpu(nodes)),
                                           node_program(inv),
-                                          log=lambda m: log(f"fabric gate: {m}"), group=group)
-    finally:
-        if own:
-            group.close()
+                                          log=lambda m: log(f"fabric gate: {m}"), group=nodes)
     return evaluate(inv, output, code, mode=mode, seconds=time.monotonic() - t0)
 
 

@@ -18,11 +18,12 @@ srun through a login node; tests supply a fake). The remote folder layout lives 
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shlex
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -409,6 +410,42 @@ class NodeGroup:
             retry_open(conn, deadline_s)
 
         return self.each(step, nodes)
+
+
+@contextlib.contextmanager
+def borrowed(inv: Inventory, group: NodeGroup | None,
+             nodes: Iterable[NodeRecord] | None = None) -> Iterator[NodeGroup]:
+    """The caller's group (left open for its next use), or a new one closed at the end."""
+    if group is not None:
+        yield group
+        return
+    with NodeGroup(inv, nodes) as own:
+        yield own
+
+
+def fetch_tree(conn: NodeConnection, remote_dir: str, archive: str, dest: Path,
+               files: list[str] | None = None) -> int:
+    """Copy `remote_dir` (or only `files` in it) from a node into `dest`, merged over what is
+    there: one tar on the node (at `archive`, removed after), one transfer. Returns the number
+    of files. NodeStepError if the node cannot pack it."""
+    import tarfile
+    import tempfile
+
+    q = shlex.quote
+    what = "-- " + " ".join(q(f) for f in files) if files is not None else "."
+    packed = conn.run(f"mkdir -p {q(remote_dir)} && tar -czf {q(archive)} -C {q(remote_dir)} "
+                      f"{what}")
+    if not packed.ok:
+        raise NodeStepError(f"packing {remote_dir} failed: {packed.tail()}")
+    dest.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory() as tmp:
+        local = Path(tmp) / "tree.tgz"
+        conn.get(archive, local)
+        with tarfile.open(local) as tar:
+            tar.extractall(dest, filter="data")  # "data": no absolute paths, no escapes
+            count = sum(1 for m in tar.getmembers() if m.isfile())
+    conn.run(f"rm -f {q(archive)}")
+    return count
 
 
 def retry_open(conn: NodeConnection, deadline_s: float) -> None:

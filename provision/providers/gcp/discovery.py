@@ -4,6 +4,9 @@ Read-only."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 from provision.errors import ProviderUnavailableError
 from provision.inventory import ResourceRecord
 from provision.providers.gcp import teardown
@@ -29,40 +32,37 @@ def tagged_resources(clients: Clients, zone: str | None) -> list[ResourceRecord]
         rec.extra["cluster"] = owner
         out.append(rec)
     region = region_of(zone) if zone else None
-    with map_errors("listing resource policies and firewall rules", ProviderUnavailableError):
-        agg = clients.call(clients.resource_policies.aggregated_list,
-                           compute_v1.AggregatedListResourcePoliciesRequest(project=project))
+
+    def regional(agg: Any, field: str, record: Callable[[str, str, str], ResourceRecord]) -> None:
         for _scope, scoped in agg:
-            for pol in scoped.resource_policies:
-                pol_owner = _owner(pol.description)
-                pol_region = pol.region.rsplit("/", 1)[-1]
-                if pol_owner and (region is None or pol_region == region):
-                    rec = teardown.policy_record(project, pol_region, pol.name)
-                    rec.extra["cluster"] = pol_owner
-                    out.append(rec)
-        for fw in clients.call(clients.firewalls.list,
-                               compute_v1.ListFirewallsRequest(project=project)):
-            fw_owner = _owner(fw.description)
-            if fw_owner:
-                rec = teardown.firewall_record(project, fw.name)
-                rec.extra["cluster"] = fw_owner
-                out.append(rec)
+            for item in getattr(scoped, field):
+                owner = _owner(item.description)
+                where = item.region.rsplit("/", 1)[-1]
+                if owner and (region is None or where == region):
+                    add(record(project, where, item.name), owner)
+
+    def global_(items: Any, record: Callable[[str, str], ResourceRecord]) -> None:
+        for item in items:
+            owner = _owner(item.description)
+            if owner:
+                add(record(project, item.name), owner)
+
+    def add(rec: ResourceRecord, owner: str) -> None:
+        rec.extra["cluster"] = owner
+        out.append(rec)
+
+    with map_errors("listing resource policies and firewall rules", ProviderUnavailableError):
+        regional(clients.call(clients.resource_policies.aggregated_list,
+                              compute_v1.AggregatedListResourcePoliciesRequest(project=project)),
+                 "resource_policies", teardown.policy_record)
+        global_(clients.call(clients.firewalls.list,
+                             compute_v1.ListFirewallsRequest(project=project)),
+                teardown.firewall_record)
     with map_errors("listing networks and subnets", ProviderUnavailableError):
-        subnets = clients.call(clients.subnetworks.aggregated_list,
-                               compute_v1.AggregatedListSubnetworksRequest(project=project))
-        for _scope, scoped in subnets:
-            for sub in scoped.subnetworks:
-                sub_owner = _owner(sub.description)
-                sub_region = sub.region.rsplit("/", 1)[-1]
-                if sub_owner and (region is None or sub_region == region):
-                    rec = teardown.subnetwork_record(project, sub_region, sub.name)
-                    rec.extra["cluster"] = sub_owner
-                    out.append(rec)
-        for net in clients.call(clients.networks.list,
-                                compute_v1.ListNetworksRequest(project=project)):
-            net_owner = _owner(net.description)
-            if net_owner:
-                rec = teardown.network_record(project, net.name)
-                rec.extra["cluster"] = net_owner
-                out.append(rec)
+        regional(clients.call(clients.subnetworks.aggregated_list,
+                              compute_v1.AggregatedListSubnetworksRequest(project=project)),
+                 "subnetworks", teardown.subnetwork_record)
+        global_(clients.call(clients.networks.list,
+                             compute_v1.ListNetworksRequest(project=project)),
+                teardown.network_record)
     return out
