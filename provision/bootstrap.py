@@ -21,7 +21,7 @@ from functools import cache
 from pathlib import Path
 
 from provision.assets import remote_package_dir, templates_dir
-from provision.errors import BootstrapError
+from provision.errors import BootstrapError, LaunchError
 from provision.inventory import Inventory, InventoryStore, NodeRecord
 from provision.launchers import Files, get_launcher
 from provision.nodes import (
@@ -260,11 +260,26 @@ def bootstrap_cluster(
     return results
 
 
+JOB_RUNNING = 75  # `remote.pyz job idle`: a job still runs on the node (remote/jobs.py BUSY)
+
+
 def sync_workdir(inv: Inventory, job: JobSpec, *, log: Log = print,
                  group: NodeGroup | None = None) -> None:
     """Copy the job's workdir (and its launcher's files) to every node, replacing the
-    previous one. BootstrapError names every node where it failed."""
+    previous one. Each node first checks that no job runs there (whoever started it): files
+    are never replaced under a running job; LaunchError names the busy nodes, and nothing is
+    replaced on them. BootstrapError names every other node where it failed."""
+    layout = layout_of(inv)
     archive, steps = payload(inv, {}, job)
+    guard = layout.remote_command("job", "idle", "--pidfile", layout.pidfile)
     with borrowed(inv, group) as nodes:
-        nodes.upload(archive, steps).raise_for("workdir sync", BootstrapError)
+        results = nodes.upload(archive, [guard, *steps])
+    busy = [r.node.name for r in results.failed
+            if r.value is not None and r.value.exit_code == JOB_RUNNING]
+    if busy:
+        raise LaunchError(
+            f"a job is still running on {', '.join(busy)}: its workdir was not replaced",
+            hint=f"`mgpu-cloud jobs {inv.name}` lists the jobs; wait for it, or stop it with "
+                 f"`mgpu-cloud cancel {inv.name} ID`")
+    results.raise_for("workdir sync", BootstrapError)
     log(f"synced {job.local_workdir} ({len(archive) / 1024:.0f} KiB) to {len(inv.nodes)} node(s)")

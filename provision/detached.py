@@ -48,6 +48,7 @@ def start(inv: Inventory, job: JobSpec, group: NodeGroup, detach: Detach, log: L
 def launch_detached(name: str, job: JobSpec, *, store: InventoryStore | None = None,
                     log: Log = _stderr) -> JobRecord:
     """Sync the workdir and start `job` on an existing cluster; returns once it runs."""
+    from provision import jobs
     from provision.bootstrap import sync_workdir
     from provision.pipeline import sigterm_raises
 
@@ -57,6 +58,7 @@ def launch_detached(name: str, job: JobSpec, *, store: InventoryStore | None = N
         if inv.status != "ready":
             raise MgpuError(f"cluster {name!r} is {inv.status}, not ready")
         with NodeGroup(inv) as group:
+            jobs.refuse_if_busy(inv, group)  # before the sync touches any node
             sync_workdir(inv, job, log=log, group=group)
             return start(inv, job, group, Detach(), log)
 

@@ -204,6 +204,7 @@ def launch(
         inv = store.load(name)
         if inv.status != "ready":
             raise MgpuError(f"cluster {name!r} is {inv.status}, not ready")
+        refuse_if_busy(inv)  # before the gate or the sync touch any node
         _fabric_gate(inv, job, store, log)
         return _sync_run_fetch(get_provider(inv.provider), inv, store, job, log)
 
@@ -240,6 +241,16 @@ def _sync_run_fetch(provider: Provider, inv: Inventory, store: InventoryStore, j
             raise
         log(f"could not copy the outputs back: {exc.message}")  # the job's failure matters more
     return code
+
+
+def refuse_if_busy(inv: Inventory) -> None:
+    """LaunchError while a job of this cluster still runs (asks the nodes only when a record
+    says one might): a second launch must not touch the nodes of a running job."""
+    from provision import jobs
+    from provision.nodes import NodeGroup
+
+    with NodeGroup(inv) as group:
+        jobs.refuse_if_busy(inv, group)
 
 
 def _begin_job(inv: Inventory, job: JobSpec, group: NodeGroup, log: Log) -> JobRecord:

@@ -115,8 +115,23 @@ def test_sync_replaces_the_workdir_everywhere(cluster) -> None:  # type: ignore[
     sync_workdir(inv, build_job_spec({}, {"script": EXAMPLE}), log=lambda m: None,
                  group=NodeGroup(inv, connector=fake))
     for node in ("node-0", "node-1"):
-        assert fake.commands(node)[0].startswith("rm -rf .mgpu-cloud/work && mkdir -p")
+        assert fake.commands(node)[0].startswith(
+            "python3 .mgpu-cloud/remote.pyz job idle --pidfile .mgpu-cloud/job.pid && "
+            "rm -rf .mgpu-cloud/work && mkdir -p"), "no job may run where the workdir goes"
         assert ".mgpu-cloud/work/train_ddp.py" in _members(fake.stdin(node)[0])
+
+
+def test_sync_names_the_nodes_where_a_job_still_runs(cluster) -> None:  # type: ignore[no-untyped-def]
+    from provision.bootstrap import JOB_RUNNING
+    from provision.errors import LaunchError
+
+    inv, _ = cluster
+    fake = FakeConnector()
+    fake.on(r"job idle", node="node-1", exit_code=JOB_RUNNING)
+    with pytest.raises(LaunchError, match=r"a job is still running on node-1: its workdir "
+                                          r"was not replaced"):
+        sync_workdir(inv, build_job_spec({}, {"script": EXAMPLE}), log=lambda m: None,
+                     group=NodeGroup(inv, connector=fake))
 
 
 def test_run_job_streams_prefixed_lines_and_returns_zero(cluster) -> None:  # type: ignore[no-untyped-def]
