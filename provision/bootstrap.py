@@ -16,13 +16,13 @@ import tarfile
 import tempfile
 import time
 import zipapp
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from functools import cache
 from pathlib import Path
 
 from provision.assets import remote_package_dir, templates_dir
 from provision.errors import BootstrapError, LaunchError
-from provision.inventory import Inventory, InventoryStore, NodeRecord
+from provision.inventory import Inventory, InventoryStore, NodeRecord, state_home
 from provision.launchers import Files, get_launcher
 from provision.nodes import (
     GroupResult,
@@ -59,11 +59,14 @@ def remote_zipapp() -> bytes:
         return out.read_bytes()
 
 
-def workdir_tar(root: Path, excludes: list[str]) -> bytes:
-    """A gzip tar of `root` without paths whose any component matches an exclude pattern."""
+def workdir_tar(root: Path, excludes: list[str], skip: Iterable[Path] = ()) -> bytes:
+    """A gzip tar of `root` without paths whose any component matches an exclude pattern,
+    and without the files and folders `skip` names (absolute; symlinks resolved)."""
+    skipped = {os.path.realpath(p) for p in skip}
 
     def excluded(rel: str) -> bool:
-        return any(fnmatch.fnmatch(part, pat) for part in rel.split("/") for pat in excludes)
+        return (any(fnmatch.fnmatch(part, pat) for part in rel.split("/") for pat in excludes)
+                or os.path.realpath(os.path.join(root, rel)) in skipped)
 
     buf = io.BytesIO()
     with tarfile.open(fileobj=buf, mode="w:gz", compresslevel=1) as tar:
@@ -76,6 +79,17 @@ def workdir_tar(root: Path, excludes: list[str]) -> bytes:
                 if not excluded(rel):
                     tar.add(os.path.join(dirpath, name), arcname=rel, recursive=False)
     return buf.getvalue()
+
+
+def never_synced(inv: Inventory) -> list[Path]:
+    """What no workdir sync ships, wherever it lies: the tool's state folder (keys, every
+    cluster's inventory, history, job logs) and the key files this cluster uses."""
+    paths = [state_home()]
+    if inv.key_path:
+        key = Path(inv.key_path).expanduser()
+        paths += [key, key.with_suffix(".pub")]
+    others = [inv.known_hosts_path, *(n.identity_file for n in inv.nodes)]
+    return paths + [Path(p).expanduser() for p in others if p]
 
 
 def files_tar(files: Files, workdir: bytes | None, work: str) -> bytes:
@@ -178,7 +192,7 @@ def payload(inv: Inventory, files: Files, job: JobSpec | None) -> tuple[bytes, l
     workdir = None
     if job is not None:
         files.update(get_launcher(job.launcher).files(job, layout, inv.wait_for_gpu))
-        workdir = workdir_tar(job.local_workdir, job.excludes)
+        workdir = workdir_tar(job.local_workdir, job.excludes, never_synced(inv))
     archive = files_tar(files, workdir, layout.work)
     steps = [f"rm -rf {q(layout.work)}",
              f"mkdir -p {q(layout.outputs)} {q(layout.work)} {q(layout.checkpoints)} ~/.ssh",

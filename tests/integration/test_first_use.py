@@ -38,8 +38,15 @@ def node_shell(node: int, command: str) -> str:
 
 
 @pytest.fixture(scope="module")
-def home(tmp_path_factory: pytest.TempPathFactory, node_image: str) -> Iterator[Path]:
-    home = tmp_path_factory.mktemp("first-use-home")
+def project(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The user's project folder; the tool's state folder is inside it (test 2)."""
+    return tmp_path_factory.mktemp("project")
+
+
+@pytest.fixture(scope="module")
+def home(project: Path, node_image: str) -> Iterator[Path]:
+    home = project / "state"
+    home.mkdir()
     res = cli("up", "--nodes", "2", "--name", NAME, home=home)
     assert res.returncode == 0, res.stderr
     try:
@@ -89,3 +96,16 @@ def test_a_refused_second_launch_leaves_the_running_job_alone(home: Path,
     assert followed.returncode == 0, followed.stdout + followed.stderr
     assert "[node-0] rank 0 read first" in followed.stdout
     assert "[node-1] rank 1 read first" in followed.stdout
+
+
+def test_the_state_folder_never_goes_to_the_nodes(home: Path, project: Path) -> None:
+    (project / "hello.py").write_text("print('hello')\n")
+    (project / "notes.txt").write_text("kept\n")
+    assert (home / "keys" / NAME / "id_ed25519").exists(), "the fixture's state is in project/"
+    res = cli("launch", NAME, "--nproc-per-node", "1", "--", "hello.py", home=home, cwd=project)
+    assert res.returncode == 0, res.stderr
+    listing = cli("exec", NAME, "--", "cd .mgpu-cloud/work && find . -type f | sort",
+                  home=home).stdout
+    assert "./notes.txt" in listing and "./hello.py" in listing
+    assert "./state" not in listing and "id_ed25519" not in listing, listing
+    assert "history.jsonl" not in listing and "known_hosts" not in listing, listing
