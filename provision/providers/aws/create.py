@@ -196,27 +196,26 @@ class Creator:
             self.record(self._res("placement-group", self.name))
 
     def network_interfaces(self, subnet: str, sg: str) -> list[dict[str, Any]]:
-        """Card 0: 'efa' (carries the IP); cards 1..n-1: 'efa-only' at device index 1 ("Maximize
-        network bandwidth on accelerated instance types", EC2 User Guide; dstack does the same).
-        Plain ENA without EFA. A public IP is asked for only with ONE interface: EC2 refuses
-        AssociatePublicIpAddress with several ("InvalidParameterCombination")."""
+        """One EFA interface per card of the type's layout (catalog.card_layout). The primary
+        (card 0, device 0, carries the IP) is 'efa' when card 0 has EFA, else a plain ENA
+        'interface' (p6-b300: card 0 is ENA-only); the other cards get 'efa-only' at device
+        index 1 ("Maximize network bandwidth on accelerated instance types", EC2 User Guide;
+        dstack does the same). Plain ENA without EFA. A public IP is asked for only with ONE
+        interface: EC2 refuses AssociatePublicIpAddress with several
+        ("InvalidParameterCombination")."""
         public = self.s.egress.mode == "public-ip"
-        if self.s.efa_interfaces == 0:
-            return [{
-                "DeviceIndex": 0, "SubnetId": subnet, "Groups": [sg],
-                "DeleteOnTermination": True, "AssociatePublicIpAddress": public,
-            }]
-        out: list[dict[str, Any]] = []
-        for card in range(self.s.efa_interfaces):
-            iface: dict[str, Any] = {
-                "NetworkCardIndex": card,
-                "DeviceIndex": 0 if card == 0 else 1,
-                "InterfaceType": "efa" if card == 0 else "efa-only",
-                "SubnetId": subnet, "Groups": [sg], "DeleteOnTermination": True,
-            }
-            if self.s.efa_interfaces == 1:
-                iface["AssociatePublicIpAddress"] = public
-            out.append(iface)
+        base = {"SubnetId": subnet, "Groups": [sg], "DeleteOnTermination": True}
+        if not self.s.efa_cards:
+            return [{"DeviceIndex": 0, **base, "AssociatePublicIpAddress": public}]
+        primary: dict[str, Any] = {"NetworkCardIndex": 0, "DeviceIndex": 0,
+                                   "InterfaceType": "efa" if 0 in self.s.efa_cards
+                                   else "interface", **base}
+        out = [primary] + [
+            {"NetworkCardIndex": card, "DeviceIndex": 1, "InterfaceType": "efa-only", **base}
+            for card in self.s.efa_cards if card != 0
+        ]
+        if len(out) == 1:
+            primary["AssociatePublicIpAddress"] = public
         return out
 
     def run_params(self, zone: str, subnet: str, sg: str, spot: bool, user_data: str) -> dict[str, Any]:

@@ -21,6 +21,7 @@ from provision.providers.aws.catalog import (
     Price,
     catalog,
     hourly_price,
+    interface_count,
     known_type,
     network_prices,
     parse_instance_type,
@@ -67,7 +68,7 @@ class AwsLaunch(StrictModel):
     gpus: str  # e.g. "8 x NVIDIA A100 40 GiB", for people
     spot: bool
     spot_fallback: bool
-    efa_interfaces: int
+    efa_cards: list[int]  # one EFA interface on each (catalog.card_layout); []: no EFA
     device_rdma: bool
     disk_gb: int
     max_hours: float
@@ -76,8 +77,12 @@ class AwsLaunch(StrictModel):
     egress: Egress
 
     @property
+    def efa_interfaces(self) -> int:
+        return len(self.efa_cards)
+
+    @property
     def interfaces(self) -> int:
-        return max(1, self.efa_interfaces)
+        return interface_count(self.efa_cards)
 
 
 class AwsPlan(Plan):
@@ -218,7 +223,7 @@ def _launch(spec: ClusterSpec, opts: AwsOptions, info: InstanceTypeInfo, region:
     return AwsLaunch(
         region=region, instance_type=info.name, zones=zones, vpc_id=vpc_id, ami=ami,
         ami_name=ami_name, root_device=root, gpus=info.gpu_summary(), spot=spec.spot,
-        spot_fallback=spec.spot and opts.spot_fallback, efa_interfaces=info.efa_interfaces,
+        spot_fallback=spec.spot and opts.spot_fallback, efa_cards=list(info.efa_cards),
         device_rdma=info.device_rdma, disk_gb=opts.disk_gb,
         max_hours=spec.max_hours or DEFAULT_MAX_HOURS, ssh_cidr=ssh_cidr,
         private_ips=opts.private_ips, egress=egress,

@@ -42,7 +42,9 @@ def planned_resources(cluster: str, nodes: int, launch: AwsLaunch) -> list[Plann
                 "root_device": launch.root_device or "(unresolved)",
                 "market": "spot" if launch.spot else "on-demand",
                 "spot_fallback": "yes" if launch.spot_fallback else "no",
-                "efa_interfaces": str(launch.efa_interfaces),
+                "efa_interfaces": str(launch.efa_interfaces) + (
+                    f" (cards {launch.efa_cards[0]}-{launch.efa_cards[-1]}; card 0 ENA only)"
+                    if launch.efa_cards and 0 not in launch.efa_cards else ""),
                 "gpudirect_rdma": "yes" if launch.device_rdma else "no",
                 "disk_gb": str(launch.disk_gb),
                 "max_hours": f"{launch.max_hours:g}",

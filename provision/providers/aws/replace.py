@@ -120,7 +120,7 @@ class Replacer:
             zones=[ZoneSubnet(zone=zone, subnet=facts["subnet"])], vpc_id="(the cluster's)",
             ami=ami, ami_name=ami_name or "(custom)", root_device=root,
             gpus=info.gpu_summary(), spot=spot, spot_fallback=spot and self.opts.spot_fallback,
-            efa_interfaces=info.efa_interfaces, device_rdma=info.device_rdma,
+            efa_cards=list(info.efa_cards), device_rdma=info.device_rdma,
             disk_gb=self.opts.disk_gb, max_hours=max_hours, ssh_cidr="(the cluster's)",
             private_ips=self.opts.private_ips,
             egress=Egress(mode=mode, elastic_ips=1 if mode == "elastic-ip" else 0,

@@ -47,3 +47,45 @@ def test_no_efa_no_container_args(fakes, spec_for, up_cluster):
 def test_container_args_are_pure():
     assert efa.container_args(0) == []
     assert efa.uverbs_devices(2) == ["/dev/infiniband/uverbs0", "/dev/infiniband/uverbs1"]
+
+
+# --- the interface layout follows the type's per-card data (p6-b300: card 0 is ENA-only) -------
+def test_the_fake_answers_p6_b300_with_its_real_card_layout(moto_ec2):
+    """moto 5.2.5 ships DescribeInstanceTypes' p6-b300 entry: 17 cards, card 0 lists only
+    'interface' (ENA), cards 1..16 EFA (aws-parallelcluster issue #7143 says the same)."""
+    (item,) = moto_ec2.describe_instance_types(InstanceTypes=["p6-b300.48xlarge"])["InstanceTypes"]
+    net = item["NetworkInfo"]
+    assert net["MaximumNetworkCards"] == 17 and net["EfaInfo"]["MaximumEfaInterfaces"] == 16
+    cards = {c["NetworkCardIndex"]: c["InterfaceTypes"] for c in net["NetworkCards"]}
+    assert cards[0] == ["interface"] and all("efa-only" in cards[c] for c in range(1, 17))
+
+
+def test_p6_b300_puts_efa_on_cards_1_to_16_and_an_ena_primary_on_card_0(
+        fakes, spec_for, up_cluster, aws_rules_layer):
+    inv = up_cluster(spec_for(instance_type="p6-b300.48xlarge"))
+    ifaces = fakes.calls("RunInstances")[0]["NetworkInterfaces"]
+    assert (ifaces[0]["NetworkCardIndex"], ifaces[0]["DeviceIndex"],
+            ifaces[0]["InterfaceType"]) == (0, 0, "interface")
+    assert [(i["NetworkCardIndex"], i["InterfaceType"]) for i in ifaces[1:]] == [
+        (c, "efa-only") for c in range(1, 17)]
+    assert aws_rules_layer.rules.violations == []
+    assert len(fakes.calls("AllocateAddress")) == 2  # 17 interfaces: an Elastic IP per node
+    assert inv.nccl_env["FI_PROVIDER"] == "efa"
+
+
+def test_card_layout_from_describe_instance_types():
+    from provision.providers.aws.catalog import card_layout
+
+    def card(i, types):
+        return {"NetworkCardIndex": i, "InterfaceTypes": types}
+
+    efa = ["interface", "efa", "efa-only"]
+    b300 = {"EfaSupported": True, "EfaInfo": {"MaximumEfaInterfaces": 16},
+            "MaximumNetworkCards": 17,
+            "NetworkCards": [card(0, ["interface"])] + [card(i, efa) for i in range(1, 17)]}
+    assert card_layout(b300) == tuple(range(1, 17))
+    # at most MaximumEfaInterfaces; without per-card types (older data): cards 0..n-1
+    assert card_layout({**b300, "EfaInfo": {"MaximumEfaInterfaces": 2}}) == (1, 2)
+    assert card_layout({"EfaSupported": True, "EfaInfo": {"MaximumEfaInterfaces": 4},
+                        "MaximumNetworkCards": 4}) == (0, 1, 2, 3)
+    assert card_layout({"EfaSupported": False, "NetworkCards": [card(0, efa)]}) == ()

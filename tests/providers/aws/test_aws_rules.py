@@ -53,6 +53,9 @@ GOOD_P4D = [efa(0, 0, "efa")] + [efa(c, 1) for c in range(1, 4)]
      "has no EFA"),
     ("RunInstances", {"InstanceType": "p9.future", "NetworkInterfaces": []},
      "no documented EFA layout"),
+    ("RunInstances", {"InstanceType": "p6-b300.48xlarge", "NetworkInterfaces": [
+        efa(c, 0 if c == 0 else 1, "efa" if c == 0 else "efa-only") for c in range(16)]},
+     "card 0 of p6-b300.48xlarge, which has no EFA"),
     ("RunInstances", {"InstanceType": "g6.xlarge", "UserData": "#cloud-config\n" + "x" * 16400},
      "user data of"),
 ])
