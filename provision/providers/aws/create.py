@@ -136,8 +136,8 @@ class Creator:
             try:
                 sg = str(self.ec2.get(
                     "create_security_group", "GroupId", GroupName=self.name, VpcId=self.vpc_id,
-                    Description=f"mgpu-cloud cluster {self.cluster}: SSH from {self.s.ssh_cidr}, "
-                    "all traffic within the group (EFA)",
+                    Description=f"mgpu-cloud cluster {self.cluster}: SSH from "
+                    f"{', '.join(self.s.ssh_cidrs)}, all traffic within the group (EFA)"[:255],
                     TagSpecifications=tag_spec("security-group", self.cluster),
                 ))
             except ClientError as exc:
@@ -149,13 +149,12 @@ class Creator:
                 ])
                 sg = self._adopt("security group", found, "GroupId")
             self.record(self._res("security-group", sg))
-        ranges_key, range_key = (
-            ("Ipv6Ranges", "CidrIpv6") if ":" in self.s.ssh_cidr else ("IpRanges", "CidrIp")
-        )
-        ssh = {
-            "IpProtocol": "tcp", "FromPort": 22, "ToPort": 22,
-            ranges_key: [{range_key: self.s.ssh_cidr, "Description": "mgpu-cloud controller"}],
-        }
+        ssh: dict[str, Any] = {"IpProtocol": "tcp", "FromPort": 22, "ToPort": 22}
+        for cidr in self.s.ssh_cidrs:
+            ranges_key, range_key = (
+                ("Ipv6Ranges", "CidrIpv6") if ":" in cidr else ("IpRanges", "CidrIp"))
+            ssh.setdefault(ranges_key, []).append(
+                {range_key: cidr, "Description": "mgpu-cloud controller"})
         itself = {"IpProtocol": "-1", "UserIdGroupPairs": [
             {"GroupId": sg, "Description": "cluster nodes (EFA needs all traffic)"}
         ]}

@@ -72,7 +72,7 @@ class AwsLaunch(StrictModel):
     device_rdma: bool
     disk_gb: int
     max_hours: float
-    ssh_cidr: str
+    ssh_cidrs: list[str]  # SSH source ranges: the caller's /32, --ssh-cidr, or the VPC's
     private_ips: bool
     egress: Egress
 
@@ -99,19 +99,32 @@ def _validate_local(spec: ClusterSpec) -> None:
         )
 
 
-def _ssh_cidr(spec: ClusterSpec) -> str:
-    """--ssh-cidr, else this machine's public address (UserInputError if unknown)."""
+def _ssh_cidr(spec: ClusterSpec) -> str | None:
+    """--ssh-cidr; else this machine's public address (UserInputError if unknown); None with
+    --private-ips: the controller is inside the VPC and arrives from a private address, which
+    no public lookup sees, so SSH is opened to the VPC's own ranges (vpc_cidrs)."""
     if spec.ssh_cidr is not None:
         try:
             return validate_cidr(spec.ssh_cidr)
         except ValueError as exc:
             raise UserInputError(str(exc)) from None
+    if spec.options_as(AwsOptions).private_ips:
+        return None
     from provision.caller_address import caller_cidr
 
     return caller_cidr()
 
 
-def _zones(ec2: Ec2, spec: ClusterSpec, instance_type: str) -> tuple[str, list[tuple[str, str]]]:
+def vpc_cidrs(vpc: dict[str, Any]) -> list[str]:
+    """The VPC's IPv4 ranges (primary and associated secondary blocks, "VPC CIDR blocks",
+    Amazon VPC User Guide): where a controller inside the VPC can come from."""
+    blocks = [str(b["CidrBlock"]) for b in vpc.get("CidrBlockAssociationSet") or []
+              if (b.get("CidrBlockState") or {}).get("State", "associated") == "associated"]
+    return blocks or [str(vpc["CidrBlock"])]
+
+
+def _zones(ec2: Ec2, spec: ClusterSpec,
+           instance_type: str) -> tuple[dict[str, Any], list[tuple[str, str]]]:
     offered = sorted(
         o["Location"]
         for o in ec2.pages(
@@ -139,7 +152,8 @@ def _zones(ec2: Ec2, spec: ClusterSpec, instance_type: str) -> tuple[str, list[t
             f"{ec2.region} has no default VPC to launch into",
             hint=f"create one: aws ec2 create-default-vpc --region {ec2.region}",
         )
-    vpc_id = str(vpcs[0]["VpcId"])
+    vpc: dict[str, Any] = vpcs[0]
+    vpc_id = str(vpc["VpcId"])
     subnets = ec2.pages(
         "describe_subnets", "Subnets",
         Filters=[
@@ -154,7 +168,7 @@ def _zones(ec2: Ec2, spec: ClusterSpec, instance_type: str) -> tuple[str, list[t
             f"the default VPC of {ec2.region} has no default subnet in {', '.join(offered)}",
             hint=f"aws ec2 create-default-subnet --availability-zone {offered[0]}",
         )
-    return vpc_id, zones
+    return vpc, zones
 
 
 def _ami(ec2: Ec2, wanted: str | None, disk_gb: int) -> tuple[str, str, str]:
@@ -208,24 +222,25 @@ def build_plan(spec: ClusterSpec) -> Plan:
     region = resolve_region(session, opts.region)
     ec2 = Ec2(region, session)
     info = _describe_type(ec2, opts.instance_type)
-    vpc_id, zones = _zones(ec2, spec, info.name)
+    vpc, zones = _zones(ec2, spec, info.name)
     ami, ami_name, root = _ami(ec2, opts.ami, opts.disk_gb)
     egress = plan_egress(ec2, spec.nodes, info.interfaces, opts.private_ips)
-    launch = _launch(spec, opts, info, region, ssh_cidr, egress, vpc_id=vpc_id,
+    ssh = [ssh_cidr] if ssh_cidr else vpc_cidrs(vpc)
+    launch = _launch(spec, opts, info, region, ssh, egress, vpc_id=str(vpc["VpcId"]),
                      zones=[ZoneSubnet(zone=z, subnet=sn) for z, sn in zones], ami=ami,
                      ami_name=ami_name or "(custom)", root=root)
     return _plan(spec, launch, hourly_price(info.name, region), info.gpu_count, [])
 
 
 def _launch(spec: ClusterSpec, opts: AwsOptions, info: InstanceTypeInfo, region: str,
-            ssh_cidr: str, egress: Egress, *, vpc_id: str | None, zones: list[ZoneSubnet],
+            ssh_cidrs: list[str], egress: Egress, *, vpc_id: str | None, zones: list[ZoneSubnet],
             ami: str | None, ami_name: str, root: str | None) -> AwsLaunch:
     return AwsLaunch(
         region=region, instance_type=info.name, zones=zones, vpc_id=vpc_id, ami=ami,
         ami_name=ami_name, root_device=root, gpus=info.gpu_summary(), spot=spec.spot,
         spot_fallback=spec.spot and opts.spot_fallback, efa_cards=list(info.efa_cards),
         device_rdma=info.device_rdma, disk_gb=opts.disk_gb,
-        max_hours=spec.max_hours or DEFAULT_MAX_HOURS, ssh_cidr=ssh_cidr,
+        max_hours=spec.max_hours or DEFAULT_MAX_HOURS, ssh_cidrs=ssh_cidrs,
         private_ips=opts.private_ips, egress=egress,
     )
 
@@ -256,7 +271,7 @@ def _offline_plan(spec: ClusterSpec, opts: AwsOptions, session: Any) -> AwsPlan:
     what needs AWS is listed as unresolved. Never created (create() and `up` refuse it)."""
     unresolved: list[str] = []
     try:
-        ssh_cidr = _ssh_cidr(spec)
+        ssh_cidr = _ssh_cidr(spec) or "(the default VPC's ranges, unresolved)"
     except UserInputError as exc:
         ssh_cidr = "(unresolved)"
         unresolved.append(f"SSH source range ({exc.message}; pass --ssh-cidr)")
@@ -282,6 +297,6 @@ def _offline_plan(spec: ClusterSpec, opts: AwsOptions, session: Any) -> AwsPlan:
     if egress.elastic_ips:
         unresolved.append(f"Elastic IP quota: {egress.elastic_ips} needed, not checked ({why})")
     zones = [ZoneSubnet(zone=opts.zone, subnet="(unresolved)")] if opts.zone else []
-    launch = _launch(spec, opts, info, region, ssh_cidr, egress, vpc_id=None, zones=zones,
+    launch = _launch(spec, opts, info, region, [ssh_cidr], egress, vpc_id=None, zones=zones,
                      ami=opts.ami, ami_name="(unresolved)", root=None)
     return _plan(spec, launch, hourly_price(info.name, region), info.gpu_count, unresolved)

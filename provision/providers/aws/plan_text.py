@@ -25,7 +25,7 @@ def planned_resources(cluster: str, nodes: int, launch: AwsLaunch) -> list[Plann
         PlannedResource(
             kind="security-group", name=name,
             details={
-                "vpc": launch.vpc_id or "(unresolved)", "ssh_from": launch.ssh_cidr,
+                "vpc": launch.vpc_id or "(unresolved)", "ssh_from": ", ".join(launch.ssh_cidrs),
                 "intra_cluster": "all traffic in and out to the group itself (EFA)",
             },
         ),
@@ -94,7 +94,9 @@ def plan_notes(nodes: int, launch: AwsLaunch, *, max_hours_defaulted: bool) -> l
     ]
     if launch.private_ips:
         notes.append("--private-ips: the controller reaches the nodes on their private "
-                     "addresses (it must run inside the VPC)")
+                     "addresses (it must run inside the VPC); SSH is open to "
+                     + ", ".join(launch.ssh_cidrs)
+                     + " (pass --ssh-cidr to narrow it to the controller's own address)")
     if launch.spot:
         notes.append("spot: the cost shown is the on-demand ceiling")
     return notes

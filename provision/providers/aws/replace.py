@@ -121,7 +121,7 @@ class Replacer:
             ami=ami, ami_name=ami_name or "(custom)", root_device=root,
             gpus=info.gpu_summary(), spot=spot, spot_fallback=spot and self.opts.spot_fallback,
             efa_cards=list(info.efa_cards), device_rdma=info.device_rdma,
-            disk_gb=self.opts.disk_gb, max_hours=max_hours, ssh_cidr="(the cluster's)",
+            disk_gb=self.opts.disk_gb, max_hours=max_hours, ssh_cidrs=["(the cluster's)"],
             private_ips=self.opts.private_ips,
             egress=Egress(mode=mode, elastic_ips=1 if mode == "elastic-ip" else 0,
                           hourly_usd=0.0),

@@ -141,6 +141,32 @@ def test_security_group_rules_are_exact(fakes, spec_for, up_cluster, moto_ec2):
     assert sg["VpcId"] == fakes.calls("CreateSecurityGroup")[0]["VpcId"]
 
 
+def test_private_ips_open_ssh_to_the_vpc_not_to_the_callers_public_address(
+        fakes, spec_for, up_cluster, moto_ec2, monkeypatch):
+    """A controller inside the VPC connects from its private address: with --private-ips and
+    no --ssh-cidr, SSH is open to the VPC's own ranges (not the caller's public /32, which
+    would block it), and no public-address lookup is made."""
+    from provision import caller_address
+
+    def no_lookup(*args, **kwargs):
+        raise AssertionError("the caller's public address was looked up")
+
+    monkeypatch.setattr(caller_address, "caller_cidr", no_lookup)
+    plan = get_provider("aws").plan(spec_for(private_ips=True))
+    (vpc,) = moto_ec2.describe_vpcs(Filters=[{"Name": "is-default", "Values": ["true"]}])["Vpcs"]
+    assert plan.launch.ssh_cidrs == [vpc["CidrBlock"]] == ["172.31.0.0/16"]
+    assert any("SSH is open to 172.31.0.0/16" in n for n in plan.notes)
+    inv = up_cluster(spec_for(private_ips=True))
+    (sg,) = moto_ec2.describe_security_groups(
+        GroupIds=[inv.resources_of("security-group")[0].id])["SecurityGroups"]
+    ssh = {r for r in _norm(sg["IpPermissions"]) if r[1] == 22}
+    assert ssh == {("tcp", 22, 22, "172.31.0.0/16")}
+    # an explicit --ssh-cidr still wins
+    up_cluster(spec_for(name="c2", private_ips=True, ssh_cidr="172.31.5.9/32"))
+    sent = fakes.calls("AuthorizeSecurityGroupIngress")[-1]["IpPermissions"][0]
+    assert sent["IpRanges"] == [{"CidrIp": "172.31.5.9/32", "Description": "mgpu-cloud controller"}]
+
+
 def test_ipv6_ssh_cidr(fakes, spec_for, up_cluster, moto_ec2):
     up_cluster(spec_for(ssh_cidr="2001:db8::1/128"))
     sent = fakes.calls("AuthorizeSecurityGroupIngress")[0]["IpPermissions"][0]
