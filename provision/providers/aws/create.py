@@ -28,10 +28,11 @@ from provision.inventory import (
     PreemptionSource,
     ResourceRecord,
 )
-from provision.keys import KeyPair, ensure_cluster_key, generate_ed25519, host_key_only
+from provision.keys import ensure_cluster_key
 from provision.providers.aws import efa, retry
 from provision.providers.aws.api import Ec2, client_token, cluster_of, tag_spec
 from provision.providers.aws.errors import describe, error_code, is_capacity, map_errors
+from provision.providers.aws.hostkeys import wait_host_keys
 from provision.providers.aws.network import EgressMaker
 from provision.providers.aws.plan import NODE_USER, AwsPlan, resource_name
 from provision.spec import ClusterSpec
@@ -40,16 +41,14 @@ from provision.spec import ClusterSpec
 METADATA_URL = "http://169.254.169.254"
 
 
-def user_data(cluster: str, host: KeyPair, max_seconds: int) -> str:
-    """The cloud-init user data of a node: its pinned host key and a power-off (= terminate)
-    `max_seconds` after boot."""
+def user_data(cluster: str, max_seconds: int) -> str:
+    """The cloud-init user data of a node: fresh host keys of its own, printed on its console
+    (hostkeys.py), and a power-off (= terminate) `max_seconds` after boot. No secret."""
     from provision.render import render
 
     max_seconds = max(60, max_seconds)
     return render(
         "aws/user-data.yaml.j2", cluster=cluster,
-        host_private_key=host.private_openssh.strip(),
-        host_public_key=host_key_only(host.public_openssh),
         max_hours=f"{max_seconds / 3600:g}", max_seconds=max_seconds,
         max_minutes=max(1, max_seconds // 60),
     )
@@ -338,9 +337,7 @@ class Creator:
         key_path, public_key = ensure_cluster_key(self.store.keys_dir(self.inv.name))
         self.inv.key_path = str(key_path)
         self.store.save(self.inv)  # on disk before the first write: see AwsProvider.destroy
-        host = generate_ed25519(f"mgpu-cloud-{self.cluster}-host")
-        host_public = host_key_only(host.public_openssh)
-        data = user_data(self.cluster, host, int(self.s.max_hours * 3600))
+        data = user_data(self.cluster, int(self.s.max_hours * 3600))
         self.key_pair(public_key)
         sg = self.security_group()
         self.placement_group()
@@ -350,6 +347,9 @@ class Creator:
         launched = self.launch(sg, data)
         nodes = self.wait_running([i["InstanceId"] for i in launched])
         addresses = self.addresses(nodes)
+        with step("reading the nodes' host keys from their consoles"):
+            host_keys = wait_host_keys(self.ec2, {i["InstanceId"]: f"node-{rank}"
+                                                  for rank, i in enumerate(nodes)})
 
         records = []
         for rank, inst in enumerate(nodes):
@@ -359,7 +359,7 @@ class Creator:
                 raise ProvisionError(f"node {inst['InstanceId']} has no address to reach it on")
             records.append(NodeRecord(
                 name=f"node-{rank}", rank=rank, address=address, private_address=private,
-                user=NODE_USER, slots=self.slots, host_key=host_public,
+                user=NODE_USER, slots=self.slots, host_key=host_keys[inst["InstanceId"]],
                 resource_id=inst["InstanceId"], zone=inst["Placement"]["AvailabilityZone"],
             ))
         self.inv.nodes = records

@@ -10,8 +10,8 @@ replace     the lost instance is terminated first (it is lost or about to be: a 
             (create.Creator, the same request with MinCount = MaxCount = 1): same AMI, type,
             EFA interfaces, security group, key pair, placement group, zone and subnet, same
             market (spot stays spot; --spot-fallback may buy on-demand), user data with what
-            is left of the cluster's --max-hours and a NEW host key; then its own Elastic IP
-            where the egress gives each node one. Every new resource is recorded the moment
+            is left of the cluster's --max-hours; then its own Elastic IP where the egress
+            gives each node one, and its own host key read from its console (hostkeys.py). Every new resource is recorded the moment
             its id exists (down / rollback / gc cover it); the old instance and address are
             forgotten once deleted.
             A capacity error is a CapacityError naming the zone; whatever the replacement had
@@ -31,10 +31,10 @@ from typing import Any
 
 from provision.errors import CapacityError, MgpuError, ProvisionError
 from provision.inventory import Inventory, InventoryStore, NodeRecord, ResourceRecord
-from provision.keys import generate_ed25519, host_key_only
 from provision.providers.aws.api import Ec2
 from provision.providers.aws.create import Creator, step, user_data
 from provision.providers.aws.errors import is_not_found
+from provision.providers.aws.hostkeys import wait_host_keys
 from provision.providers.aws.network import Egress, egress_mode, primary_interface
 from provision.providers.aws.options import AwsOptions
 from provision.providers.aws.plan import (
@@ -201,13 +201,15 @@ class Replacer:
                                  f"group or zone for {self.node.name}")
         facts = self.launch_facts()
         creator = self.creator(facts, zone, left / 3600)
-        host = generate_ed25519(f"mgpu-cloud-{self.inv.name}-{self.node.name}")
         self.retire_old()
         before = {(r.kind, r.id) for r in self.inv.resources}
         try:
-            (launched,) = creator.launch(sg, user_data(self.inv.name, host, left))
+            (launched,) = creator.launch(sg, user_data(self.inv.name, left))
             (inst,) = creator.wait_running([launched["InstanceId"]])
             address = self._address(creator, inst)
+            with step(f"reading the host key of the new {self.node.name} from its console"):
+                host_key = wait_host_keys(self.ec2, {inst["InstanceId"]: self.node.name})[
+                    inst["InstanceId"]]
         except MgpuError as exc:
             self.undo([r for r in self.inv.resources if (r.kind, r.id) not in before])
             if isinstance(exc, CapacityError):
@@ -222,7 +224,7 @@ class Replacer:
         new = NodeRecord(
             name=self.node.name, rank=self.node.rank, address=address,
             private_address=str(inst.get("PrivateIpAddress") or ""), user=NODE_USER,
-            slots=self.node.slots, host_key=host_key_only(host.public_openssh),
+            slots=self.node.slots, host_key=host_key,
             resource_id=str(inst["InstanceId"]), zone=zone,
         )
         self.inv.nodes = [new if n.rank == self.node.rank else n for n in self.inv.nodes]

@@ -162,8 +162,32 @@ def user_data_size(op: str, params: Params) -> list[str]:
     return [f"{op}: user data of {len(raw)} bytes; at most 16384"] if len(raw) > 16384 else []
 
 
+def _user_data_text(data: Any) -> str:
+    raw = data.encode() if isinstance(data, str) else bytes(data)
+    try:
+        decoded = base64.b64decode(raw, validate=True)
+        raw = decoded if decoded.startswith(b"#") else raw
+    except (binascii.Error, ValueError):
+        pass
+    return raw.decode(errors="replace")
+
+
+def no_private_key_in_user_data(op: str, params: Params) -> list[str]:
+    # "Instance metadata categories" (EC2 User Guide): user data is readable by any process
+    # on the instance through the metadata service (and by anyone allowed
+    # DescribeInstanceAttribute), and "we recommend that you don't store sensitive data, such
+    # as passwords or long-lived encryption keys, as user data" ("Run commands when you launch
+    # an EC2 instance with user data input"). A private key (PEM/OpenSSH armour) never goes there.
+    data = params.get("UserData")
+    if op != "RunInstances" or data is None:
+        return []
+    return [f"{op}: the user data carries a private key"] if "PRIVATE KEY" in \
+        _user_data_text(data) else []
+
+
 REQUEST_RULES: list[Callable[[str, Params], list[str]]] = [
     client_token, tags, public_ip_with_several_interfaces, efa_layout, user_data_size,
+    no_private_key_in_user_data,
 ]
 
 

@@ -9,6 +9,11 @@
 - fault injectors: `fail(op, code, status, when=..., times=...)` and `throttle(rate, seed)`,
   answered from a `before-call` handler (a `before-send` handler would not stop moto).
 
+- a console-output fake (moto's GetConsoleOutput returns canned text): every instance has a
+  host key of its own (`host_keys`, made on first ask, as the instance makes one at first
+  boot) and its console shows what cloud-init prints at the end of first boot
+  (console_output(): fingerprints and public keys, syslog-prefixed), after `console_delay`
+  polls of plain boot output; `console_script(iid, n)` can answer anything instead.
 - the region's Elastic IP quota (`eip_quota`; None: moto's answer, 5, AWS's default).
 - scripted images (`images`): moto's RegisterImage ignores RootDeviceName and the block device
   mappings (always /dev/sda1, 15 GB), so AMIs with another root are answered from here.
@@ -37,6 +42,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).parent))
 
 import aws_rules  # noqa: E402
+from aws_console import console_output  # noqa: E402
 
 REGION = "us-east-1"
 CALLER_IP = "203.0.113.7"
@@ -99,6 +105,10 @@ class AwsFakes:
     dlamis: dict[str, str] = field(default_factory=dict)  # other regions, registered on first use
     eip_quota: int | None = None
     images: dict[str, dict[str, Any]] = field(default_factory=dict)
+    host_keys: dict[str, Any] = field(default_factory=dict)  # instance id -> its KeyPair
+    console_calls: dict[str, int] = field(default_factory=dict)
+    console_delay: int = 0  # polls that see only boot messages, per instance
+    console_script: Callable[[str, int], str | None] | None = None
 
     # --- assertions helpers ------------------------------------------------------------------
     def calls(self, operation: str) -> list[dict[str, Any]]:
@@ -170,6 +180,8 @@ class AwsFakes:
             return self._response(200, {"Parameter": {
                 "Name": params["Name"], "Type": "String", "Value": self.dlami_in(region),
                 "Version": 1}})
+        if op == "GetConsoleOutput":
+            return self._console(params["InstanceId"])
         if op == "CreatePlacementGroup":
             return self._create_pg(params)
         if op == "DescribePlacementGroups":
@@ -181,6 +193,26 @@ class AwsFakes:
             if group and group not in self.placement_groups:
                 return self._error("InvalidPlacementGroup.Unknown")
         return None
+
+    def host_key(self, iid: str) -> str:
+        """The instance's own public host key ('ssh-ed25519 BASE64')."""
+        from provision.keys import generate_ed25519, host_key_only
+
+        if iid not in self.host_keys:
+            self.host_keys[iid] = generate_ed25519(f"root@{iid}")
+        return host_key_only(self.host_keys[iid].public_openssh)
+
+    def _console(self, iid: str) -> Any:
+        import base64
+        import datetime as dt
+
+        n = self.console_calls[iid] = self.console_calls.get(iid, 0) + 1
+        text = self.console_script(iid, n) if self.console_script else None
+        if text is None:
+            text = console_output(self.host_key(iid), with_keys=n > self.console_delay)
+        return self._response(200, {
+            "InstanceId": iid, "Timestamp": dt.datetime.now(dt.UTC),
+            "Output": base64.b64encode(text.encode()).decode()})
 
     def _launched(self, parsed: dict[str, Any], context: dict[str, Any], **_: Any) -> None:
         group = (context.get("fake_params", {}).get("Placement") or {}).get("GroupName")

@@ -215,8 +215,7 @@ def test_launch_settings_and_user_data(fakes, spec_for, up_cluster):
     text = raw if raw.startswith("#cloud-config") else base64.b64decode(raw).decode()
     assert text.startswith("#cloud-config")
     data = yaml.safe_load(text)
-    assert data["ssh_keys"]["ed25519_public"] == inv.nodes[0].host_key
-    assert data["ssh_keys"]["ed25519_private"].startswith("-----BEGIN OPENSSH PRIVATE KEY-----")
+    assert "ssh_keys" not in data and "PRIVATE KEY" not in text  # the node makes its own
     assert data["ssh_genkeytypes"] == ["ed25519"]  # cloud-init's schema: at least one item
     assert "--on-active=9000s" in data["bootcmd"][0][2]
     public_key = fakes.calls("ImportKeyPair")[0]["PublicKeyMaterial"]
@@ -279,10 +278,12 @@ def test_placement_group_in_use_while_instances_live(fakes, spec_for, up_cluster
 
 
 def test_api_calls_grow_only_by_the_elastic_ips(fakes, spec_for, store, up_cluster):
-    """One RunInstances for any N; the only per-node calls are the Elastic IPs (EC2 has no
-    batch form of AllocateAddress / AssociateAddress / ReleaseAddress)."""
+    """One RunInstances for any N; the only per-node calls are the Elastic IPs and the host-key
+    reads (EC2 has no batch form of AllocateAddress / AssociateAddress / ReleaseAddress /
+    GetConsoleOutput)."""
     fakes.eip_quota = 64
-    per_node = ("AllocateAddress", "AssociateAddress", "DisassociateAddress", "ReleaseAddress")
+    per_node = ("AllocateAddress", "AssociateAddress", "DisassociateAddress", "ReleaseAddress",
+                "GetConsoleOutput")
     counts = []
     for n, name in ((2, "small"), (12, "large")):
         start = len(fakes.sent)
@@ -294,3 +295,4 @@ def test_api_calls_grow_only_by_the_elastic_ips(fakes, spec_for, store, up_clust
     assert counts[0][0] == counts[1][0]
     assert counts[0][1]["AllocateAddress"] == 2 and counts[1][1]["AllocateAddress"] == 12
     assert counts[1][1]["ReleaseAddress"] == 12
+    assert counts[0][1]["GetConsoleOutput"] == 2 and counts[1][1]["GetConsoleOutput"] == 12
