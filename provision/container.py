@@ -33,6 +33,18 @@ def library_prefix(inv: Inventory) -> list[str]:
     return ["sh", "-c", PREPEND_LIBRARY_PATH, ":".join(inv.container_library_path)]
 
 
+# A `--device` value the node resolves when the job starts (remote/devices.py): every device
+# of a sysfs class bound to a driver, e.g. the EFA uverbs devices but not the mlx5 ones beside
+# them. Spelled here once for providers; remote/devices.py SELECTOR spells the same prefix.
+DEVICE_SELECTOR = "@by-driver:"
+
+
+def by_driver(sysfs_class: str, driver: str) -> str:
+    """The `--device` value selecting, on each node, every `sysfs_class` device whose kernel
+    driver is `driver` (`job start` expands it; no match stops the job with a clear error)."""
+    return f"{DEVICE_SELECTOR}{sysfs_class}:{driver}"
+
+
 def container_name(inv: Inventory) -> str:
     return f"mgpu-{inv.name}-job"
 

@@ -41,7 +41,7 @@ def test_up_then_down(fakes, spec_for, store, up_cluster, tagged, aws_rules_laye
     assert inv.wait_for_gpu and inv.manage_etc_hosts
     assert inv.container_image == "nvcr.io/nvidia/pytorch:24.06-py3"
     assert inv.nccl_env["FI_PROVIDER"] == "efa" and inv.nccl_env["FI_EFA_USE_DEVICE_RDMA"] == "1"
-    assert inv.container_args.count("--device") == 4  # p4d: uverbs0..3
+    assert inv.container_args[:2] == ["--device", "@by-driver:infiniband_verbs:efa"]
     # the fabric gate's expectation (provision/fabric.py's row); on-demand: no notices
     assert inv.fabric is not None and (inv.fabric.transport, inv.fabric.busbw_gbps) == ("efa", 77.35)
     assert inv.preemption is None
