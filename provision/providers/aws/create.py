@@ -18,7 +18,6 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from provision.container import DEFAULT_TRAINING_IMAGE
 from provision.errors import CapacityError, ProviderUnavailableError, ProvisionError
 from provision.fabric import expectation_for
 from provision.inventory import (
@@ -365,7 +364,7 @@ class Creator:
         self.inv.nodes = records
         self.inv.wait_for_gpu = True
         self.inv.manage_etc_hosts = True
-        self.inv.container_image = self.spec.image or DEFAULT_TRAINING_IMAGE
+        self.inv.container_image = self.s.image
         self.inv.container_args = efa.container_args(self.s.efa_interfaces)
         self.inv.container_library_path = efa.library_path(self.s.efa_interfaces)
         preset = "nccl/aws-efa.env.j2" if self.s.efa_interfaces else "nccl/tcp.env.j2"

@@ -66,6 +66,7 @@ class AwsLaunch(StrictModel):
     ami_name: str
     root_device: str | None  # the AMI's RootDeviceName: where disk_gb applies
     gpus: str  # e.g. "8 x NVIDIA A100 40 GiB", for people
+    image: str  # the training image: --image, or the default for the GPUs' architecture
     spot: bool
     spot_fallback: bool
     efa_cards: list[int]  # one EFA interface on each (catalog.card_layout); []: no EFA
@@ -232,10 +233,21 @@ def build_plan(spec: ClusterSpec) -> Plan:
     return _plan(spec, launch, hourly_price(info.name, region), info.gpu_count, [])
 
 
+def _image(spec: ClusterSpec, info: InstanceTypeInfo) -> str:
+    """--image (refused when it is a known NGC release too old for the GPUs), else the
+    default training image of the GPUs' architecture (provision/container.py)."""
+    from provision.container import check_image, default_image
+
+    if spec.image:
+        check_image(spec.image, info.gpu_model, info.name)
+        return spec.image
+    return default_image(info.gpu_model)
+
+
 def _launch(spec: ClusterSpec, opts: AwsOptions, info: InstanceTypeInfo, region: str,
             ssh_cidrs: list[str], egress: Egress, *, vpc_id: str | None, zones: list[ZoneSubnet],
             ami: str | None, ami_name: str, root: str | None) -> AwsLaunch:
-    return AwsLaunch(
+    return AwsLaunch(image=_image(spec, info),
         region=region, instance_type=info.name, zones=zones, vpc_id=vpc_id, ami=ami,
         ami_name=ami_name, root_device=root, gpus=info.gpu_summary(), spot=spec.spot,
         spot_fallback=spec.spot and opts.spot_fallback, efa_cards=list(info.efa_cards),

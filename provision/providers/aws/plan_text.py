@@ -36,6 +36,7 @@ def planned_resources(cluster: str, nodes: int, launch: AwsLaunch) -> list[Plann
                 "region": launch.region,
                 "instance_type": launch.instance_type,
                 "gpus": launch.gpus,
+                "image": launch.image,
                 "zones": ",".join(f"{z.zone}={z.subnet}" for z in launch.zones) or "(unresolved)",
                 "ami": launch.ami or "(unresolved)",
                 "ami_name": launch.ami_name,
