@@ -1,7 +1,7 @@
 """Device nodes picked on the node by the kernel driver bound to them, not by index.
 
 A provider that cannot know a node's device numbering asks for devices with a selector word in
-the container's `--device` argument (provision/container.py `by_driver`):
+the container's `--device` argument (provision/nodes/container.py `by_driver`):
 
     --device @by-driver:infiniband_verbs:efa
 

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from provision.container import (
+from provision.model.errors import UserInputError
+from provision.nodes.container import (
     BLACKWELL_TRAINING_IMAGE,
     DEFAULT_TRAINING_IMAGE,
     check_image,
@@ -13,7 +14,6 @@ from provision.container import (
     gpu_architecture,
     ngc_pytorch_cuda_at_most,
 )
-from provision.errors import UserInputError
 
 
 @pytest.mark.parametrize(("model", "arch"), [

@@ -8,7 +8,7 @@ def console_output(public_key: str, *, with_keys: bool = True) -> str:
     cloud-init lines, then what cloud-init's keys_to_console prints at the end of first boot
     (tools/write-ssh-key-fingerprints piped through `logger --stderr -t ec2`, so every line
     carries a syslog prefix); lines end in CRLF as on a serial console."""
-    from provision.providers.aws.hostkeys import fingerprint
+    from provision.cluster.providers.aws.hostkeys import fingerprint
 
     b64 = public_key.split()[1]
     boot = [

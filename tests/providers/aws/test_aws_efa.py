@@ -1,12 +1,12 @@
 """EFA inside the training container: what the provider puts into Inventory.container_args,
-checked on the `docker run` line provision.container builds from it."""
+checked on the `docker run` line provision.nodes.container builds from it."""
 
 from __future__ import annotations
 
 import pytest
 
-from provision.container import docker_run_argv
-from provision.providers.aws import efa
+from provision.cluster.providers.aws import efa
+from provision.nodes.container import docker_run_argv
 
 
 def _pairs(argv: list[str], flag: str) -> list[str]:
@@ -58,7 +58,7 @@ def test_container_args_are_pure():
 
 
 def test_the_selector_prefix_is_the_one_the_nodes_expand():
-    from provision.container import DEVICE_SELECTOR
+    from provision.nodes.container import DEVICE_SELECTOR
     from remote.devices import SELECTOR
 
     assert DEVICE_SELECTOR == SELECTOR
@@ -89,7 +89,7 @@ def test_p6_b300_puts_efa_on_cards_1_to_16_and_an_ena_primary_on_card_0(
 
 
 def test_card_layout_from_describe_instance_types():
-    from provision.providers.aws.catalog import card_layout
+    from provision.cluster.providers.aws.catalog import card_layout
 
     def card(i, types):
         return {"NetworkCardIndex": i, "InterfaceTypes": types}

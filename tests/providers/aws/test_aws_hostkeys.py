@@ -10,9 +10,9 @@ import aws_rules as rules
 import pytest
 from aws_console import console_output
 
-from provision.errors import ProvisionError
-from provision.keys import generate_ed25519, host_key_only
-from provision.providers.aws import hostkeys, retry
+from provision.cluster.providers.aws import hostkeys, retry
+from provision.model.errors import ProvisionError
+from provision.model.keys import generate_ed25519, host_key_only
 
 KEY = host_key_only(generate_ed25519().public_openssh)
 OTHER = host_key_only(generate_ed25519().public_openssh)
@@ -38,7 +38,7 @@ def test_keys_that_appear_later_are_waited_for(fakes, spec_for, up_cluster):
 
 def test_a_node_whose_key_never_appears_is_refused_and_rolled_back(
         fakes, spec_for, store, tagged):
-    from provision import pipeline
+    from provision.cluster import pipeline
 
     silent: set[str] = set()  # the first node asked about never prints its keys
 
@@ -62,7 +62,7 @@ def test_a_node_whose_key_never_appears_is_refused_and_rolled_back(
 
 
 def test_a_console_key_contradicting_its_fingerprint_is_refused(fakes, spec_for, store, tagged):
-    from provision import pipeline
+    from provision.cluster import pipeline
 
     def forged(iid: str, n: int) -> str:
         text = console_output(fakes.host_key(iid))

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import yaml
 
-from provision.render import parse_env_file, render
+from provision.model.render import parse_env_file, render
 
 
 def test_efa_preset_p4d_golden():
