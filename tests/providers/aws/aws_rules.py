@@ -185,9 +185,31 @@ def no_private_key_in_user_data(op: str, params: Params) -> list[str]:
         _user_data_text(data) else []
 
 
+def capacity_block_launch(op: str, params: Params) -> list[str]:
+    # "To use your Capacity Block, you must specify the Capacity Block reservation ID when
+    # launching instances" ("Launch instances using Capacity Blocks", EC2 User Guide); the
+    # capacity-block market cannot be spot, and a block is never launched into with spot
+    # options (InstanceMarketOptionsRequest, EC2 API Reference). Which reservation is a block,
+    # its zone and time window are checked by the capacity fake (aws_capacity.py).
+    if op != "RunInstances":
+        return []
+    market = params.get("InstanceMarketOptions") or {}
+    target = ((params.get("CapacityReservationSpecification") or {})
+              .get("CapacityReservationTarget") or {})
+    out = []
+    if market.get("MarketType") == "capacity-block":
+        if not target.get("CapacityReservationId"):
+            out.append(f"{op}: MarketType capacity-block without a targeted reservation id")
+        if market.get("SpotOptions"):
+            out.append(f"{op}: SpotOptions with MarketType capacity-block")
+    if target and market.get("MarketType") == "spot":
+        out.append(f"{op}: a spot launch targeting capacity reservation {target}")
+    return out
+
+
 REQUEST_RULES: list[Callable[[str, Params], list[str]]] = [
     client_token, tags, public_ip_with_several_interfaces, efa_layout, user_data_size,
-    no_private_key_in_user_data,
+    no_private_key_in_user_data, capacity_block_launch,
 ]
 
 

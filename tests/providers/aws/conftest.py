@@ -42,6 +42,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).parent))
 
 import aws_rules  # noqa: E402
+from aws_capacity import CapacityFake  # noqa: E402
 from aws_console import console_output  # noqa: E402
 
 REGION = "us-east-1"
@@ -73,6 +74,20 @@ def register_dlami(ec2: Any) -> str:
         Architecture="x86_64", RootDeviceName="/dev/sda1", VirtualizationType="hvm",
     )["ImageId"]
     return image
+
+
+def _offered_zones(region: str, instance_type: str) -> list[str]:
+    """The zones moto offers the type in (where the capacity fake places its offerings)."""
+    found = moto_client(region).describe_instance_type_offerings(
+        LocationType="availability-zone",
+        Filters=[{"Name": "instance-type", "Values": [instance_type]}])["InstanceTypeOfferings"]
+    return sorted(o["Location"] for o in found)
+
+
+def _live_instances(region: str, ids: list[str]) -> int:
+    found = moto_client(region).describe_instances(InstanceIds=ids)["Reservations"]
+    return sum(1 for r in found for i in r["Instances"]
+               if i["State"]["Name"] in ("pending", "running"))
 
 
 @dataclass
@@ -109,6 +124,10 @@ class AwsFakes:
     console_calls: dict[str, int] = field(default_factory=dict)
     console_delay: int = 0  # polls that see only boot messages, per instance
     console_script: Callable[[str, int], str | None] | None = None
+    capacity: CapacityFake = field(default_factory=CapacityFake)
+
+    def __post_init__(self) -> None:
+        self.capacity.live = _live_instances
 
     # --- assertions helpers ------------------------------------------------------------------
     def calls(self, operation: str) -> list[dict[str, Any]]:
@@ -182,6 +201,9 @@ class AwsFakes:
                 "Version": 1}})
         if op == "GetConsoleOutput":
             return self._console(params["InstanceId"])
+        answered = self.capacity.answer(op, params, region, _offered_zones)
+        if answered is not None:
+            return self._response(*answered)
         if op == "CreatePlacementGroup":
             return self._create_pg(params)
         if op == "DescribePlacementGroups":
@@ -215,6 +237,11 @@ class AwsFakes:
             "Output": base64.b64encode(text.encode()).decode()})
 
     def _launched(self, parsed: dict[str, Any], context: dict[str, Any], **_: Any) -> None:
+        target = (context.get("fake_params", {}).get("CapacityReservationSpecification") or {}
+                  ).get("CapacityReservationTarget") or {}
+        if target.get("CapacityReservationId"):
+            self.capacity.joined(target["CapacityReservationId"],
+                                 [i["InstanceId"] for i in parsed.get("Instances", [])])
         group = (context.get("fake_params", {}).get("Placement") or {}).get("GroupName")
         if group:
             for inst in parsed.get("Instances", []):

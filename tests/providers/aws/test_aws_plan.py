@@ -109,10 +109,11 @@ def test_root_device_and_minimum_size_come_from_the_ami(fakes, spec_for):
 
 
 def test_a_type_without_a_price_is_planned_as_price_unknown(fakes, spec_for):
-    plan = get_provider("aws").plan(spec_for(instance_type="p5e.48xlarge", region="us-east-2"))
-    assert plan.unpriced and "p5e.48xlarge" in plan.unpriced[0]
-    assert "Capacity Blocks" in plan.unpriced[0]
-    assert plan.hourly_cost_usd == pytest.approx(2 * catalog()["network"]["public_ipv4_hour"])
+    plan = get_provider("aws").plan(spec_for(instance_type="p6-b300.48xlarge"))
+    assert plan.unpriced and "p6-b300.48xlarge" in plan.unpriced[0]
+    assert "no on-demand price" in plan.unpriced[0]
+    eips = 2 * catalog()["network"]["public_ipv4_hour"]  # 17 interfaces: an Elastic IP each
+    assert plan.hourly_cost_usd == pytest.approx(eips)
     text = plan.render()
     assert "cost: price unknown" in text and "known part: $0.01/hour" in text
 

@@ -129,6 +129,20 @@ def known_type(name: str) -> InstanceTypeInfo | None:
     )
 
 
+ALL_MARKETS = ("on-demand", "spot", "capacity-block", "reservation")
+
+
+def markets_of(instance_type: str) -> tuple[str, ...]:
+    """How the type can be bought (catalog.yaml `markets`; every way when not listed)."""
+    row = catalog()["types"].get(instance_type) or {}
+    return tuple(row.get("markets") or ALL_MARKETS)
+
+
+def markets_source(instance_type: str) -> str:
+    row = catalog()["types"].get(instance_type) or {}
+    return str(row.get("markets_source") or "")
+
+
 def _source(key: str, date: str) -> str:
     return f"{catalog()['sources'][key]}, as of {date}"
 

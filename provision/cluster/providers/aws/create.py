@@ -18,7 +18,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from provision.cluster.providers.aws import efa, retry
+from provision.cluster.providers.aws import capacity, efa, retry
 from provision.cluster.providers.aws.api import Ec2, client_token, cluster_of, tag_spec
 from provision.cluster.providers.aws.catalog import fabric_expectation
 from provision.cluster.providers.aws.errors import describe, error_code, is_capacity, map_errors
@@ -85,6 +85,23 @@ class Creator:
                                   lambda rec: self.record(rec), self.nonce)
         self.private_subnets: dict[str, str] = {}  # zone -> subnet (nat egress)
         self.spot_launched = False  # the market RunInstances succeeded in (spot fallback)
+        self.group: str | None = self.name  # the placement group launched into
+        self.reservation_id = self.s.reservation_id  # a bought block's, once bought
+
+    def reserve(self) -> None:
+        """Buy the plan's Capacity Block (recorded the moment its id exists: it is paid and
+        cannot be cancelled) and wait until it is active (capacity.py)."""
+        block = self.s.block
+        if block is None:
+            return
+        with step(f"buying Capacity Block offering {block.offering_id}"):
+            bought = capacity.purchase_block(self.ec2, self.cluster, block)
+            self.reservation_id = str(bought["CapacityReservationId"])
+            self.record(self._res("capacity-block", self.reservation_id, block.zone, {
+                "offering": block.offering_id, "start": block.start, "end": block.end,
+                "upfront_usd": f"{block.upfront_usd:.2f}"}))
+        with step(f"waiting for Capacity Block {self.reservation_id} (starts {block.start})"):
+            capacity.wait_active(self.ec2, self.reservation_id, block.start)
 
     # --- bookkeeping ---------------------------------------------------------------------
     def record(self, *resources: ResourceRecord) -> None:
@@ -172,8 +189,13 @@ class Creator:
                 raise
 
     def placement_group(self) -> None:
+        """The cluster placement group; none in a Capacity Block (EC2 places its instances
+        together in an UltraCluster) and a reservation's own group when it has one."""
         from botocore.exceptions import ClientError
 
+        if self.s.market == "capacity-block" or self.s.reservation is not None:
+            self.group = self.s.reservation.placement_group if self.s.reservation else None
+            return
         with step("creating the placement group"):
             try:
                 self.ec2.call(
@@ -193,27 +215,8 @@ class Creator:
             self.record(self._res("placement-group", self.name))
 
     def network_interfaces(self, subnet: str, sg: str) -> list[dict[str, Any]]:
-        """One EFA interface per card of the type's layout (catalog.card_layout). The primary
-        (card 0, device 0, carries the IP) is 'efa' when card 0 has EFA, else a plain ENA
-        'interface' (p6-b300: card 0 is ENA-only); the other cards get 'efa-only' at device
-        index 1 ("Maximize network bandwidth on accelerated instance types", EC2 User Guide;
-        dstack does the same). Plain ENA without EFA. A public IP is asked for only with ONE
-        interface: EC2 refuses AssociatePublicIpAddress with several
-        ("InvalidParameterCombination")."""
-        public = self.s.egress.mode == "public-ip"
-        base = {"SubnetId": subnet, "Groups": [sg], "DeleteOnTermination": True}
-        if not self.s.efa_cards:
-            return [{"DeviceIndex": 0, **base, "AssociatePublicIpAddress": public}]
-        primary: dict[str, Any] = {"NetworkCardIndex": 0, "DeviceIndex": 0,
-                                   "InterfaceType": "efa" if 0 in self.s.efa_cards
-                                   else "interface", **base}
-        out = [primary] + [
-            {"NetworkCardIndex": card, "DeviceIndex": 1, "InterfaceType": "efa-only", **base}
-            for card in self.s.efa_cards if card != 0
-        ]
-        if len(out) == 1:
-            primary["AssociatePublicIpAddress"] = public
-        return out
+        return efa.network_interfaces(self.s.efa_cards, subnet, sg,
+                                      public=self.s.egress.mode == "public-ip")
 
     def run_params(self, zone: str, subnet: str, sg: str, spot: bool, user_data: str) -> dict[str, Any]:
         tags = tag_spec("instance", self.cluster) + tag_spec("volume", self.cluster) + tag_spec(
@@ -227,7 +230,8 @@ class Creator:
             "MaxCount": self.count,
             "KeyName": self.name,
             "NetworkInterfaces": self.network_interfaces(subnet, sg),
-            "Placement": {"GroupName": self.name, "AvailabilityZone": zone},
+            "Placement": {"AvailabilityZone": zone,
+                          **({"GroupName": self.group} if self.group else {})},
             "InstanceInitiatedShutdownBehavior": "terminate",
             "UserData": user_data,
             "BlockDeviceMappings": [{
@@ -240,6 +244,7 @@ class Creator:
             # Same token on every transient retry of this attempt: EC2 launches at most once.
             "ClientToken": client_token(self.cluster, self.nonce, zone, market),
         }
+        params.update(capacity.market_params(self.s, self.reservation_id))
         if spot:
             params["InstanceMarketOptions"] = {
                 "MarketType": "spot",
@@ -282,7 +287,11 @@ class Creator:
                         failures.append(f"{zone} ({market}): {describe(exc)}")
                         continue
                 # What a replacement of this node needs to launch it the same way (replace.py)
-                how = {"ami": self.ami, "subnet": subnet, "market": "spot" if spot else "on-demand"}
+                how = {"ami": self.ami, "subnet": subnet, "group": self.group or "",
+                       "market": "spot" if spot else self.s.market,
+                       **({"reservation": self.reservation_id,
+                           "capacity_end": capacity.capacity_end(self.s) or ""}
+                          if self.reservation_id else {})}
                 self.record(*(self._res("instance", i["InstanceId"], zone, dict(how))
                               for i in instances))
                 self.spot_launched = spot
@@ -329,6 +338,13 @@ class Creator:
             return {i["InstanceId"]: str(i.get("PrivateIpAddress") or "") for i in nodes}
         return {i["InstanceId"]: str(i.get("PublicIpAddress") or "") for i in nodes}
 
+    def lifetime(self) -> int:
+        seconds = capacity.lifetime_s(self.s)
+        if seconds < 600:
+            raise ProvisionError(f"the reserved capacity ends in {seconds // 60 + 35} min: too "
+                                 "soon to start nodes in it", hint="pick a later block")
+        return seconds
+
     # --- the whole of `up` ------------------------------------------------------------------
     def run(self) -> None:
         from provision.model.render import parse_env_file, render
@@ -336,10 +352,11 @@ class Creator:
         key_path, public_key = ensure_cluster_key(self.store.keys_dir(self.inv.name))
         self.inv.key_path = str(key_path)
         self.store.save(self.inv)  # on disk before the first write: see AwsProvider.destroy
-        data = user_data(self.cluster, int(self.s.max_hours * 3600))
         self.key_pair(public_key)
         sg = self.security_group()
         self.placement_group()
+        self.reserve()
+        data = user_data(self.cluster, self.lifetime())
         if self.s.egress.mode == "nat":
             with step("creating the route table"):
                 self.egress.route_table()
@@ -378,8 +395,3 @@ class Creator:
         self.inv.preemption = (PreemptionSource(protocol="aws", url=METADATA_URL)
                                if self.spot_launched else None)
         self.store.save(self.inv)
-
-
-def create_cluster(spec: ClusterSpec, plan: AwsPlan, inv: Inventory, store: InventoryStore) -> None:
-    """Make everything of `plan`. Raises (MgpuError) on failure WITHOUT rolling back."""
-    Creator(spec, plan, inv, store).run()

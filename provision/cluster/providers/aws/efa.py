@@ -30,6 +30,8 @@ issue #803: "Selected Provider is tcp").
 
 from __future__ import annotations
 
+from typing import Any
+
 from provision.nodes.container import by_driver
 
 EFA_DIR = "/opt/amazon/efa"
@@ -62,3 +64,26 @@ def container_args(efa_interfaces: int) -> list[str]:
 def library_path(efa_interfaces: int) -> list[str]:
     """Folders put first on LD_LIBRARY_PATH inside the container: [] without EFA."""
     return list(EFA_LIBRARY_DIRS) if efa_interfaces > 0 else []
+
+
+def network_interfaces(efa_cards: list[int], subnet: str, sg: str, *,
+                       public: bool) -> list[dict[str, Any]]:
+    """RunInstances' NetworkInterfaces: one EFA interface per card of the type's layout
+    (catalog.card_layout). The primary (card 0, device 0, carries the IP) is 'efa' when card 0
+    has EFA, else a plain ENA 'interface' (p6-b300: card 0 is ENA-only); the other cards get
+    'efa-only' at device index 1 ("Maximize network bandwidth on accelerated instance types",
+    EC2 User Guide; dstack does the same). Plain ENA without EFA. A public IP is asked for
+    only with ONE interface: EC2 refuses AssociatePublicIpAddress with several
+    ("InvalidParameterCombination")."""
+    base = {"SubnetId": subnet, "Groups": [sg], "DeleteOnTermination": True}
+    if not efa_cards:
+        return [{"DeviceIndex": 0, **base, "AssociatePublicIpAddress": public}]
+    primary: dict[str, Any] = {"NetworkCardIndex": 0, "DeviceIndex": 0,
+                               "InterfaceType": "efa" if 0 in efa_cards else "interface", **base}
+    out = [primary] + [
+        {"NetworkCardIndex": card, "DeviceIndex": 1, "InterfaceType": "efa-only", **base}
+        for card in efa_cards if card != 0
+    ]
+    if len(out) == 1:
+        primary["AssociatePublicIpAddress"] = public
+    return out

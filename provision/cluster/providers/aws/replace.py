@@ -29,14 +29,22 @@ import datetime as dt
 import logging
 from typing import Any
 
+from provision.cluster.providers.aws import capacity
 from provision.cluster.providers.aws.api import Ec2
 from provision.cluster.providers.aws.create import Creator, step, user_data
 from provision.cluster.providers.aws.errors import is_not_found
 from provision.cluster.providers.aws.hostkeys import wait_host_keys
 from provision.cluster.providers.aws.network import Egress, egress_mode, primary_interface
 from provision.cluster.providers.aws.options import AwsOptions
-from provision.cluster.providers.aws.plan import DEFAULT_MAX_HOURS, _ami, _describe_type
-from provision.cluster.providers.aws.request import NODE_USER, AwsLaunch, AwsPlan, ZoneSubnet
+from provision.cluster.providers.aws.plan import DEFAULT_MAX_HOURS, _describe_type
+from provision.cluster.providers.aws.request import (
+    NODE_USER,
+    AwsLaunch,
+    AwsPlan,
+    Reservation,
+    ZoneSubnet,
+)
+from provision.cluster.providers.aws.sites import ami_of
 from provision.model.errors import CapacityError, MgpuError, ProvisionError
 from provision.model.inventory import Inventory, InventoryStore, NodeRecord, ResourceRecord
 
@@ -105,7 +113,7 @@ class Replacer:
     def creator(self, facts: dict[str, str], zone: str, max_hours: float) -> Creator:
         """create.Creator set up for ONE node launched like the cluster's."""
         info = _describe_type(self.ec2, self.opts.instance_type)
-        ami, ami_name, root = _ami(self.ec2, facts["ami"], self.opts.disk_gb)
+        ami, ami_name, root = ami_of(self.ec2, facts["ami"], self.opts.disk_gb)
         mode = egress_mode(info.interfaces, self.opts.private_ips)
         spot = facts["market"] == "spot"
         launch = AwsLaunch(
@@ -119,11 +127,17 @@ class Replacer:
             private_ips=self.opts.private_ips,
             egress=Egress(mode=mode, elastic_ips=1 if mode == "elastic-ip" else 0,
                           hourly_usd=0.0),
+            reservation=Reservation(
+                id=facts["reservation"], zone=zone, end=facts.get("capacity_end") or None,
+                available=1, capacity_block=facts["market"] == "capacity-block",
+                placement_group=None) if facts.get("reservation") else None,
         )
         plan = AwsPlan(provider="aws", cluster=self.inv.name, nodes=1,
                        slots_per_node=self.node.slots, launch=launch)
         creator = Creator(self.spec, plan, self.inv, self.store, self.ec2)
         creator.private_subnets[zone] = facts["subnet"]  # nat egress: the cluster's subnet
+        if "group" in facts:  # none in a Capacity Block; a reservation's own group
+            creator.group = facts["group"] or None
         return creator
 
     # --- the steps -----------------------------------------------------------------------------
@@ -198,6 +212,7 @@ class Replacer:
         self.retire_old()
         before = {(r.kind, r.id) for r in self.inv.resources}
         try:
+            left = min(left, capacity.lifetime_s(creator.s))  # before a block's end
             (launched,) = creator.launch(sg, user_data(self.inv.name, left))
             (inst,) = creator.wait_running([launched["InstanceId"]])
             address = self._address(creator, inst)
