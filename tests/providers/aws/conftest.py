@@ -32,6 +32,7 @@ from __future__ import annotations
 import copy
 import random
 import sys
+import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -55,12 +56,20 @@ WRITE_PREFIXES = (
 
 
 _MOTO_CLIENTS: dict[str, Any] = {}
+# The plan resolves several regions in threads (--regions): the per-region set-up below (moto
+# clients, the real-looking default VPC, the DLAMI) happens once, under this lock.
+_SETUP = threading.RLock()
 
 
 def moto_client(region: str = REGION) -> Any:
     """A plain EC2 client (no fakes attached) for looking at moto's state directly. One per
     region and process: making a botocore client costs ~50 ms, and moto's state lives outside
     it."""
+    with _SETUP:
+        return _moto_client(region)
+
+
+def _moto_client(region: str) -> Any:
     if region not in _MOTO_CLIENTS:
         from provision.cluster.providers.aws.clients import new_session
 
@@ -152,9 +161,10 @@ class AwsFakes:
         """The DLAMI id of `region` (moto keeps images per region)."""
         if region == REGION:
             return self.dlami
-        if region not in self.dlamis:
-            self.dlamis[region] = register_dlami(moto_client(region))
-        return self.dlamis[region]
+        with _SETUP:
+            if region not in self.dlamis:
+                self.dlamis[region] = register_dlami(moto_client(region))
+            return self.dlamis[region]
 
     def attach(self, client: Any) -> None:
         events = client.meta.events
@@ -332,9 +342,10 @@ class RulesLayer:
             self.prepare(client.meta.region_name)
 
     def prepare(self, region: str) -> None:
-        if region not in self.prepared:
-            self.prepared.add(region)
-            aws_rules.real_default_vpc(moto_client(region))
+        with _SETUP:
+            if region not in self.prepared:
+                aws_rules.real_default_vpc(moto_client(region))
+                self.prepared.add(region)
 
     def after_create(self) -> None:
         self.creates_checked += 1
