@@ -97,7 +97,7 @@ def main(argv: list[str]) -> int:
             print(f"  {op:<34} {c}")
         others = {sum(c for op, c in ops.items() if op not in PER_NODE) for _, ops, _ in rows}
         flat = flat and len(others) == 1
-    print("\ncalls other than the Elastic IPs independent of N:", "yes" if flat else "NO")
+    print("\ncalls other than the Elastic IPs and host-key reads independent of N:", "yes" if flat else "NO")
     return 0 if flat else 1
 
 

@@ -79,6 +79,9 @@ def check_choice(spec: ClusterSpec, info: InstanceTypeInfo, regions: list[str]) 
                              "cannot be combined with several --regions",
                              hint="pass its --region, or --reservation auto")
     markets = markets_of(info.name)
+    if spec.spot and "spot" not in markets and "on-demand" in markets:
+        raise UserInputError(f"{info.name} is not sold as spot ({markets_source(info.name)})",
+                             hint="drop --spot")
     if not (opts.capacity_block or opts.reservation) and "on-demand" not in markets:
         raise UserInputError(
             f"{info.name} is sold as Capacity Blocks and reservations, not on demand "
