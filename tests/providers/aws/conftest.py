@@ -471,3 +471,9 @@ def up_cluster(store: Any) -> Callable[[Any], Any]:
 @pytest.fixture
 def moto_ec2(fakes: AwsFakes) -> Any:
     return moto_client()
+
+
+@pytest.fixture
+def moto_in(fakes: AwsFakes) -> Callable[[str], Any]:
+    """moto's EC2 state in a given region (a plain client)."""
+    return moto_client

@@ -39,9 +39,8 @@ def test_plan_lists_the_regions_in_order_with_their_zones_and_prices(fakes, spec
 
 
 def test_up_fails_over_to_the_next_region_and_cleans_up_the_first(
-        fakes, spec_for, store):
-    from conftest import moto_client
-
+        fakes, spec_for, store, moto_in):
+    moto_client = moto_in
     fakes.fail("RunInstances", "InsufficientInstanceCapacity", 500,
                when=lambda p: p["Placement"]["AvailabilityZone"].startswith("us-west-2"))
     spec = spec_for(region=None, regions="us-west-2,us-east-1")
@@ -59,9 +58,8 @@ def test_up_fails_over_to_the_next_region_and_cleans_up_the_first(
     assert _tagged_in(moto_client, "us-east-1", "c1") == {}
 
 
-def test_no_region_with_capacity_names_every_region(fakes, spec_for, store):
-    from conftest import moto_client
-
+def test_no_region_with_capacity_names_every_region(fakes, spec_for, store, moto_in):
+    moto_client = moto_in
     fakes.fail("RunInstances", "InsufficientInstanceCapacity", 500)
     with pytest.raises(CapacityError, match="no region had capacity") as err:
         pipeline.up(spec_for(region=None, regions="us-west-2,us-east-1"),
