@@ -24,6 +24,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import TextIO
 
 from provision.checkpoints import CheckpointKeeper, local_checkpoint_dir
 from provision.errors import LaunchError, MgpuError
@@ -34,6 +35,11 @@ from provision.providers.contract import Provider, Recoverable
 from provision.spec import JobSpec
 
 Log = Callable[[str], None]
+# A managed run's record sink (provision/managed/): (event, message, node names).
+OnEvent = Callable[[str, str, list[str]], None]
+FAILURE_EVENTS = {"node lost": "node_lost", "preemption": "preempted", "hang": "hang",
+                  "rank crash": "crashed"}
+CANCELLED = 130  # run_supervised's code when `stop` asked for the job to end
 EVENT_PREFIX = "MGPU-EVENT "  # remote/supervise.py prints events with this prefix
 PREEMPT_SAVE_DEADLINE_S = 90.0  # AWS gives ~120 s, GCP ~30 s: what a save may take at most
 REACHABLE_DEADLINE_S = 10.0  # a fresh login to a node said to be alive
@@ -66,6 +72,7 @@ class Watcher:
     last_output: float = field(default_factory=time.monotonic)
     notice_at: float = 0.0
     lock: threading.Lock = field(default_factory=threading.Lock)
+    stop: Callable[[], bool] | None = None  # True: stop the job for good (a managed cancel)
 
     def line(self, node: NodeRecord, text: str) -> None:
         self.last_output = time.monotonic()
@@ -86,6 +93,9 @@ class Watcher:
                 self.first_failed.append(node.name)
 
     def poll(self) -> str | None:
+        if self.stop is not None and self.reason is None and self.stop():
+            self.reason = "cancelled"
+            return "cancelled"
         if self.preempted and self.reason is None:
             self.reason = "preemption"
             return self._preemption()
@@ -173,6 +183,7 @@ class Recovery:
     job: JobSpec
     log: Log
     keeper: CheckpointKeeper
+    on_event: OnEvent | None = None
 
     def bring_back(self, failure: Failure) -> None:
         """Make the cluster whole again for a restart (replaced nodes bootstrapped, the
@@ -220,6 +231,8 @@ class Recovery:
                                                      new=new.resource_id, reason=why))
             self.store.save(self.inv)
             new_nodes.append(new)
+            if self.on_event is not None:
+                self.on_event("replaced", f"{node.name} replaced ({why})", [node.name])
         return new_nodes
 
     def _wait_for(self, nodes: list[NodeRecord]) -> None:
@@ -235,22 +248,27 @@ End = Callable[[str, NodeGroup], None]  # the attempt `id` has ended: record how
 
 def run_supervised(provider: Provider, inv: Inventory, store: InventoryStore, job: JobSpec,
                    *, log: Log, group: NodeGroup | None = None, begin: Begin | None = None,
-                   end: End | None = None) -> int:
+                   end: End | None = None, keeper: CheckpointKeeper | None = None,
+                   out: TextIO | None = None, on_event: OnEvent | None = None,
+                   stop: Callable[[], bool] | None = None) -> int:
     """Run `job`, keeping its checkpoints safe; on a failure, recover and restart (at most
     job.max_restarts times). Each attempt is a job of its own (`begin` gives its id, `end`
-    records its outcome). Returns the job's exit code (0, or the last failure's)."""
-    keeper = CheckpointKeeper(inv, local_checkpoint_dir(inv), log=log)
-    recovery = Recovery(provider, inv, store, job, log, keeper)
+    records its outcome). Returns the job's exit code (0, or the last failure's; CANCELLED
+    when `stop()` said so). A managed run (provision/managed/) passes its own `keeper`
+    (checkpoints to the store), `out` (the nodes' output), `on_event` (its records) and
+    `stop` (a cancel asked through the store)."""
+    keeper = keeper or CheckpointKeeper(inv, local_checkpoint_dir(inv), log=log)
+    recovery = Recovery(provider, inv, store, job, log, keeper, on_event)
     restarts = 0
     while True:
-        watcher = Watcher(inv, job, keeper, log)
+        watcher = Watcher(inv, job, keeper, log, stop=stop)
         nodes = group or NodeGroup(inv)
         job_id = begin(nodes) if begin is not None else None
         keeper.start()
         launch_error: LaunchError | None = None
         try:
             code = run_job(inv, job, log=log, group=nodes, monitor=watcher,
-                           restart_count=restarts, job_id=job_id)
+                           restart_count=restarts, job_id=job_id, out=out)
         except LaunchError as exc:
             launch_error, code = exc, SESSION_LOST
         finally:
@@ -263,10 +281,15 @@ def run_supervised(provider: Provider, inv: Inventory, store: InventoryStore, jo
         group = None  # after a failure the nodes may have changed: fresh connections
         if code == 0:
             return 0
+        if watcher.reason == "cancelled":
+            return CANCELLED
         failure = classify(code, watcher, provider, inv)
         if launch_error is not None and failure.kind != "node lost":
             raise launch_error  # e.g. the nodes cannot run the image: not worth a restart
         log(f"failure: {failure.describe()}")
+        if on_event is not None:
+            on_event(FAILURE_EVENTS[failure.kind], failure.describe(),
+                     [n.name for n in failure.nodes])
         if restarts >= job.max_restarts:
             if launch_error is not None:
                 raise launch_error

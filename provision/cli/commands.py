@@ -81,6 +81,13 @@ def launch(
 
     job = job_spec(*script_and_args(script, args), jopts, {})
     if detach:
+        from provision.cli.managed import managed_url
+
+        if managed_url(name, None):  # a cluster with a store: its controller supervises
+            from provision.managed.handoff import launch_managed
+
+            typer.echo(launch_managed(name, job, log=lambda m: typer.echo(m, err=True)))
+            return
         from provision.detached import launch_detached
 
         typer.echo(launch_detached(name, job).id)
@@ -113,6 +120,15 @@ def run(
         if keep:
             raise UserInputError("--keep and --detach contradict each other",
                                  hint="--detach hands teardown to the nodes; leave out --keep")
+        if spec.store:  # managed: the cluster's controller supervises and tears down
+            from provision.managed.handoff import run_managed
+
+            job_id = run_managed(spec, job, confirm=confirmer(opts),
+                                 log=lambda m: typer.echo(m, err=True))
+            if job_id is None:
+                raise typer.Exit(1)
+            typer.echo(job_id)
+            return
         rec = run_detached(spec, job, confirm=confirmer(opts), idle_minutes=idle_minutes)
         if rec is None:
             raise typer.Exit(1)

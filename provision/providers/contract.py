@@ -65,3 +65,24 @@ class Recoverable(Protocol):
         and forgotten). Returns the new NodeRecord, already in `inv.nodes`. Raises
         ProvisionError when no node can be made."""
         ...
+
+
+@runtime_checkable
+class Supervising(Protocol):
+    """Optional capability (issue 18, docs/managed-runs.md): the provider can make the
+    cluster's controller, the machine that supervises managed runs. It is created with
+    credentials that reach only this cluster, recorded in the inventory like any resource
+    (so `destroy`, rollback and `gc` remove it), and is never one of the nodes."""
+
+    def create_controller(self, inv: Inventory, store: InventoryStore) -> NodeRecord:
+        """Make and start the controller; return how to reach it (SSH, pinned host key)."""
+        ...
+
+    def teardown_from_controller(self, inv: Inventory, store: InventoryStore) -> None:
+        """Run ON the controller at the end of a `run --detach`: delete every resource of the
+        cluster but the controller. Idempotent; raises TeardownError if some remain."""
+        ...
+
+    def remove_controller_from_inside(self, inv: Inventory) -> None:
+        """The controller deletes itself (the last call it makes: it may not return)."""
+        ...

@@ -173,6 +173,22 @@ class DockerProvider:
         store.save(inv)
         return new
 
+    # --- managed runs: the controller (provision/providers/docker/controller.py) ----------
+    def create_controller(self, inv: Inventory, store: InventoryStore) -> NodeRecord:
+        from provision.providers.docker.controller import create_controller
+
+        return create_controller(inv, store)
+
+    def teardown_from_controller(self, inv: Inventory, store: InventoryStore) -> None:
+        from provision.providers.docker.controller import teardown_from_inside
+
+        teardown_from_inside(inv, store)
+
+    def remove_controller_from_inside(self, inv: Inventory) -> None:
+        from provision.providers.docker.controller import remove_self
+
+        remove_self(inv)
+
     # ---------------------------------------------------------------------------------------
     def destroy(self, inv: Inventory, store: InventoryStore) -> None:
         import docker.errors
@@ -254,6 +270,10 @@ def _start_container(api: Any, inv: Inventory, opts: DockerOptions, image: str, 
         host["nano_cpus"] = int(opts.cpus * 1e9)
     if opts.memory:
         host["mem_limit"] = opts.memory
+    from provision.providers.docker.controller import store_binds
+
+    if store_binds(inv):  # a file:// store: the shared folder every node mounts (issue 18)
+        host["binds"] = store_binds(inv)
     if opts.gpus:
         import docker.types
 
