@@ -69,7 +69,7 @@ class ClusterSpecBase(StrictModel):
     max_hours: float | None = Field(None, gt=0, le=24 * 14)
     spot: bool = False
     image: str | None = Field(None, description="training container for cloud nodes")
-    # issue 18: a durable store makes runs managed (docs/managed-runs.md)
+    # issue 18: a durable store makes runs managed (docs/ARCHITECTURE.md, managed runs)
     store: str | None = Field(None, description="s3://B/P, gs://B/P or file:///PATH: "
                               "checkpoints, job records and logs; a controller supervises")
 

@@ -2,7 +2,7 @@
 
     python3 -m provision.managed.supervisor --cluster NAME --job ID --store URL [--teardown]
 
-runs ON the cluster's controller (docs/managed-runs.md) with MGPU_CLOUD_HOME set to the
+runs ON the cluster's controller (docs/ARCHITECTURE.md, managed runs) with MGPU_CLOUD_HOME set to the
 controller's own state folder (the inventory and the cluster key, uploaded by handoff.py).
 `supervise` is recovery.run_supervised with everything it needs given as arguments: the
 inventory and its store, the provider, the durable store (checkpoints through StoreKeeper,

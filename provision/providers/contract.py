@@ -69,7 +69,7 @@ class Recoverable(Protocol):
 
 @runtime_checkable
 class Supervising(Protocol):
-    """Optional capability (issue 18, docs/managed-runs.md): the provider can make the
+    """Optional capability (issue 18, docs/ARCHITECTURE.md, managed runs): the provider can make the
     cluster's controller, the machine that supervises managed runs. It is created with
     credentials that reach only this cluster, recorded in the inventory like any resource
     (so `destroy`, rollback and `gc` remove it), and is never one of the nodes."""
