@@ -3,6 +3,8 @@ MgpuErrors (errors.map_errors); the modules it calls raise botocore errors or Mg
 
 from __future__ import annotations
 
+from typing import Any
+
 from provision.errors import MgpuError, TeardownError
 from provision.inventory import Inventory, InventoryStore, NodeRecord, ResourceRecord
 from provision.plan import Plan
@@ -27,6 +29,28 @@ def _scope_region(spec: ClusterSpec) -> str:
     region = resolve_region(session, spec.options_as(AwsOptions).region)
     require_credentials(session)
     return region
+
+
+def _iam(region: str) -> Any:
+    from provision.providers.aws.clients import make_client, new_session
+
+    return make_client(new_session(), "iam", region)
+
+
+def _delete_identity(inv: Inventory, store: InventoryStore) -> None:
+    """The controller's role and instance profile, if recorded (issue 18). TeardownError
+    naming what is left."""
+    from provision.providers.aws.controller import delete_identity
+
+    records = [r for r in inv.resources if r.kind in ("iam-role", "iam-instance-profile")]
+    if not records:
+        return
+    region = _region_of(inv) or "us-east-1"  # IAM is global; the client needs a region
+    problems = delete_identity(_iam(region), records,
+                               lambda kind, rid: store.forget(inv, kind, rid))
+    if problems:
+        raise TeardownError(f"cluster {inv.name!r}: " + "; ".join(problems),
+                            hint=f"run `mgpu-cloud down {inv.name}` again")
 
 
 class AwsProvider:
@@ -68,7 +92,10 @@ class AwsProvider:
                 if inv.resources:
                     raise TeardownError(f"cluster {inv.name!r}: its inventory names no region")
                 return
-            destroy_cluster(region, inv.name, list(inv.resources), forget)
+            try:
+                destroy_cluster(region, inv.name, list(inv.resources), forget)
+            finally:  # after the instances: the controller's identity (issue 18)
+                _delete_identity(inv, store)
 
     # --- recovery (contract.Recoverable) -------------------------------------------------------
     def node_alive(self, inv: Inventory, node: NodeRecord) -> bool:
@@ -99,14 +126,21 @@ class AwsProvider:
             return replace_node(region, inv, store, node)
 
     def orphans(self, spec: ClusterSpec, known: set[str]) -> list[ResourceRecord]:
+        from provision.providers.aws.controller import identity_orphans
         from provision.providers.aws.teardown import find_orphans
 
         with map_errors("looking for orphaned resources", planning=True):
-            return find_orphans(_scope_region(spec), known)
+            region = _scope_region(spec)
+            return find_orphans(region, known) + identity_orphans(_iam(region), known)
 
     def delete_orphans(self, spec: ClusterSpec, resources: list[ResourceRecord]) -> None:
+        from provision.providers.aws.controller import delete_identity
         from provision.providers.aws.teardown import delete_orphans
 
+        iam_kinds = ("iam-role", "iam-instance-profile")
         with map_errors("deleting orphaned resources"):
             region = resources[0].region if resources and resources[0].region else _scope_region(spec)
-            delete_orphans(region, resources)
+            delete_orphans(region, [r for r in resources if r.kind not in iam_kinds])
+            problems = delete_identity(_iam(region), resources, lambda kind, rid: None)
+            if problems:
+                raise TeardownError("; ".join(problems))
