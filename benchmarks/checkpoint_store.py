@@ -43,6 +43,9 @@ def main() -> int:
     p.add_argument("--files", type=int, default=4, help="shards per node")
     p.add_argument("--nodes", type=int, nargs="+", default=[1, 2, 4])
     args = p.parse_args()
+    import logging
+
+    logging.getLogger("werkzeug").setLevel(logging.ERROR)  # one line per request otherwise
     host = container_reachable_host()
     server = ThreadedMotoServer(ip_address=host, port=free_port(host), verbose=False)
     server.start()
@@ -59,7 +62,7 @@ def main() -> int:
     subprocess.run([*CLI, "up", "--nodes", str(biggest), "--name", NAME], check=True,
                    capture_output=True)
     try:
-        rows = measure(args, bucket, env, biggest)
+        rows, one_thread = measure(args, bucket, env, biggest)
         base = baseline(args, bucket)
     finally:
         subprocess.run([*CLI, "down", NAME], capture_output=True)
@@ -69,12 +72,15 @@ def main() -> int:
           f"{'restore aggr':>13}")
     for n, save, restore in rows:
         print(f"{n:>5} {save:>15.1f} {save * n:>10.1f} {restore:>18.1f} {restore * n:>13.1f}")
-    print(f"baseline: one process, boto3 upload_file one file after another: {base:.1f} MB/s")
+    print(f"baseline: one process here, boto3 upload_file one file after another: "
+          f"{base:.1f} MB/s")
+    print(f"the same push from node-0 with --threads 1 (files one after another): "
+          f"{one_thread:.1f} MB/s")
     return 0
 
 
 def measure(args: argparse.Namespace, bucket: str, env: dict[str, str],
-            biggest: int) -> list[tuple[int, float, float]]:
+            biggest: int) -> tuple[list[tuple[int, float, float]], float]:
     from provision.inventory import InventoryStore
     from provision.nodes import NodeGroup
 
@@ -103,7 +109,13 @@ def measure(args: argparse.Namespace, bucket: str, env: dict[str, str],
             group.run(cmd("pull"), stdin=stdin, nodes=nodes).raise_for("pull")  # type: ignore[arg-type]
             restore = args.mb / (time.monotonic() - t0)
             rows.append((n, save, restore))
-    return rows
+        t0 = time.monotonic()
+        group.run(layout.remote_command("store", "push", "--url", f"s3://{bucket}/one-thread",
+                                        "--root", layout.checkpoints, "--env-stdin",
+                                        "--threads", "1"),
+                  stdin=stdin, nodes=group.nodes[:1]).raise_for("push")
+        one_thread = args.mb / (time.monotonic() - t0)
+    return rows, one_thread
 
 
 def baseline(args: argparse.Namespace, bucket: str) -> float:

@@ -9,8 +9,9 @@
                       path, as on every node.
 
 From inside, the controller removes the cluster at the end of a `run --detach`: the node
-containers first, then it leaves and removes the network, then removes itself (the last call
-it makes; the engine kills it).
+containers first, then it moves to the engine's default network (to keep reaching the store
+and the webhook for its last records), removes the cluster's network, and at last removes
+itself (the last call it makes; the engine kills it).
 """
 
 from __future__ import annotations
@@ -111,9 +112,13 @@ def teardown_from_inside(inv: Inventory, store: InventoryStore) -> None:
 
     fan_out(sorted(ids), remove)
     net = network_name(inv.name)
+    me = me or socket.gethostname()
     with contextlib.suppress(docker.errors.APIError):
-        client.api.disconnect_container_from_network(me or socket.gethostname(), net,
-                                                     force=True)
+        # onto the engine's default network first: the store and the webhook stay reachable
+        # for the last records, once the cluster's network is gone
+        client.api.connect_container_to_network(me, "bridge")
+    with contextlib.suppress(docker.errors.APIError):
+        client.api.disconnect_container_from_network(me, net, force=True)
     for r in inv.resources_of("network"):
         with contextlib.suppress(docker.errors.NotFound):
             client.api.remove_network(r.id)
