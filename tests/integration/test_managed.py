@@ -123,6 +123,14 @@ def test_unattended_run_survives_a_lost_node_and_cleans_up(
         [job] = json.loads(jobs.stdout)
         assert job["state"] == "succeeded" and job["restarts"] == 1 and job["torn_down"]
         assert not (home / "clusters" / f"{name}.yaml").exists()  # dropped: it is gone
+        # another machine: nothing but the store's URL and credentials
+        other = tmp_path / "other-machine"
+        other.mkdir()
+        att = cli("attach", name, "--store", url, home=other, env=env)
+        assert att.returncode == 0 and "succeeded (torn down)" in att.stdout, att.stderr
+        again = cli("logs", name, "1", "--node", "0", home=other, env=env)
+        assert again.returncode == 0 and "[node-0] resumed from step" in again.stdout
+        assert "[node-1]" not in again.stdout
         # the webhook saw every state change, in order
         wait_for(lambda: len(webhook.events()) >= len(got), 20, "webhook incomplete")
         assert webhook.events() == got
