@@ -45,21 +45,17 @@ ROLE_PERMISSIONS = [
 Record = Callable[[ResourceRecord], None]
 
 
-def _suffix(created: str) -> str:
-    return hashlib.sha256(created.encode()).hexdigest()[:8]
-
-
-def account_id(cluster: str, created: str) -> str:
+def account_id(cluster: str, nonce: str) -> str:
     """6-30 characters, [a-z][a-z0-9-]*[a-z0-9] ("Create service accounts", IAM docs); unique
-    per cluster AND its creation (a deleted account's email is not reused at once)."""
-    return f"mgpu-ctl-{hashlib.sha256((cluster + created).encode()).hexdigest()[:16]}"
+    per cluster AND per creation (`nonce`: random, recorded through the resource ids)."""
+    return f"mgpu-ctl-{hashlib.sha256((cluster + nonce).encode()).hexdigest()[:16]}"
 
 
-def role_id(cluster: str, created: str) -> str:
-    """[a-zA-Z0-9_.], 3-64 characters ("Create and manage custom roles"). The creation's hash
-    is part of it: a deleted custom role's ID cannot be used again for 37 days (same page),
-    so a cluster of the same name made again needs another one."""
-    return f"mgpu_ctl_{cluster.replace('-', '_')}_{_suffix(created)}"
+def role_id(cluster: str, nonce: str) -> str:
+    """[a-zA-Z0-9_.], 3-64 characters ("Create and manage custom roles"). A deleted custom
+    role's ID cannot be used again for 37 days (same page), so a cluster of the same name made
+    again needs another one: the random `nonce` is part of it."""
+    return f"mgpu_ctl_{cluster.replace('-', '_')}_{nonce[:8]}"
 
 
 def bindings(project: str, zone: str, cluster: str, member: str, role: str,
@@ -126,19 +122,22 @@ class IamError(Exception):
         self.status = status
 
 
-def create_identity(api: IamApi, project: str, zone: str, cluster: str, created: str,
+def create_identity(api: IamApi, project: str, zone: str, cluster: str,
                     store: StoreURL | None, record: Record) -> str:
     """Service account + custom role + conditional bindings; returns the account's email.
     Raises IamError (the caller maps it; rollback is `delete_identity`)."""
+    import secrets
+
+    nonce = secrets.token_hex(4)
     sa = api.call("POST", f"{api.iam}/projects/{project}/serviceAccounts", {
-        "accountId": account_id(cluster, created),
+        "accountId": account_id(cluster, nonce),
         "serviceAccount": {"displayName": f"mgpu-cloud controller {cluster}"[:100],
                            "description": f"{DESCRIPTION}{cluster}"}})
     email = str(sa["email"])
     record(ResourceRecord(kind="service-account", id=email, name=cluster,
                           extra={"project": project}))
     role = api.call("POST", f"{api.iam}/projects/{project}/roles", {
-        "roleId": role_id(cluster, created),
+        "roleId": role_id(cluster, nonce),
         "role": {"title": f"mgpu-cloud controller {cluster}"[:100],
                  "description": f"{DESCRIPTION}{cluster}",
                  "includedPermissions": ROLE_PERMISSIONS, "stage": "GA"}})

@@ -18,7 +18,6 @@ from provision.providers.gcp.controller import (
     IamError,
     bindings,
     create_identity,
-    role_id,
 )
 from provision.providers.gcp.provider import GcpProvider
 from provision.spec import build_cluster_spec
@@ -47,7 +46,7 @@ def _inv(tmp_path: Path, name: str) -> tuple[Inventory, InventoryStore]:
 
 
 def _create(inv: Inventory, store: InventoryStore) -> str:
-    return create_identity(IamApi(), PROJECT, ZONE, inv.name, inv.created_at, STORE,
+    return create_identity(IamApi(), PROJECT, ZONE, inv.name, STORE,
                            lambda r: store.record(inv, r))
 
 
@@ -58,7 +57,8 @@ def test_grants_name_only_the_cluster_and_each_rule_can_fail(iam: FakeIam, tmp_p
     [sent] = iam.set_policies()
     assert sent["version"] == 3
     assert iam_rules.check_grants("c1", member, sent, iam.roles, "runs/c1") == []
-    role = role_id("c1", inv.created_at)
+    role = next(r.id for r in inv.resources if r.kind == "iam-custom-role").rsplit("/", 1)[1]
+    assert role.startswith("mgpu_ctl_c1_") and len(role) <= 64
     for bad, words in [
         ({"role": "roles/editor", "members": [member]}, "project-wide role"),
         ({"role": f"projects/{PROJECT}/roles/{role}", "members": [member]}, "without a condition"),
@@ -83,10 +83,12 @@ def test_recorded_then_deleted_by_down(iam: FakeIam, tmp_path: Path) -> None:
     assert inv.resources == [] and iam.accounts == {}
     assert all(r.get("deleted") for r in iam.roles.values())
     assert [b["role"] for b in iam.policy["bindings"]] == ["roles/owner"]  # others' untouched
-    # the same name again (a new cluster): a new role id, the deleted one is not reused
+    # the same name again at once (a new cluster): a new role id (the fake, like IAM, refuses
+    # a deleted role's id)
     inv2, store2 = _inv(tmp_path / "again", "c1")
     _create(inv2, store2)
     GcpProvider().destroy(inv2, store2)
+    assert len(iam.roles) == 2
 
 
 def test_a_failure_half_way_is_rolled_back(iam: FakeIam, tmp_path: Path) -> None:
