@@ -81,7 +81,7 @@ def main() -> int:
 
 def measure(args: argparse.Namespace, bucket: str, env: dict[str, str],
             biggest: int) -> tuple[list[tuple[int, float, float]], float]:
-    from provision.inventory import InventoryStore
+    from provision.model.inventory import InventoryStore
     from provision.nodes import NodeGroup
 
     inv = InventoryStore().load(NAME)

@@ -14,8 +14,8 @@ def _err(msg: str) -> None:
 
 
 def jobs_from_store(url: str, name: str, as_json: bool) -> None:
-    from provision.managed.client import all_jobs, forget_if_torn_down
-    from provision.status import text_table, when
+    from provision.job.managed.client import all_jobs, forget_if_torn_down
+    from provision.operations.status import text_table, when
 
     recs = all_jobs(url, name)
     if forget_if_torn_down(name, recs):
@@ -38,7 +38,7 @@ def jobs_from_store(url: str, name: str, as_json: bool) -> None:
 
 def logs_from_store(url: str, name: str, job_id: str | None, follow: bool,
                     node: int | None) -> None:
-    from provision.managed.client import latest_id, print_logs
+    from provision.job.managed.client import latest_id, print_logs
 
     jid = latest_id(url, name, job_id)
     try:
@@ -53,7 +53,7 @@ def logs_from_store(url: str, name: str, job_id: str | None, follow: bool,
 
 
 def cancel_in_store(url: str, name: str, job_id: str | None) -> None:
-    from provision.managed.client import cancel, latest_id
+    from provision.job.managed.client import cancel, latest_id
 
     jid = latest_id(url, name, job_id)
     cancel(url, name, jid)
@@ -70,14 +70,14 @@ def attach(
 ) -> None:
     """Follow a managed cluster from this machine with only its store URL and credentials:
     lists its jobs; afterwards `jobs`, `logs` and `cancel NAME` use that store."""
-    from provision.managed.checks import check_writable
-    from provision.managed.client import remember
+    from provision.job.managed.checks import check_writable
+    from provision.job.managed.client import remember
     from remote.store import parse_url
 
     try:
         url = parse_url(store)
     except ValueError as exc:
-        from provision.errors import UserInputError
+        from provision.model.errors import UserInputError
 
         raise UserInputError(f"--store: {exc}") from None
     check_writable(url)  # `cancel` writes there
@@ -87,6 +87,6 @@ def attach(
 
 def managed_url(name: str, given: str | None) -> Any:
     """The store to use for `name`, or None (not a managed cluster: the classic paths)."""
-    from provision.managed.client import store_url_for
+    from provision.job.managed.client import store_url_for
 
     return store_url_for(name, given)

@@ -42,10 +42,21 @@ def leftovers(name: str) -> list[str]:
 
 
 def own_processes(name: str) -> list[str]:
-    """mgpu-cloud processes of this machine that name the cluster (there must be none)."""
+    """mgpu-cloud processes of this machine (not of its containers: the controller's are
+    seen by `ps` too) that name the cluster. There must be none."""
+    mine = os.readlink("/proc/self/ns/pid")
     out = subprocess.run(["ps", "-eo", "pid,args"], capture_output=True, text=True).stdout
-    return [line for line in out.splitlines()
-            if "provision" in line and name in line and "pytest" not in line]
+    found = []
+    for line in out.splitlines()[1:]:
+        pid, _, args = line.strip().partition(" ")
+        if "provision" not in args or name not in args or "pytest" in args:
+            continue
+        try:
+            if os.readlink(f"/proc/{pid}/ns/pid") == mine:
+                found.append(line)
+        except OSError:
+            continue  # ended meanwhile
+    return found
 
 
 def wait_for(check: object, timeout: float, what: str) -> None:

@@ -9,10 +9,10 @@ import subprocess
 import tarfile
 from pathlib import Path
 
-from provision.inventory import Inventory, NodeRecord
-from provision.managed.handoff import controller_layout, controller_payload, start_line
-from provision.managed.supervisor import inside_view
-from provision.spec import build_cluster_spec, build_job_spec
+from provision.job.managed.handoff import controller_layout, controller_payload, start_line
+from provision.job.managed.supervisor import inside_view
+from provision.model.inventory import Inventory, NodeRecord
+from provision.model.spec import build_cluster_spec, build_job_spec
 from remote.store import parse_url
 
 EXAMPLE = str(Path(__file__).resolve().parents[2] / "examples" / "train_ddp.py")
@@ -44,7 +44,7 @@ def test_the_payload_has_the_code_the_state_and_the_job(tmp_path: Path) -> None:
             return fh.read().decode()
 
         root = ".mgpu-cloud/controller"
-        assert f"{root}/lib/provision/managed/supervisor.py" in members
+        assert f"{root}/lib/provision/job/managed/supervisor.py" in members
         assert f"{root}/lib/remote/store.py" in members
         assert f"{root}/lib/templates/hostfile.j2" in members
         assert f"{root}/jobs/7/work/train_ddp.py" in members

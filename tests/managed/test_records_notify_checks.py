@@ -9,12 +9,12 @@ from pathlib import Path
 import pytest
 from storekit import StoreServer, Webhook
 
-from provision.errors import MgpuError, UserInputError
-from provision.managed.checks import check_reach, check_store, store_env
-from provision.managed.client import all_jobs, print_logs
-from provision.managed.notify import Notifier, message
-from provision.managed.records import JobLog, JobView, job_ids, next_job_id
-from provision.spec import build_cluster_spec, build_job_spec
+from provision.job.managed.checks import check_reach, check_store, store_env
+from provision.job.managed.client import all_jobs, print_logs
+from provision.job.managed.notify import Notifier, message
+from provision.job.managed.records import JobLog, JobView, job_ids, next_job_id
+from provision.model.errors import MgpuError, UserInputError
+from provision.model.spec import build_cluster_spec, build_job_spec
 from remote.store import open_store, parse_url
 
 EXAMPLE = str(Path(__file__).resolve().parents[2] / "examples" / "train_ddp.py")

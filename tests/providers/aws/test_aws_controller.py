@@ -7,15 +7,15 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import iam_rules
+import aws_iam_rules as iam_rules
 import pytest
 
-from provision.errors import TeardownError
-from provision.inventory import Inventory, InventoryStore
-from provision.providers.aws.clients import make_client, new_session
-from provision.providers.aws.controller import controller_policy, create_identity, role_name
-from provision.providers.aws.provider import AwsProvider
-from provision.spec import build_cluster_spec
+from provision.cluster.providers.aws.clients import make_client, new_session
+from provision.cluster.providers.aws.controller import controller_policy, create_identity, role_name
+from provision.cluster.providers.aws.provider import AwsProvider
+from provision.model.errors import TeardownError
+from provision.model.inventory import Inventory, InventoryStore
+from provision.model.spec import build_cluster_spec
 from remote.store import parse_url
 
 STORE = parse_url("s3://ckpt-bucket/runs")

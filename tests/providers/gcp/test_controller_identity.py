@@ -7,20 +7,20 @@ from __future__ import annotations
 from collections.abc import Iterator
 from pathlib import Path
 
-import iam_rules
+import gcp_iam_rules as iam_rules
 import pytest
 from fake_iam import FakeIam
 
-from provision.errors import TeardownError
-from provision.inventory import Inventory, InventoryStore
-from provision.providers.gcp.controller import (
+from provision.cluster.providers.gcp.controller import (
     IamApi,
     IamError,
     bindings,
     create_identity,
 )
-from provision.providers.gcp.provider import GcpProvider
-from provision.spec import build_cluster_spec
+from provision.cluster.providers.gcp.provider import GcpProvider
+from provision.model.errors import TeardownError
+from provision.model.inventory import Inventory, InventoryStore
+from provision.model.spec import build_cluster_spec
 from remote.store import parse_url
 
 PROJECT, ZONE = "test-proj", "us-central1-a"
