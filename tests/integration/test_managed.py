@@ -149,3 +149,37 @@ def test_unattended_run_survives_a_lost_node_and_cleans_up(
     finally:
         subprocess.run(f"docker rm -f $(docker ps -aq --filter label=mgpu-cloud-cluster={name})"
                        f" 2>/dev/null; docker network rm {name}-net 2>/dev/null", shell=True)
+
+
+def test_launch_detach_on_a_managed_cluster_then_cancel_and_down(tmp_path: Path) -> None:
+    """`up --store` then `launch --detach`: the controller supervises it and leaves the
+    cluster up; `cancel` goes through the store; `down` removes the controller too."""
+    name = "mg-launch"
+    folder = tmp_path / "shared"
+    folder.mkdir()
+    url = f"file://{folder}"
+    home = tmp_path / "home"
+    home.mkdir()
+    try:
+        up = cli("up", "--provider", "docker", "--nodes", "2", "--name", name, "--store", url,
+                 home=home, env={})
+        assert up.returncode == 0, up.stderr
+        res = cli("launch", name, "--detach", "--", EXAMPLE, "--steps", "100000", "--sleep",
+                  "0.1", home=home, env={})
+        assert res.returncode == 0 and res.stdout.strip() == "1", res.stdout + res.stderr
+        assert own_processes(name) == []
+        again = cli("launch", name, "--detach", "--", EXAMPLE, home=home, env={})
+        assert again.returncode != 0 and "still running" in again.stderr  # one at a time
+        assert cli("cancel", name, home=home, env={}).returncode == 0
+        wait_for(lambda: "cancelled" in events(url, name), 120, "not cancelled")
+        assert "torn_down" not in events(url, name)
+        jobs = json.loads(cli("jobs", name, "--json", home=home, env={}).stdout)
+        assert jobs[0]["state"] == "cancelled"
+        assert f"{name}-controller" in subprocess.run(
+            ["docker", "ps", "--format", "{{.Names}}"], capture_output=True, text=True).stdout
+        down = cli("down", name, home=home, env={})
+        assert down.returncode == 0, down.stderr
+        assert leftovers(name) == []
+    finally:
+        subprocess.run(f"docker rm -f $(docker ps -aq --filter label=mgpu-cloud-cluster={name})"
+                       f" 2>/dev/null; docker network rm {name}-net 2>/dev/null", shell=True)
