@@ -45,6 +45,10 @@ def up(
 
     spec, _ = cluster_spec(opts)
     with _progress() as store:
+        if spec.store:  # refused before anything is made (issue 18)
+            from provision.job.managed.checks import check_store
+
+            check_store(spec.provider, spec.store)
         inv = pipeline.up(spec, confirm=confirmer(opts), bootstrap=not no_bootstrap, store=store)
     if inv is not None:
         typer.echo(f"cluster {inv.name!r} is up: {len(inv.nodes)} node(s)", err=True)
@@ -135,6 +139,10 @@ def run(
         typer.echo(rec.id)
         return
     with _progress() as store:
+        if spec.store:  # checkpoints go to the store: refused now if it cannot (issue 18)
+            from provision.job.managed.checks import check_store
+
+            check_store(spec.provider, spec.store)
         code = lifecycle.run(spec, job, confirm=confirmer(opts), keep=keep, store=store)
     raise typer.Exit(code)
 

@@ -119,7 +119,7 @@ def live(run: JobRun, *, sync: bool = True) -> int:
 def supervise(run: JobRun, group: NodeGroup) -> int:
     """start -> follow (checkpoints kept, failures detected) -> record; on a failure, recover
     and start again, at most job.max_restarts times. Each attempt is a job of its own."""
-    keeper = run.keeper or CheckpointKeeper(run.inv, local_checkpoint_dir(run.inv), log=run.log)
+    keeper = run.keeper or _default_keeper(run)
     recovery = Recovery(run.provider, run.inv, run.store, run.job, run.log, keeper,
                         run.on_event)
     restarts = 0
@@ -153,6 +153,20 @@ def supervise(run: JobRun, group: NodeGroup) -> int:
         run.log(f"restart {restarts} of {run.job.max_restarts}: recovering from "
                 f"{failure.describe()}")
         recovery.bring_back(failure)
+
+
+def _default_keeper(run: JobRun) -> CheckpointKeeper:
+    """Checkpoints kept here (./mgpu-outputs/NAME/checkpoints), or, when the cluster has a
+    store, pushed by the nodes straight to it (issue 18)."""
+    store = run.inv.spec.store if run.inv.spec is not None else None
+    if store:
+        from provision.job.managed.checks import store_env
+        from provision.job.managed.keeper import StoreKeeper
+        from remote.store import parse_url
+
+        return StoreKeeper(run.inv, parse_url(store).child(run.inv.name, "checkpoints"),
+                           store_env(), log=run.log)
+    return CheckpointKeeper(run.inv, local_checkpoint_dir(run.inv), log=run.log)
 
 
 def attempt(run: JobRun, group: NodeGroup, keeper: CheckpointKeeper, rec: JobRecord,
