@@ -171,6 +171,10 @@ def supervise(provider: AnyProvider, inv: Inventory, istore: InventoryStore, job
         record("cancelled", "cancelled on request", code=code)
     else:
         record("failed", why or f"job failed (exit code {code})", code=code)
+    try:
+        jlog.flush()  # the end is in the log before anyone following it stops reading
+    except Exception as exc:  # noqa: BLE001 - the close below retries
+        say(f"could not write the log: {exc}")
     if teardown:
         _tear_down(provider, inv, istore, record, log)
     if notifier is not None:
