@@ -176,7 +176,8 @@ def supervise(provider: AnyProvider, inv: Inventory, istore: InventoryStore, job
     except Exception as exc:  # noqa: BLE001 - the close below retries
         say(f"could not write the log: {exc}")
     if teardown:
-        _tear_down(provider, inv, istore, record, log)
+        _tear_down(provider, inv, istore, record, log,
+                   fresh_store=lambda: setattr(jlog, "store", open_store(url)))
     if notifier is not None:
         notifier.close()
     jlog.close()
@@ -186,12 +187,17 @@ def supervise(provider: AnyProvider, inv: Inventory, istore: InventoryStore, job
 
 
 def _tear_down(provider: AnyProvider, inv: Inventory, istore: InventoryStore,
-               record: Callable[..., Record | None], log: Callable[[str], None]) -> None:
+               record: Callable[..., Record | None], log: Callable[[str], None],
+               fresh_store: Callable[[], None]) -> None:
+    """The cluster removed but this controller. `fresh_store` then replaces the store client:
+    the controller may have changed networks, and a pooled connection over the old one would
+    hang until its timeout (seen with google-cloud-storage: minutes)."""
     if not isinstance(provider, Supervising):
         log(f"provider {inv.provider!r} cannot remove the cluster from its controller")
         return
     try:
         provider.teardown_from_controller(inv, istore)
+        fresh_store()
         record("torn_down", f"cluster {inv.name!r} removed (nodes, network; the controller "
                             "last)")
     except Exception as exc:  # noqa: BLE001 - recorded, so `down` can be run from anywhere
