@@ -228,7 +228,7 @@ def main(argv: list[str] | None = None) -> int:
     job = JobSpec.model_validate(fields)
     return supervise(get_provider(inv.provider), inv, istore, job, url=parse_url(args.store),
                      job_id=args.job, env=env, teardown=args.teardown,
-                     say=lambda m: print(m, flush=True))
+                     say=lambda m: print(f"{time.strftime('%H:%M:%S')} {m}", flush=True))
 
 
 if __name__ == "__main__":
