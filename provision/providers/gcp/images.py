@@ -20,7 +20,6 @@ from typing import Any
 
 from provision.errors import ProviderUnavailableError, UserInputError
 from provision.providers.gcp.clients import Clients
-from provision.providers.gcp.errors import map_errors
 
 DEFAULT_IMAGE_PROJECT = "deeplearning-platform-release"
 DEFAULT_IMAGE_FAMILIES = (
@@ -60,10 +59,10 @@ def resolve_image(clients: Clients, family: str | None, project: str | None) -> 
     tried: list[str] = []
     deprecated: ResolvedImage | None = None
     for fam in families:
-        with map_errors(f"looking up image family {fam}", ProviderUnavailableError):
-            image = clients.call_or_none(
-                clients.images.get_from_family,
-                compute_v1.GetFromFamilyImageRequest(project=image_project, family=fam))
+        image = clients.call_or_none(
+            clients.images.get_from_family,
+            compute_v1.GetFromFamilyImageRequest(project=image_project, family=fam),
+            f"looking up image family {fam}", ProviderUnavailableError)
         if image is None:
             tried.append(f"{fam}: not found")
             continue

@@ -26,17 +26,14 @@ class GcpProvider:
     name = "gcp"
 
     def plan(self, spec: ClusterSpec) -> Plan:
-        """Read-only: resolves project, zone, machine type, image; prices the cluster.
-        Without credentials: the plan from the shipped catalog, listing what is unresolved."""
+        """Read-only: resolves project, zones (and --regions), machine type, how it is bought,
+        reservation, quota, image; prices the cluster. Without credentials: the plan from the
+        shipped catalog, listing what is unresolved."""
         from provision.caller_address import caller_cidr
         from provision.errors import ProviderUnavailableError, UserInputError
         from provision.providers.gcp.clients import build_clients
-        from provision.providers.gcp.plan import (
-            layout_to_plan,
-            offline_layout,
-            region_of,
-            resolve,
-        )
+        from provision.providers.gcp.plan import layout_to_plan, offline_layout, region_of
+        from provision.providers.gcp.resolve import resolve
 
         opts = spec.options_as(GcpOptions)
         if opts.zone:

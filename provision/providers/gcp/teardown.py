@@ -17,7 +17,6 @@ from typing import Any
 from provision.errors import MgpuError, TeardownError
 from provision.inventory import CLUSTER_TAG, Inventory, InventoryStore, ResourceRecord
 from provision.providers.gcp.clients import Clients
-from provision.providers.gcp.errors import is_not_found, map_errors
 
 INSTANCE = "instance"
 POLICY = "resource-policy"
@@ -85,8 +84,12 @@ def _start_delete(clients: Clients, rec: ResourceRecord) -> Any:
         method = clients.networks.delete_unary
         request = compute_v1.DeleteNetworkRequest(project=project, network=name, request_id=rid)
     else:
-        raise ValueError(f"unknown GCP resource kind {rec.kind!r}")
-    return clients.call_or_none(method, request)
+        raise TeardownError(
+            f"cannot delete {rec.id}: the inventory records it as a {rec.kind!r}, which the gcp "
+            f"provider does not make (it makes {', '.join(ORDER)})",
+            hint="the inventory may come from a newer mgpu-cloud: delete it with that version, "
+            "or in the Cloud console, then remove the record with `mgpu-cloud down` again")
+    return clients.call_or_none(method, request, f"deleting {rec.kind} {rec.id}", TeardownError)
 
 
 def delete_records(clients: Clients, records: Iterable[ResourceRecord],
@@ -102,22 +105,17 @@ def delete_records(clients: Clients, records: Iterable[ResourceRecord],
         pending = []
         for rec in (r for r in records if r.kind == kind):
             try:
-                with map_errors(f"deleting {rec.kind} {rec.id}", TeardownError):
-                    pending.append((rec, _start_delete(clients, rec)))
+                pending.append((rec, _start_delete(clients, rec)))
             except MgpuError as exc:
                 failures.append(exc.message)
         for rec, op in pending:
-            try:
-                if op is not None:
-                    with map_errors(f"deleting {rec.kind} {rec.id}", TeardownError):
-                        try:
-                            clients.wait(op, f"deleting {rec.kind} {rec.id}")
-                        except Exception as exc:
-                            if not is_not_found(exc):
-                                raise
-            except MgpuError as exc:
-                failures.append(exc.message)
-                continue
+            if op is not None:
+                try:
+                    clients.wait(op, f"deleting {rec.kind} {rec.id}", TeardownError,
+                                 missing_ok=True)
+                except MgpuError as exc:
+                    failures.append(exc.message)
+                    continue
             if on_deleted is not None:
                 on_deleted(rec)
         if failures and kind == INSTANCE:
@@ -133,17 +131,18 @@ def labelled_instances(clients: Clients, project: str, cluster: str | None,
 
     flt = f'labels.{CLUSTER_TAG} = "{cluster}"' if cluster else f"labels.{CLUSTER_TAG}:*"
     out: list[tuple[str, ResourceRecord]] = []
-    with map_errors("listing labelled instances", TeardownError):
-        if zone:
-            pages = [(f"zones/{zone}", clients.call(
-                clients.instances.list,
-                compute_v1.ListInstancesRequest(project=project, zone=zone, filter=flt)))]
-            scoped = [(scope, list(pager)) for scope, pager in pages]
-        else:
-            agg = clients.call(clients.instances.aggregated_list,
-                               compute_v1.AggregatedListInstancesRequest(project=project,
-                                                                         filter=flt))
-            scoped = [(scope, list(lst.instances)) for scope, lst in agg]
+    what = "listing labelled instances"
+    scoped: list[tuple[str, list[Any]]]
+    if zone:
+        pager = clients.call(clients.instances.list, compute_v1.ListInstancesRequest(
+            project=project, zone=zone, filter=flt), what, TeardownError)
+        scoped = [(f"zones/{zone}", clients.iterate(pager, what, TeardownError))]
+    else:
+        agg = clients.call(clients.instances.aggregated_list,
+                           compute_v1.AggregatedListInstancesRequest(project=project, filter=flt),
+                           what, TeardownError)
+        scoped = [(scope, list(lst.instances))
+                  for scope, lst in clients.iterate(agg, what, TeardownError)]
     for _scope, instances in scoped:
         for inst in instances:
             owner = dict(inst.labels).get(CLUSTER_TAG)

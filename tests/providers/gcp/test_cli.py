@@ -119,9 +119,12 @@ def test_dry_run_without_credentials_prints_the_plan_and_its_cost(
     monkeypatch.delenv("MGPU_CLOUD_GCP_ENDPOINT")
     monkeypatch.setenv("GOOGLE_APPLICATION_CREDENTIALS", "/nonexistent/adc.json")
     res = CliRunner().invoke(app, ["up", "--provider", "gcp", "--nodes", "2", "--name", "c1",
-                                   "--machine-type", "a3-ultragpu-8g", "--dry-run"])
+                                   "--machine-type", "a3-ultragpu-8g", "--flex-start",
+                                   "--dry-run"])
     assert res.exit_code == 0, res.output
-    assert "cost: $173.5" in res.stderr  # 2 x (86.76 + disk + address)
+    assert "known part: $173.5" in res.stderr  # 2 x (86.76 + address)
+    assert "price unknown (boot disk (hyperdisk-balanced)" in res.stderr
+    assert "FLEX_START" in res.stderr and "hyperdisk-balanced" in res.stderr
     assert "unresolved: project (pass --project)" in res.stderr
     assert "unresolved: boot image" in res.stderr
     assert fake.requests == []

@@ -158,6 +158,9 @@ def test_longest_name_and_every_catalog_type_pass_all_rules(
     up: Callable[[ClusterSpec], Inventory], store: InventoryStore,
     gcp_rules_layer: RulesLayer, machine_type: str, extra: dict[str, Any], spot: bool,
 ) -> None:
+    fake.networks_quota = 16  # a3-megagpu: 8 data networks
+    if machine_type.startswith("a3-ultragpu") and not spot:
+        extra = {**extra, "flex_start": True}  # not sold on demand
     spec = make_spec(name=LONGEST_NAME, spot=spot,
                      gcp={"machine_type": machine_type, **extra})
     inv = up(spec)

@@ -198,12 +198,19 @@ def test_unknown_spot_price_is_planned_as_price_unknown(make_spec: MakeSpec) -> 
     ("a3-megagpu-8g", 92.21, 28.17), ("a3-ultragpu-8g", 86.76, 40.99),
     ("a2-highgpu-8g", 29.387, 14.431),
 ])
-def test_catalog_prices_have_a_source_and_date(make_spec: MakeSpec, machine_type: str,
-                                               on_demand: float, spot: float) -> None:
+def test_catalog_prices_have_a_source_and_date(fake: FakeCompute, make_spec: MakeSpec,
+                                               machine_type: str, on_demand: float,
+                                               spot: float) -> None:
+    fake.networks_quota = 16
+    # a3-ultra: not sold on demand (flex-start shows the on-demand upper bound); its Hyperdisk
+    # boot disk has no price in the catalog
+    flex = {"flex_start": True} if machine_type.startswith("a3-ultragpu") else {}
+    disk = 0.0 if flex else 0.1 * 200 / 730
     for is_spot, price in ((False, on_demand), (True, spot)):
-        plan = get_provider("gcp").plan(make_spec(spot=is_spot, gcp={"machine_type": machine_type}))
+        plan = get_provider("gcp").plan(make_spec(spot=is_spot, gcp={
+            "machine_type": machine_type, **({} if is_spot else flex)}))
         ip = 0.0025 if is_spot else 0.005
-        assert plan.hourly_cost_usd == pytest.approx(2 * (price + 0.1 * 200 / 730 + ip), abs=0.01)
+        assert plan.hourly_cost_usd == pytest.approx(2 * (price + disk + ip), abs=0.01)
         assert "SkyPilot GCP catalog v8" in plan.price_source and "2026-08-21" in plan.price_source
 
 
