@@ -187,6 +187,9 @@ def _regions_after(opts: GcpOptions, spec: ClusterSpec, region: str, offered: di
 def resolve(spec: ClusterSpec, clients: Clients, ssh_cidr: str) -> Layout:
     """Validate `spec` with read-only calls. Raises UserInputError naming the bad input."""
     opts = spec.options_as(GcpOptions)
+    check_purchase(opts.machine_type, spot=spec.spot, flex_start=opts.flex_start,
+                   reservation=opts.reservation, max_hours=spec.max_hours,
+                   guest_gpus=opts.accelerator_type is not None)
     if opts.reservation and opts.regions:
         raise UserInputError("--regions cannot be combined with --reservation: a reservation "
                              "is in one zone", hint="drop --regions")
@@ -212,9 +215,6 @@ def resolve(spec: ClusterSpec, clients: Clients, ssh_cidr: str) -> Layout:
             raise UserInputError(
                 f"accelerator type {accelerator!r} does not exist in zone {zone}",
                 hint=f"see `gcloud compute accelerator-types list --filter zone:{zone}`")
-    check_purchase(opts.machine_type, spot=spec.spot, flex_start=opts.flex_start,
-                   reservation=opts.reservation, max_hours=spec.max_hours,
-                   guest_gpus=accelerator is not None)
     failover = [] if reservation is not None else [
         z for z in region_zones if z != zone and z in offered]
     layout = Layout(

@@ -56,6 +56,14 @@ def subnetwork_record(project: str, region: str, name: str) -> ResourceRecord:
                           region=region, extra={"project": project})
 
 
+def _unknown_kind(rec: ResourceRecord) -> TeardownError:
+    return TeardownError(
+        f"cannot delete {rec.id}: the inventory records it as a {rec.kind!r}, which the gcp "
+        f"provider does not make (it makes {', '.join(ORDER)})",
+        hint="the inventory may come from a newer mgpu-cloud: delete it with that version, or "
+        "in the Cloud console, then remove its record from the inventory")
+
+
 def _start_delete(clients: Clients, rec: ResourceRecord) -> Any:
     """Issue the delete; returns the operation, or None when the resource is already gone."""
     from google.cloud import compute_v1
@@ -84,11 +92,7 @@ def _start_delete(clients: Clients, rec: ResourceRecord) -> Any:
         method = clients.networks.delete_unary
         request = compute_v1.DeleteNetworkRequest(project=project, network=name, request_id=rid)
     else:
-        raise TeardownError(
-            f"cannot delete {rec.id}: the inventory records it as a {rec.kind!r}, which the gcp "
-            f"provider does not make (it makes {', '.join(ORDER)})",
-            hint="the inventory may come from a newer mgpu-cloud: delete it with that version, "
-            "or in the Cloud console, then remove the record with `mgpu-cloud down` again")
+        raise _unknown_kind(rec)
     return clients.call_or_none(method, request, f"deleting {rec.kind} {rec.id}", TeardownError)
 
 
@@ -100,6 +104,7 @@ def delete_records(clients: Clients, records: Iterable[ResourceRecord],
     for a resource; the caller decides).
     """
     records = list(records)
+    unknown = [_unknown_kind(r).message for r in records if r.kind not in ORDER]
     failures: list[str] = []
     for kind in ORDER:
         pending = []
@@ -121,7 +126,7 @@ def delete_records(clients: Clients, records: Iterable[ResourceRecord],
         if failures and kind == INSTANCE:
             # The policy and firewalls still serve the instances that are left: keep them.
             break
-    return failures
+    return unknown + failures
 
 
 def labelled_instances(clients: Clients, project: str, cluster: str | None,

@@ -8,7 +8,8 @@ https://cloud.google.com/compute/docs/metadata/manage-guest-attributes):
     - the guest agent writes `hostkeys/<type>` = the base64 blob of each host key it made at
       first boot (GoogleCloudPlatform/guest-agent instance_setup.go); until then the query
       answers 404. `hostkey_polls` (default 1) is how many queries per VM come before that:
-      the first query after the VM is made finds nothing, as on a VM still booting.
+      the first query after the VM is made finds nothing, as on a VM still booting; a VM named
+      in `silent_vms` never publishes (an image without the guest agent).
 Each VM's keys are real key pairs made by the fake (`host_keys[(project, zone, name)]`, the
 public halves, "TYPE BASE64"), new for every VM made, also for one that takes an old name.
 """
@@ -49,11 +50,13 @@ class GuestMixin:
     host_keys: dict[tuple[str, str, str], dict[str, str]]
     guest_polls: dict[tuple[str, str, str], int]
     hostkey_polls: int
+    silent_vms: set[str]
 
     def _init_guest(self) -> None:
         self.host_keys = {}
         self.guest_polls = {}
         self.hostkey_polls = 1
+        self.silent_vms = set()
 
     def vm_booted(self, key: tuple[str, str, str]) -> None:
         """A VM was made under `key`: new host keys, nothing published yet."""
@@ -71,7 +74,8 @@ class GuestMixin:
             raise HttpError(400, "badRequest", f"guest attributes are disabled for {name}")
         self.guest_polls[key] = self.guest_polls.get(key, 0) + 1
         path = query.get("queryPath", "")
-        if self.guest_polls[key] <= self.hostkey_polls or not path.startswith("hostkeys"):
+        if (self.guest_polls[key] <= self.hostkey_polls or name in self.silent_vms
+                or not path.startswith("hostkeys")):
             raise HttpError(404, "notFound", f"guest attributes {path} of {name} not found")
         items = [{"namespace": "hostkeys", "key": _blob_type(line), "value": line.split()[1]}
                  for line in self.host_keys.get(key, {}).values()]
