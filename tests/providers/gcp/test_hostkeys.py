@@ -13,8 +13,8 @@ from fake_compute import FakeCompute
 from provision.errors import ProvisionError
 from provision.inventory import Inventory, InventoryStore
 from provision.providers.gcp.hostkeys import key_line
-from provision.sshconn import write_cluster_known_hosts
 from provision.spec import ClusterSpec
+from provision.sshconn import write_cluster_known_hosts
 
 MakeSpec = Callable[..., ClusterSpec]
 Up = Callable[[ClusterSpec], Inventory]
