@@ -17,10 +17,10 @@ from pathlib import Path
 
 import pytest
 
-from provision.inventory import Inventory, InventoryStore, NodeRecord
-from provision.keys import KeyPair, generate_ed25519, host_key_only, write_private_key
+from provision.model.inventory import Inventory, InventoryStore, NodeRecord
+from provision.model.keys import KeyPair, generate_ed25519, host_key_only, write_private_key
 from provision.nodes import FirstConnectionError, SshConnection, retry_open
-from provision.sshconn import write_cluster_known_hosts
+from provision.nodes.sshconn import write_cluster_known_hosts
 
 LABEL = "mgpu-cloud-test"
 

@@ -28,9 +28,9 @@ def test_wheel_carries_assets_and_works_installed(tmp_path: Path) -> None:
     subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target",
                     str(target), str(wheel)], check=True, capture_output=True)
     probe = (
-        "from provision.assets import assets_root, dockerfile_path, templates_dir\n"
-        "from provision.bootstrap import remote_zipapp\n"
-        "from provision.render import render\n"
+        "from provision.model.assets import assets_root, dockerfile_path, templates_dir\n"
+        "from provision.nodes.bootstrap import remote_zipapp\n"
+        "from provision.model.render import render\n"
         "print(assets_root()); assert dockerfile_path().is_file()\n"
         "assert (templates_dir() / 'hostfile.j2').is_file()\n"
         "assert len(remote_zipapp()) > 1000\n"

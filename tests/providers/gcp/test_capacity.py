@@ -10,11 +10,11 @@ import pytest
 from conftest import PROJECT, writes
 from fake_compute import FakeCompute
 
-from provision import pipeline
-from provision.errors import CapacityError, ProvisionError, UserInputError
-from provision.inventory import Inventory, InventoryStore
-from provision.providers import get_provider
-from provision.spec import ClusterSpec
+from provision.cluster import pipeline
+from provision.cluster.providers import get_provider
+from provision.model.errors import CapacityError, ProvisionError, UserInputError
+from provision.model.inventory import Inventory, InventoryStore
+from provision.model.spec import ClusterSpec
 
 MakeSpec = Callable[..., ClusterSpec]
 Up = Callable[[ClusterSpec], Inventory]
@@ -99,7 +99,7 @@ def test_a_region_without_the_type_is_refused_at_plan_time(
 
 
 def test_bad_region_names_are_refused_by_the_spec(make_spec: MakeSpec) -> None:
-    from provision.errors import SpecError
+    from provision.model.errors import SpecError
 
     with pytest.raises(SpecError, match="not a region name"):
         make_spec(gcp={"regions": "us-central1-a"})

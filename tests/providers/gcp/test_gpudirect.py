@@ -14,12 +14,12 @@ from pathlib import Path
 import pytest
 from fake_compute import FakeCompute
 
-from provision import pipeline
-from provision.errors import ProvisionError
-from provision.inventory import Inventory, InventoryStore
-from provision.providers import get_provider
-from provision.providers.gcp.plan import Layout
-from provision.spec import ClusterSpec
+from provision.cluster import pipeline
+from provision.cluster.providers import get_provider
+from provision.cluster.providers.gcp.plan import Layout
+from provision.model.errors import ProvisionError
+from provision.model.inventory import Inventory, InventoryStore
+from provision.model.spec import ClusterSpec
 
 MakeSpec = Callable[..., ClusterSpec]
 Up = Callable[[ClusterSpec], Inventory]
@@ -124,9 +124,9 @@ def test_the_plan_lists_the_networks_and_says_what_is_not_verified(fake: FakeCom
 
 
 def test_a3_megagpu_node_set_up_container_and_preset_are_tcpxo() -> None:
-    from provision.providers.gcp import gpudirect
-    from provision.providers.gcp.bodies import startup_script
-    from provision.providers.gcp.create import nccl_env
+    from provision.cluster.providers.gcp import gpudirect
+    from provision.cluster.providers.gcp.bodies import startup_script
+    from provision.cluster.providers.gcp.create import nccl_env
 
     layout = Layout(cluster="c1", project="p", region="us-central1", zones=["us-central1-a"],
                     nodes=2, machine_type="a3-megagpu-8g", gpus=8, accelerator_type=None,
@@ -165,8 +165,8 @@ def _sysfs(root: Path, names: dict[str, str]) -> Path:
 def _find_nics(root: Path, stack_name: str) -> subprocess.CompletedProcess[str]:
     import os
 
-    from provision.providers.gcp import gpudirect
-    from provision.render import render
+    from provision.cluster.providers.gcp import gpudirect
+    from provision.model.render import render
 
     stack = gpudirect.TCPX if stack_name == "tcpx" else gpudirect.TCPXO
     script = render("gcp/gpudirect-nics.sh.j2", gpudirect=stack, nic_wait_s=1,
@@ -180,7 +180,7 @@ def _find_nics(root: Path, stack_name: str) -> subprocess.CompletedProcess[str]:
 @pytest.mark.parametrize("suffix", ["f0", ""])  # Ubuntu 24.04 accelerator images / 22.04
 def test_the_node_finds_the_tcpx_nics_by_pci_address_whatever_their_names(
         tmp_path: Path, suffix: str) -> None:
-    from provision.providers.gcp import gpudirect
+    from provision.cluster.providers.gcp import gpudirect
 
     names = {"0000:00:0c.0": "enp0s12", "0000:06:00.0": f"enp6s0{suffix}",
              "0000:0c:00.0": f"enp12s0{suffix}", "0000:86:00.0": f"enp134s0{suffix}",
@@ -200,7 +200,7 @@ def test_the_node_finds_the_tcpx_nics_by_pci_address_whatever_their_names(
 
 
 def test_the_node_finds_the_tcpxo_nics_and_names_a_missing_one(tmp_path: Path) -> None:
-    from provision.providers.gcp import gpudirect
+    from provision.cluster.providers.gcp import gpudirect
 
     names = dict(zip(gpudirect.TCPXO.data_pcis,
                      [f"{n}f0" for n in gpudirect.TCPXO.data_nics], strict=True))
@@ -220,7 +220,7 @@ def test_the_node_finds_the_tcpxo_nics_and_names_a_missing_one(tmp_path: Path) -
 
 
 def test_the_pci_addresses_are_the_documented_names_bus_and_slot() -> None:
-    from provision.providers.gcp import gpudirect
+    from provision.cluster.providers.gcp import gpudirect
 
     assert gpudirect.TCPX.ctrl_pci == "0000:00:0c.0"
     assert gpudirect.TCPX.data_pcis == ("0000:06:00.0", "0000:0c:00.0", "0000:86:00.0",

@@ -10,11 +10,11 @@ import pytest
 from conftest import PROJECT
 from fake_compute import FakeCompute
 
-from provision.errors import ProvisionError
-from provision.inventory import Inventory, InventoryStore
-from provision.providers.gcp.hostkeys import key_line
-from provision.spec import ClusterSpec
-from provision.sshconn import write_cluster_known_hosts
+from provision.cluster.providers.gcp.hostkeys import key_line
+from provision.model.errors import ProvisionError
+from provision.model.inventory import Inventory, InventoryStore
+from provision.model.spec import ClusterSpec
+from provision.nodes.sshconn import write_cluster_known_hosts
 
 MakeSpec = Callable[..., ClusterSpec]
 Up = Callable[[ClusterSpec], Inventory]

@@ -12,11 +12,11 @@ import pytest
 from conftest import PROJECT, writes
 from fake_compute import FakeCompute
 
-from provision import pipeline
-from provision.errors import ProvisionError, UserInputError
-from provision.inventory import Inventory, InventoryStore
-from provision.providers import get_provider
-from provision.spec import ClusterSpec
+from provision.cluster import pipeline
+from provision.cluster.providers import get_provider
+from provision.model.errors import ProvisionError, UserInputError
+from provision.model.inventory import Inventory, InventoryStore
+from provision.model.spec import ClusterSpec
 
 MakeSpec = Callable[..., ClusterSpec]
 Up = Callable[[ClusterSpec], Inventory]
@@ -24,7 +24,7 @@ Up = Callable[[ClusterSpec], Inventory]
 
 def _zoneless(spec: ClusterSpec) -> ClusterSpec:
     """The spec without --zone (the reservation says where)."""
-    from provision.providers.gcp.options import GcpOptions
+    from provision.cluster.providers.gcp.options import GcpOptions
 
     spec.options_as(GcpOptions).zone = None
     return spec
@@ -130,7 +130,7 @@ def test_the_offline_plan_refuses_them_too(fake: FakeCompute, make_spec: MakeSpe
 
 
 def test_reservation_names_are_checked_by_the_spec(make_spec: MakeSpec) -> None:
-    from provision.errors import SpecError
+    from provision.model.errors import SpecError
 
     with pytest.raises(SpecError, match="not a reservation name"):
         make_spec(gcp={"reservation": "Bad_Name"})
@@ -154,7 +154,7 @@ def test_too_small_a_networks_quota_is_refused_at_plan_time(
 def test_the_fake_refuses_networks_beyond_the_quota_as_compute_does(
         fake: FakeCompute, make_spec: MakeSpec, up: Up) -> None:
     """What a plan made before the quota check would meet: QUOTA_EXCEEDED on the 5th network."""
-    from provision.providers.gcp import resolve
+    from provision.cluster.providers.gcp import resolve
 
     fake.networks_quota = 4
 

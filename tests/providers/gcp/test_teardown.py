@@ -9,12 +9,12 @@ from conftest import PROJECT
 from fake_compute import FakeCompute
 from typer.testing import CliRunner
 
-from provision import pipeline
 from provision.cli import app
-from provision.errors import TeardownError
-from provision.inventory import CLUSTER_TAG, Inventory, InventoryStore
-from provision.providers import get_provider
-from provision.spec import ClusterSpec
+from provision.cluster import pipeline
+from provision.cluster.providers import get_provider
+from provision.model.errors import TeardownError
+from provision.model.inventory import CLUSTER_TAG, Inventory, InventoryStore
+from provision.model.spec import ClusterSpec
 
 MakeSpec = Callable[..., ClusterSpec]
 Up = Callable[[ClusterSpec], Inventory]
@@ -105,7 +105,7 @@ def test_a_record_of_a_kind_gcp_does_not_make_is_a_teardown_error_not_a_crash(
     fake: FakeCompute, make_spec: MakeSpec, up: Up, store: InventoryStore
 ) -> None:
     """Before: `ValueError: unknown GCP resource kind` escaped the error tree (a traceback)."""
-    from provision.inventory import ResourceRecord
+    from provision.model.inventory import ResourceRecord
 
     inv = up(make_spec())
     store.record(inv, ResourceRecord(kind="bucket", id="global/buckets/b1", name="b1",
