@@ -44,6 +44,8 @@ DEFAULT_ACCELERATORS = {z: ["nvidia-tesla-t4"] for z in ("us-central1-a", "us-ce
 # common-cu121-debian-11-py310, the old default, is gone (retired with Debian 11).
 DEFAULT_IMAGES: dict[str, dict[str, str]] = {
     "deeplearning-platform-release": {
+        "common-cu129-ubuntu-2404-nvidia-580": "READY",
+        "pytorch-2-9-cu129-ubuntu-2404-nvidia-580": "READY",
         "common-cu129-ubuntu-2204-nvidia-580": "READY",
         "pytorch-2-9-cu129-ubuntu-2204-nvidia-580": "READY",
         "common-cu128-ubuntu-2204-nvidia-570": "DEPRECATED",

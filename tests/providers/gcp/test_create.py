@@ -52,7 +52,7 @@ def test_up_sends_compact_policy_terminate_labels_and_firewalls(
     assert disk["boot"] and disk["autoDelete"]
     assert disk["initializeParams"]["labels"] == {CLUSTER_TAG: "c1"}
     assert disk["initializeParams"]["diskType"] == "pd-balanced"
-    assert "deeplearning-platform-release/global/images/common-cu129-ubuntu-2204-nvidia-580" in \
+    assert "deeplearning-platform-release/global/images/common-cu129-ubuntu-2404-nvidia-580" in \
         disk["initializeParams"]["sourceImage"]
     assert body["machineType"] == "a2-ultragpu-8g"
     assert "guestAccelerators" not in body  # a2 carries its GPUs

@@ -1,12 +1,18 @@
 """The boot image: resolved at plan time from a current Deep Learning VM family, with an ordered
 fallback list, so a family Google retires does not stop every `up` with a 404.
 
-Deep Learning VM families live in project deeplearning-platform-release. In 2026 the current
-ones are the CUDA 12.9 / driver 580 families; the CUDA 12.8 / driver 570 ones are deprecated
-(no images after v20260320) and the Debian 11 ones (common-cu121-debian-11-py310, the old
-default) are reported retired. Sources: cloud-facts 4.1 (public scripts and templates, 2025-26;
-not confirmed against Google's release notes, hence the list). `common-*` images carry CUDA
-and the NVIDIA driver, which is all container mode needs.
+Deep Learning VM families live in project deeplearning-platform-release ("Choose an image",
+https://cloud.google.com/deep-learning-vm/docs/images: family names are
+FRAMEWORK-CUDA-OS-DRIVER, e.g. common-cu129-ubuntu-2404-nvidia-580). In 2026 the current ones
+are the CUDA 12.9 / driver 580 families on Ubuntu 24.04 and 22.04 (images such as
+common-cu129-ubuntu-2404-nvidia-580-v20260626 are in use in public scripts); the CUDA 12.8 /
+driver 570 ones are deprecated (no images after v20260320) and the Debian 11 ones
+(common-cu121-debian-11-py310, the old default) are reported retired. Sources: the page above
+and cloud-facts 4.1 (public scripts and templates, 2025-26; not every family confirmed against
+Google's release notes, hence the list). Ubuntu 24.04 comes first: its Python 3.12 and kernel
+are what current accelerator images ship (its NIC names differ from 22.04's: the GPUDirect
+set-up finds NICs by PCI address, gpudirect.py). `common-*` images carry CUDA and the NVIDIA
+driver, which is all container mode needs.
 
 images.getFromFamily returns the newest image of a family that is not deprecated; an image
 marked DEPRECATED still works (used only when nothing newer does), OBSOLETE and DELETED images
@@ -23,6 +29,8 @@ from provision.model.errors import ProviderUnavailableError, UserInputError
 
 DEFAULT_IMAGE_PROJECT = "deeplearning-platform-release"
 DEFAULT_IMAGE_FAMILIES = (
+    "common-cu129-ubuntu-2404-nvidia-580",
+    "pytorch-2-9-cu129-ubuntu-2404-nvidia-580",
     "common-cu129-ubuntu-2204-nvidia-580",
     "pytorch-2-9-cu129-ubuntu-2204-nvidia-580",
     "common-cu128-ubuntu-2204-nvidia-570",
