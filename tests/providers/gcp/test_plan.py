@@ -150,6 +150,7 @@ def test_obsolete_and_deprecated_families_are_skipped(fake: FakeCompute,
     families["common-cu129-ubuntu-2404-nvidia-580"] = "OBSOLETE"
     families["pytorch-2-9-cu129-ubuntu-2404-nvidia-580"] = "DEPRECATED"
     del families["common-cu129-ubuntu-2204-nvidia-580"]  # not found
+    del families["pytorch-2-9-cu129-ubuntu-2204-nvidia-580"]
     families["pytorch-2-7-cu128-ubuntu-2204-nvidia-570"] = "READY"
     layout = get_provider("gcp").plan(make_spec()).layout
     assert layout.image_family == "pytorch-2-7-cu128-ubuntu-2204-nvidia-570"
