@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import shlex
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,6 +20,11 @@ from provision.model.errors import MgpuError
 from provision.model.inventory import Inventory, NodeRecord
 
 CONNECT_TIMEOUT_S = 10.0
+# How long a first connection waits past a host key that is not the pinned one, or a refused
+# login: a fresh cloud VM's guest agent loads the published keys and creates the login user
+# within seconds of publishing them; longer, the key is wrong (and a user's own machine with a
+# changed key is named within this, not after the whole SSH deadline).
+KEY_SETTLE_S = float(os.environ.get("MGPU_CLOUD_KEY_SETTLE", "45"))
 SSH_DEADLINE_S = float(os.environ.get("MGPU_CLOUD_SSH_DEADLINE", "180"))
 
 
@@ -195,7 +201,15 @@ def retry_open(conn: NodeConnection, deadline_s: float) -> None:
         wait_random,
     )
 
+    from provision.nodes.sshconn import UnknownHostKeyError
+
+    start = time.monotonic()
+    settle = min(deadline_s, KEY_SETTLE_S)
+
     def transient(exc: BaseException) -> bool:
+        if isinstance(exc, paramiko.BadHostKeyException | paramiko.AuthenticationException
+                      | UnknownHostKeyError):
+            return time.monotonic() - start < settle  # a key or login that never comes right
         return isinstance(exc, OSError | paramiko.SSHException | EOFError)
 
     try:
@@ -210,7 +224,7 @@ def retry_open(conn: NodeConnection, deadline_s: float) -> None:
             with attempt:
                 conn.open()
     except Exception as exc:
-        final = _not_yet(exc, deadline_s)
+        final = _not_yet(exc, min(time.monotonic() - start, deadline_s))
         if final is not None:
             raise final from exc
         raise
