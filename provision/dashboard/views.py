@@ -178,6 +178,18 @@ def gate_view(gate: GateRecord | None) -> dict[str, Any] | None:
 
 
 # --- jobs -----------------------------------------------------------------------------------
+def exit_summary(codes: list[int | None]) -> str:
+    """Per-node exit codes in rank order, short: '0,0,1' for a few nodes; '0 x63, 1 x1' for
+    many; '-' stands for a node without one yet."""
+    words = ["-" if c is None else str(c) for c in codes]
+    if len(words) <= 4:
+        return ",".join(words) or "-"
+    counts: dict[str, int] = {}
+    for w in words:
+        counts[w] = counts.get(w, 0) + 1
+    return ", ".join(f"{w} x{n}" for w, n in counts.items())
+
+
 def job_row(rec: JobRecord, inv: Inventory | None) -> dict[str, Any]:
     """One job as the jobs table and the job page show it."""
     return {
@@ -185,6 +197,8 @@ def job_row(rec: JobRecord, inv: Inventory | None) -> dict[str, Any]:
         "launcher": rec.launcher, "started_at": rec.started_at, "ended_at": rec.ended_at,
         "duration_s": rec.duration_s(), "exit_code": rec.exit_code,
         "exit_codes": {name: nj.exit_code for name, nj in rec.nodes.items()},
+        "exit_summary": exit_summary([nj.exit_code for nj in sorted(
+            rec.nodes.values(), key=lambda nj: nj.rank)]),
         "nodes": [{"name": name, "rank": nj.rank, "state": nj.state, "exit_code": nj.exit_code}
                   for name, nj in sorted(rec.nodes.items(), key=lambda kv: kv[1].rank)],
         "restarts": restarts_of(rec), "logs_saved": rec.logs_saved,
@@ -233,6 +247,7 @@ def recovery_events(rec: JobRecord, inv: Inventory | None,
                 "node": ev.get("node"), "detail": ev.get("detail", "")})
     if end is not None and rec.ended_at is not None:
         events.append({"t": end, "at": rec.ended_at, "kind": "end", "node": None,
+                       "state": rec.state,
                        "detail": f"{rec.state} (exit code {rec.exit_code})"})
     return sorted(events, key=lambda e: e["t"])
 

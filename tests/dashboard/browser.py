@@ -76,13 +76,32 @@ def js_errors(driver: Any) -> list[str]:
     return [e["message"] for e in driver.get_log("browser") if e.get("level") == "SEVERE"]
 
 
+DOCS = os.environ.get("MGPU_DASHBOARD_DOCS")  # also save screenshots there (docs/dashboard)
+
+
+def shot(driver: Any, tmp_path: Path, name: str) -> Path:
+    """Screenshot `name`.png under the test's tmp dir; also into $MGPU_DASHBOARD_DOCS when set
+    (how docs/dashboard/*.png are made: see docs/dashboard/README.md)."""
+    path = screenshot(driver, tmp_path / f"{name}.png")
+    if DOCS:
+        Path(DOCS).mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(path, Path(DOCS) / path.name)
+    return path
+
+
 def screenshot(driver: Any, path: Path, full: bool = True) -> Path:
-    """A PNG of the page; `full`: the window grown to the page's height first."""
+    """A PNG of the page from its top; `full`: the whole page, not just the window (the
+    viewport is set to the page's height through the DevTools protocol, then reset)."""
     path.parent.mkdir(parents=True, exist_ok=True)
+    driver.execute_script("window.scrollTo(0, 0)")
     if full:
-        height = driver.execute_script("return document.documentElement.scrollHeight")
-        driver.set_window_size(1440, min(max(int(height) + 20, 600), 4000))
-    driver.save_screenshot(str(path))
-    if full:
-        driver.set_window_size(1440, 1000)
+        height = int(driver.execute_script("return document.documentElement.scrollHeight"))
+        driver.execute_cdp_cmd("Emulation.setDeviceMetricsOverride", {
+            "width": 1440, "height": min(max(height, 600), 6000), "deviceScaleFactor": 1,
+            "mobile": False})
+    try:
+        driver.save_screenshot(str(path))
+    finally:
+        if full:
+            driver.execute_cdp_cmd("Emulation.clearDeviceMetricsOverride", {})
     return path

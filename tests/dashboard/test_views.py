@@ -132,6 +132,11 @@ def test_unknown_names_are_not_found(mgpu_home: Path) -> None:
         views.load_job("big", "1x")
 
 
+def test_exit_codes_stay_short_on_many_nodes() -> None:
+    assert views.exit_summary([0, 1]) == "0,1" and views.exit_summary([]) == "-"
+    assert views.exit_summary([0] * 62 + [1, None]) == "0 x62, 1 x1, - x1"
+
+
 def test_recovery_events_keep_to_the_job_window(mgpu_home: Path) -> None:
     inv = make_big_cluster(mgpu_home, nodes=4)  # node-3 replaced at minute 95
     done, failed = JobStore().load("big", "1"), JobStore().load("big", "2")  # 5..90, 91..96

@@ -105,6 +105,7 @@
 
   /* ---- job page -------------------------------------------------------------------------- */
   const KEEP_LINES = 5000;
+  const METRIC_COLORS = ["#3559e0", "#d6336c", "#0ca678", "#f08c00", "#7048e8", "#1098ad"];
 
   /* Metrics with several points get a chart; one-point ones (a final throughput) a tile. */
   function metricCharts(metrics) {
@@ -141,7 +142,7 @@
         $("#metrics").appendChild(el);
       }
       M.chart(el, key, { title: `${key} (${m.node})`, time: false, fill: true,
-        series: [{ label: key, color: M.color(i + 3) }], data: [m.x, m.y] });
+        series: [{ label: key, color: METRIC_COLORS[i % METRIC_COLORS.length] }], data: [m.x, m.y] });
     });
   }
 
@@ -156,7 +157,7 @@
     const when = (t) => new Date(t * 1000).toLocaleTimeString([], { hour12: false });
     for (const e of events) {
       const mark = document.createElement("span");
-      mark.className = `mark ${e.kind}`;
+      mark.className = `mark ${e.kind} ${e.state || ""}`;
       mark.style.left = `${(100 * (e.t - t0)) / (t1 - t0)}%`;
       mark.title = `${when(e.t)} ${e.kind}${e.node ? " " + e.node : ""}: ${e.detail}`;
       axis.appendChild(mark);
