@@ -46,7 +46,7 @@ def docker_engine() -> Iterator[None]:
 @pytest.fixture(scope="session")
 def node_image(docker_engine: None) -> str:
     """The node image, built once (cached by tag across runs)."""
-    from provision.providers.docker.images import ensure_node_image
-    from provision.providers.docker.options import DockerOptions
+    from provision.cluster.providers.docker.images import ensure_node_image
+    from provision.cluster.providers.docker.options import DockerOptions
 
     return ensure_node_image(DockerOptions(), log=print)

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 from fake_nodes import FakeConnector
 
-from provision.errors import BootstrapError
-from provision.inventory import Inventory, NodeRecord
+from provision.model.errors import BootstrapError
+from provision.model.inventory import Inventory, NodeRecord
 from provision.nodes import HomePath, NodeGroup, NodeStepError, RemoteLayout, fan_out
 
 

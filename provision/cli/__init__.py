@@ -4,7 +4,7 @@
     options.py   option tables (core + every provider's flags from the registry) -> spec models
     commands.py  cluster commands (up, down, launch, run, status, exec, ssh, check, gc)
     day2.py      jobs, logs, cancel, ssh-config, monitor, cost, scale
-    dashboard.py the local web dashboard (provision/dashboard/)
+    dashboard.py the local web dashboard (provision/operations/dashboard/)
 Providers may add their own sub-commands (ProviderInfo.commands).
 """
 

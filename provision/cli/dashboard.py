@@ -1,4 +1,4 @@
-"""`mgpu-cloud dashboard`: the local web dashboard (provision/dashboard/). Imports nothing of
+"""`mgpu-cloud dashboard`: the local web dashboard (provision/operations/dashboard/). Imports nothing of
 it until the command runs."""
 
 from typing import Annotated
@@ -16,6 +16,6 @@ def dashboard(
     open_browser: Annotated[bool, typer.Option("--open", help="open it in the web browser")] = False,
 ) -> None:
     """Web dashboard on 127.0.0.1: clusters, jobs, live logs, GPU and cost charts."""
-    from provision.dashboard.server import serve
+    from provision.operations.dashboard.server import serve
 
     serve(host, port, open_browser=open_browser, say=lambda line: typer.echo(line))

@@ -18,14 +18,14 @@ def _err(msg: str) -> None:
 
 
 def _inventory_or_none(name: str) -> Any:
-    from provision.inventory import InventoryStore
+    from provision.model.inventory import InventoryStore
 
     store = InventoryStore()
     return store.load(name) if store.exists(name) else None
 
 
 def _record(name: str, job_id: str | None) -> Any:
-    from provision.jobs import JobStore
+    from provision.model.jobstore import JobStore
 
     store = JobStore()
     return store.load(name, job_id) if job_id else store.latest(name)
@@ -53,9 +53,10 @@ def jobs(
     as_json: Annotated[bool, typer.Option("--json", help="machine-readable output")] = False,
 ) -> None:
     """List a cluster's jobs: id, state, start, duration, exit code per node, command."""
-    from provision.jobs import JobStore, refresh
+    from provision.job.jobs import refresh
+    from provision.model.jobstore import JobStore
     from provision.nodes import NodeGroup
-    from provision.status import text_table, when
+    from provision.operations.status import text_table, when
 
     store = JobStore()
     recs = store.all(name)
@@ -87,8 +88,9 @@ def logs(
     node: Annotated[int | None, typer.Option("--node", help="only this node rank")] = None,
 ) -> None:
     """Print a job's output, `[node-R]`-prefixed, from its start (while it runs, or after)."""
-    from provision.jobs import follow as follow_job
-    from provision.jobs import is_current, print_saved_logs, refresh
+    from provision.job.jobs import follow as follow_job
+    from provision.job.jobs import print_saved_logs, refresh
+    from provision.model.jobstore import is_current
     from provision.nodes import NodeGroup
 
     rec = _record(name, job_id)
@@ -96,7 +98,7 @@ def logs(
     if node is not None:
         names = [n for n, nj in rec.nodes.items() if nj.rank == node]
         if not names:
-            from provision.errors import UserInputError
+            from provision.model.errors import UserInputError
 
             raise UserInputError(f"job {rec.id} did not run on node {node}; it ran on "
                                  + ", ".join(rec.nodes))
@@ -105,7 +107,7 @@ def logs(
     if rec.logs_saved or not live:
         missing = print_saved_logs(rec, sys.stdout, names)
         if missing:
-            from provision.errors import MgpuError
+            from provision.model.errors import MgpuError
 
             raise MgpuError(f"the log of job {rec.id} on {', '.join(missing)} was not copied "
                             "before the cluster was removed")
@@ -152,10 +154,11 @@ def cancel(
     grace: Annotated[float, typer.Option("--grace", help="seconds between TERM and KILL")] = 10.0,
 ) -> None:
     """Stop a job on every node (TERM to every rank's process group, KILL after --grace)."""
-    from provision.errors import MgpuError
-    from provision.inventory import InventoryStore
-    from provision.jobs import cancel as cancel_job
-    from provision.jobs import is_current, refresh
+    from provision.job.jobs import cancel as cancel_job
+    from provision.job.jobs import refresh
+    from provision.model.errors import MgpuError
+    from provision.model.inventory import InventoryStore
+    from provision.model.jobstore import is_current
     from provision.nodes import NodeGroup
 
     inv = InventoryStore().load(name)
@@ -179,9 +182,9 @@ def ssh_config(
     install: Annotated[bool, typer.Option("--install", help="Include it from ~/.ssh/config (removed by `down`)")] = False,
 ) -> None:
     """Print an OpenSSH config for the cluster: `ssh NAME`, `ssh NAME-node-R`, scp, rsync."""
-    from provision.inventory import InventoryStore
-    from provision.sshconfig import config_text
-    from provision.sshconfig import install as install_config
+    from provision.model.inventory import InventoryStore
+    from provision.nodes.sshconfig import config_text
+    from provision.nodes.sshconfig import install as install_config
 
     store = InventoryStore()
     inv = store.load(name)
@@ -204,10 +207,10 @@ def monitor(
     """Live per-node GPU utilisation, memory, power, temperature (CPU/memory/load without GPUs)."""
     import time
 
-    from provision.inventory import InventoryStore
-    from provision.monitor import HEADER, LiveMonitor, snapshot, table_rows
+    from provision.model.inventory import InventoryStore
     from provision.nodes import NodeGroup
-    from provision.status import text_table
+    from provision.operations.monitor import HEADER, LiveMonitor, snapshot, table_rows
+    from provision.operations.status import text_table
 
     inv = InventoryStore().load(name)
     if once:
@@ -254,8 +257,8 @@ def cost(
     as_json: Annotated[bool, typer.Option("--json", help="machine-readable output")] = False,
 ) -> None:
     """What every cluster made here cost (also removed ones), at the catalog price."""
-    from provision.cost import report
-    from provision.status import text_table, when
+    from provision.cluster.cost import report
+    from provision.operations.status import text_table, when
 
     rep = report(name)
     if as_json:
@@ -294,9 +297,9 @@ def scale(
     opts: dict[str, Any] = {},  # noqa: B006 - filled by with_options
 ) -> None:
     """Run the same job on 1..N nodes: throughput, speedup, efficiency and $ per job."""
-    from provision import scale as scaling
     from provision.cli.options import script_and_args
-    from provision.status import text_table
+    from provision.operations import scale as scaling
+    from provision.operations.status import text_table
 
     counts = scaling.parse_sizes(sizes)
     if plot_path:

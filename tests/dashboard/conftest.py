@@ -22,10 +22,10 @@ BASE = "http://127.0.0.1:8765"
 def make_client(home: Path, token: str | None = None, host: str = "127.0.0.1") -> Any:
     from starlette.testclient import TestClient
 
-    from provision.dashboard.actions import Removals
-    from provision.dashboard.live import Live
-    from provision.dashboard.security import Access
-    from provision.dashboard.web import Dashboard, create_app
+    from provision.operations.dashboard.actions import Removals
+    from provision.operations.dashboard.live import Live
+    from provision.operations.dashboard.security import Access
+    from provision.operations.dashboard.web import Dashboard, create_app
 
     dash = Dashboard(access=Access(host, token, CSRF), home=home, live=Live(home),
                      removals=Removals(home))

@@ -11,11 +11,11 @@ from __future__ import annotations
 import datetime as dt
 from pathlib import Path
 
-from provision import cost
-from provision.gate_record import GateNode, GatePair, GateRecord
-from provision.inventory import Inventory, InventoryStore, NodeRecord, Replacement
-from provision.jobs import JobStore, NodeJob
-from provision.spec import build_cluster_spec
+from provision.cluster import cost
+from provision.model.gate_record import GateNode, GatePair, GateRecord
+from provision.model.inventory import Inventory, InventoryStore, NodeRecord, Replacement
+from provision.model.jobstore import JobStore, NodeJob
+from provision.model.spec import build_cluster_spec
 
 # Two hours ago, so that costs and hours left read like a cluster in use.
 T0 = (dt.datetime.now(dt.UTC) - dt.timedelta(hours=2)).replace(second=0, microsecond=0)

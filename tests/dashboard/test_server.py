@@ -77,7 +77,7 @@ def test_the_rest_of_the_cli_loads_nothing_of_the_dashboard() -> None:
     probe = ("import sys; sys.argv = ['mgpu-cloud', '--help']\n"
              "import provision.cli as c\n"
              "try: c.app()\nexcept SystemExit: pass\n"
-             "print([m for m in ('starlette', 'uvicorn', 'provision.dashboard') "
+             "print([m for m in ('starlette', 'uvicorn', 'provision.operations.dashboard') "
              "if m in sys.modules])")
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
                          timeout=60, check=True).stdout

@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 from dash_synthetic import iso, make_big_cluster, make_removed_cluster, train_log
 
-from provision.dashboard import metrics, views
-from provision.dashboard.joblogs import MAX_LINES, NodeLog
-from provision.jobs import JobStore
+from provision.model.jobstore import JobStore
+from provision.operations.dashboard import metrics, views
+from provision.operations.dashboard.joblogs import MAX_LINES, NodeLog
 
 
 @pytest.mark.parametrize(("line", "expected"), [

@@ -11,7 +11,7 @@ from browser import wait_for
 from conftest import CSRF, make_client
 from dash_synthetic import make_big_cluster, make_removed_cluster
 
-from provision.dashboard import web
+from provision.operations.dashboard import web
 
 PAGES = {"/": "/api/clusters", "/clusters/big": "/api/clusters/big",
          "/clusters/big/jobs/1": "/api/clusters/big/jobs/1", "/cost": "/api/cost",

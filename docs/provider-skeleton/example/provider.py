@@ -3,11 +3,11 @@ failure WITHOUT cleaning up), destroy (idempotent), orphans/delete_orphans (`gc`
 
 from __future__ import annotations
 
-from provision.errors import TeardownError, UserInputError
-from provision.inventory import Inventory, InventoryStore, NodeRecord, ResourceRecord
-from provision.model import StrictModel
-from provision.plan import Plan, PlannedResource
-from provision.spec import ClusterSpec
+from provision.model.errors import TeardownError, UserInputError
+from provision.model.inventory import Inventory, InventoryStore, NodeRecord, ResourceRecord
+from provision.model.base import StrictModel
+from provision.model.plan import Plan, PlannedResource
+from provision.model.spec import ClusterSpec
 
 from .options import ExampleOptions
 

@@ -24,8 +24,8 @@ sys.path.insert(0, str(Path(__file__).parent))
 import gcp_rules  # noqa: E402
 from fake_compute import FakeCompute  # noqa: E402
 
-from provision.inventory import Inventory, InventoryStore  # noqa: E402
-from provision.spec import ClusterSpec, build_cluster_spec, deep_merge  # noqa: E402
+from provision.model.inventory import Inventory, InventoryStore  # noqa: E402
+from provision.model.spec import ClusterSpec, build_cluster_spec, deep_merge  # noqa: E402
 
 PROJECT = "test-proj"
 CALLER_IP = "198.51.100.7"
@@ -58,7 +58,7 @@ class RulesLayer:
 def gcp_rules_layer(fake: FakeCompute, monkeypatch: pytest.MonkeyPatch) -> Iterator[RulesLayer]:
     """Every GCP test: Compute's rules on each request and on the state `create` (and
     `replace`) leaves."""
-    from provision.providers.gcp.provider import GcpProvider
+    from provision.cluster.providers.gcp.provider import GcpProvider
 
     layer = RulesLayer(fake)
     create = GcpProvider.create
@@ -111,7 +111,7 @@ def make_spec() -> Callable[..., ClusterSpec]:
 @pytest.fixture
 def up(store: InventoryStore) -> Callable[[ClusterSpec], Inventory]:
     """pipeline.up without bootstrap, auto-confirmed (rollback on failure included)."""
-    from provision import pipeline
+    from provision.cluster import pipeline
 
     def run(spec: ClusterSpec) -> Inventory:
         inv = pipeline.up(spec, confirm=lambda plan: True, store=store, bootstrap=False,

@@ -11,7 +11,7 @@ from fake_compute import FakeCompute
 from typer.testing import CliRunner
 
 from provision.cli import app
-from provision.inventory import InventoryStore
+from provision.model.inventory import InventoryStore
 
 FLAGS = ["--provider", "gcp", "--nodes", "2", "--project", PROJECT, "--zone", "us-central1-c",
          "--machine-type", "a2-ultragpu-8g", "--spot", "--ssh-cidr", "192.0.2.0/28",

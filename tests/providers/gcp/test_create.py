@@ -9,10 +9,10 @@ import pytest
 from conftest import PROJECT
 from fake_compute import FakeCompute
 
-from provision.errors import CapacityError, ProvisionError, TeardownError
-from provision.inventory import CLUSTER_TAG, Inventory, InventoryStore
-from provision.providers.gcp.clients import MAX_ATTEMPTS
-from provision.spec import ClusterSpec
+from provision.cluster.providers.gcp.clients import MAX_ATTEMPTS
+from provision.model.errors import CapacityError, ProvisionError, TeardownError
+from provision.model.inventory import CLUSTER_TAG, Inventory, InventoryStore
+from provision.model.spec import ClusterSpec
 
 MakeSpec = Callable[..., ClusterSpec]
 Up = Callable[[ClusterSpec], Inventory]
@@ -259,7 +259,7 @@ def test_a_rollback_that_fails_keeps_the_inventory_for_down(
     assert "HTTP 429" in str(info.value)
     assert store.exists("c1")  # what is left stays findable
     fake.faults.clear()
-    from provision import pipeline
+    from provision.cluster import pipeline
 
     pipeline.down("c1", store=store, log=lambda msg: None)
     assert fake.all_resources() == []

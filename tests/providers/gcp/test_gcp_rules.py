@@ -12,10 +12,10 @@ import pytest
 from conftest import RulesLayer
 from fake_compute import FakeCompute
 
-from provision import pipeline
-from provision.inventory import Inventory, InventoryStore
-from provision.providers.gcp.catalog import gpu_machine_types
-from provision.spec import ClusterSpec
+from provision.cluster import pipeline
+from provision.cluster.providers.gcp.catalog import gpu_machine_types
+from provision.model.inventory import Inventory, InventoryStore
+from provision.model.spec import ClusterSpec
 
 LONGEST_NAME = "a" + "b" * 38 + "9"  # 40 characters, the most a cluster name may have
 BULK = "projects/p/zones/us-central1-a/instances/bulkInsert"

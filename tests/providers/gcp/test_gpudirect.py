@@ -13,12 +13,12 @@ from collections.abc import Callable
 import pytest
 from fake_compute import FakeCompute
 
-from provision import pipeline
-from provision.errors import ProvisionError
-from provision.inventory import Inventory, InventoryStore
-from provision.providers import get_provider
-from provision.providers.gcp.plan import Layout
-from provision.spec import ClusterSpec
+from provision.cluster import pipeline
+from provision.cluster.providers import get_provider
+from provision.cluster.providers.gcp.plan import Layout
+from provision.model.errors import ProvisionError
+from provision.model.inventory import Inventory, InventoryStore
+from provision.model.spec import ClusterSpec
 
 MakeSpec = Callable[..., ClusterSpec]
 Up = Callable[[ClusterSpec], Inventory]
@@ -121,9 +121,9 @@ def test_the_plan_lists_the_networks_and_says_what_is_not_verified(make_spec: Ma
 
 
 def test_a3_megagpu_node_set_up_container_and_preset_are_tcpxo() -> None:
-    from provision.keys import generate_ed25519
-    from provision.providers.gcp import gpudirect
-    from provision.providers.gcp.create import nccl_env, startup_script
+    from provision.cluster.providers.gcp import gpudirect
+    from provision.cluster.providers.gcp.create import nccl_env, startup_script
+    from provision.model.keys import generate_ed25519
 
     layout = Layout(cluster="c1", project="p", region="us-central1", zones=["us-central1-a"],
                     nodes=2, machine_type="a3-megagpu-8g", gpus=8, accelerator_type=None,

@@ -8,10 +8,10 @@ import pytest
 from conftest import CALLER_IP, PROJECT, writes
 from fake_compute import FakeCompute
 
-from provision.errors import SpecError, UserInputError
-from provision.providers import get_provider
-from provision.providers.gcp.plan import GcpPlan, Layout, layout_to_plan
-from provision.spec import ClusterSpec
+from provision.cluster.providers import get_provider
+from provision.cluster.providers.gcp.plan import GcpPlan, Layout, layout_to_plan
+from provision.model.errors import SpecError, UserInputError
+from provision.model.spec import ClusterSpec
 
 MakeSpec = Callable[..., ClusterSpec]
 
@@ -112,8 +112,8 @@ def test_without_credentials_the_plan_is_made_offline(
     assert "gcloud auth application-default login" in unresolved
     assert plan.slots_per_node == 8
     assert "unresolved: boot image" in plan.render()
-    from provision import pipeline
-    from provision.errors import ProviderUnavailableError
+    from provision.cluster import pipeline
+    from provision.model.errors import ProviderUnavailableError
 
     with pytest.raises(ProviderUnavailableError, match="this plan cannot be created"):
         pipeline.up(spec, confirm=lambda p: True, store=store, bootstrap=False,  # type: ignore[arg-type]
@@ -166,7 +166,7 @@ def test_a_deprecated_image_is_used_when_nothing_newer_works(fake: FakeCompute,
 
 
 def test_no_usable_family_names_everything_tried(fake: FakeCompute, make_spec: MakeSpec) -> None:
-    from provision.providers.gcp.images import DEFAULT_IMAGE_FAMILIES
+    from provision.cluster.providers.gcp.images import DEFAULT_IMAGE_FAMILIES
 
     fake.images["deeplearning-platform-release"] = {"common-cu121-debian-11-py310": "OBSOLETE"}
     with pytest.raises(UserInputError) as info:

@@ -12,12 +12,12 @@ import pytest
 from conftest import PROJECT
 from fake_compute import FakeCompute
 
-from provision import pipeline
-from provision.errors import CapacityError
-from provision.inventory import Inventory, InventoryStore
-from provision.providers import get_provider
-from provision.providers.contract import Recoverable
-from provision.spec import ClusterSpec
+from provision.cluster import pipeline
+from provision.cluster.providers import get_provider
+from provision.cluster.providers.contract import Recoverable
+from provision.model.errors import CapacityError
+from provision.model.inventory import Inventory, InventoryStore
+from provision.model.spec import ClusterSpec
 
 MakeSpec = Callable[..., ClusterSpec]
 Up = Callable[[ClusterSpec], Inventory]

@@ -9,12 +9,12 @@ from conftest import PROJECT
 from fake_compute import FakeCompute
 from typer.testing import CliRunner
 
-from provision import pipeline
 from provision.cli import app
-from provision.errors import TeardownError
-from provision.inventory import CLUSTER_TAG, Inventory, InventoryStore
-from provision.providers import get_provider
-from provision.spec import ClusterSpec
+from provision.cluster import pipeline
+from provision.cluster.providers import get_provider
+from provision.model.errors import TeardownError
+from provision.model.inventory import CLUSTER_TAG, Inventory, InventoryStore
+from provision.model.spec import ClusterSpec
 
 MakeSpec = Callable[..., ClusterSpec]
 Up = Callable[[ClusterSpec], Inventory]

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from provision.keys import generate_ed25519, host_key_only
-from provision.providers.gcp.create import nccl_env, startup_script
-from provision.providers.gcp.plan import Layout
+from provision.cluster.providers.gcp.create import nccl_env, startup_script
+from provision.cluster.providers.gcp.plan import Layout
+from provision.model.keys import generate_ed25519, host_key_only
 
 LAYOUT = Layout(cluster="c1", project="p", region="us-central1", zones=("us-central1-a",),
                 nodes=2, machine_type="a2-ultragpu-8g", gpus=8, accelerator_type=None, slots=8,

@@ -1,0 +1,289 @@
+"""Docker provider: nodes are containers of the node image on a private bridge network.
+
+Per cluster NAME (everything labelled mgpu-cloud-cluster=NAME):
+    network     NAME-net (bridge, private to the cluster; ranks rendezvous over it)
+    containers  NAME-node-0 .. NAME-node-(N-1), hostname and network alias node-R,
+                SSH published on 127.0.0.1 only (a random port), host key made by the tool
+                and handed over in the container's environment (node-entrypoint.sh writes it
+                before sshd starts; anyone who can read it with `docker inspect` is root on
+                this machine anyway), the cluster key in authorized_keys.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import threading
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from provision.cluster.providers.docker.engine import docker_client, map_errors
+from provision.cluster.providers.docker.options import DockerOptions
+from provision.model.errors import TeardownError
+from provision.model.inventory import (
+    CLUSTER_TAG,
+    Inventory,
+    InventoryStore,
+    NodeRecord,
+    PreemptionSource,
+    ResourceRecord,
+)
+from provision.model.plan import Plan, PlannedResource
+from provision.model.render import parse_env_file, render
+from provision.model.spec import ClusterSpec
+from provision.nodes import background, fan_out
+
+if TYPE_CHECKING:
+    from provision.model.keys import KeyPair
+
+log = logging.getLogger("mgpu_cloud")
+
+DEFAULT_SLOTS = 2
+# The stand-in for the cloud metadata service on docker nodes (remote/preempt.py "file"
+# protocol): a notice is a file `instance-action` written into this folder on a node.
+METADATA_STANDIN = "/tmp/mgpu-metadata"  # noqa: S108 - inside the node container
+NODE_LABEL = "mgpu-cloud-node"
+
+
+def network_name(cluster: str) -> str:
+    return f"{cluster}-net"
+
+
+def container_name(cluster: str, rank: int) -> str:
+    return f"{cluster}-node-{rank}"
+
+
+def _node_environment(host: KeyPair, authorized_key: str) -> dict[str, str]:
+    """What node-entrypoint.sh writes before sshd starts: the node's host key (made by the
+    tool, so it is pinned before the first connection) and the cluster's public key."""
+    return {"MGPU_HOST_KEY": host.private_openssh.strip(), "MGPU_AUTHORIZED_KEY": authorized_key}
+
+
+class DockerProvider:
+    name = "docker"
+
+    def plan(self, spec: ClusterSpec) -> Plan:
+        docker_client()  # Docker not reachable -> clear error before anything is made
+        slots = spec.gpus_per_node or DEFAULT_SLOTS
+        resources = [PlannedResource(kind="network", name=network_name(spec.name),
+                                     details={"driver": "bridge"})]
+        for rank in range(spec.nodes):
+            resources.append(PlannedResource(
+                kind="container", name=container_name(spec.name, rank),
+                details={"hostname": f"node-{rank}", "ssh": "127.0.0.1:<random port>"},
+            ))
+        return Plan(provider="docker", cluster=spec.name, nodes=spec.nodes,
+                    slots_per_node=slots, resources=resources)
+
+    # ---------------------------------------------------------------------------------------
+    def create(self, spec: ClusterSpec, plan: Plan, inv: Inventory, store: InventoryStore) -> None:
+        """Engine calls go out as early as possible; the tool's own work (keys, image lookup,
+        inventory writes, the NCCL preset) happens while the engine is busy. On failure it
+        raises; the pipeline removes what the inventory recorded."""
+        from provision.cluster.providers.docker.images import ensure_node_image
+
+        opts = spec.options_as(DockerOptions)
+        client = docker_client()
+        labels = {CLUSTER_TAG: spec.name}
+        store_lock = threading.Lock()  # inventory writes come from several threads
+
+        def record(kind: str, rid: str, name: str) -> None:
+            extra = {"image": image} if kind == "container" else {}
+            with store_lock:
+                store.record(inv, ResourceRecord(kind=kind, id=rid, name=name, extra=extra))
+
+        # Low-level API calls: the SDK's model methods add an inspect after every create.
+        api = client.api
+        net_name = network_name(spec.name)
+        image = ""
+
+        def make_network() -> None:
+            with map_errors("creating the cluster network"):
+                net_id = api.create_network(net_name, driver="bridge", labels=labels)["Id"]
+            record("network", net_id, net_name)
+
+        def start(rank: int) -> NodeRecord:
+            return _start_container(api, inv, opts, image, rank, host_keys[rank], public_key,
+                                    plan.slots_per_node, record)
+
+        net_future = background(make_network)
+        try:
+            # Imported here: cryptography loads while the engine makes the network.
+            from provision.model.keys import ensure_cluster_key, generate_ed25519
+
+            key_path, public_key = ensure_cluster_key(store.keys_dir(spec.name))
+            host_keys = [generate_ed25519(f"node-{r}") for r in range(spec.nodes)]
+            with store_lock:
+                inv.key_path = str(key_path)
+                store.save(inv)
+            image = ensure_node_image(opts, log=log.info, client=client)
+        finally:
+            # On failure, wait until the network is recorded, so the rollback removes it.
+            exc = net_future.exception()
+        if exc is not None:
+            raise exc
+        inv.nccl_env = parse_env_file(render("nccl/docker.env.j2", gpus=opts.gpus))
+        inv.preemption = PreemptionSource(protocol="file", url=METADATA_STANDIN)
+        inv.nodes = fan_out(range(spec.nodes), start)
+        store.save(inv)
+
+    # --- recovery -------------------------------------------------------------------------
+    def node_alive(self, inv: Inventory, node: NodeRecord) -> bool:
+        """False when the node's container is gone or not running."""
+        import docker.errors
+
+        if not node.resource_id:
+            return True
+        try:
+            state = docker_client().api.inspect_container(node.resource_id)["State"]
+        except docker.errors.NotFound:
+            return False
+        except docker.errors.APIError:
+            return True  # cannot tell
+        return bool(state.get("Running")) and not state.get("Paused")
+
+    def replace(self, inv: Inventory, store: InventoryStore, node: NodeRecord) -> NodeRecord:
+        """Remove the node's container; start a new one with the same name, hostname and
+        network alias (so the other nodes reach it by the same name) and a new host key."""
+        import docker.errors
+
+        from provision.model.keys import ensure_cluster_key, generate_ed25519
+
+        api = docker_client().api
+        old = next((r for r in inv.resources_of("container") if r.id == node.resource_id), None)
+        image = (old.extra.get("image") if old else None) or ""
+        if not image:
+            with map_errors(f"looking up the image of {node.name}"):
+                image = api.inspect_container(node.resource_id or "")["Config"]["Image"]
+        if node.resource_id:
+            with contextlib.suppress(docker.errors.NotFound):
+                with map_errors(f"removing the lost container of {node.name}"):
+                    api.remove_container(node.resource_id, force=True)
+            store.forget(inv, "container", node.resource_id)
+        opts = inv.spec.options_as(DockerOptions) if inv.spec else DockerOptions()
+        _, public_key = ensure_cluster_key(store.keys_dir(inv.name))
+
+        def record(kind: str, rid: str, name: str) -> None:
+            store.record(inv, ResourceRecord(kind=kind, id=rid, name=name,
+                                             extra={"image": image}))
+
+        new = _start_container(api, inv, opts, image, node.rank, generate_ed25519(node.name),
+                               public_key, node.slots, record)
+        inv.nodes = [new if n.rank == node.rank else n for n in inv.nodes]
+        store.save(inv)
+        return new
+
+    # ---------------------------------------------------------------------------------------
+    def destroy(self, inv: Inventory, store: InventoryStore) -> None:
+        import docker.errors
+
+        client = docker_client()
+        failures: list[str] = []
+        by_label = {"label": f"{CLUSTER_TAG}={inv.name}"}
+
+        containers = {r.id for r in inv.resources_of("container")}
+        with contextlib.suppress(docker.errors.APIError):
+            containers |= {c.id for c in client.containers.list(all=True, filters=by_label)}
+
+        def remove(cid: str) -> None:
+            try:
+                client.api.remove_container(cid, force=True)
+            except docker.errors.NotFound:
+                pass
+            except docker.errors.APIError as exc:
+                if exc.status_code != 409:  # 409: removal already in progress
+                    failures.append(f"container {cid[:12]}: {exc.explanation or exc}")
+                    return
+
+        fan_out(containers, remove)
+        for cid in containers:
+            if not any(cid[:12] in f for f in failures):
+                store.forget(inv, "container", cid)
+
+        networks = {r.id for r in inv.resources_of("network")}
+        with contextlib.suppress(docker.errors.APIError):
+            networks |= {n.id for n in client.networks.list(filters=by_label)}
+        for nid in networks:
+            try:
+                client.api.remove_network(nid)
+            except docker.errors.NotFound:
+                pass
+            except docker.errors.APIError as exc:
+                failures.append(f"network {nid[:12]}: {exc.explanation or exc}")
+                continue
+            store.forget(inv, "network", nid)
+        if failures:
+            raise TeardownError(
+                f"could not remove everything of cluster {inv.name!r}: " + "; ".join(failures),
+                hint=f"the inventory is kept; retry with: mgpu-cloud down {inv.name}",
+            )
+
+    # ---------------------------------------------------------------------------------------
+    def orphans(self, spec: ClusterSpec, known: set[str]) -> list[ResourceRecord]:
+        client = docker_client()
+        found: list[ResourceRecord] = []
+        for c in client.containers.list(all=True, filters={"label": CLUSTER_TAG}):
+            owner = c.labels.get(CLUSTER_TAG, "")
+            if owner not in known:
+                found.append(ResourceRecord(kind="container", id=c.id, name=c.name,
+                                            extra={"cluster": owner}))
+        for n in client.networks.list(filters={"label": CLUSTER_TAG}):
+            owner = (n.attrs.get("Labels") or {}).get(CLUSTER_TAG, "")
+            if owner not in known:
+                found.append(ResourceRecord(kind="network", id=n.id, name=n.name,
+                                            extra={"cluster": owner}))
+        return found
+
+    def delete_orphans(self, spec: ClusterSpec, resources: list[ResourceRecord]) -> None:
+        orphan = Inventory(name="gc-scope", provider="docker", resources=resources)
+        store = _NullStore()
+        self.destroy(orphan, store)  # type: ignore[arg-type]
+
+
+def _start_container(api: Any, inv: Inventory, opts: DockerOptions, image: str, rank: int,
+                     host_key: KeyPair, public_key: str, slots: int,
+                     record: Callable[[str, str, str], None]) -> NodeRecord:
+    """Create and start node `rank`'s container (recorded before it starts); its NodeRecord."""
+    from provision.model.keys import host_key_only
+
+    name = container_name(inv.name, rank)
+    net_name = network_name(inv.name)
+    host: dict[str, Any] = {"port_bindings": {22: ("127.0.0.1", None)},
+                            "network_mode": net_name, "shm_size": "1g"}
+    if opts.cpus:
+        host["nano_cpus"] = int(opts.cpus * 1e9)
+    if opts.memory:
+        host["mem_limit"] = opts.memory
+    if opts.gpus:
+        import docker.types
+
+        host["device_requests"] = [docker.types.DeviceRequest(count=-1, capabilities=[["gpu"]])]
+    with map_errors(f"creating container {name}"):
+        cid = api.create_container(
+            image,
+            name=name,
+            hostname=f"node-{rank}",
+            labels={CLUSTER_TAG: inv.name, NODE_LABEL: str(rank)},
+            ports=[22],
+            environment=_node_environment(host_key, public_key),
+            host_config=api.create_host_config(**host),
+            networking_config=api.create_networking_config(
+                {net_name: api.create_endpoint_config(aliases=[f"node-{rank}"])}),
+            detach=True,
+        )["Id"]
+    record("container", cid, name)
+    with map_errors(f"starting container {name}"):
+        api.start(cid)
+        ports = api.inspect_container(cid)["NetworkSettings"]["Ports"]
+    return NodeRecord(
+        name=f"node-{rank}", rank=rank, address="127.0.0.1",
+        port=int(ports["22/tcp"][0]["HostPort"]), private_address=f"node-{rank}", user="root",
+        slots=slots, host_key=host_key_only(host_key.public_openssh), resource_id=cid,
+    )
+
+
+class _NullStore:
+    """Stands in for the store when deleting resources that have no inventory."""
+
+    def forget(self, inv: Inventory, kind: str, resource_id: str) -> None:
+        inv.resources = [r for r in inv.resources if r.id != resource_id]
