@@ -58,18 +58,25 @@ def gate_record(names: list[str], slow: tuple[str, str] | None = None) -> GateRe
                       if slow else [])
 
 
-def make_big_cluster(home: Path, name: str = "big", nodes: int = 64) -> Inventory:
+def make_big_cluster(home: Path, name: str = "big", nodes: int = 64,
+                     provider: str = "aws") -> Inventory:
+    """`nodes` p5.48xlarge on AWS at their catalog price (or docker nodes, free)."""
     key = home / "dummy_key"
     home.mkdir(parents=True, exist_ok=True)
     key.write_text("not a key\n")
-    spec = build_cluster_spec({}, {"name": name, "nodes": nodes, "max_hours": 12})
+    fields: dict[str, object] = {"name": name, "nodes": nodes, "max_hours": 12,
+                                 "provider": provider}
+    if provider == "aws":
+        fields["aws"] = {"instance_type": "p5.48xlarge", "region": "us-east-1"}
+    spec = build_cluster_spec({}, fields)
     names = [f"node-{i}" for i in range(nodes)]
     inv = Inventory(
-        name=name, provider="docker", status="ready", spec=spec, created_at=iso(0),
+        name=name, provider=provider, status="ready", spec=spec, created_at=iso(0),
         nodes=[NodeRecord(name=n, rank=i, address="127.0.0.1", port=1,
                           private_address=f"10.0.{i // 250}.{i % 250 + 2}", slots=8)
                for i, n in enumerate(names)],
-        key_path=str(key), hourly_cost_usd=32.77 * nodes, bootstrapped=True,
+        key_path=str(key), hourly_cost_usd=98.32 * nodes if provider == "aws" else 0.0,
+        bootstrapped=True,
         replacements=[Replacement(rank=3, old="node-3", new="node-3b", reason="node lost",
                                   at=iso(95))],
         fabric_gate=gate_record(names, slow=(names[1], names[2]) if nodes > 2 else None),
@@ -105,7 +112,8 @@ def make_big_cluster(home: Path, name: str = "big", nodes: int = 64) -> Inventor
 
 
 def make_removed_cluster(home: Path, name: str = "old-run") -> None:
-    spec = build_cluster_spec({}, {"name": name, "nodes": 2})
+    spec = build_cluster_spec({}, {"name": name, "nodes": 2, "provider": "aws", "aws": {
+        "instance_type": "p4d.24xlarge", "region": "us-east-1"}})
     inv = Inventory(name=name, provider="aws", spec=spec, created_at=iso(-600),
                     hourly_cost_usd=65.54)
     cost.record_up(inv, home)

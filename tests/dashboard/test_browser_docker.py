@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from browser import DOCS, browser_or_skip, js_errors, make_driver, shot, wait_for
+from browser import DOCS, browser_or_skip, js_errors, make_driver, screenshot, shot, wait_for
 from conftest import Served, serve
 
 pytestmark = [pytest.mark.docker, pytest.mark.usefixtures("node_image")]
@@ -182,12 +182,12 @@ def test_index_and_cost_pages(site: Served, driver: Any, tmp_path: Path) -> None
     driver.get(site.base + "/")
     row = driver.find_element("css selector", f'#clusters tr[data-cluster="{NAME}"]')
     assert "docker" in row.text and "ready" in row.text
-    shot(driver, tmp_path, "index")
+    screenshot(driver, tmp_path / "index.png")  # docs/ has the synthetic one: priced clouds
     driver.get(site.base + "/cost")
     assert NAME in driver.find_element("id", "cost").text
     wait_for(lambda: chart_points(driver, "cost") >= 2, 30, "the cost chart")
     assert js_errors(driver) == []
-    shot(driver, tmp_path, "cost")
+    screenshot(driver, tmp_path / "cost.png")
 
 
 def test_down_on_the_page_removes_the_cluster(site: Served, driver: Any) -> None:

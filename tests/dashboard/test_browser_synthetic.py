@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from browser import browser_or_skip, js_errors, make_driver, screenshot, wait_for
+from browser import browser_or_skip, js_errors, make_driver, screenshot, shot, wait_for
 from conftest import Served, serve
 from dash_synthetic import make_big_cluster, make_removed_cluster
 
@@ -19,7 +19,7 @@ def site(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
     browser_or_skip()
     home = tmp_path_factory.mktemp("dash-synthetic-home")
     make_big_cluster(home)
-    make_big_cluster(home, "solo", nodes=1)
+    make_big_cluster(home, "solo", nodes=1, provider="docker")
     make_removed_cluster(home)
     served = serve(home)
     try:
@@ -54,7 +54,7 @@ def test_64_nodes_that_do_not_answer(site: Served, driver: Any, tmp_path: Path) 
     assert count(driver, "#gate-matrix td.slow") == 2  # node-1 <-> node-2, both halves
     assert "FAIL node-2 slow link" in driver.find_element("id", "gate").text
     assert js_errors(driver) == []
-    screenshot(driver, tmp_path / "cluster-64-nodes.png")
+    shot(driver, tmp_path, "cluster-64-nodes")  # also in docs/dashboard/
 
 
 def test_one_node_cluster(site: Served, driver: Any, tmp_path: Path) -> None:
@@ -73,6 +73,7 @@ def test_finished_job_charts_and_log(site: Served, driver: Any, tmp_path: Path) 
         "return window.mgpuCharts.loss && window.mgpuCharts.loss.data[0].length"), 30,
         "the loss chart")
     assert points == 20
+    assert "loss (node-0)" in driver.find_element("id", "metrics").text
     tile = driver.find_element("css selector", '[data-metric="samples/s"]').text
     assert "18.2k" in tile and "samples/s" in tile
     wait_for(lambda: "step 190 loss" in driver.find_element("id", "log").text, 30, "the log")
@@ -90,14 +91,15 @@ def test_index_and_cost(site: Served, driver: Any, tmp_path: Path) -> None:
     rows = driver.find_elements("css selector", "#clusters tbody tr")
     assert [r.get_attribute("data-cluster") for r in rows] == ["big", "solo"]
     assert "old-run" in driver.find_element("id", "removed").text
-    screenshot(driver, tmp_path / "index.png")
+    shot(driver, tmp_path, "index")  # docs/: clouds have prices, docker clusters cost $0
     driver.get(site.base + "/cost")
     n = wait_for(lambda: driver.execute_script(
         "return window.mgpuCharts.cost && window.mgpuCharts.cost.data[0].length"), 30,
         "the cost chart")
     assert n >= 4
+    assert "p5.48xlarge" in driver.find_element("id", "cost").text
     assert js_errors(driver) == []
-    screenshot(driver, tmp_path / "cost.png")
+    shot(driver, tmp_path, "cost")
 
 
 def test_404_page_links_back(site: Served, driver: Any, tmp_path: Path) -> None:

@@ -96,14 +96,15 @@ def cluster(request: Request) -> Response:
 
 
 def monitor(request: Request) -> Response:
-    """The cluster page's live part: state, the removal's progress, every node's latest
-    sample (or why it has none) and the chart series."""
+    """The cluster page's live part: state, the removal's progress, the jobs as recorded,
+    every node's latest sample (or why it has none) and the chart series."""
     dash = _dash(request)
     name = request.path_params["name"]
     data = cluster_view(name, dash.home)  # NotFound for unknown names
     out: dict[str, Any] = {"name": name, "exists": data["exists"],
                            "state": data["cluster"]["state"] if data["exists"] else "removed",
-                           "removal": dash.removals.state(name), "nodes": [], "series": None}
+                           "removal": dash.removals.state(name), "jobs": data["jobs"],
+                           "nodes": [], "series": None}
     if data["exists"]:
         watch = dash.live.cluster(InventoryStore(dash.home).load(name))
         if watch is not None:

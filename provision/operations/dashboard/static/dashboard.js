@@ -88,11 +88,14 @@
     }
     if (empty) empty.remove();
     let u = charts[key];
-    if (u && (u.series.length !== opts.series.length + 1 || !el.contains(u.root))) {
+    if (u && (u.series.length !== opts.series.length + 1 || !el.contains(u.root)
+              || (u.scales.y.distr === 3) !== !!opts.log)) {
       u.destroy();
       u = null;
     }
     if (u) {
+      const width = Math.max(200, el.clientWidth - 10);
+      if (Math.abs(u.width - width) > 2) u.setSize({ width, height: u.height });
       u.setData(opts.data);
       return u;
     }
@@ -101,10 +104,13 @@
     u = new uPlot({
       width: Math.max(200, el.clientWidth - 10),
       height: opts.height || 180,
-      scales: { x: { time: opts.time !== false } },
+      scales: { x: { time: opts.time !== false }, y: opts.log ? { distr: 3 } : {} },
       legend: { show: !!opts.legend },
       cursor: { drag: { x: true, y: false } },
-      axes: [axis, { ...axis, size: 52, values: (u, vals) => vals.map(fmtNum) }],
+      axes: [axis, { ...axis, size: 52, values: (u, vals) => vals.map(fmtNum),
+        // on a log scale: ticks, grid and labels at powers of ten only
+        filter: opts.log ? (u, splits) => splits.map((v) => (
+          Math.abs(Math.log10(v) - Math.round(Math.log10(v))) < 1e-9 ? v : null)) : undefined }],
       series: [{}].concat(opts.series.map((s) => ({
         label: s.label, stroke: s.color, width: 1.6, spanGaps: true,
         fill: opts.fill ? translucent(s.color) : undefined,

@@ -73,6 +73,23 @@
     else banner(el, "bad", `Removal failed: ${removal.error}\n${tail}`);
   }
 
+  function duration(secs) {
+    if (secs == null) return "-";
+    const s = Math.floor(secs);
+    const pad = (n) => String(n).padStart(2, "0");
+    if (s >= 86400) return `${Math.floor(s / 86400)}d${pad(Math.floor(s % 86400 / 3600))}h`;
+    if (s >= 3600) return `${Math.floor(s / 3600)}h${pad(Math.floor(s % 3600 / 60))}m`;
+    return `${Math.floor(s / 60)}m${pad(s % 60)}s`;
+  }
+
+  function jobRow(j) {
+    const tr = document.querySelector(`#jobs tr[data-job="${CSS.escape(j.id)}"]`);
+    if (!tr) return;
+    setPill(tr.querySelector(".pill"), j.state);
+    text(tr.cells[3], duration(j.duration_s));
+    text(tr.cells[5], j.exit_summary);
+  }
+
   M.clusterPage = function (name, exists) {
     document.querySelectorAll(".swatch").forEach((el) => {
       el.style.background = M.color(Number(el.dataset.index));
@@ -99,6 +116,7 @@
         if (tr) nodeRow(tr, s);
       }
       if (d.series) monitorCharts(d.series, d.nodes);
+      for (const j of d.jobs) jobRow(j);
       return d.exists || (d.removal && d.removal.state === "running");
     }, 2000);
   };
@@ -141,7 +159,9 @@
         el.dataset.metric = key;
         $("#metrics").appendChild(el);
       }
-      M.chart(el, key, { title: `${key} (${m.node})`, time: false, fill: true,
+      const positive = m.y.every((v) => v > 0);
+      const log = positive && Math.max(...m.y) / Math.min(...m.y) > 50;
+      M.chart(el, key, { title: `${key} (${m.node})${log ? " · log scale" : ""}`, time: false, fill: !log, log, height: 220,
         series: [{ label: key, color: METRIC_COLORS[i % METRIC_COLORS.length] }], data: [m.x, m.y] });
     });
   }
@@ -187,12 +207,7 @@
     const j = d.job;
     setPill($("#job-state"), j.state);
     text($("#job-exit"), j.exit_code == null ? "-" : j.exit_code);
-    const secs = j.duration_s;
-    if (secs != null) {
-      const s = Math.floor(secs);
-      text($("#job-duration"), s >= 3600 ? `${Math.floor(s / 3600)}h${String(Math.floor(s % 3600 / 60)).padStart(2, "0")}m`
-        : `${Math.floor(s / 60)}m${String(s % 60).padStart(2, "0")}s`);
-    }
+    text($("#job-duration"), duration(j.duration_s));
     $("#cancel-button").hidden = !(j.current && !j.final);
     for (const n of j.nodes) {
       const tr = document.querySelector(`#job-nodes tr[data-node="${CSS.escape(n.name)}"]`);
@@ -205,7 +220,7 @@
       if (!tr) continue;
       text(tr.querySelector(".lines"), l.lines);
       text(tr.querySelector(".logstate"), l.error ? l.error : l.done ? "complete"
-        : l.following ? "following live" : d.logs.source === "live" ? "select it to follow" : "-");
+        : l.following ? "following live" : d.logs.source === "live" ? "choose it below to follow" : "-");
     }
     metricCharts(d.metrics);
     timeline(d.events, j.final);
