@@ -73,7 +73,7 @@ def test_finished_job_charts_and_log(site: Served, driver: Any, tmp_path: Path) 
         "return window.mgpuCharts.loss && window.mgpuCharts.loss.data[0].length"), 30,
         "the loss chart")
     assert points == 20
-    assert "loss (node-0)" in driver.find_element("id", "metrics").text
+    assert "loss (node-0) · log scale" in driver.find_element("id", "metrics").text
     tile = driver.find_element("css selector", '[data-metric="samples/s"]').text
     assert "18.2k" in tile and "samples/s" in tile
     wait_for(lambda: "step 190 loss" in driver.find_element("id", "log").text, 30, "the log")

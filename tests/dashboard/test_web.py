@@ -34,7 +34,8 @@ def test_every_page_renders_and_has_a_json_twin(client: Any, state: Path) -> Non
         twin = client.get(api).json()
         assert client.get(page, params={"format": "json"}).json().keys() == twin.keys()
     assert client.get("/api/cost").json()["total_usd"] > 0
-    job = client.get("/api/clusters/big/jobs/1").json()
+    job = wait_for(lambda: (j := client.get("/api/clusters/big/jobs/1").json())["metrics"]
+                   and j, 30, "the saved logs read (on a thread of the dashboard)")
     assert job["job"]["state"] == "succeeded" and job["logs"]["source"] == "saved"
     assert job["metrics"]["loss"]["node"] == "node-0" and len(job["metrics"]["loss"]["x"]) == 20
     page = client.get("/clusters/big").text
@@ -44,9 +45,11 @@ def test_every_page_renders_and_has_a_json_twin(client: Any, state: Path) -> Non
 
 
 def test_saved_logs_page_through_by_line_number(client: Any, state: Path) -> None:
-    first = client.get("/api/clusters/big/jobs/1/log", params={"node": "node-0"}).json()
-    assert first["source"] == "saved" and first["done"] and first["from"] == 0
-    assert first["lines"][1] == "step 0 loss 2.0500"
+    first = wait_for(lambda: (r := client.get("/api/clusters/big/jobs/1/log",
+                                              params={"node": "node-0"}).json())["done"] and r,
+                     30, "node-0's saved log read")
+    assert first["source"] == "saved" and first["from"] == 0
+    assert first["lines"][1] == "step 0 loss 2.0100"
     rest = client.get("/api/clusters/big/jobs/1/log",
                       params={"node": "node-0", "from": first["next"] - 2}).json()
     assert rest["lines"][-1].startswith("throughput: samples/s=")

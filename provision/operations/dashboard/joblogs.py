@@ -36,11 +36,11 @@ class NodeLog:
     carry a `[node] ` prefix that is removed; the first `skip` lines written are dropped (a
     re-follow after a broken channel starts again from the log's start)."""
 
-    def __init__(self, node: str, rank: int, live: bool) -> None:
+    def __init__(self, node: str, rank: int, live: bool, done: bool | None = None) -> None:
         self.node, self.rank = node, rank
         self.lines: deque[str] = deque(maxlen=MAX_LINES)
         self.total = 0  # lines ever added; line k (0-based) is held when k >= total - len
-        self.done = not live
+        self.done = not live if done is None else done  # no more lines will come
         self.error: str | None = None
         self.following = False
         self.parser = LogParser(node, live=live)
@@ -113,13 +113,19 @@ class JobWatch:
         live = (not rec.logs_saved and inv is not None and inv.status == "ready")
         self.source = "live" if live else ("saved" if rec.logs_saved else "missing")
         ranks = sorted(rec.nodes.items(), key=lambda kv: kv[1].rank)
-        self.logs = {name: NodeLog(name, nj.rank, live) for name, nj in ranks}
+        self.logs = {name: NodeLog(name, nj.rank, live, done=self.source == "missing")
+                     for name, nj in ranks}
         if self.source == "saved":
-            for log in self.logs.values():
-                self._load_saved(log)
+            # on a thread, in rank order (rank 0 prints the metrics): 64 big files must not
+            # hold up an answer
+            logs = list(self.logs.values())
+            threading.Thread(target=lambda: [self._load_saved(lg) for lg in logs],
+                             daemon=True, name="dashboard-saved-logs").start()
         elif self.source == "missing":
+            why = ("this log was not copied here before the cluster was removed"
+                   if inv is None else f"the cluster is {inv.status}: its nodes are not read now")
             for log in self.logs.values():
-                log.error = "this log was not copied here before the cluster was removed"
+                log.error = why
         elif ranks:
             self.want(ranks[0][0])
 
@@ -128,9 +134,12 @@ class JobWatch:
         try:
             with path.open(errors="replace") as fh:
                 for line in fh:
+                    if self._stop.is_set():
+                        return
                     log.add(line.rstrip("\n"))
         except FileNotFoundError:
             log.error = "no copy of this node's log was kept"
+        log.done = True
 
     # --- live ---------------------------------------------------------------------------------
     def want(self, node: str) -> None:

@@ -66,6 +66,16 @@
     return color.replace("hsl(", "hsla(").replace(")", ", 0.1)");
   }
 
+  /* The y axis; on a log scale ticks, grid lines and labels at powers of ten only. */
+  function yAxis(axis, log) {
+    const y = { ...axis, size: 52, values: (u, vals) => vals.map(fmtNum) };
+    if (!log) return y;
+    const decades = (u, splits) => splits.map((v) => (
+      Math.abs(Math.log10(v) - Math.round(Math.log10(v))) < 1e-9 ? v : null));
+    return { ...y, filter: decades, grid: { ...axis.grid, filter: decades },
+             ticks: { ...axis.ticks, filter: decades } };
+  }
+
   /* Create or update chart `key` in `el`: series [{label, color}], data uPlot-aligned. */
   M.chart = function (el, key, opts) {
     const points = opts.data[0] ? opts.data[0].length : 0;
@@ -107,10 +117,7 @@
       scales: { x: { time: opts.time !== false }, y: opts.log ? { distr: 3 } : {} },
       legend: { show: !!opts.legend },
       cursor: { drag: { x: true, y: false } },
-      axes: [axis, { ...axis, size: 52, values: (u, vals) => vals.map(fmtNum),
-        // on a log scale: ticks, grid and labels at powers of ten only
-        filter: opts.log ? (u, splits) => splits.map((v) => (
-          Math.abs(Math.log10(v) - Math.round(Math.log10(v))) < 1e-9 ? v : null)) : undefined }],
+      axes: [axis, yAxis(axis, !!opts.log)],
       series: [{}].concat(opts.series.map((s) => ({
         label: s.label, stroke: s.color, width: 1.6, spanGaps: true,
         fill: opts.fill ? translucent(s.color) : undefined,
