@@ -22,7 +22,6 @@ from typing import TYPE_CHECKING
 from provision.cluster.providers import get_provider
 from provision.model.errors import (
     MgpuError,
-    ProviderUnavailableError,
     ProvisionError,
     TeardownError,
     UserInputError,
@@ -32,7 +31,7 @@ from provision.model.plan import Plan
 from provision.model.spec import ClusterSpec
 
 if TYPE_CHECKING:
-    from provision.cluster.providers.contract import Provider
+    from provision.cluster.providers.contract import AnyProvider
     from provision.nodes.bootstrap import Workdir
 
 Log = Callable[[str], None]
@@ -64,18 +63,7 @@ def _stderr(msg: str) -> None:
     print(msg, file=sys.stderr, flush=True)
 
 
-def refuse_unresolved(plan: Plan) -> None:
-    """A plan made without the cloud's answers (e.g. `--dry-run` without credentials) is
-    printed, never created: ProviderUnavailableError before anything is written."""
-    if plan.unresolved:
-        raise ProviderUnavailableError(
-            "this plan cannot be created: " + "; ".join(plan.unresolved),
-            hint="make the provider's credentials available, or add --dry-run to only print "
-            "the plan",
-        )
-
-
-def plan_cluster(spec: ClusterSpec, store: InventoryStore) -> tuple[Provider, Plan]:
+def plan_cluster(spec: ClusterSpec, store: InventoryStore) -> tuple[AnyProvider, Plan]:
     """Validate everything that can be validated without writing, and plan."""
     if store.exists(spec.name):
         raise UserInputError(
@@ -87,7 +75,7 @@ def plan_cluster(spec: ClusterSpec, store: InventoryStore) -> tuple[Provider, Pl
 
 
 def create_cluster(
-    provider: Provider,
+    provider: AnyProvider,
     spec: ClusterSpec,
     plan: Plan,
     store: InventoryStore,
@@ -134,7 +122,7 @@ def create_cluster(
 
 
 def _roll_back(
-    provider: Provider, inv: Inventory, store: InventoryStore, exc: BaseException, log: Log
+    provider: AnyProvider, inv: Inventory, store: InventoryStore, exc: BaseException, log: Log
 ) -> None:
     """Destroy what `inv` recorded after `exc`; returns only to let the caller re-raise `exc`
     (an MgpuError gets told that everything was deleted). A failing rollback raises a
@@ -154,7 +142,7 @@ def _roll_back(
         ) from exc
 
 
-def destroy_cluster(provider: Provider, inv: Inventory, store: InventoryStore, log: Log, *,
+def destroy_cluster(provider: AnyProvider, inv: Inventory, store: InventoryStore, log: Log, *,
                     before: BeforeDestroy | None = None) -> None:
     """Caller holds the lock. Delete everything `inv` recorded, then the inventory itself;
     `before` runs first while the nodes still answer. TeardownError keeps the inventory."""
@@ -188,7 +176,7 @@ def up(
     provider, plan = plan_cluster(spec, store)
     if not confirm(plan):
         return None
-    refuse_unresolved(plan)
+    provider.creatable(plan)  # refused here, before anything is written, when unresolved
     with store.lock(spec.name), sigterm_raises():
         return create_cluster(
             provider, spec, plan, store, bootstrap=bootstrap, workdir=None, log=log

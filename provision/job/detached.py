@@ -74,6 +74,7 @@ def run_detached(spec: ClusterSpec, job: JobSpec, *, confirm: Confirm, idle_minu
     provider, plan = plan_cluster(spec, store)
     if not confirm(plan):
         return None
+    provider.creatable(plan)  # an unresolved plan is refused before anything is written
     info = provider_info(spec.provider)
     with store.lock(spec.name), sigterm_raises():
         inv = create_cluster(provider, spec, plan, store, bootstrap=True,

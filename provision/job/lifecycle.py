@@ -20,12 +20,11 @@ from provision.cluster.pipeline import (
     create_cluster,
     destroy_cluster,
     plan_cluster,
-    refuse_unresolved,
     sigterm_raises,
 )
 from provision.cluster.pipeline import down as destroy_by_name
 from provision.cluster.providers import get_provider
-from provision.cluster.providers.contract import Provider
+from provision.cluster.providers.contract import AnyProvider
 from provision.job import jobs
 from provision.job.launch import launching_nodes, workdir_of
 from provision.model.errors import MgpuError
@@ -60,7 +59,7 @@ def launch(
         return _sync_run_fetch(get_provider(inv.provider), inv, store, job, log)
 
 
-def _sync_run_fetch(provider: Provider, inv: Inventory, store: InventoryStore, job: JobSpec,
+def _sync_run_fetch(provider: AnyProvider, inv: Inventory, store: InventoryStore, job: JobSpec,
                     log: Log, *, sync: bool = True) -> int:
     """The job on every node: workdir sync, the supervised run (checkpoints kept, failures
     recovered up to --max-restarts), rank 0's outputs back."""
@@ -126,7 +125,7 @@ def run(
     provider, plan = plan_cluster(spec, store)
     if not confirm(plan):
         return 1
-    refuse_unresolved(plan)
+    provider.creatable(plan)  # an unresolved plan is refused before anything is written
     with store.lock(spec.name), sigterm_raises():
         inv = create_cluster(provider, spec, plan, store, bootstrap=True,
                              workdir=lambda inv: workdir_of(inv, job), log=log)

@@ -25,7 +25,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from provision.cluster.providers.contract import Provider, Recoverable
+from provision.cluster.providers.contract import AnyProvider, Recoverable
 from provision.job.checkpoints import CheckpointKeeper, local_checkpoint_dir
 from provision.job.launch import SESSION_LOST, job_container, run_job
 from provision.model.errors import LaunchError, MgpuError
@@ -140,7 +140,7 @@ def dump_stacks(inv: Inventory, job: JobSpec, log: Log) -> None:
             log(f"[{name}] {line}")
 
 
-def _alive(provider: Provider, inv: Inventory, node: NodeRecord) -> bool:
+def _alive(provider: AnyProvider, inv: Inventory, node: NodeRecord) -> bool:
     if isinstance(provider, Recoverable):
         try:
             if not provider.node_alive(inv, node):
@@ -151,7 +151,7 @@ def _alive(provider: Provider, inv: Inventory, node: NodeRecord) -> bool:
         return group.wait_until_reachable(REACHABLE_DEADLINE_S)[node.name].ok
 
 
-def classify(code: int, watcher: Watcher, provider: Provider, inv: Inventory) -> Failure:
+def classify(code: int, watcher: Watcher, provider: AnyProvider, inv: Inventory) -> Failure:
     """What went wrong, once the job has stopped everywhere (code != 0)."""
     if watcher.reason == "preemption":
         nodes = [n for n in inv.nodes if n.name in watcher.preempted]
@@ -167,7 +167,7 @@ def classify(code: int, watcher: Watcher, provider: Provider, inv: Inventory) ->
 
 @dataclass
 class Recovery:
-    provider: Provider
+    provider: AnyProvider
     inv: Inventory
     store: InventoryStore
     job: JobSpec
@@ -235,7 +235,7 @@ Begin = Callable[[NodeGroup], str]  # a job record for the next attempt: its id
 End = Callable[[str, NodeGroup], None]  # the attempt `id` has ended: record how
 
 
-def run_supervised(provider: Provider, inv: Inventory, store: InventoryStore, job: JobSpec,
+def run_supervised(provider: AnyProvider, inv: Inventory, store: InventoryStore, job: JobSpec,
                    *, log: Log, group: NodeGroup | None = None, begin: Begin | None = None,
                    end: End | None = None) -> int:
     """Run `job`, keeping its checkpoints safe; on a failure, recover and restart (at most

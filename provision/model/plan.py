@@ -48,6 +48,18 @@ class Plan(BaseModel):
         default_factory=list, description="what could not be looked up, and why; a plan with "
         "unresolved parts is printed, never created")
 
+    def refuse_unresolved(self) -> None:
+        """A plan made without the provider's answers (e.g. `--dry-run` without credentials)
+        is printed, never created: ProviderUnavailableError before anything is written."""
+        if self.unresolved:
+            from provision.model.errors import ProviderUnavailableError
+
+            raise ProviderUnavailableError(
+                "this plan cannot be created: " + "; ".join(self.unresolved),
+                hint="make the provider's credentials available, or add --dry-run to only "
+                "print the plan",
+            )
+
     def expect(self, cls: type[P]) -> P:
         """This plan as the provider's own subclass (a provider's `create` starts with it)."""
         if not isinstance(self, cls):

@@ -158,6 +158,7 @@ def scale(job: JobSpec, sizes: list[int], *, spec: Any = None, cluster: str | No
         provider, plan = plan_cluster(spec, store)
         if confirm is not None and not confirm(plan):
             return None
+        provider.creatable(plan)
         with store.lock(spec.name), sigterm_raises():
             inv = create_cluster(provider, spec, plan, store, bootstrap=True,
                                  workdir=lambda inv: workdir_of(inv, job), log=log)

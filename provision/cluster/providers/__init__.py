@@ -13,10 +13,10 @@ from provision.model.errors import ProviderUnavailableError
 from provision.model.registry import load_ref, provider_info
 
 if TYPE_CHECKING:  # the contract imports pydantic models: not at the CLI's start
-    from provision.cluster.providers.contract import Provider
+    from provision.cluster.providers.contract import AnyProvider
 
 
-def get_provider(name: str) -> Provider:
+def get_provider(name: str) -> AnyProvider:
     """A new instance of provider `name`; its SDK is imported only now."""
     info = provider_info(name)
     try:
@@ -26,5 +26,5 @@ def get_provider(name: str) -> Provider:
             f"provider {name!r} cannot be loaded: {exc}",
             hint="reinstall mgpu-cloud with its dependencies: pip install mgpu-cloud",
         ) from exc
-    provider: Provider = cls()
+    provider: AnyProvider = cls()
     return provider

@@ -1,67 +1,137 @@
-"""The Provider contract: what the pipeline asks of every provider.
+"""The Provider contract: what the pipeline asks of every provider, as a base class whose public
+methods keep the rules every provider shares and call the hooks a provider fills in (TorchX's
+Scheduler: `submit` = `submit_dryrun` + `schedule`; dstack's Compute + capability mixins).
 
-    plan     pure with respect to the cloud: read-only calls at most; returns the provider's own
-             typed Plan subclass (what `create` consumes, plus a rendering for humans/--json)
-    create   makes what the plan says, recording each resource in the inventory the moment its
-             id exists; on failure it just raises: the pipeline rolls back by calling `destroy`
-             with what the inventory recorded (rollback lives once, in the pipeline)
-    destroy  idempotent; resources already gone are not errors; TeardownError if some remain
-    orphans / delete_orphans   tagged resources no inventory on this machine knows (`gc`)
+    plan(spec)            read-only; -> the provider's own typed Plan        hook: _plan
+    create(spec, plan, ...)  the plan refused when unresolved, typed (plan.expect), then made,
+                          recording each resource the moment its id exists; on failure it
+                          just raises: the pipeline rolls back with `destroy` hook: _create
+    destroy(inv, store)   idempotent; TeardownError if some remain            hook: _destroy
+    orphans / delete_orphans   tagged resources no inventory here knows (`gc`)
+                                                          hooks: _orphans / _delete_orphans
+Every public method runs its hook inside `errors(action)`: the ONE place where the provider's
+SDK errors (botocore, google.api_core, docker) become MgpuErrors. A provider that can replace a
+lost node names the capability `Recoverable` in its class line.
+
+    class AwsProvider(Recoverable[AwsPlan]): ...
+
+`mypy --strict` checks each provider against these signatures (get_provider is typed by it).
 """
 
 from __future__ import annotations
 
-from typing import Protocol, runtime_checkable
+import contextlib
+from abc import ABC, abstractmethod
+from contextlib import AbstractContextManager
+from typing import Any, ClassVar, Generic, TypeVar
 
+from provision.model.errors import MgpuError
 from provision.model.inventory import Inventory, InventoryStore, NodeRecord, ResourceRecord
 from provision.model.plan import Plan
 from provision.model.spec import ClusterSpec
 
+P = TypeVar("P", bound=Plan)
 
-@runtime_checkable
-class Provider(Protocol):
-    name: str
 
-    def plan(self, spec: ClusterSpec) -> Plan:
+class Provider(ABC, Generic[P]):
+    """A provider's public face. Subclasses fill the underscored hooks and `plan_class`."""
+
+    name: ClassVar[str]
+
+    # --- what a provider fills in ----------------------------------------------------------
+    @abstractmethod
+    def plan_class(self) -> type[P]:
+        """The provider's own Plan subclass (what `_plan` returns and `_create` consumes)."""
+
+    def errors(self, action: str, *, planning: bool = False) -> AbstractContextManager[Any]:
+        """Translate the provider's SDK errors raised inside into MgpuErrors naming `action`
+        (`planning`: bad input found while planning is the user's to fix, not a failure).
+        The default has nothing to translate."""
+        return contextlib.nullcontext()
+
+    @abstractmethod
+    def _plan(self, spec: ClusterSpec) -> P:
         """Validate `spec` against the provider and describe what `create` would make and
-        cost. Never writes. Raises UserInputError / ProviderUnavailableError for bad input,
-        unreachable APIs or missing credentials."""
-        ...
+        cost. Never writes. UserInputError / ProviderUnavailableError for bad input,
+        unreachable APIs or missing credentials (a dry run may return a plan with
+        `unresolved` parts instead)."""
+
+    @abstractmethod
+    def _create(self, spec: ClusterSpec, plan: P, inv: Inventory, store: InventoryStore) -> None:
+        """Make the resources of `plan`, recording each through `store.record` as soon as its
+        id exists, then fill `inv.nodes`. Raises on failure WITHOUT cleaning up."""
+
+    @abstractmethod
+    def _destroy(self, inv: Inventory, store: InventoryStore) -> None:
+        """Delete every resource of `inv` (forgetting each as it goes). Idempotent: resources
+        already gone are not errors. TeardownError (after trying everything) if some remain."""
+
+    @abstractmethod
+    def _orphans(self, spec: ClusterSpec, known: set[str]) -> list[ResourceRecord]:
+        """Tagged resources in the spec's scope whose cluster is not in `known`."""
+
+    @abstractmethod
+    def _delete_orphans(self, spec: ClusterSpec, resources: list[ResourceRecord]) -> None:
+        """Delete resources returned by `_orphans`. Idempotent."""
+
+    # --- what the pipeline calls (the shared rules live here, once) ------------------------
+    def plan(self, spec: ClusterSpec) -> P:
+        with self.errors(f"checking cluster {spec.name!r} with {self.name}", planning=True):
+            return self._plan(spec)
+
+    def creatable(self, plan: Plan) -> P:
+        """`plan` as this provider's own type; a plan made without the provider's answers
+        (`unresolved`, e.g. a dry run without credentials) is refused: it is printed, never
+        created. The pipeline asks before it writes anything."""
+        plan.refuse_unresolved()
+        return plan.expect(self.plan_class())
 
     def create(self, spec: ClusterSpec, plan: Plan, inv: Inventory, store: InventoryStore) -> None:
-        """Make the resources of `plan` (the provider's own Plan subclass, as returned by
-        `plan`), recording each through `store.record` as soon as its id exists, then fill
-        `inv.nodes`. Raises on failure WITHOUT cleaning up: the pipeline calls `destroy`."""
-        ...
+        typed = self.creatable(plan)
+        with self.errors(f"creating cluster {spec.name!r}"):
+            self._create(spec, typed, inv, store)
 
     def destroy(self, inv: Inventory, store: InventoryStore) -> None:
-        """Delete every resource of `inv`. Idempotent; resources already gone are not errors.
-        Raises TeardownError (after trying everything) if some could not be deleted."""
-        ...
+        with self.errors(f"deleting cluster {inv.name!r}"):
+            self._destroy(inv, store)
 
     def orphans(self, spec: ClusterSpec, known: set[str]) -> list[ResourceRecord]:
-        """Tagged resources in the spec's scope (region/project) whose cluster is not in
-        `known` (the names of the inventories on this machine)."""
-        ...
+        with self.errors("looking for orphaned resources", planning=True):
+            return self._orphans(spec, known)
 
     def delete_orphans(self, spec: ClusterSpec, resources: list[ResourceRecord]) -> None:
-        """Delete resources returned by `orphans`. Idempotent."""
-        ...
+        with self.errors("deleting orphaned resources"):
+            self._delete_orphans(spec, resources)
 
 
-@runtime_checkable
-class Recoverable(Protocol):
-    """Optional capability: providers that can tell whether a node is gone and replace one.
-    Without it, a lost node can only be restarted on (`--on-node-loss restart`) or fail."""
+class Recoverable(Provider[P]):
+    """Capability: the provider can tell whether a node is gone and replace one alone. Without
+    it, a lost node can only be restarted on (`--on-node-loss restart`) or end the run."""
+
+    @abstractmethod
+    def _node_alive(self, inv: Inventory, node: NodeRecord) -> bool:
+        """False when the provider is sure the node is gone (instance terminated, container
+        dead); True when it runs. May raise (SDK or MgpuError) when it cannot tell."""
+
+    @abstractmethod
+    def _replace(self, inv: Inventory, store: InventoryStore, node: NodeRecord) -> NodeRecord:
+        """A new node with the same name, rank and place (placement group, subnet, network
+        alias) as `node`, recorded in the inventory like any resource (the old one deleted and
+        forgotten), already in `inv.nodes`. ProvisionError / CapacityError when none can be
+        made, with nothing of the attempt left."""
 
     def node_alive(self, inv: Inventory, node: NodeRecord) -> bool:
-        """False when the provider is sure the node is gone (instance terminated, container
-        dead); True otherwise (alive, or cannot tell)."""
-        ...
+        """False only when the provider is sure the node is gone. When it cannot tell (its API
+        does not answer), True: the recovery loop then tries a fresh login instead."""
+        try:
+            with self.errors(f"looking up {node.name} of cluster {inv.name!r}"):
+                return self._node_alive(inv, node)
+        except MgpuError:
+            return True
 
     def replace(self, inv: Inventory, store: InventoryStore, node: NodeRecord) -> NodeRecord:
-        """A new node with the same name, rank and place (placement group, subnet, network
-        alias) as `node`, recorded in the inventory like any resource (the old one deleted
-        and forgotten). Returns the new NodeRecord, already in `inv.nodes`. Raises
-        ProvisionError when no node can be made."""
-        ...
+        with self.errors(f"replacing {node.name} of cluster {inv.name!r}"):
+            return self._replace(inv, store, node)
+
+
+AnyProvider = Provider[Any]  # what the pipeline holds: some provider, whatever its plan type

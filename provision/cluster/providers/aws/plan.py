@@ -29,7 +29,6 @@ from provision.cluster.providers.aws.options import AwsOptions
 from provision.cluster.providers.aws.plan_text import plan_notes, planned_resources
 from provision.cluster.providers.aws.request import AwsLaunch, AwsPlan, ZoneSubnet
 from provision.model.errors import UserInputError
-from provision.model.plan import Plan
 from provision.model.spec import ClusterSpec, validate_cidr
 
 # AWS Deep Learning Base OSS Nvidia Driver GPU AMI (Ubuntu 22.04), public SSM parameter.
@@ -152,7 +151,7 @@ def _describe_type(ec2: Ec2, instance_type: str) -> InstanceTypeInfo:
     return parse_instance_type(described[0])
 
 
-def build_plan(spec: ClusterSpec) -> Plan:
+def build_plan(spec: ClusterSpec) -> AwsPlan:
     """Read-only: validates `spec` and returns the Plan. Never writes."""
     _validate_local(spec)
     opts = spec.options_as(AwsOptions)

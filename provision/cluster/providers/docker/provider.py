@@ -15,10 +15,18 @@ import contextlib
 import logging
 import threading
 from collections.abc import Callable
+from contextlib import AbstractContextManager
 from typing import TYPE_CHECKING, Any
 
+from provision.cluster.providers.contract import Recoverable
 from provision.cluster.providers.docker.engine import docker_client, map_errors
-from provision.cluster.providers.docker.options import DockerOptions
+from provision.cluster.providers.docker.plan import (
+    DockerNode,
+    DockerPlan,
+    DockerRequest,
+    build_plan,
+    docker_request,
+)
 from provision.model.errors import TeardownError
 from provision.model.inventory import (
     CLUSTER_TAG,
@@ -28,7 +36,6 @@ from provision.model.inventory import (
     PreemptionSource,
     ResourceRecord,
 )
-from provision.model.plan import Plan, PlannedResource
 from provision.model.render import parse_env_file, render
 from provision.model.spec import ClusterSpec
 from provision.nodes import background, fan_out
@@ -38,19 +45,10 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("mgpu_cloud")
 
-DEFAULT_SLOTS = 2
 # The stand-in for the cloud metadata service on docker nodes (remote/preempt.py "file"
 # protocol): a notice is a file `instance-action` written into this folder on a node.
 METADATA_STANDIN = "/tmp/mgpu-metadata"  # noqa: S108 - inside the node container
 NODE_LABEL = "mgpu-cloud-node"
-
-
-def network_name(cluster: str) -> str:
-    return f"{cluster}-net"
-
-
-def container_name(cluster: str, rank: int) -> str:
-    return f"{cluster}-node-{rank}"
 
 
 def _node_environment(host: KeyPair, authorized_key: str) -> dict[str, str]:
@@ -59,30 +57,28 @@ def _node_environment(host: KeyPair, authorized_key: str) -> dict[str, str]:
     return {"MGPU_HOST_KEY": host.private_openssh.strip(), "MGPU_AUTHORIZED_KEY": authorized_key}
 
 
-class DockerProvider:
+class DockerProvider(Recoverable[DockerPlan]):
     name = "docker"
 
-    def plan(self, spec: ClusterSpec) -> Plan:
+    def plan_class(self) -> type[DockerPlan]:
+        return DockerPlan
+
+    def errors(self, action: str, *, planning: bool = False) -> AbstractContextManager[Any]:
+        return map_errors(action)
+
+    def _plan(self, spec: ClusterSpec) -> DockerPlan:
         docker_client()  # Docker not reachable -> clear error before anything is made
-        slots = spec.gpus_per_node or DEFAULT_SLOTS
-        resources = [PlannedResource(kind="network", name=network_name(spec.name),
-                                     details={"driver": "bridge"})]
-        for rank in range(spec.nodes):
-            resources.append(PlannedResource(
-                kind="container", name=container_name(spec.name, rank),
-                details={"hostname": f"node-{rank}", "ssh": "127.0.0.1:<random port>"},
-            ))
-        return Plan(provider="docker", cluster=spec.name, nodes=spec.nodes,
-                    slots_per_node=slots, resources=resources)
+        return build_plan(spec)
 
     # ---------------------------------------------------------------------------------------
-    def create(self, spec: ClusterSpec, plan: Plan, inv: Inventory, store: InventoryStore) -> None:
+    def _create(self, spec: ClusterSpec, plan: DockerPlan, inv: Inventory,
+                store: InventoryStore) -> None:
         """Engine calls go out as early as possible; the tool's own work (keys, image lookup,
         inventory writes, the NCCL preset) happens while the engine is busy. On failure it
         raises; the pipeline removes what the inventory recorded."""
         from provision.cluster.providers.docker.images import ensure_node_image
 
-        opts = spec.options_as(DockerOptions)
+        request = plan.request
         client = docker_client()
         labels = {CLUSTER_TAG: spec.name}
         store_lock = threading.Lock()  # inventory writes come from several threads
@@ -94,17 +90,17 @@ class DockerProvider:
 
         # Low-level API calls: the SDK's model methods add an inspect after every create.
         api = client.api
-        net_name = network_name(spec.name)
         image = ""
 
         def make_network() -> None:
             with map_errors("creating the cluster network"):
-                net_id = api.create_network(net_name, driver="bridge", labels=labels)["Id"]
-            record("network", net_id, net_name)
+                net_id = api.create_network(request.network, driver="bridge",
+                                            labels=labels)["Id"]
+            record("network", net_id, request.network)
 
-        def start(rank: int) -> NodeRecord:
-            return _start_container(api, inv, opts, image, rank, host_keys[rank], public_key,
-                                    plan.slots_per_node, record)
+        def start(node: DockerNode) -> NodeRecord:
+            return _start_container(api, inv, request, image, node, host_keys[node.rank],
+                                    public_key, record)
 
         net_future = background(make_network)
         try:
@@ -116,19 +112,20 @@ class DockerProvider:
             with store_lock:
                 inv.key_path = str(key_path)
                 store.save(inv)
-            image = ensure_node_image(opts, log=log.info, client=client)
+            image = ensure_node_image(request.node_image, log=log.info, client=client)
         finally:
             # On failure, wait until the network is recorded, so the rollback removes it.
             exc = net_future.exception()
         if exc is not None:
             raise exc
-        inv.nccl_env = parse_env_file(render("nccl/docker.env.j2", gpus=opts.gpus))
+        inv.nccl_env = parse_env_file(render("nccl/docker.env.j2",
+                                             gpus=request.node_image.gpus))
         inv.preemption = PreemptionSource(protocol="file", url=METADATA_STANDIN)
-        inv.nodes = fan_out(range(spec.nodes), start)
+        inv.nodes = fan_out(request.nodes, start)
         store.save(inv)
 
     # --- recovery -------------------------------------------------------------------------
-    def node_alive(self, inv: Inventory, node: NodeRecord) -> bool:
+    def _node_alive(self, inv: Inventory, node: NodeRecord) -> bool:
         """False when the node's container is gone or not running."""
         import docker.errors
 
@@ -138,11 +135,9 @@ class DockerProvider:
             state = docker_client().api.inspect_container(node.resource_id)["State"]
         except docker.errors.NotFound:
             return False
-        except docker.errors.APIError:
-            return True  # cannot tell
         return bool(state.get("Running")) and not state.get("Paused")
 
-    def replace(self, inv: Inventory, store: InventoryStore, node: NodeRecord) -> NodeRecord:
+    def _replace(self, inv: Inventory, store: InventoryStore, node: NodeRecord) -> NodeRecord:
         """Remove the node's container; start a new one with the same name, hostname and
         network alias (so the other nodes reach it by the same name) and a new host key."""
         import docker.errors
@@ -160,21 +155,21 @@ class DockerProvider:
                 with map_errors(f"removing the lost container of {node.name}"):
                     api.remove_container(node.resource_id, force=True)
             store.forget(inv, "container", node.resource_id)
-        opts = inv.spec.options_as(DockerOptions) if inv.spec else DockerOptions()
+        request = _request_of(inv, node)
         _, public_key = ensure_cluster_key(store.keys_dir(inv.name))
 
         def record(kind: str, rid: str, name: str) -> None:
             store.record(inv, ResourceRecord(kind=kind, id=rid, name=name,
                                              extra={"image": image}))
 
-        new = _start_container(api, inv, opts, image, node.rank, generate_ed25519(node.name),
-                               public_key, node.slots, record)
+        new = _start_container(api, inv, request, image, request.node(node.rank),
+                               generate_ed25519(node.name), public_key, record)
         inv.nodes = [new if n.rank == node.rank else n for n in inv.nodes]
         store.save(inv)
         return new
 
     # ---------------------------------------------------------------------------------------
-    def destroy(self, inv: Inventory, store: InventoryStore) -> None:
+    def _destroy(self, inv: Inventory, store: InventoryStore) -> None:
         import docker.errors
 
         client = docker_client()
@@ -219,7 +214,7 @@ class DockerProvider:
             )
 
     # ---------------------------------------------------------------------------------------
-    def orphans(self, spec: ClusterSpec, known: set[str]) -> list[ResourceRecord]:
+    def _orphans(self, spec: ClusterSpec, known: set[str]) -> list[ResourceRecord]:
         client = docker_client()
         found: list[ResourceRecord] = []
         for c in client.containers.list(all=True, filters={"label": CLUSTER_TAG}):
@@ -234,20 +229,30 @@ class DockerProvider:
                                             extra={"cluster": owner}))
         return found
 
-    def delete_orphans(self, spec: ClusterSpec, resources: list[ResourceRecord]) -> None:
+    def _delete_orphans(self, spec: ClusterSpec, resources: list[ResourceRecord]) -> None:
         orphan = Inventory(name="gc-scope", provider="docker", resources=resources)
         store = _NullStore()
-        self.destroy(orphan, store)  # type: ignore[arg-type]
+        self._destroy(orphan, store)  # type: ignore[arg-type]
 
 
-def _start_container(api: Any, inv: Inventory, opts: DockerOptions, image: str, rank: int,
-                     host_key: KeyPair, public_key: str, slots: int,
+def _request_of(inv: Inventory, node: NodeRecord) -> DockerRequest:
+    """The request `node` was made from (replace: from the inventory's typed spec)."""
+    if inv.spec is None:
+        raise TeardownError(f"cluster {inv.name!r}: its inventory has no spec to replace "
+                            f"{node.name} from")
+    request = docker_request(inv.spec)
+    request.slots = node.slots
+    return request
+
+
+def _start_container(api: Any, inv: Inventory, request: DockerRequest, image: str,
+                     node: DockerNode, host_key: KeyPair, public_key: str,
                      record: Callable[[str, str, str], None]) -> NodeRecord:
-    """Create and start node `rank`'s container (recorded before it starts); its NodeRecord."""
+    """Create and start `node`'s container (recorded before it starts); its NodeRecord."""
     from provision.model.keys import host_key_only
 
-    name = container_name(inv.name, rank)
-    net_name = network_name(inv.name)
+    name, rank, opts = node.container, node.rank, request.node_image
+    net_name = request.network
     host: dict[str, Any] = {"port_bindings": {22: ("127.0.0.1", None)},
                             "network_mode": net_name, "shm_size": "1g"}
     if opts.cpus:
@@ -262,13 +267,13 @@ def _start_container(api: Any, inv: Inventory, opts: DockerOptions, image: str, 
         cid = api.create_container(
             image,
             name=name,
-            hostname=f"node-{rank}",
+            hostname=node.hostname,
             labels={CLUSTER_TAG: inv.name, NODE_LABEL: str(rank)},
             ports=[22],
             environment=_node_environment(host_key, public_key),
             host_config=api.create_host_config(**host),
             networking_config=api.create_networking_config(
-                {net_name: api.create_endpoint_config(aliases=[f"node-{rank}"])}),
+                {net_name: api.create_endpoint_config(aliases=[node.hostname])}),
             detach=True,
         )["Id"]
     record("container", cid, name)
@@ -276,9 +281,9 @@ def _start_container(api: Any, inv: Inventory, opts: DockerOptions, image: str, 
         api.start(cid)
         ports = api.inspect_container(cid)["NetworkSettings"]["Ports"]
     return NodeRecord(
-        name=f"node-{rank}", rank=rank, address="127.0.0.1",
-        port=int(ports["22/tcp"][0]["HostPort"]), private_address=f"node-{rank}", user="root",
-        slots=slots, host_key=host_key_only(host_key.public_openssh), resource_id=cid,
+        name=node.hostname, rank=rank, address="127.0.0.1",
+        port=int(ports["22/tcp"][0]["HostPort"]), private_address=node.hostname, user="root",
+        slots=request.slots, host_key=host_key_only(host_key.public_openssh), resource_id=cid,
     )
 
 

@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 import logging
+from typing import TYPE_CHECKING
 
+from provision.cluster.providers.contract import Recoverable
 from provision.cluster.providers.gcp.options import GcpOptions
-from provision.model.errors import MgpuError, TeardownError
+from provision.model.errors import TeardownError
 from provision.model.inventory import Inventory, InventoryStore, NodeRecord, ResourceRecord
-from provision.model.plan import Plan
 from provision.model.spec import ClusterSpec
+
+if TYPE_CHECKING:  # the plan module loads google.cloud.compute (~1.4 s): only when used
+    from provision.cluster.providers.gcp.plan import GcpPlan
 
 log = logging.getLogger(__name__)
 
@@ -22,10 +26,15 @@ def _project_of(inv: Inventory) -> str | None:
     return None
 
 
-class GcpProvider:
+class GcpProvider(Recoverable["GcpPlan"]):
     name = "gcp"
 
-    def plan(self, spec: ClusterSpec) -> Plan:
+    def plan_class(self) -> type[GcpPlan]:
+        from provision.cluster.providers.gcp.plan import GcpPlan
+
+        return GcpPlan
+
+    def _plan(self, spec: ClusterSpec) -> GcpPlan:
         """Read-only: resolves project, zone, machine type, image; prices the cluster.
         Without credentials: the plan from the shipped catalog, listing what is unresolved."""
         from provision.cluster.caller_address import caller_cidr
@@ -56,23 +65,15 @@ class GcpProvider:
         layout = resolve(spec, clients, ssh_cidr)
         return layout_to_plan(layout, max_hours_defaulted=defaulted)
 
-    def create(self, spec: ClusterSpec, plan: Plan, inv: Inventory, store: InventoryStore) -> None:
+    def _create(self, spec: ClusterSpec, plan: GcpPlan, inv: Inventory,
+                store: InventoryStore) -> None:
         from provision.cluster.providers.gcp import create
         from provision.cluster.providers.gcp.clients import build_clients
-        from provision.cluster.providers.gcp.plan import GcpPlan
-        from provision.model.errors import ProviderUnavailableError
 
-        gcp_plan = plan.expect(GcpPlan)
-        if gcp_plan.unresolved:
-            raise ProviderUnavailableError(
-                "this GCP plan was made without Compute Engine and cannot be created: "
-                + "; ".join(gcp_plan.unresolved),
-                hint="log in with `gcloud auth application-default login` and run `up` again",
-            )
-        clients = build_clients(gcp_plan.layout.project)
-        create.create(spec, gcp_plan, inv, store, clients, log.warning)
+        clients = build_clients(plan.layout.project)
+        create.create(spec, plan, inv, store, clients, log.warning)
 
-    def destroy(self, inv: Inventory, store: InventoryStore) -> None:
+    def _destroy(self, inv: Inventory, store: InventoryStore) -> None:
         from provision.cluster.providers.gcp import teardown
         from provision.cluster.providers.gcp.clients import build_clients
 
@@ -81,18 +82,15 @@ class GcpProvider:
         teardown.destroy(inv, store, build_clients(_project_of(inv)))
 
     # --- recovery (contract.Recoverable) -------------------------------------------------------
-    def node_alive(self, inv: Inventory, node: NodeRecord) -> bool:
+    def _node_alive(self, inv: Inventory, node: NodeRecord) -> bool:
         """False when Compute says the node's VM is gone (deleted, or stopping / stopped /
-        suspended / terminated); True when it runs or Compute cannot be asked."""
+        suspended / terminated); True when it runs."""
         from provision.cluster.providers.gcp.clients import build_clients
         from provision.cluster.providers.gcp.replace import node_alive
 
-        try:
-            return node_alive(build_clients(_project_of(inv)), inv, node)
-        except MgpuError:
-            return True  # cannot tell: the recovery loop tries to log in
+        return node_alive(build_clients(_project_of(inv)), inv, node)
 
-    def replace(self, inv: Inventory, store: InventoryStore, node: NodeRecord) -> NodeRecord:
+    def _replace(self, inv: Inventory, store: InventoryStore, node: NodeRecord) -> NodeRecord:
         """Delete the node's VM, then make one in its place (replace.py). CapacityError /
         ProvisionError when none can be made, with nothing of the attempt left."""
         from provision.cluster.providers.gcp.clients import build_clients
@@ -100,7 +98,7 @@ class GcpProvider:
 
         return replace_node(build_clients(_project_of(inv)), inv, store, node)
 
-    def orphans(self, spec: ClusterSpec, known: set[str]) -> list[ResourceRecord]:
+    def _orphans(self, spec: ClusterSpec, known: set[str]) -> list[ResourceRecord]:
         """Instances (by label), placement policies and firewall rules (by description) of
         clusters not in `known`, in the project (and the zone / its region when given)."""
         from provision.cluster.providers.gcp import discovery
@@ -111,7 +109,7 @@ class GcpProvider:
         found = discovery.tagged_resources(clients, opts.zone)
         return [r for r in found if r.extra.get("cluster") not in known]
 
-    def delete_orphans(self, spec: ClusterSpec, resources: list[ResourceRecord]) -> None:
+    def _delete_orphans(self, spec: ClusterSpec, resources: list[ResourceRecord]) -> None:
         from provision.cluster.providers.gcp import teardown
         from provision.cluster.providers.gcp.clients import build_clients
 

@@ -23,6 +23,7 @@ from __future__ import annotations
 import logging
 import shlex
 
+from provision.cluster.providers.contract import Provider
 from provision.cluster.providers.slurm.allocation import (
     cancel,
     nodes_of,
@@ -39,7 +40,6 @@ from provision.cluster.providers.slurm.slurmcmd import JOB_NAME_PREFIX, format_t
 from provision.cluster.providers.slurm.transport import JOB_KIND, LOGIN_KIND
 from provision.model.errors import ProvisionError, TeardownError
 from provision.model.inventory import Inventory, InventoryStore, NodeRecord, ResourceRecord
-from provision.model.plan import Plan
 from provision.model.spec import ClusterSpec
 
 log = logging.getLogger("mgpu_cloud")
@@ -49,15 +49,22 @@ DIR_KIND = "remote-dir"
 SSH_CHECK_S = 20.0
 
 
-class SlurmProvider:
+class SlurmProvider(Provider[SlurmPlan]):
+    """A held allocation on a Slurm site: an allocation cannot swap one node, so a lost node
+    can only be waited for (`--on-node-loss restart`) or end the run."""
+
     name = "slurm"
 
-    def plan(self, spec: ClusterSpec) -> Plan:
+    def plan_class(self) -> type[SlurmPlan]:
+        return SlurmPlan
+
+    def _plan(self, spec: ClusterSpec) -> SlurmPlan:
         return make_plan(spec)
 
     # -------------------------------------------------------------------------------- create
-    def create(self, spec: ClusterSpec, plan: Plan, inv: Inventory, store: InventoryStore) -> None:
-        p = plan.expect(SlurmPlan)
+    def _create(self, spec: ClusterSpec, plan: SlurmPlan, inv: Inventory,
+                store: InventoryStore) -> None:
+        p = plan
         opts = spec.options_as(SlurmOptions)
         target = p.target
         store.record(inv, ResourceRecord(kind=LOGIN_KIND, id=target.login.known_hosts_name,
@@ -139,7 +146,7 @@ class SlurmProvider:
                          hint=hint)
 
     # ------------------------------------------------------------------------------- destroy
-    def destroy(self, inv: Inventory, store: InventoryStore) -> None:
+    def _destroy(self, inv: Inventory, store: InventoryStore) -> None:
         logins = inv.resources_of(LOGIN_KIND)
         if not logins:  # nothing was submitted (the login record comes first)
             self._forget(inv, store, (PINNED_KEY_KIND, DIR_KIND, JOB_KIND))
@@ -209,7 +216,7 @@ class SlurmProvider:
                 store.forget(inv, r.kind, r.id)
 
     # ---------------------------------------------------------------------------------- gc
-    def orphans(self, spec: ClusterSpec, known: set[str]) -> list[ResourceRecord]:
+    def _orphans(self, spec: ClusterSpec, known: set[str]) -> list[ResourceRecord]:
         target, _ = resolve_target(spec.options_as(SlurmOptions))
         session = LoginSession(target)
         try:
@@ -228,7 +235,7 @@ class SlurmProvider:
                                             extra={"state": state}))
         return found
 
-    def delete_orphans(self, spec: ClusterSpec, resources: list[ResourceRecord]) -> None:
+    def _delete_orphans(self, spec: ClusterSpec, resources: list[ResourceRecord]) -> None:
         target, _ = resolve_target(spec.options_as(SlurmOptions))
         session = LoginSession(target)
         try:

@@ -19,6 +19,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from provision.cluster.providers.contract import Provider
 from provision.cluster.providers.ssh.checks import check_hosts, describe_login_error, remote_root
 from provision.cluster.providers.ssh.hosts import Host, load_hosts
 from provision.cluster.providers.ssh.options import SshOptions
@@ -110,7 +111,10 @@ class SshPlan(Plan):
     hosts: list[PlannedHost]
 
 
-class SshProvider:
+class SshProvider(Provider[SshPlan]):
+    """Machines the user already has: nothing is billed, nothing can be replaced (a lost host
+    can only be waited for: `--on-node-loss restart`)."""
+
     name = "ssh"
 
     def __init__(self, resolve_key: KeyResolver = resolve_host_key,
@@ -118,8 +122,11 @@ class SshProvider:
         self._resolve_key = resolve_key
         self._connector = connector  # None: SSH (tests inject a recording fake)
 
+    def plan_class(self) -> type[SshPlan]:
+        return SshPlan
+
     # ---------------------------------------------------------------------------------- plan
-    def plan(self, spec: ClusterSpec) -> Plan:
+    def _plan(self, spec: ClusterSpec) -> SshPlan:
         hosts = load_hosts(spec)
         known_file = user_known_hosts_path()
         known = load_known_hosts(known_file)
@@ -204,12 +211,13 @@ class SshProvider:
                        hosts=planned)
 
     # -------------------------------------------------------------------------------- create
-    def create(self, spec: ClusterSpec, plan: Plan, inv: Inventory, store: InventoryStore) -> None:
+    def _create(self, spec: ClusterSpec, plan: SshPlan, inv: Inventory,
+                store: InventoryStore) -> None:
         """Fill the nodes, pin the keys, check every host. On failure it raises; the pipeline
         then calls `destroy`, which removes what the inventory says was placed."""
         from provision.nodes.bootstrap import remote_zipapp
 
-        hosts = plan.expect(SshPlan).hosts
+        hosts = plan.hosts
         # The user's machines already trust each other (or not) as they like: ~/.ssh there
         # is never modified. key_path is the user's own key, referenced, never copied.
         inv.inter_node_ssh = False
@@ -243,7 +251,7 @@ class SshProvider:
         store.save(inv)
 
     # ------------------------------------------------------------------------------- destroy
-    def destroy(self, inv: Inventory, store: InventoryStore) -> None:
+    def _destroy(self, inv: Inventory, store: InventoryStore) -> None:
         """Idempotent. Only hosts with a remote-dir record are contacted."""
         placed = inv.resources_of("remote-dir")
         by_node: dict[str, list[ResourceRecord]] = {}
@@ -277,10 +285,10 @@ class SshProvider:
                 store.forget(inv, r.kind, r.id)
 
     # ---------------------------------------------------------------------------------- gc
-    def orphans(self, spec: ClusterSpec, known: set[str]) -> list[ResourceRecord]:
+    def _orphans(self, spec: ClusterSpec, known: set[str]) -> list[ResourceRecord]:
         return []  # nothing is billed: there is nothing to collect
 
-    def delete_orphans(self, spec: ClusterSpec, resources: list[ResourceRecord]) -> None:
+    def _delete_orphans(self, spec: ClusterSpec, resources: list[ResourceRecord]) -> None:
         return None
 
 
