@@ -118,9 +118,8 @@ class JobWatch:
         if self.source == "saved":
             # on a thread, in rank order (rank 0 prints the metrics): 64 big files must not
             # hold up an answer
-            logs = list(self.logs.values())
-            threading.Thread(target=lambda: [self._load_saved(lg) for lg in logs],
-                             daemon=True, name="dashboard-saved-logs").start()
+            threading.Thread(target=self._load_all_saved, daemon=True,
+                             name="dashboard-saved-logs").start()
         elif self.source == "missing":
             why = ("this log was not copied here before the cluster was removed"
                    if inv is None else f"the cluster is {inv.status}: its nodes are not read now")
@@ -128,6 +127,10 @@ class JobWatch:
                 log.error = why
         elif ranks:
             self.want(ranks[0][0])
+
+    def _load_all_saved(self) -> None:
+        for log in list(self.logs.values()):
+            self._load_saved(log)
 
     def _load_saved(self, log: NodeLog) -> None:
         path = self.store.log_path(self.rec, log.node)
