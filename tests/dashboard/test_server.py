@@ -83,3 +83,15 @@ def test_the_rest_of_the_cli_loads_nothing_of_the_dashboard() -> None:
                          timeout=60, check=True).stdout
     assert "dashboard" in out  # listed in --help ...
     assert out.strip().splitlines()[-1] == "[]"  # ... but nothing of it imported
+
+
+def test_without_the_extra_it_says_what_to_install(mgpu_home: Path) -> None:
+    probe = ("import sys; sys.modules['uvicorn'] = None  # as if not installed\n"
+             "sys.argv = ['mgpu-cloud', 'dashboard', '--port', '0']\n"
+             "from provision.cli import main\n"
+             "main()")
+    res = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
+                         timeout=60, env={**os.environ, "MGPU_CLOUD_HOME": str(mgpu_home)})
+    assert res.returncode == 4, res.stderr
+    assert "the dashboard needs starlette and uvicorn (uvicorn is not installed)" in res.stderr
+    assert "pip install 'mgpu-cloud[dashboard]'" in res.stderr
