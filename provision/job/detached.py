@@ -59,6 +59,7 @@ def launch_detached(name: str, job: JobSpec, *, store: InventoryStore | None = N
     with store.lock(name), sigterm_raises():
         inv = ready_inventory(store, name)
         with NodeGroup(inv) as group:
+            jobs.refuse_if_busy(inv, group)  # before the sync touches any node
             sync_workdir(inv, workdir_of(inv, job), log=log, group=group)
             return start(inv, job, group, Detach(), log)
 

@@ -10,7 +10,7 @@ Detection (a Watcher is the launch.JobMonitor of the run):
                  every rank's Python stack is dumped into the run's output first
     preemption   a node's supervisor saw a notice (remote/preempt.py) and signalled its ranks;
                  the other nodes' ranks get the same signal, the save is copied, then stop
-Recovery (run_supervised), at most --max-restarts times:
+Recovery (the loop is provision/job/lifecycle.supervise), at most --max-restarts times:
     keep the last checkpoint -> lost / preempted nodes: replace (Recoverable.replace), or wait
     for the same hosts (--on-node-loss restart), or stop (fail) -> bootstrap the new nodes and
     update the others -> restore the checkpoint on every node -> launch again with
@@ -26,8 +26,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from provision.cluster.providers.contract import AnyProvider, Recoverable
-from provision.job.checkpoints import CheckpointKeeper, local_checkpoint_dir
-from provision.job.launch import SESSION_LOST, job_container, run_job
+from provision.job.checkpoints import CheckpointKeeper
+from provision.job.launch import job_container
 from provision.model.errors import LaunchError, MgpuError
 from provision.model.inventory import Inventory, InventoryStore, NodeRecord, Replacement
 from provision.model.spec import JobSpec
@@ -151,8 +151,19 @@ def _alive(provider: AnyProvider, inv: Inventory, node: NodeRecord) -> bool:
         return group.wait_until_reachable(REACHABLE_DEADLINE_S)[node.name].ok
 
 
-def classify(code: int, watcher: Watcher, provider: AnyProvider, inv: Inventory) -> Failure:
-    """What went wrong, once the job has stopped everywhere (code != 0)."""
+@dataclass
+class Outcome:
+    """How one attempt ended: its exit code (SESSION_LOST when it could not even start on a
+    node: `launch_error`), and what its Watcher saw."""
+
+    code: int
+    watcher: Watcher
+    launch_error: LaunchError | None = None
+
+
+def classify(outcome: Outcome, provider: AnyProvider, inv: Inventory) -> Failure:
+    """What went wrong, once the job has stopped everywhere (outcome.code != 0)."""
+    code, watcher = outcome.code, outcome.watcher
     if watcher.reason == "preemption":
         nodes = [n for n in inv.nodes if n.name in watcher.preempted]
         return Failure("preemption", nodes, code)
@@ -231,51 +242,7 @@ class Recovery:
             group.wait_until_reachable(RETURN_DEADLINE_S).raise_for("waiting for the nodes")
 
 
-Begin = Callable[[NodeGroup], str]  # a job record for the next attempt: its id
-End = Callable[[str, NodeGroup], None]  # the attempt `id` has ended: record how
-
-
-def run_supervised(provider: AnyProvider, inv: Inventory, store: InventoryStore, job: JobSpec,
-                   *, log: Log, group: NodeGroup | None = None, begin: Begin | None = None,
-                   end: End | None = None) -> int:
-    """Run `job`, keeping its checkpoints safe; on a failure, recover and restart (at most
-    job.max_restarts times). Each attempt is a job of its own (`begin` gives its id, `end`
-    records its outcome). Returns the job's exit code (0, or the last failure's)."""
-    keeper = CheckpointKeeper(inv, local_checkpoint_dir(inv), log=log)
-    recovery = Recovery(provider, inv, store, job, log, keeper)
-    restarts = 0
-    while True:
-        watcher = Watcher(inv, job, keeper, log)
-        nodes = group or NodeGroup(inv)
-        job_id = begin(nodes) if begin is not None else None
-        keeper.start()
-        launch_error: LaunchError | None = None
-        try:
-            code = run_job(inv, job, log=log, group=nodes, monitor=watcher,
-                           restart_count=restarts, job_id=job_id)
-        except LaunchError as exc:
-            launch_error, code = exc, SESSION_LOST
-        finally:
-            keeper.stop()
-            if job_id is not None and end is not None:
-                with NodeGroup(inv) as fresh:
-                    end(job_id, fresh)
-            if nodes is not group:
-                nodes.close()
-        group = None  # after a failure the nodes may have changed: fresh connections
-        if code == 0:
-            return 0
-        failure = classify(code, watcher, provider, inv)
-        if launch_error is not None and failure.kind != "node lost":
-            raise launch_error  # e.g. the nodes cannot run the image: not worth a restart
-        log(f"failure: {failure.describe()}")
-        if restarts >= job.max_restarts:
-            if launch_error is not None:
-                raise launch_error
-            used = f"{restarts} of {job.max_restarts} restart(s) used"
-            log(f"giving up: {failure.describe()}; {used}" if job.max_restarts else
-                f"not restarting: {failure.describe()} (use --max-restarts N to recover)")
-            return code if code != 0 else 1
-        restarts += 1
-        log(f"restart {restarts} of {job.max_restarts}: recovering from {failure.describe()}")
-        recovery.bring_back(failure)
+def give_up_message(failure: Failure, restarts: int, max_restarts: int) -> str:
+    if not max_restarts:
+        return f"not restarting: {failure.describe()} (use --max-restarts N to recover)"
+    return f"giving up: {failure.describe()}; {restarts} of {max_restarts} restart(s) used"

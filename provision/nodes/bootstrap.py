@@ -16,14 +16,14 @@ import tarfile
 import tempfile
 import time
 import zipapp
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from functools import cache
 from pathlib import Path
 
 from provision.model.assets import remote_package_dir, templates_dir
-from provision.model.errors import BootstrapError
-from provision.model.inventory import Inventory, InventoryStore, NodeRecord
+from provision.model.errors import BootstrapError, LaunchError
+from provision.model.inventory import Inventory, InventoryStore, NodeRecord, state_home
 from provision.model.render import render
 from provision.nodes import (
     GroupResult,
@@ -69,11 +69,14 @@ def remote_zipapp() -> bytes:
         return out.read_bytes()
 
 
-def workdir_tar(root: Path, excludes: list[str]) -> bytes:
-    """A gzip tar of `root` without paths whose any component matches an exclude pattern."""
+def workdir_tar(root: Path, excludes: list[str], skip: Iterable[Path] = ()) -> bytes:
+    """A gzip tar of `root` without paths whose any component matches an exclude pattern,
+    and without the files and folders `skip` names (absolute; symlinks resolved)."""
+    skipped = {os.path.realpath(p) for p in skip}
 
     def excluded(rel: str) -> bool:
-        return any(fnmatch.fnmatch(part, pat) for part in rel.split("/") for pat in excludes)
+        return (any(fnmatch.fnmatch(part, pat) for part in rel.split("/") for pat in excludes)
+                or os.path.realpath(os.path.join(root, rel)) in skipped)
 
     buf = io.BytesIO()
     with tarfile.open(fileobj=buf, mode="w:gz", compresslevel=1) as tar:
@@ -86,6 +89,17 @@ def workdir_tar(root: Path, excludes: list[str]) -> bytes:
                 if not excluded(rel):
                     tar.add(os.path.join(dirpath, name), arcname=rel, recursive=False)
     return buf.getvalue()
+
+
+def never_synced(inv: Inventory) -> list[Path]:
+    """What no workdir sync ships, wherever it lies: the tool's state folder (keys, every
+    cluster's inventory, history, job logs) and the key files this cluster uses."""
+    paths = [state_home()]
+    if inv.key_path:
+        key = Path(inv.key_path).expanduser()
+        paths += [key, key.with_suffix(".pub")]
+    others = [inv.known_hosts_path, *(n.identity_file for n in inv.nodes)]
+    return paths + [Path(p).expanduser() for p in others if p]
 
 
 def files_tar(files: Files, workdir: bytes | None, work: str) -> bytes:
@@ -188,7 +202,7 @@ def payload(inv: Inventory, files: Files, workdir: Workdir | None) -> tuple[byte
     tree = None
     if workdir is not None:
         files.update(workdir.files)
-        tree = workdir_tar(workdir.local, workdir.excludes)
+        tree = workdir_tar(workdir.local, workdir.excludes, never_synced(inv))
     archive = files_tar(files, tree, layout.work)
     steps = [f"rm -rf {q(layout.work)}",
              f"mkdir -p {q(layout.outputs)} {q(layout.work)} {q(layout.checkpoints)} ~/.ssh",
@@ -270,11 +284,26 @@ def bootstrap_cluster(
     return results
 
 
+JOB_RUNNING = 75  # `remote.pyz job idle`: a job still runs on the node (remote/jobs.py BUSY)
+
+
 def sync_workdir(inv: Inventory, workdir: Workdir, *, log: Log = print,
                  group: NodeGroup | None = None) -> None:
     """Copy the job's workdir (and its launcher's files) to every node, replacing the
-    previous one. BootstrapError names every node where it failed."""
+    previous one. Each node first checks that no job runs there (whoever started it): files
+    are never replaced under a running job; LaunchError names the busy nodes, and nothing is
+    replaced on them. BootstrapError names every other node where it failed."""
+    layout = layout_of(inv)
     archive, steps = payload(inv, {}, workdir)
+    guard = layout.remote_command("job", "idle", "--pidfile", layout.pidfile)
     with borrowed(inv, group) as nodes:
-        nodes.upload(archive, steps).raise_for("workdir sync", BootstrapError)
+        results = nodes.upload(archive, [guard, *steps])
+    busy = [r.node.name for r in results.failed
+            if r.value is not None and r.value.exit_code == JOB_RUNNING]
+    if busy:
+        raise LaunchError(
+            f"a job is still running on {', '.join(busy)}: its workdir was not replaced",
+            hint=f"`mgpu-cloud jobs {inv.name}` lists the jobs; wait for it, or stop it with "
+                 f"`mgpu-cloud cancel {inv.name} ID`")
+    results.raise_for("workdir sync", BootstrapError)
     log(f"synced {workdir.local} ({len(archive) / 1024:.0f} KiB) to {len(inv.nodes)} node(s)")
