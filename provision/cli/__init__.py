@@ -16,6 +16,7 @@ import sys
 from provision.cli import commands as _commands  # noqa: F401 - registers the commands
 from provision.cli import dashboard as _dashboard  # noqa: F401 - the web dashboard
 from provision.cli import day2 as _day2  # noqa: F401 - jobs, logs, cancel, ssh-config, monitor, cost, scale
+from provision.cli import managed as _managed  # noqa: F401 - attach (issue 18)
 from provision.cli.app import app, load_provider_commands
 
 load_provider_commands()

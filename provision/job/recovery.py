@@ -34,6 +34,11 @@ from provision.model.spec import JobSpec
 from provision.nodes import NodeGroup
 
 Log = Callable[[str], None]
+# A managed run's record sink (provision/job/managed/): (event, message, node names).
+OnEvent = Callable[[str, str, list[str]], None]
+FAILURE_EVENTS = {"node lost": "node_lost", "preemption": "preempted", "hang": "hang",
+                  "rank crash": "crashed"}
+CANCELLED = 130  # lifecycle.supervise's code when JobRun.stop asked for the job to end
 EVENT_PREFIX = "MGPU-EVENT "  # remote/supervise.py prints events with this prefix
 PREEMPT_SAVE_DEADLINE_S = 90.0  # AWS gives ~120 s, GCP ~30 s: what a save may take at most
 REACHABLE_DEADLINE_S = 10.0  # a fresh login to a node said to be alive
@@ -66,6 +71,7 @@ class Watcher:
     last_output: float = field(default_factory=time.monotonic)
     notice_at: float = 0.0
     lock: threading.Lock = field(default_factory=threading.Lock)
+    stop: Callable[[], bool] | None = None  # True: stop the job for good (a managed cancel)
 
     def line(self, node: NodeRecord, text: str) -> None:
         self.last_output = time.monotonic()
@@ -86,6 +92,9 @@ class Watcher:
                 self.first_failed.append(node.name)
 
     def poll(self) -> str | None:
+        if self.stop is not None and self.reason is None and self.stop():
+            self.reason = "cancelled"
+            return "cancelled"
         if self.preempted and self.reason is None:
             self.reason = "preemption"
             return self._preemption()
@@ -184,6 +193,7 @@ class Recovery:
     job: JobSpec
     log: Log
     keeper: CheckpointKeeper
+    on_event: OnEvent | None = None
 
     def bring_back(self, failure: Failure) -> None:
         """Make the cluster whole again for a restart (replaced nodes bootstrapped, the
@@ -233,6 +243,8 @@ class Recovery:
                                                      new=new.resource_id, reason=why))
             self.store.save(self.inv)
             new_nodes.append(new)
+            if self.on_event is not None:
+                self.on_event("replaced", f"{node.name} replaced ({why})", [node.name])
         return new_nodes
 
     def _wait_for(self, nodes: list[NodeRecord]) -> None:

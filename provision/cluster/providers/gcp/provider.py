@@ -26,6 +26,19 @@ def _project_of(inv: Inventory) -> str | None:
     return None
 
 
+IDENTITY_KINDS = ("service-account", "iam-custom-role", "iam-binding")
+
+
+def _delete_identity(inv: Inventory, store: InventoryStore) -> list[str]:
+    """The controller's service account, custom role and bindings, if recorded (issue 18)."""
+    from provision.cluster.providers.gcp.controller import IamApi, delete_identity
+
+    records = [r for r in inv.resources if r.kind in IDENTITY_KINDS]
+    if not records:
+        return []
+    return delete_identity(IamApi(), records, lambda kind, rid: store.forget(inv, kind, rid))
+
+
 class GcpProvider(Recoverable["GcpPlan"]):
     name = "gcp"
 
@@ -79,7 +92,16 @@ class GcpProvider(Recoverable["GcpPlan"]):
 
         if not inv.resources:
             return  # every resource is recorded before its insert is sent: nothing was made
-        teardown.destroy(inv, store, build_clients(_project_of(inv)))
+        problems = _delete_identity(inv, store)  # first: the controller's grants are revoked
+        try:
+            teardown.destroy(inv, store, build_clients(_project_of(inv)))
+        except TeardownError as exc:
+            if problems:  # name the identity's problems too (they are what is left)
+                exc.message = f"{'; '.join(problems)}; {exc.message}"
+            raise
+        if problems:
+            raise TeardownError(f"cluster {inv.name!r}: " + "; ".join(problems),
+                                hint=f"run `mgpu-cloud down {inv.name}` again")
 
     # --- recovery (contract.Recoverable) -------------------------------------------------------
     def _node_alive(self, inv: Inventory, node: NodeRecord) -> bool:
@@ -103,18 +125,24 @@ class GcpProvider(Recoverable["GcpPlan"]):
         clusters not in `known`, in the project (and the zone / its region when given)."""
         from provision.cluster.providers.gcp import discovery
         from provision.cluster.providers.gcp.clients import build_clients
+        from provision.cluster.providers.gcp.controller import IamApi, identity_orphans
 
         opts = spec.options_as(GcpOptions)
         clients = build_clients(opts.project)
         found = discovery.tagged_resources(clients, opts.zone)
-        return [r for r in found if r.extra.get("cluster") not in known]
+        return ([r for r in found if r.extra.get("cluster") not in known]
+                + identity_orphans(IamApi(), clients.project, known))
 
     def _delete_orphans(self, spec: ClusterSpec, resources: list[ResourceRecord]) -> None:
         from provision.cluster.providers.gcp import teardown
         from provision.cluster.providers.gcp.clients import build_clients
+        from provision.cluster.providers.gcp.controller import IamApi, delete_identity
 
         clients = build_clients(spec.options_as(GcpOptions).project)
-        failures = teardown.delete_records(clients, resources)
+        identity = [r for r in resources if r.kind in IDENTITY_KINDS]
+        failures = delete_identity(IamApi(), identity, lambda kind, rid: None) if identity else []
+        failures += teardown.delete_records(
+            clients, [r for r in resources if r.kind not in IDENTITY_KINDS])
         if failures:
             raise TeardownError("could not delete every orphaned resource: " + "; ".join(failures),
                                 hint="run the same `mgpu-cloud gc ... --delete` again")
