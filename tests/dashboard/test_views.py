@@ -157,3 +157,29 @@ def test_cost_series_is_exact_at_every_start_and_stop() -> None:
     assert hours == [0.0, 1.0, 2.0, 3.0]
     assert s["usd"] == [0.0, 10.0, 24.0, 28.0]
     assert views.cost_series([], now) == {"t": [], "usd": []}
+
+
+def test_managed_runs_come_from_their_store(mgpu_home: Path, tmp_path: Path) -> None:
+    from provision.job.managed.client import remember
+    from provision.job.managed.records import JobLog, next_job_id
+    from remote.store import open_store
+
+    make_big_cluster(mgpu_home, nodes=2)
+    assert views.cluster_view("big")["runs"] == [], "no store: no managed runs"
+    url = f"file://{tmp_path / 'store'}"
+    store = open_store(url)
+    jl = JobLog(store, "big", next_job_id(store, "big"))
+    jl.record("submitted", "handed over")
+    jl.record("started", "running on 2 node(s)")
+    jl.record("node_lost", "node lost (node-1)", nodes=["node-1"])
+    jl.restarts = 1
+    jl.record("resumed", "restart 1 of 2")
+    jl.close()
+    remember("big", url)  # as `attach --store URL big` does
+    [run] = views.cluster_view("big")["runs"]
+    assert (run["id"], run["state"], run["restarts"]) == ("1", "running", 1)
+    assert run["detail"].endswith("started → node_lost → resumed")
+    assert views.cluster_view("big", runs=False)["runs"] == []
+    remember("big", "ftp://nowhere")  # a store that cannot be read: one row saying why
+    [bad] = views.cluster_view("big")["runs"]
+    assert bad["state"] == "unknown" and "could not be read" in bad["detail"]

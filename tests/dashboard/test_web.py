@@ -38,7 +38,11 @@ def test_every_page_renders_and_has_a_json_twin(client: Any, state: Path) -> Non
                    and j, 30, "the saved logs read (on a thread of the dashboard)")
     assert job["job"]["state"] == "succeeded" and job["logs"]["source"] == "saved"
     assert job["metrics"]["loss"]["node"] == "node-0" and len(job["metrics"]["loss"]["x"]) == 20
+    from provision.job.managed.client import remember
+
+    remember("big", "ftp://nowhere")  # a managed-runs store that cannot be read
     page = client.get("/clusters/big").text
+    assert 'id="runs"' in page and "could not be read" in page
     assert page.count('<tr data-node="') == 64 and 'id="gate-matrix"' in page
     assert "/static/vendor/uPlot.iife.min.js" in page
     assert client.get("/static/vendor/uPlot.iife.min.js").status_code == 200

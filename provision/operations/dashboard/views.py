@@ -2,15 +2,18 @@
 
 Every page is one of these views rendered by a template, and the same dict is the page's JSON
 (`?format=json`, `/api/...`). Nothing here writes or talks to a node: live data (monitor
-samples, log lines) comes from provision/operations/dashboard/live.py and is merged in by the web layer.
+samples, log lines) comes from provision/operations/dashboard/live.py and is merged in by the
+web layer.
 
 Sources, the same as the CLI's: inventories (InventoryStore), job records (JobStore), the cost
-history (provision/cost.py). Three small functions are the seams for state that other work
-adds to the inventory or beside it; each returns nothing today and is the ONE place to fill:
+history (provision/cluster/cost.py), managed runs' store. Three small functions are the seams
+for state that other work adds to the inventory or beside it, each the ONE place to change:
 
     bringup_phases(inv)       the per-phase bring-up timeline  -> [{phase, start_s, seconds}]
-    unattended_runs(name)     the durable store of unattended runs -> [{id, state, ...}]
+                              (empty until issue 21's timeline is in the inventory)
+    unattended_runs(name)     managed runs from their durable store -> [{id, state, ...}]
     restarts_of(rec)          how often a job was restarted by recovery -> int | None
+                              (None: the job records do not say it)
 
 Contract: a view never raises for state that is merely missing or old (a removed cluster, a
 job without logs); it raises NotFound for a name or id that nothing knows.
@@ -60,9 +63,24 @@ def bringup_phases(inv: Inventory) -> list[dict[str, Any]]:
 
 
 def unattended_runs(name: str, home: Path | None = None) -> list[dict[str, Any]]:
-    """Unattended runs of cluster `name` from their durable store: {"id", "state", "started_at",
-    "restarts", "detail"} each. Empty until that store exists (issue 18: read it here)."""
-    return []
+    """Managed runs of cluster `name` from their durable store (issue 18: the store named by
+    the inventory's spec or by `attach`, as `mgpu-cloud jobs` finds it): {"id", "state",
+    "started_at", "restarts", "detail"} each, oldest first. A store that cannot be read is
+    one row saying why (the page never fails for it); no store: none. `home` is not used:
+    the store's pointer lives in $MGPU_CLOUD_HOME as the CLI reads it."""
+    from provision.job.managed.client import all_jobs, store_url_for
+
+    url = store_url_for(name, None)
+    if url is None:
+        return []
+    try:
+        jobs = all_jobs(url, name)
+    except Exception as exc:  # noqa: BLE001 - a store we cannot read is shown, not raised
+        return [{"id": "-", "state": "unknown", "started_at": None, "restarts": None,
+                 "detail": f"the store {url} could not be read: {type(exc).__name__}: {exc}"}]
+    return [{"id": j["id"], "state": j["state"], "started_at": j["started_at"],
+             "restarts": j["restarts"],
+             "detail": f"{j['command']} · {' → '.join(j['events'][-4:])}"} for j in jobs]
 
 
 def restarts_of(rec: JobRecord) -> int | None:
@@ -124,9 +142,10 @@ def _inventory(name: str, home: Path | None) -> Inventory | None:
     return store.load(name) if store.exists(name) else None
 
 
-def cluster_view(name: str, home: Path | None = None) -> dict[str, Any]:
+def cluster_view(name: str, home: Path | None = None, runs: bool = True) -> dict[str, Any]:
     """`/clusters/NAME`: the cluster (or what is kept of a removed one), its nodes, the fabric
-    gate's last result, recovery replacements, the bring-up timeline and its jobs."""
+    gate's last result, recovery replacements, the bring-up timeline, its jobs and (`runs`)
+    its managed runs (read from their store: remote for s3/gs, so not on every poll)."""
     name = _known_name(name)
     inv = _inventory(name, home)
     recs = JobStore(home).all(name)
@@ -139,7 +158,7 @@ def cluster_view(name: str, home: Path | None = None) -> dict[str, Any]:
         "cluster": cluster_row(inv) if inv is not None else None,
         "history": history, "nodes": [], "gate": None, "replacements": [], "bringup": [],
         "jobs": [job_row(r, inv) for r in reversed(recs)],
-        "runs": unattended_runs(name, home),
+        "runs": unattended_runs(name, home) if runs else [],
     }
     if inv is not None:
         out["nodes"] = [

@@ -100,7 +100,7 @@ def monitor(request: Request) -> Response:
     every node's latest sample (or why it has none) and the chart series."""
     dash = _dash(request)
     name = request.path_params["name"]
-    data = cluster_view(name, dash.home)  # NotFound for unknown names
+    data = cluster_view(name, dash.home, runs=False)  # NotFound for unknown names
     out: dict[str, Any] = {"name": name, "exists": data["exists"],
                            "state": data["cluster"]["state"] if data["exists"] else "removed",
                            "removal": dash.removals.state(name), "jobs": data["jobs"],
@@ -167,7 +167,7 @@ def cancel(request: Request) -> Response:
 def down(request: Request) -> Response:
     dash = _dash(request)
     name = request.path_params["name"]
-    if not cluster_view(name, dash.home)["exists"]:
+    if not cluster_view(name, dash.home, runs=False)["exists"]:
         return JSONResponse({"error": f"cluster {name!r} was removed already"}, 409)
     state = dash.removals.start(name, before=lambda: dash.live.drop_cluster(name))
     return JSONResponse(state, 202)
