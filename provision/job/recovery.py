@@ -24,6 +24,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 from provision.cluster.providers.contract import AnyProvider, Recoverable
 from provision.job.checkpoints import CheckpointKeeper
@@ -84,6 +85,8 @@ class Watcher:
                 with self.lock:
                     self.preempted.setdefault(node.name, event)
                     self.notice_at = self.notice_at or time.monotonic()
+            elif event.get("event") in ("maintenance-scheduled", "maintenance-cleared"):
+                self.log(maintenance_message(node, event))
 
     def finished(self, node: NodeRecord, code: int) -> None:
         with self.lock:
@@ -129,6 +132,23 @@ class Watcher:
             self.log(f"no checkpoint was saved within {PREEMPT_SAVE_DEADLINE_S:.0f} s of the "
                      "notice; the last one kept will be used")
         return f"preemption notice on {', '.join(names)}"
+
+
+def maintenance_message(node: NodeRecord, event: dict[str, Any]) -> str:
+    """What the controller says about a maintenance notice a node announced ahead of its
+    deadline (remote/supervise.py): nothing is stopped now; the node saves, then it is
+    replaced, close to the deadline."""
+    if event.get("event") == "maintenance-cleared":
+        return f"{node.name}: the scheduled host maintenance was withdrawn; training goes on"
+    try:
+        deadline, save = float(event["deadline"]), float(event["save_at"])
+    except (KeyError, TypeError, ValueError):
+        return f"{node.name}: host maintenance scheduled ({event.get('source', '?')})"
+    stamp = time.strftime("%H:%M:%SZ", time.gmtime(deadline))
+    return (f"{node.name}: host maintenance stops this VM at {stamp} (in "
+            f"{max(0.0, deadline - time.time()) / 60:.0f} min); training goes on until "
+            f"{max(0.0, deadline - save) / 60:.0f} min before, then every rank saves and the "
+            "node is replaced")
 
 
 def _container_words(inv: Inventory, job: JobSpec) -> list[str]:

@@ -172,9 +172,9 @@ class NodeGroup:
 
     def wait_until_reachable(self, deadline_s: float = SSH_DEADLINE_S,
                              nodes: Iterable[NodeRecord] | None = None) -> GroupResult[None]:
-        """Open every node's connection, retrying with short exponential backoff until the
-        deadline (fresh nodes refuse connections for a moment). A host key that does not
-        match the pinned one, or a refused login, is not retried."""
+        """Open every node's connection (retry_open: until the deadline, through a fresh
+        node's refused connections, not-yet-pinned host key and not-yet-made login user;
+        only the pinned key is ever accepted)."""
 
         def step(conn: NodeConnection, node: NodeRecord) -> None:
             retry_open(conn, deadline_s)

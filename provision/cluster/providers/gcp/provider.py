@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
+from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
 from provision.cluster.providers.contract import Recoverable
@@ -42,22 +44,37 @@ def _delete_identity(inv: Inventory, store: InventoryStore) -> list[str]:
 class GcpProvider(Recoverable["GcpPlan"]):
     name = "gcp"
 
+    @contextlib.contextmanager
+    def errors(self, action: str, *, planning: bool = False) -> Iterator[None]:
+        """The contract's error hook. Every Compute call already goes through clients.Clients,
+        which translates google errors where they happen (errors.translate, with the exact
+        call named); this only catches what could escape it (e.g. google.auth while the
+        clients are built), with the same translation."""
+        from provision.cluster.providers.gcp.errors import translate
+        from provision.model.errors import ProviderUnavailableError, ProvisionError
+
+        try:
+            yield
+        except Exception as exc:
+            mapped = translate(exc, action, ProviderUnavailableError if planning
+                               else ProvisionError)
+            if mapped is exc:
+                raise
+            raise mapped from exc
+
     def plan_class(self) -> type[GcpPlan]:
         from provision.cluster.providers.gcp.plan import GcpPlan
 
         return GcpPlan
 
     def _plan(self, spec: ClusterSpec) -> GcpPlan:
-        """Read-only: resolves project, zone, machine type, image; prices the cluster.
-        Without credentials: the plan from the shipped catalog, listing what is unresolved."""
+        """Read-only: resolves project, zones (and --regions), machine type, how it is bought,
+        reservation, quota, image; prices the cluster. Without credentials: the plan from the
+        shipped catalog, listing what is unresolved."""
         from provision.cluster.caller_address import caller_cidr
         from provision.cluster.providers.gcp.clients import build_clients
-        from provision.cluster.providers.gcp.plan import (
-            layout_to_plan,
-            offline_layout,
-            region_of,
-            resolve,
-        )
+        from provision.cluster.providers.gcp.plan import layout_to_plan, offline_layout, region_of
+        from provision.cluster.providers.gcp.resolve import resolve
         from provision.model.errors import ProviderUnavailableError, UserInputError
 
         opts = spec.options_as(GcpOptions)
