@@ -13,6 +13,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))  # tests/fake_nodes.py 
 
 ROOT = Path(__file__).resolve().parent.parent
 IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
+pytest_plugins = ["storekit"]  # object stores and a webhook receiver (issue 18)
 
 
 @pytest.fixture(autouse=True)

@@ -20,7 +20,15 @@ def test_wheel_carries_assets_and_works_installed(tmp_path: Path) -> None:
                      "provision/_assets/templates/docker/node-entrypoint.sh",
                      "provision/_assets/templates/nccl/aws-efa.env.j2",
                      "provision/_assets/inventories/onprem.example.yaml",
-                     "remote/cli.py", "remote/supervise.py", "provision/cli/__init__.py"):
+                     "remote/cli.py", "remote/supervise.py", "provision/cli/__init__.py",
+                     "provision/operations/dashboard/templates/base.html",
+                     "provision/operations/dashboard/templates/job.html",
+                     "provision/operations/dashboard/static/dashboard.js",
+                     "provision/operations/dashboard/static/pages.js",
+                     "provision/operations/dashboard/static/dashboard.css",
+                     "provision/operations/dashboard/static/vendor/uPlot.iife.min.js",
+                     "provision/operations/dashboard/static/vendor/uPlot.min.css",
+                     "provision/operations/dashboard/static/vendor/uPlot.LICENSE"):
         assert required in names, required
     assert any(n.endswith("entry_points.txt") for n in names)
 

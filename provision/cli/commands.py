@@ -45,6 +45,10 @@ def up(
 
     spec, _ = cluster_spec(opts)
     with _progress() as store:
+        if spec.store:  # refused before anything is made (issue 18)
+            from provision.job.managed.checks import check_store
+
+            check_store(spec.provider, spec.store)
         inv = pipeline.up(spec, confirm=confirmer(opts), bootstrap=not no_bootstrap, store=store)
     if inv is not None:
         typer.echo(f"cluster {inv.name!r} is up: {len(inv.nodes)} node(s)", err=True)
@@ -81,6 +85,13 @@ def launch(
 
     job = job_spec(*script_and_args(script, args), jopts, {})
     if detach:
+        from provision.cli.managed import managed_url
+
+        if managed_url(name, None):  # a cluster with a store: its controller supervises
+            from provision.job.managed.handoff import launch_managed
+
+            typer.echo(launch_managed(name, job, log=lambda m: typer.echo(m, err=True)))
+            return
         from provision.job.detached import launch_detached
 
         typer.echo(launch_detached(name, job).id)
@@ -113,12 +124,25 @@ def run(
         if keep:
             raise UserInputError("--keep and --detach contradict each other",
                                  hint="--detach hands teardown to the nodes; leave out --keep")
+        if spec.store:  # managed: the cluster's controller supervises and tears down
+            from provision.job.managed.handoff import run_managed
+
+            job_id = run_managed(spec, job, confirm=confirmer(opts),
+                                 log=lambda m: typer.echo(m, err=True))
+            if job_id is None:
+                raise typer.Exit(1)
+            typer.echo(job_id)
+            return
         rec = run_detached(spec, job, confirm=confirmer(opts), idle_minutes=idle_minutes)
         if rec is None:
             raise typer.Exit(1)
         typer.echo(rec.id)
         return
     with _progress() as store:
+        if spec.store:  # checkpoints go to the store: refused now if it cannot (issue 18)
+            from provision.job.managed.checks import check_store
+
+            check_store(spec.provider, spec.store)
         code = lifecycle.run(spec, job, confirm=confirmer(opts), keep=keep, store=store)
     raise typer.Exit(code)
 

@@ -51,12 +51,19 @@ def _duration(seconds: float | None) -> str:
 def jobs(
     name: Annotated[str, typer.Argument(help="cluster name (also one that was removed)")],
     as_json: Annotated[bool, typer.Option("--json", help="machine-readable output")] = False,
+    store_url: Annotated[str | None, typer.Option("--store", help="a managed run's store URL (default: the cluster's, or the one `attach` saved)")] = None,
 ) -> None:
     """List a cluster's jobs: id, state, start, duration, exit code per node, command."""
+    from provision.cli.managed import jobs_from_store, managed_url
     from provision.job.jobs import refresh
     from provision.model.jobstore import JobStore
     from provision.nodes import NodeGroup
     from provision.operations.status import text_table, when
+
+    url = managed_url(name, store_url)
+    if url:  # a managed cluster: its store has the records (issue 18)
+        jobs_from_store(url, name, as_json)
+        return
 
     store = JobStore()
     recs = store.all(name)
@@ -86,8 +93,15 @@ def logs(
     job_id: Annotated[str | None, typer.Argument(metavar="[JOB]", help="job id (default: the latest)")] = None,
     follow: Annotated[bool, typer.Option("--follow", "-f", help="keep streaming until the job ends; exit with its code")] = False,
     node: Annotated[int | None, typer.Option("--node", help="only this node rank")] = None,
+    store_url: Annotated[str | None, typer.Option("--store", help="a managed run's store URL (default: the cluster's, or the one `attach` saved)")] = None,
 ) -> None:
     """Print a job's output, `[node-R]`-prefixed, from its start (while it runs, or after)."""
+    from provision.cli.managed import logs_from_store, managed_url
+
+    url = managed_url(name, store_url)
+    if url:  # a managed cluster: its store has the output (issue 18)
+        logs_from_store(url, name, job_id, follow, node)
+        return
     from provision.job.jobs import follow as follow_job
     from provision.job.jobs import print_saved_logs, refresh
     from provision.model.jobstore import is_current
@@ -152,8 +166,15 @@ def cancel(
     name: Annotated[str, typer.Argument(help="cluster name")],
     job_id: Annotated[str | None, typer.Argument(metavar="[JOB]", help="job id (default: the latest)")] = None,
     grace: Annotated[float, typer.Option("--grace", help="seconds between TERM and KILL")] = 10.0,
+    store_url: Annotated[str | None, typer.Option("--store", help="a managed run's store URL (default: the cluster's, or the one `attach` saved)")] = None,
 ) -> None:
     """Stop a job on every node (TERM to every rank's process group, KILL after --grace)."""
+    from provision.cli.managed import cancel_in_store, managed_url
+
+    url = managed_url(name, store_url)
+    if url:  # a managed cluster: its controller stops the job (issue 18)
+        cancel_in_store(url, name, job_id)
+        return
     from provision.job.jobs import cancel as cancel_job
     from provision.job.jobs import refresh
     from provision.model.errors import MgpuError

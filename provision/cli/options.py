@@ -25,6 +25,7 @@ _CORE_CLUSTER_OPTIONS = [
     Opt("ssh_cidr", str | None, typer.Option(None, "--ssh-cidr", help="who may reach SSH (default: your own address)"), ("ssh_cidr",)),
     Opt("max_hours", float | None, typer.Option(None, "--max-hours", help="nodes shut themselves down after this long"), ("max_hours",)),
     Opt("spot", bool | None, typer.Option(None, "--spot/--on-demand", help="spot/preemptible capacity"), ("spot",)),
+    Opt("store", str | None, typer.Option(None, "--store", help="s3://B/P | gs://B/P | file:///PATH: checkpoints, job records and logs go there; --detach jobs are supervised by the cluster's controller"), ("store",)),
 ]
 _PLAN_OPTIONS = [
     Opt("dry_run", bool, typer.Option(False, "--dry-run", help="print the plan and cost, create nothing")),
@@ -48,6 +49,7 @@ JOB_OPTIONS = [
     Opt("on_node_loss", str | None, typer.Option(None, "--on-node-loss", help="replace (default) | restart | fail"), ("on_node_loss",)),
     Opt("preempt_signal", str | None, typer.Option(None, "--preempt-signal", help="sent to every rank on a preemption notice (SIGUSR1)"), ("preempt_signal",)),
     Opt("fabric_check", str | None, typer.Option(None, "--fabric-check", help="auto (default: on for multi-node clusters whose provider knows the fabric, i.e. aws/gcp) | on | off"), ("fabric_check",)),
+    Opt("notify", str | None, typer.Option(None, "--notify", help="webhook URL: one JSON POST (Slack-compatible) per state change of a managed job"), ("notify",)),
     Opt("allow_slow_network", bool | None, typer.Option(None, "--allow-slow-network", help="run even when the fabric gate fails (with a warning)"), ("allow_slow_network",)),
 ]
 

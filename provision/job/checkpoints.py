@@ -40,6 +40,7 @@ class CheckpointKeeper:
         self.inv, self.local, self.log = inv, local, log
         self.interval_s, self.settle_s = interval_s, settle_s
         self.connector = connector
+        self.where = f"{local}/"  # for people: where kept checkpoints go
         self.synced: dict[str, Manifest] = {}  # node name -> manifest last copied
         self.last_change = time.monotonic()  # progress signal for hang detection
         self.last_copy = 0.0  # monotonic time of the last copy
@@ -108,7 +109,7 @@ class CheckpointKeeper:
                     self.last_copy = time.monotonic()
                     shown = ", ".join(changed[:3]) + (" ..." if len(changed) > 3 else "")
                     self.log(f"kept checkpoint from {name}: {len(changed)} file(s) ({shown}) "
-                             f"-> {self.local}/")
+                             f"-> {self.where}")
                 return copied
             finally:
                 if group is not self._group:
@@ -147,8 +148,11 @@ class CheckpointKeeper:
                                       f"mkdir -p {q(layout.checkpoints)}",
                                       "tar -xzf - -C ~ --no-same-owner"]).raise_for(
             "restoring the checkpoint", BootstrapError)
-        # What is there now is what we hold: nothing to copy back.
+        self.mark_synced(group)
+        return len(files)
+
+    def mark_synced(self, group: NodeGroup) -> None:
+        """What the nodes hold now is what is kept (after a restore): nothing to copy back."""
         with self._lock:
             for name, (manifest, _) in self._manifests(group).items():
                 self.synced[name] = self._seen[name] = manifest
-        return len(files)

@@ -196,7 +196,7 @@ def follow(rec: JobRecord, group: NodeGroup, out: TextIO,
         finally:
             writer.finish()
 
-    return group.each(one, targets)
+    return group.each(one, targets, streaming=True)
 
 
 def print_saved_logs(rec: JobRecord, out: TextIO, nodes: list[str] | None = None,

@@ -24,6 +24,7 @@ import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TextIO
 
 from provision.cluster.pipeline import (
     Confirm,
@@ -38,7 +39,16 @@ from provision.cluster.providers.contract import AnyProvider
 from provision.job import jobs
 from provision.job.checkpoints import CheckpointKeeper, local_checkpoint_dir
 from provision.job.launch import SESSION_LOST, launching_nodes, run_job, workdir_of
-from provision.job.recovery import Outcome, Recovery, Watcher, classify, give_up_message
+from provision.job.recovery import (
+    CANCELLED,
+    FAILURE_EVENTS,
+    OnEvent,
+    Outcome,
+    Recovery,
+    Watcher,
+    classify,
+    give_up_message,
+)
 from provision.model.errors import LaunchError, MgpuError
 from provision.model.inventory import Inventory, InventoryStore
 from provision.model.jobstore import JobRecord, JobStore
@@ -63,6 +73,15 @@ class JobRun:
     log: Log
     records: JobStore = field(default_factory=JobStore)
     outputs: Path | None = None  # where rank 0's outputs go (default ./mgpu-outputs/NAME)
+    # a managed run's sinks (provision/job/managed/; None: an attached run, as always):
+    keeper: CheckpointKeeper | None = None  # where checkpoints go (the store)
+    out: TextIO | None = None  # the nodes' [node-R] output (the store's log)
+    on_event: OnEvent | None = None  # every state change: started, node_lost, replaced ...
+    stop: Callable[[], bool] | None = None  # True: end the job for good (a cancel)
+
+    def event(self, event: str, message: str, nodes: list[str] | None = None) -> None:
+        if self.on_event is not None:
+            self.on_event(event, message, nodes or [])
 
 
 def ready_inventory(store: InventoryStore, name: str) -> Inventory:
@@ -100,23 +119,31 @@ def live(run: JobRun, *, sync: bool = True) -> int:
 def supervise(run: JobRun, group: NodeGroup) -> int:
     """start -> follow (checkpoints kept, failures detected) -> record; on a failure, recover
     and start again, at most job.max_restarts times. Each attempt is a job of its own."""
-    keeper = CheckpointKeeper(run.inv, local_checkpoint_dir(run.inv), log=run.log)
-    recovery = Recovery(run.provider, run.inv, run.store, run.job, run.log, keeper)
+    keeper = run.keeper or _default_keeper(run)
+    recovery = Recovery(run.provider, run.inv, run.store, run.job, run.log, keeper,
+                        run.on_event)
     restarts = 0
     nodes: NodeGroup | None = group
     while True:
         with borrowed(run.inv, nodes) as current:
             rec = _begin(run, current)
+            run.event("resumed" if restarts else "started",
+                      f"restart {restarts} of {run.job.max_restarts}: running again" if restarts
+                      else f"running on {len(run.inv.nodes)} node(s): {run.job.script_in_workdir}")
             outcome = attempt(run, current, keeper, rec, restarts)
         with NodeGroup(run.inv) as fresh:  # the nodes may have changed: fresh connections
             jobs.refresh(run.inv, [rec], fresh, store=run.records)  # exit codes, logs here
         nodes = None
         if outcome.code == 0:
             return 0
+        if outcome.watcher.reason == "cancelled":
+            return CANCELLED
         failure = classify(outcome, run.provider, run.inv)
         if outcome.launch_error is not None and failure.kind != "node lost":
             raise outcome.launch_error  # e.g. the nodes cannot run the image: no restart
         run.log(f"failure: {failure.describe()}")
+        run.event(FAILURE_EVENTS[failure.kind], failure.describe(),
+                  [n.name for n in failure.nodes])
         if restarts >= run.job.max_restarts:
             if outcome.launch_error is not None:
                 raise outcome.launch_error
@@ -128,15 +155,29 @@ def supervise(run: JobRun, group: NodeGroup) -> int:
         recovery.bring_back(failure)
 
 
+def _default_keeper(run: JobRun) -> CheckpointKeeper:
+    """Checkpoints kept here (./mgpu-outputs/NAME/checkpoints), or, when the cluster has a
+    store, pushed by the nodes straight to it (issue 18)."""
+    store = run.inv.spec.store if run.inv.spec is not None else None
+    if store:
+        from provision.job.managed.checks import store_env
+        from provision.job.managed.keeper import StoreKeeper
+        from remote.store import parse_url
+
+        return StoreKeeper(run.inv, parse_url(store).child(run.inv.name, "checkpoints"),
+                           store_env(), log=run.log)
+    return CheckpointKeeper(run.inv, local_checkpoint_dir(run.inv), log=run.log)
+
+
 def attempt(run: JobRun, group: NodeGroup, keeper: CheckpointKeeper, rec: JobRecord,
             restarts: int) -> Outcome:
     """One start of the job on every node, followed to its end, its checkpoints kept and a
     Watcher looking for hangs and preemption notices."""
-    watcher = Watcher(run.inv, run.job, keeper, run.log)
+    watcher = Watcher(run.inv, run.job, keeper, run.log, stop=run.stop)
     keeper.start()
     try:
         code = run_job(run.inv, run.job, log=run.log, group=group, monitor=watcher,
-                       restart_count=restarts, job_id=rec.id)
+                       restart_count=restarts, job_id=rec.id, out=run.out)
         return Outcome(code, watcher)
     except LaunchError as exc:
         return Outcome(SESSION_LOST, watcher, launch_error=exc)

@@ -24,6 +24,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 from provision.cluster.providers.contract import AnyProvider, Recoverable
 from provision.job.checkpoints import CheckpointKeeper
@@ -34,6 +35,11 @@ from provision.model.spec import JobSpec
 from provision.nodes import NodeGroup
 
 Log = Callable[[str], None]
+# A managed run's record sink (provision/job/managed/): (event, message, node names).
+OnEvent = Callable[[str, str, list[str]], None]
+FAILURE_EVENTS = {"node lost": "node_lost", "preemption": "preempted", "hang": "hang",
+                  "rank crash": "crashed"}
+CANCELLED = 130  # lifecycle.supervise's code when JobRun.stop asked for the job to end
 EVENT_PREFIX = "MGPU-EVENT "  # remote/supervise.py prints events with this prefix
 PREEMPT_SAVE_DEADLINE_S = 90.0  # AWS gives ~120 s, GCP ~30 s: what a save may take at most
 REACHABLE_DEADLINE_S = 10.0  # a fresh login to a node said to be alive
@@ -66,6 +72,7 @@ class Watcher:
     last_output: float = field(default_factory=time.monotonic)
     notice_at: float = 0.0
     lock: threading.Lock = field(default_factory=threading.Lock)
+    stop: Callable[[], bool] | None = None  # True: stop the job for good (a managed cancel)
 
     def line(self, node: NodeRecord, text: str) -> None:
         self.last_output = time.monotonic()
@@ -78,6 +85,8 @@ class Watcher:
                 with self.lock:
                     self.preempted.setdefault(node.name, event)
                     self.notice_at = self.notice_at or time.monotonic()
+            elif event.get("event") in ("maintenance-scheduled", "maintenance-cleared"):
+                self.log(maintenance_message(node, event))
 
     def finished(self, node: NodeRecord, code: int) -> None:
         with self.lock:
@@ -86,6 +95,9 @@ class Watcher:
                 self.first_failed.append(node.name)
 
     def poll(self) -> str | None:
+        if self.stop is not None and self.reason is None and self.stop():
+            self.reason = "cancelled"
+            return "cancelled"
         if self.preempted and self.reason is None:
             self.reason = "preemption"
             return self._preemption()
@@ -120,6 +132,23 @@ class Watcher:
             self.log(f"no checkpoint was saved within {PREEMPT_SAVE_DEADLINE_S:.0f} s of the "
                      "notice; the last one kept will be used")
         return f"preemption notice on {', '.join(names)}"
+
+
+def maintenance_message(node: NodeRecord, event: dict[str, Any]) -> str:
+    """What the controller says about a maintenance notice a node announced ahead of its
+    deadline (remote/supervise.py): nothing is stopped now; the node saves, then it is
+    replaced, close to the deadline."""
+    if event.get("event") == "maintenance-cleared":
+        return f"{node.name}: the scheduled host maintenance was withdrawn; training goes on"
+    try:
+        deadline, save = float(event["deadline"]), float(event["save_at"])
+    except (KeyError, TypeError, ValueError):
+        return f"{node.name}: host maintenance scheduled ({event.get('source', '?')})"
+    stamp = time.strftime("%H:%M:%SZ", time.gmtime(deadline))
+    return (f"{node.name}: host maintenance stops this VM at {stamp} (in "
+            f"{max(0.0, deadline - time.time()) / 60:.0f} min); training goes on until "
+            f"{max(0.0, deadline - save) / 60:.0f} min before, then every rank saves and the "
+            "node is replaced")
 
 
 def _container_words(inv: Inventory, job: JobSpec) -> list[str]:
@@ -184,6 +213,7 @@ class Recovery:
     job: JobSpec
     log: Log
     keeper: CheckpointKeeper
+    on_event: OnEvent | None = None
 
     def bring_back(self, failure: Failure) -> None:
         """Make the cluster whole again for a restart (replaced nodes bootstrapped, the
@@ -233,6 +263,8 @@ class Recovery:
                                                      new=new.resource_id, reason=why))
             self.store.save(self.inv)
             new_nodes.append(new)
+            if self.on_event is not None:
+                self.on_event("replaced", f"{node.name} replaced ({why})", [node.name])
         return new_nodes
 
     def _wait_for(self, nodes: list[NodeRecord]) -> None:

@@ -165,6 +165,8 @@ class Inventory(BaseModel):
     preemption: PreemptionSource | None = None
     replacements: list[Replacement] = Field(default_factory=list)
     fabric_gate: GateRecord | None = Field(None, description="the fabric gate's last result")
+    controller: NodeRecord | None = Field(None, description="the machine that supervises "
+                                          "managed runs (docs/ARCHITECTURE.md)")
 
     def resources_of(self, kind: str) -> list[ResourceRecord]:
         return [r for r in self.resources if r.kind == kind]

@@ -74,6 +74,18 @@ class ClusterSpecBase(StrictModel):
     max_hours: float | None = Field(None, gt=0, le=24 * 14)
     spot: bool = False
     image: str | None = Field(None, description="training container for cloud nodes")
+    # issue 18: a durable store makes runs managed (docs/ARCHITECTURE.md, managed runs)
+    store: str | None = Field(None, description="s3://B/P, gs://B/P or file:///PATH: "
+                              "checkpoints, job records and logs; a controller supervises")
+
+    @field_validator("store")
+    @classmethod
+    def _store(cls, v: str | None) -> str | None:
+        if v is None:
+            return None
+        from remote.store import parse_url
+
+        return str(parse_url(v))  # ValueError says what a valid URL looks like
 
     @field_validator("name")
     @classmethod
@@ -155,6 +167,19 @@ class JobSpec(StrictModel):
     fabric_check: Literal["auto", "on", "off"] = Field(
         "auto", description="auto: on for multi-node clusters whose provider knows the fabric")
     allow_slow_network: bool = Field(False, description="run even when the fabric gate fails")
+    # issue 18: a webhook told of every state change of a managed job
+    notify: str | None = Field(None, description="http(s) URL: one JSON POST per state change")
+
+    @field_validator("notify")
+    @classmethod
+    def _notify(cls, v: str | None) -> str | None:
+        from urllib.parse import urlparse
+
+        if v is not None and (urlparse(v).scheme not in ("http", "https")
+                              or not urlparse(v).netloc):
+            raise ValueError(f"{v!r} is not an http(s) URL; give a webhook URL, e.g. "
+                             "https://hooks.slack.com/services/T000/B000/XXXX")
+        return v
 
     @field_validator("launcher")
     @classmethod

@@ -19,6 +19,7 @@ from provision.nodes.pool import background, fan_out, poll
 from provision.nodes.transport import (
     CommandResult,
     Connector,
+    FirstConnectionError,
     NodeConnection,
     NodeStepError,
     SshConnection,
@@ -31,7 +32,8 @@ from provision.nodes.transport import (
 )
 
 __all__ = [
-    "CONTAINER_ROOT", "CommandResult", "Connector", "Files", "GroupResult", "HomePath",
+    "CONTAINER_ROOT", "CommandResult", "Connector", "Files", "FirstConnectionError",
+    "GroupResult", "HomePath",
     "NodeConnection", "NodeGroup", "NodeResult", "NodeStepError", "RemoteLayout",
     "SshConnection", "Writer", "background", "borrowed", "default_connector",
     "describe_exception", "fan_out", "fetch_tree", "join", "layout_of", "poll", "retry_open",

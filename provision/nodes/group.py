@@ -22,7 +22,7 @@ from typing import Generic, TypeVar
 from provision.model.errors import BootstrapError, MgpuError
 from provision.model.inventory import Inventory, NodeRecord
 from provision.nodes.layout import layout_of
-from provision.nodes.pool import MAX_WORKERS, fan_out
+from provision.nodes.pool import fan_out
 from provision.nodes.transport import (
     SSH_DEADLINE_S,
     CommandResult,
@@ -130,18 +130,22 @@ class NodeGroup:
     # --- fan-out ---------------------------------------------------------------------------
     def submit(self, fn: Callable[[NodeConnection, NodeRecord], T],
                nodes: Iterable[NodeRecord] | None = None) -> dict[Future[T], NodeRecord]:
-        """Start fn(conn, node) on every node; the caller waits (launch streams this way)."""
+        """Start fn(conn, node) on every node at once; the caller waits (launch and monitor
+        stream this way). One thread per node, however many: each call may last as long as
+        the job, and a torchrun rendezvous needs every node started."""
         targets = self.nodes if nodes is None else sorted(nodes, key=lambda n: n.rank)
         if self._pool is None:
-            self._pool = ThreadPoolExecutor(max_workers=min(MAX_WORKERS, max(1, len(self.nodes))))
+            self._pool = ThreadPoolExecutor(max_workers=max(1, len(self.nodes)))
         return {self._pool.submit(self._call, fn, n): n for n in targets}
 
     def _call(self, fn: Callable[[NodeConnection, NodeRecord], T], node: NodeRecord) -> T:
         return fn(self.connection(node), node)
 
     def each(self, fn: Callable[[NodeConnection, NodeRecord], T],
-             nodes: Iterable[NodeRecord] | None = None) -> GroupResult[T]:
-        """fn(conn, node) on every node in parallel; an exception is that node's result."""
+             nodes: Iterable[NodeRecord] | None = None, *,
+             streaming: bool = False) -> GroupResult[T]:
+        """fn(conn, node) on every node in parallel; an exception is that node's result.
+        `streaming`: every node at once (calls that last as long as a job; see fan_out)."""
 
         def one(node: NodeRecord) -> NodeResult[T]:
             try:
@@ -151,7 +155,7 @@ class NodeGroup:
                 return NodeResult(node, error=describe_exception(exc))
 
         targets = self.nodes if nodes is None else sorted(nodes, key=lambda n: n.rank)
-        return GroupResult((r.node.name, r) for r in fan_out(targets, one))
+        return GroupResult((r.node.name, r) for r in fan_out(targets, one, streaming=streaming))
 
     def run(self, command: str | Callable[[NodeRecord], str], *, stdin: bytes | None = None,
             timeout: float | None = None,
@@ -172,9 +176,9 @@ class NodeGroup:
 
     def wait_until_reachable(self, deadline_s: float = SSH_DEADLINE_S,
                              nodes: Iterable[NodeRecord] | None = None) -> GroupResult[None]:
-        """Open every node's connection, retrying with short exponential backoff until the
-        deadline (fresh nodes refuse connections for a moment). A host key that does not
-        match the pinned one, or a refused login, is not retried."""
+        """Open every node's connection (retry_open: until the deadline, through a fresh
+        node's refused connections, not-yet-pinned host key and not-yet-made login user;
+        only the pinned key is ever accepted)."""
 
         def step(conn: NodeConnection, node: NodeRecord) -> None:
             retry_open(conn, deadline_s)

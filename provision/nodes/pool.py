@@ -13,13 +13,16 @@ U = TypeVar("U")
 MAX_WORKERS = 32
 
 
-def fan_out(items: Iterable[U], fn: Callable[[U], T]) -> list[T]:
+def fan_out(items: Iterable[U], fn: Callable[[U], T], *, streaming: bool = False) -> list[T]:
     """fn(item) for every item in parallel (results in order). The one thread pool of the
-    controller: exceptions propagate (the first, after every call has ended)."""
+    controller: exceptions propagate (the first, after every call has ended). At most
+    MAX_WORKERS at a time, unless `streaming`: calls that last as long as a job (following
+    its output) each need a thread of their own, or item 33 would start only when one ends."""
     items = list(items)
     if not items:
         return []
-    with ThreadPoolExecutor(max_workers=min(MAX_WORKERS, len(items))) as pool:
+    workers = len(items) if streaming else min(MAX_WORKERS, len(items))
+    with ThreadPoolExecutor(max_workers=workers) as pool:
         return list(pool.map(fn, items))
 
 

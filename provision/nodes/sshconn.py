@@ -22,15 +22,25 @@ from provision.model.keys import known_hosts_line, write_known_hosts
 
 
 class UnknownHostKeyError(paramiko.SSHException):  # type: ignore[misc]
-    """The node presented a host key that is not pinned for it (never retried)."""
+    """The node presented a host key of a type none is pinned for (never accepted)."""
+
+    def __init__(self, hostname: str, key: Any) -> None:
+        super().__init__(
+            f"host {hostname} presented an unknown {key.get_name()} host key "
+            f"({fingerprint(key)}); refusing to connect (keys are pinned, never trusted on "
+            "first use)")
+        self.hostname = hostname
+        self.key = key
+
+
+def fingerprint(key: Any) -> str:
+    """'TYPE SHA256:...' as OpenSSH prints it."""
+    return f"{key.get_name()} {key.fingerprint}"
 
 
 class PinnedHostKeys(paramiko.MissingHostKeyPolicy):  # type: ignore[misc]
     def missing_host_key(self, client: Any, hostname: str, key: Any) -> None:
-        raise UnknownHostKeyError(
-            f"host {hostname} presented an unknown {key.get_name()} host key; refusing to "
-            "connect (keys are pinned, never trusted on first use)"
-        )
+        raise UnknownHostKeyError(hostname, key)
 
 if TYPE_CHECKING:
     from fabric import Connection

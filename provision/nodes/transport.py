@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import shlex
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,6 +20,11 @@ from provision.model.errors import MgpuError
 from provision.model.inventory import Inventory, NodeRecord
 
 CONNECT_TIMEOUT_S = 10.0
+# How long a first connection waits past a host key that is not the pinned one, or a refused
+# login: a fresh cloud VM's guest agent loads the published keys and creates the login user
+# within seconds of publishing them; longer, the key is wrong (and a user's own machine with a
+# changed key is named within this, not after the whole SSH deadline).
+KEY_SETTLE_S = float(os.environ.get("MGPU_CLOUD_KEY_SETTLE", "45"))
 SSH_DEADLINE_S = float(os.environ.get("MGPU_CLOUD_SSH_DEADLINE", "180"))
 
 
@@ -146,7 +152,46 @@ def describe_exception(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {exc}"
 
 
+class FirstConnectionError(NodeStepError):
+    """A node's first connection kept failing a check that a fresh node passes soon (its host
+    key, its login); the message says what the node presented until the deadline."""
+
+
+def _not_yet(exc: BaseException, deadline_s: float) -> FirstConnectionError | None:
+    """The error for a key or login that never came right, or None for any other failure."""
+    import paramiko
+
+    from provision.nodes.sshconn import UnknownHostKeyError, fingerprint
+
+    waited = f"for {deadline_s:.0f} s"
+    if isinstance(exc, paramiko.BadHostKeyException):
+        return FirstConnectionError(
+            f"{exc.hostname} presented host key {fingerprint(exc.key)}, not the pinned "
+            f"{fingerprint(exc.expected_key)}, {waited}; refusing to connect (host keys are "
+            "pinned, never trusted on first use)")
+    if isinstance(exc, UnknownHostKeyError):
+        return FirstConnectionError(
+            f"{exc.hostname} presented host key {fingerprint(exc.key)}, and no key of that "
+            f"type is pinned for it, {waited}; refusing to connect (host keys are pinned, "
+            "never trusted on first use)")
+    if isinstance(exc, paramiko.AuthenticationException):
+        return FirstConnectionError(f"the login was refused {waited} ({exc}): the node does "
+                                    "not accept the cluster's key for its user")
+    return None
+
+
 def retry_open(conn: NodeConnection, deadline_s: float) -> None:
+    """Open a node's first connection, retrying with short exponential backoff until
+    `deadline_s`. Retried: refused, reset or timed-out connections (sshd starting), AND a host
+    key that is not the pinned one, AND a refused login: a fresh cloud VM may answer with its
+    image's host keys until its guest agent has made and loaded its own, and may not have
+    the login user yet (the agent creates it asynchronously).
+
+    Trust-on-nothing holds: the host key is checked during the key exchange, before any
+    authentication, so nothing is sent to a node, and no command runs on it, until the PINNED
+    key answers; a key that is not pinned is never accepted, only waited past. When the
+    deadline passes: FirstConnectionError saying what the node presented (the group names the
+    node), or the last connection error."""
     import paramiko
     from tenacity import (
         Retrying,
@@ -158,22 +203,31 @@ def retry_open(conn: NodeConnection, deadline_s: float) -> None:
 
     from provision.nodes.sshconn import UnknownHostKeyError
 
+    start = time.monotonic()
+    settle = min(deadline_s, KEY_SETTLE_S)
+
     def transient(exc: BaseException) -> bool:
         if isinstance(exc, paramiko.BadHostKeyException | paramiko.AuthenticationException
                       | UnknownHostKeyError):
-            return False
+            return time.monotonic() - start < settle  # a key or login that never comes right
         return isinstance(exc, OSError | paramiko.SSHException | EOFError)
 
-    for attempt in Retrying(
-        retry=retry_if_exception(transient),
-        # Short waits: sshd in a fresh node answers within a second or two, and every
-        # oversleep here adds to `up` directly.
-        wait=wait_exponential(multiplier=0.05, max=0.5) + wait_random(0, 0.05),
-        stop=stop_after_delay(deadline_s),
-        reraise=True,
-    ):
-        with attempt:
-            conn.open()
+    try:
+        for attempt in Retrying(
+            retry=retry_if_exception(transient),
+            # Short waits: sshd in a fresh node answers within a second or two, and every
+            # oversleep here adds to `up` directly.
+            wait=wait_exponential(multiplier=0.05, max=0.5) + wait_random(0, 0.05),
+            stop=stop_after_delay(deadline_s),
+            reraise=True,
+        ):
+            with attempt:
+                conn.open()
+    except Exception as exc:
+        final = _not_yet(exc, min(time.monotonic() - start, deadline_s))
+        if final is not None:
+            raise final from exc
+        raise
 
 
 def fetch_tree(conn: NodeConnection, remote_dir: str, archive: str, dest: Path,

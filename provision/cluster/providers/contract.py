@@ -134,4 +134,36 @@ class Recoverable(Provider[P]):
             return self._replace(inv, store, node)
 
 
+class Supervising(Provider[P]):
+    """Capability (issue 18; docs/ARCHITECTURE.md, "Where the control plane lives"): the
+    provider makes the cluster's controller, the machine that supervises managed runs. It gets
+    credentials that reach only this cluster, is recorded in the inventory like any resource
+    (so `destroy`, rollback and `gc` remove it) and is never one of the nodes."""
+
+    @abstractmethod
+    def _create_controller(self, inv: Inventory, store: InventoryStore) -> NodeRecord:
+        """Make and start the controller; how to reach it (SSH, pinned host key)."""
+
+    @abstractmethod
+    def _teardown_from_controller(self, inv: Inventory, store: InventoryStore) -> None:
+        """Run ON the controller: delete every resource of the cluster but the controller.
+        Idempotent; TeardownError if some remain."""
+
+    @abstractmethod
+    def _remove_controller_from_inside(self, inv: Inventory) -> None:
+        """The controller deletes itself (its last call: it may not return)."""
+
+    def create_controller(self, inv: Inventory, store: InventoryStore) -> NodeRecord:
+        with self.errors(f"creating the controller of {inv.name!r}"):
+            return self._create_controller(inv, store)
+
+    def teardown_from_controller(self, inv: Inventory, store: InventoryStore) -> None:
+        with self.errors(f"removing cluster {inv.name!r} from its controller"):
+            self._teardown_from_controller(inv, store)
+
+    def remove_controller_from_inside(self, inv: Inventory) -> None:
+        with self.errors(f"removing the controller of {inv.name!r}"):
+            self._remove_controller_from_inside(inv)
+
+
 AnyProvider = Provider[Any]  # what the pipeline holds: some provider, whatever its plan type

@@ -1,7 +1,8 @@
 """Fixtures: a FakeCompute server per test, wired to the provider through its seams.
 
 MGPU_CLOUD_GCP_ENDPOINT points every google-cloud-compute client at the fake (anonymous
-credentials); MGPU_CLOUD_GCP_RETRY_BASE_S / MGPU_CLOUD_GCP_POLL_S = 0 remove retry and poll waits;
+credentials); MGPU_CLOUD_GCP_RETRY_BASE_S / MGPU_CLOUD_GCP_POLL_S / MGPU_CLOUD_GCP_HOSTKEY_POLL_S
+= 0 remove retry and poll waits;
 MGPU_CLOUD_HOME keeps inventories and keys in tmp_path; MGPU_CLOUD_CALLER_IP stands in for the
 caller's public address.
 
@@ -87,6 +88,7 @@ def gcp_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, fake: FakeCompute) 
     monkeypatch.setenv("MGPU_CLOUD_GCP_ENDPOINT", fake.url)
     monkeypatch.setenv("MGPU_CLOUD_GCP_RETRY_BASE_S", "0")
     monkeypatch.setenv("MGPU_CLOUD_GCP_POLL_S", "0")
+    monkeypatch.setenv("MGPU_CLOUD_GCP_HOSTKEY_POLL_S", "0")
     monkeypatch.setenv("MGPU_CLOUD_HOME", str(tmp_path / "home"))
     monkeypatch.setenv("MGPU_CLOUD_CALLER_IP", CALLER_IP)
     for var in ("GOOGLE_CLOUD_PROJECT", "CLOUDSDK_CORE_PROJECT", "GOOGLE_APPLICATION_CREDENTIALS"):

@@ -59,8 +59,10 @@ def test_replace_deletes_the_old_vm_first_then_makes_one_like_it(
     assert after == before  # policy, image, machine type, NICs, scheduling, labels, tags
     assert new_meta["ssh-keys"] == old_meta["ssh-keys"]
     assert new.host_key and new.host_key != old.host_key
-    assert new.host_key in new_meta["startup-script"]
-    assert old.host_key not in new_meta["startup-script"]
+    # the new VM made its own keys; the one it published is pinned, none was sent to it
+    assert new.host_key == fake.host_keys[(PROJECT, "us-central1-a", "c1-node-1")]["ssh-ed25519"]
+    new_meta.pop("startup-script"), old_meta.pop("startup-script")  # maxRunDuration differs
+    assert new_meta == old_meta and "PRIVATE KEY" not in str(again)
     assert (new.name, new.rank, new.zone, new.resource_id) == (old.name, 1, old.zone, "c1-node-1")
     assert store.load("c1").nodes[1] == new
     instances = store.load("c1").resources_of("instance")

@@ -38,6 +38,28 @@ def _scope_region(spec: ClusterSpec) -> str:
     return region
 
 
+def _iam(region: str) -> Any:
+    from provision.cluster.providers.aws.clients import make_client, new_session
+
+    return make_client(new_session(), "iam", region)
+
+
+def _delete_identity(inv: Inventory, store: InventoryStore) -> None:
+    """The controller's role and instance profile, if recorded (issue 18). TeardownError
+    naming what is left."""
+    from provision.cluster.providers.aws.controller import delete_identity
+
+    records = [r for r in inv.resources if r.kind in ("iam-role", "iam-instance-profile")]
+    if not records:
+        return
+    region = _region_of(inv) or "us-east-1"  # IAM is global; the client needs a region
+    problems = delete_identity(_iam(region), records,
+                               lambda kind, rid: store.forget(inv, kind, rid))
+    if problems:
+        raise TeardownError(f"cluster {inv.name!r}: " + "; ".join(problems),
+                            hint=f"run `mgpu-cloud down {inv.name}` again")
+
+
 class AwsProvider(Recoverable[AwsPlan]):
     name = "aws"
 
@@ -84,12 +106,15 @@ class AwsProvider(Recoverable[AwsPlan]):
         # was interrupted before it cleaned up after itself.
         regions = list(dict.fromkeys([region] + [r.region for r in inv.resources if r.region]))
         problems = []
-        for where in regions:
-            records = [r for r in inv.resources if (r.region or region) == where]
-            try:
-                destroy_cluster(where, inv.name, records, forget)
-            except TeardownError as exc:
-                problems.append(exc)
+        try:
+            for where in regions:
+                records = [r for r in inv.resources if (r.region or region) == where]
+                try:
+                    destroy_cluster(where, inv.name, records, forget)
+                except TeardownError as exc:
+                    problems.append(exc)
+        finally:  # after the instances: the controller's identity (issue 18)
+            _delete_identity(inv, store)
         if len(problems) == 1:
             raise problems[0]
         if problems:
@@ -115,12 +140,19 @@ class AwsProvider(Recoverable[AwsPlan]):
         return replace_node(region, inv, store, node)
 
     def _orphans(self, spec: ClusterSpec, known: set[str]) -> list[ResourceRecord]:
+        from provision.cluster.providers.aws.controller import identity_orphans
         from provision.cluster.providers.aws.teardown import find_orphans
 
-        return find_orphans(_scope_region(spec), known)
+        region = _scope_region(spec)
+        return find_orphans(region, known) + identity_orphans(_iam(region), known)
 
     def _delete_orphans(self, spec: ClusterSpec, resources: list[ResourceRecord]) -> None:
+        from provision.cluster.providers.aws.controller import delete_identity
         from provision.cluster.providers.aws.teardown import delete_orphans
 
+        iam_kinds = ("iam-role", "iam-instance-profile")
         region = resources[0].region if resources and resources[0].region else _scope_region(spec)
-        delete_orphans(region, resources)
+        delete_orphans(region, [r for r in resources if r.kind not in iam_kinds])
+        problems = delete_identity(_iam(region), resources, lambda kind, rid: None)
+        if problems:
+            raise TeardownError("; ".join(problems))

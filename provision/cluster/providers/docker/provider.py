@@ -18,8 +18,9 @@ from collections.abc import Callable
 from contextlib import AbstractContextManager
 from typing import TYPE_CHECKING, Any
 
-from provision.cluster.providers.contract import Recoverable
+from provision.cluster.providers.contract import Recoverable, Supervising
 from provision.cluster.providers.docker.engine import docker_client, map_errors
+from provision.cluster.providers.docker.environment import node_environment, store_binds
 from provision.cluster.providers.docker.plan import (
     DockerNode,
     DockerPlan,
@@ -51,13 +52,7 @@ METADATA_STANDIN = "/tmp/mgpu-metadata"  # noqa: S108 - inside the node containe
 NODE_LABEL = "mgpu-cloud-node"
 
 
-def _node_environment(host: KeyPair, authorized_key: str) -> dict[str, str]:
-    """What node-entrypoint.sh writes before sshd starts: the node's host key (made by the
-    tool, so it is pinned before the first connection) and the cluster's public key."""
-    return {"MGPU_HOST_KEY": host.private_openssh.strip(), "MGPU_AUTHORIZED_KEY": authorized_key}
-
-
-class DockerProvider(Recoverable[DockerPlan]):
+class DockerProvider(Recoverable[DockerPlan], Supervising[DockerPlan]):
     name = "docker"
 
     def plan_class(self) -> type[DockerPlan]:
@@ -168,6 +163,22 @@ class DockerProvider(Recoverable[DockerPlan]):
         store.save(inv)
         return new
 
+    # --- managed runs: the controller (docker/controller.py; contract.Supervising) --------
+    def _create_controller(self, inv: Inventory, store: InventoryStore) -> NodeRecord:
+        from provision.cluster.providers.docker.controller import create_controller
+
+        return create_controller(inv, store)
+
+    def _teardown_from_controller(self, inv: Inventory, store: InventoryStore) -> None:
+        from provision.cluster.providers.docker.controller import teardown_from_inside
+
+        teardown_from_inside(inv, store)
+
+    def _remove_controller_from_inside(self, inv: Inventory) -> None:
+        from provision.cluster.providers.docker.controller import remove_self
+
+        remove_self(inv)
+
     # ---------------------------------------------------------------------------------------
     def _destroy(self, inv: Inventory, store: InventoryStore) -> None:
         import docker.errors
@@ -259,6 +270,8 @@ def _start_container(api: Any, inv: Inventory, request: DockerRequest, image: st
         host["nano_cpus"] = int(opts.cpus * 1e9)
     if opts.memory:
         host["mem_limit"] = opts.memory
+    if store_binds(inv):  # a file:// store: the shared folder every node mounts (issue 18)
+        host["binds"] = store_binds(inv)
     if opts.gpus:
         import docker.types
 
@@ -270,7 +283,7 @@ def _start_container(api: Any, inv: Inventory, request: DockerRequest, image: st
             hostname=node.hostname,
             labels={CLUSTER_TAG: inv.name, NODE_LABEL: str(rank)},
             ports=[22],
-            environment=_node_environment(host_key, public_key),
+            environment=node_environment(host_key, public_key),
             host_config=api.create_host_config(**host),
             networking_config=api.create_networking_config(
                 {net_name: api.create_endpoint_config(aliases=[node.hostname])}),

@@ -1,18 +1,23 @@
 """GCP provider: GPU VMs (a2-ultragpu-8g, a2-highgpu-*, a3-highgpu-8g, or N1 + guest GPUs) in
 one zone under a COLLOCATED (compact) placement policy.
 
-Per cluster NAME, in the project and the zone's region:
+Per cluster NAME, in the project and the zone's region (with --regions, the first region
+that has capacity):
     resource policy  NAME-compact    groupPlacementPolicy COLLOCATED, vmCount N; attached to
-                                     every instance
+                                     every instance (not with --flex-start or --reservation:
+                                     DWS and reservations place the VMs themselves)
     firewall         NAME-ssh        tcp:22 from --ssh-cidr only (default: caller's address /32)
     firewall         NAME-internal   all protocols between instances tagged mgpu-cloud-NAME
     instances        NAME-node-R     ONE bulkInsert, count = minCount = N (all or none);
                                      onHostMaintenance TERMINATE, automaticRestart false,
-                                     maxRunDuration --max-hours (default 8 h) -> DELETE, spot:
-                                     provisioningModel SPOT (DELETE on preemption), gVNIC, an
-                                     external IPv4 (egress), boot image from a current Deep
-                                     Learning VM family (images.py, with fallbacks), login key
-                                     in ssh-keys, a pre-made host key
+                                     maxRunDuration --max-hours (default 8 h) -> DELETE;
+                                     provisioningModel STANDARD, SPOT, FLEX_START or (a3-ultra
+                                     / a4 from a reservation) RESERVATION_BOUND (layout.py),
+                                     gVNIC, an external IPv4 (egress), boot image from a
+                                     current Deep Learning VM family (images.py, with
+                                     fallbacks), login key in ssh-keys,
+                                     enable-guest-attributes: the VM's own host keys are read
+                                     from Compute (hostkeys.py); no private key is sent
     multi-node a3-highgpu-8g / a3-megagpu-8g (GPUDirect-TCPX / TCPXO, gpudirect.py):
     networks         NAME-gpunet-K   K = 0..3 / 0..7, MTU 8244, each with one subnet (same
     subnetworks      NAME-gpunet-K   name, a /20 of 10.0.0.0/9) and one firewall rule
@@ -21,6 +26,11 @@ Per cluster NAME, in the project and the zone's region:
 Instances and their boot disks carry the label mgpu-cloud-cluster=NAME; resource policies,
 firewall rules, networks and subnets have no labels in the Compute API, so they carry it as
 their description (`mgpu-cloud-cluster=NAME`), which is what `gc` matches.
+
+Module map: layout.py (Layout, purchase rules) <- resolve.py (read-only calls) -> plan.py
+(printable plan); bodies.py (request bodies) <- create.py / placement.py (zone and region
+failover) / replace.py; writes.py (record-then-insert); hostkeys.py; teardown.py, discovery.py;
+clients.py + errors.py: the one boundary where google errors become mgpu-cloud errors.
 
 Recovery (replace.py, contract.Recoverable): node_alive reads the VM's status; replace deletes
 the lost VM, then makes one with the same name under the same policy.
@@ -33,6 +43,8 @@ Seams (for tests and local fakes; all read from the environment at call time):
         ADC is not consulted. Unset: the real endpoint with ADC.
     MGPU_CLOUD_GCP_RETRY_BASE_S=0   no wait between retries of 429/5xx (default 1.0 s base)
     MGPU_CLOUD_GCP_POLL_S=0         no pause between operation waits (default 2.0 s)
+    MGPU_CLOUD_GCP_HOSTKEY_POLL_S / _DEADLINE_S   polling for the VMs' published host keys
+                                    (default 5 s / 600 s)
 
 google.cloud.compute_v1 costs ~1.4 s to import: it is imported only inside functions.
 """
@@ -61,5 +73,11 @@ INFO = ProviderInfo(
              help="guest GPU for N1 types, e.g. nvidia-tesla-t4"),
         Flag("--accelerator-count", "accelerator_count", int, help="guest GPUs per node"),
         Flag("--disk-gb", "disk_gb", int, help="boot disk size"),
+        Flag("--reservation", "reservation",
+             help="consume this reservation (NAME, or projects/P/reservations/NAME)"),
+        Flag("--flex-start", "flex_start", bool,
+             help="DWS flex-start VMs (discounted, start when capacity is found, <= 7 days)"),
+        Flag("--regions", "regions",
+             help="regions to fail over to, in order (comma-separated), or `any`"),
     ),
 )

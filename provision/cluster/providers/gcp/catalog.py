@@ -53,12 +53,18 @@ class Cost:
 
 
 def cluster_cost(machine_type: str, accelerator: str | None, gpus: int, nodes: int,
-                 disk_gb: int, spot: bool) -> Cost:
-    """The cost of `nodes` VMs: machine type, guest GPUs, boot disk and external address."""
+                 disk_gb: int, spot: bool, disk_type: str = "pd-balanced",
+                 region: str | None = None) -> Cost:
+    """The cost of `nodes` VMs: machine type, guest GPUs, boot disk and external address, at
+    the catalog's reference region's prices; another `region` is unpriced (the catalog has no
+    regional prices)."""
     data = catalog()
     kind = "spot" if spot else "on_demand"
     market = "spot" if spot else "on-demand"
     cost = Cost()
+    if region is not None and region != data["reference_region"]:
+        cost.unpriced.append(f"{region}: mgpu-cloud's price table has "
+                             f"{data['reference_region']} prices only")
     row = data["machine_types"].get(machine_type)
     if row is None:
         cost.unpriced.append(f"{machine_type}: not in mgpu-cloud's price table")
@@ -70,7 +76,10 @@ def cluster_cost(machine_type: str, accelerator: str | None, gpus: int, nodes: i
             cost.unpriced.append(f"{accelerator}: not in mgpu-cloud's price table")
         else:
             cost.add(f"{accelerator} ({market})", acc[kind], nodes * gpus)
-    cost.add("boot disk", data["disk_gb_month"], nodes * disk_gb / 730.0)
+    disk = data["disk_gb_month"] if disk_type == "pd-balanced" else \
+        data["disk_types_gb_month"].get(disk_type, {"usd": None, "source": "remembered-2025-06",
+                                                    "date": "2025-06-01"})
+    cost.add(f"boot disk ({disk_type})", disk, nodes * disk_gb / 730.0)
     ip = data["external_ipv4_hour"]
     cost.add("external IPv4", {"usd": ip["spot" if spot else "standard"],
                                "source": ip["source"], "date": ip["date"]}, nodes)

@@ -1,4 +1,8 @@
-"""Every Compute client the provider uses, built with ONE set of client options.
+"""Every Compute client the provider uses, built with ONE set of client options, and the ONE
+boundary where google errors become mgpu-cloud errors: every call goes through `Clients.call`
+/ `call_or_none` / `wait`, which retry what is transient and raise what is not as an MgpuError
+(errors.translate, classified by code tables). No other module of the provider catches a
+google exception.
 
 Why one builder: `insert()` returns an ExtendedOperation whose `.result()` polls through an
 operations client built without our ClientOptions (so it would call the real endpoint even when
@@ -25,10 +29,15 @@ from provision.cluster.providers.gcp.errors import (
     AUTH_HINT,
     is_not_found,
     is_transient,
-    map_errors,
     operation_failure,
+    translate,
 )
-from provision.model.errors import ProviderUnavailableError, UserInputError
+from provision.model.errors import (
+    MgpuError,
+    ProviderUnavailableError,
+    ProvisionError,
+    UserInputError,
+)
 
 ENDPOINT_ENV = "MGPU_CLOUD_GCP_ENDPOINT"
 RETRY_BASE_ENV = "MGPU_CLOUD_GCP_RETRY_BASE_S"
@@ -102,6 +111,14 @@ class Clients:
         return self._make("RegionsClient")
 
     @cached_property
+    def projects(self) -> Any:
+        return self._make("ProjectsClient")
+
+    @cached_property
+    def reservations(self) -> Any:
+        return self._make("ReservationsClient")
+
+    @cached_property
     def zone_operations(self) -> Any:
         return self._make("ZoneOperationsClient")
 
@@ -113,14 +130,8 @@ class Clients:
     def global_operations(self) -> Any:
         return self._make("GlobalOperationsClient")
 
-    # --- calls ---------------------------------------------------------------------------
-    def call(self, method: Callable[..., T], request: Any) -> T:
-        """One API call; 429/5xx/rate-limit retried with exponential backoff (tenacity).
-
-        Inserts carry a requestId, so a retried insert whose first attempt did reach the server
-        returns the same operation instead of making a second resource. The client's own retry
-        is disabled (retry=None) so there is one retry policy, this one.
-        """
+    # --- calls: the ONE boundary where google errors become mgpu-cloud errors ----------------
+    def _retrying(self, method: Callable[..., T], request: Any) -> T:
         import tenacity
 
         retrying = tenacity.Retrying(
@@ -131,18 +142,53 @@ class Clients:
         )
         return retrying(method, request=request, retry=None, timeout=CALL_TIMEOUT_S)
 
-    def call_or_none(self, method: Callable[..., T], request: Any) -> T | None:
+    def call(self, method: Callable[..., T], request: Any, what: str,
+             error: type[MgpuError] = ProvisionError) -> T:
+        """One API call doing `what`; 429/5xx/rate limits retried with exponential backoff
+        (tenacity); every failure raised as an MgpuError (errors.translate; `error` is the
+        class of a failure without a class of its own).
+
+        Inserts carry a requestId, so a retried insert whose first attempt did reach the server
+        returns the same operation instead of making a second resource. The client's own retry
+        is disabled (retry=None) so there is one retry policy, this one.
+        """
+        try:
+            return self._retrying(method, request)
+        except Exception as exc:
+            raise translate(exc, what, error) from exc
+
+    def call_or_none(self, method: Callable[..., T], request: Any, what: str,
+                     error: type[MgpuError] = ProvisionError) -> T | None:
         """`call`, but a 404 (the resource does not exist) is None instead of an error."""
         try:
-            return self.call(method, request)
+            return self._retrying(method, request)
         except Exception as exc:
             if is_not_found(exc):
                 return None
-            raise
+            raise translate(exc, what, error) from exc
 
-    def wait(self, op: Any, what: str) -> Any:
-        """Block until `op` is DONE through our own operations clients; raise OperationFailed
-        if it finished with errors. Returns the DONE operation."""
+    def iterate(self, pager: Any, what: str, error: type[MgpuError] = ProvisionError) -> list[Any]:
+        """Every item of a (aggregated) list `call`'s pager: its further pages are fetched
+        here, so their errors are translated here too."""
+        try:
+            return list(pager)
+        except Exception as exc:
+            raise translate(exc, what, error) from exc
+
+    def wait(self, op: Any, what: str, error: type[MgpuError] = ProvisionError, *,
+             missing_ok: bool = False) -> Any:
+        """Block until `op` is DONE through our own operations clients. Returns the DONE
+        operation; raises an MgpuError (a ZoneCapacityError when the zone or region has no
+        capacity) if it finished with errors. `missing_ok`: None when the operation's target
+        is gone (a 404 while waiting on a delete)."""
+        try:
+            return self._wait(op, what)
+        except Exception as exc:
+            if missing_ok and is_not_found(exc):
+                return None
+            raise translate(exc, what, error) from exc
+
+    def _wait(self, op: Any, what: str) -> Any:
         from google.cloud import compute_v1
 
         done = compute_v1.Operation.Status.DONE
@@ -152,15 +198,17 @@ class Clients:
                 raise TimeoutError(f"{what}: operation {op.name} not done after "
                                    f"{OPERATION_DEADLINE_S:.0f} s")
             if op.zone:
-                op = self.call(self.zone_operations.wait, compute_v1.WaitZoneOperationRequest(
+                op = self._retrying(self.zone_operations.wait, compute_v1.WaitZoneOperationRequest(
                     project=self.project, zone=op.zone.rsplit("/", 1)[-1], operation=op.name))
             elif op.region:
-                op = self.call(self.region_operations.wait, compute_v1.WaitRegionOperationRequest(
-                    project=self.project, region=op.region.rsplit("/", 1)[-1],
-                    operation=op.name))
+                op = self._retrying(self.region_operations.wait,
+                                    compute_v1.WaitRegionOperationRequest(
+                                        project=self.project, region=op.region.rsplit("/", 1)[-1],
+                                        operation=op.name))
             else:
-                op = self.call(self.global_operations.wait, compute_v1.WaitGlobalOperationRequest(
-                    project=self.project, operation=op.name))
+                op = self._retrying(self.global_operations.wait,
+                                    compute_v1.WaitGlobalOperationRequest(
+                                        project=self.project, operation=op.name))
             if op.status != done and self.poll_s:
                 time.sleep(self.poll_s)
         failure = operation_failure(what, op)
@@ -181,8 +229,10 @@ def _credentials_and_options() -> tuple[Any, Any, str | None]:
         return anonymous, ClientOptions(api_endpoint=endpoint), None
     import google.auth
 
-    with map_errors("loading Google Cloud credentials"):
+    try:
         credentials, adc_project = google.auth.default(scopes=SCOPES)
+    except Exception as exc:
+        raise translate(exc, "loading Google Cloud credentials") from exc
     return credentials, ClientOptions(), adc_project
 
 

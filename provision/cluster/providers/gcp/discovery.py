@@ -9,7 +9,6 @@ from typing import Any
 
 from provision.cluster.providers.gcp import teardown
 from provision.cluster.providers.gcp.clients import Clients
-from provision.cluster.providers.gcp.errors import map_errors
 from provision.cluster.providers.gcp.plan import region_of
 from provision.model.errors import ProviderUnavailableError
 from provision.model.inventory import ResourceRecord
@@ -51,18 +50,19 @@ def tagged_resources(clients: Clients, zone: str | None) -> list[ResourceRecord]
         rec.extra["cluster"] = owner
         out.append(rec)
 
-    with map_errors("listing resource policies and firewall rules", ProviderUnavailableError):
-        regional(clients.call(clients.resource_policies.aggregated_list,
-                              compute_v1.AggregatedListResourcePoliciesRequest(project=project)),
-                 "resource_policies", teardown.policy_record)
-        global_(clients.call(clients.firewalls.list,
-                             compute_v1.ListFirewallsRequest(project=project)),
-                teardown.firewall_record)
-    with map_errors("listing networks and subnets", ProviderUnavailableError):
-        regional(clients.call(clients.subnetworks.aggregated_list,
-                              compute_v1.AggregatedListSubnetworksRequest(project=project)),
-                 "subnetworks", teardown.subnetwork_record)
-        global_(clients.call(clients.networks.list,
-                             compute_v1.ListNetworksRequest(project=project)),
-                teardown.network_record)
+    listing, error = "listing mgpu-cloud resources", ProviderUnavailableError
+
+    def pages(method: Any, request: Any) -> list[Any]:
+        return clients.iterate(clients.call(method, request, listing, error), listing, error)
+
+    regional(pages(clients.resource_policies.aggregated_list,
+                   compute_v1.AggregatedListResourcePoliciesRequest(project=project)),
+             "resource_policies", teardown.policy_record)
+    global_(pages(clients.firewalls.list, compute_v1.ListFirewallsRequest(project=project)),
+            teardown.firewall_record)
+    regional(pages(clients.subnetworks.aggregated_list,
+                   compute_v1.AggregatedListSubnetworksRequest(project=project)),
+             "subnetworks", teardown.subnetwork_record)
+    global_(pages(clients.networks.list, compute_v1.ListNetworksRequest(project=project)),
+            teardown.network_record)
     return out

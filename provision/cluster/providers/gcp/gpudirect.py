@@ -12,27 +12,33 @@ Per cluster of >= 2 nodes of such a type (a single node has no traffic between n
         mtu 8244; "allowed: internal");
     every VM: nic0 on the default network (SSH, egress), nic1..k one per data network, all
         gVNIC, data NICs without external addresses.
-Per node (startup script, on every boot): wait for the data NICs, install the NCCL plugin (and
+Per node (startup script, on every boot): find the control and data NICs by PCI address and wait
+for their addresses (templates/gcp/gpudirect-nics.sh.j2: the PCI addresses are the hardware's,
+the names are the image's: enp6s0 on Ubuntu 22.04 images, enp6s0f0 on current 24.04 accelerator
+images), write the NCCL variables that name them to NICS_ENV, install the NCCL plugin (and
 its NCCL) from Google's installer image into LIB_DIR, start the receive-datapath manager
 (RxDM) and wait until it is up (slurm-gcp tools/prologs-epilogs/receive-data-path-manager and
 -mega; for TCPXO also container-engine-accelerators gpudirect-tcpxo/nccl-tcpxo-installer.yaml:
 `modprobe import-helper`, /dev/aperture_devices). It then writes DONE_MARKER, whatever the
 outcome, and the outcome to STATUS_FILE.
-Per job container: LIB_DIR mounted read-only and put first on LD_LIBRARY_PATH
-(Inventory.container_library_path), TCPX's RxDM socket folder, TCPXO's aperture devices, and
+Per job container: NICS_ENV as an --env-file (the NIC names this node found), LIB_DIR mounted
+read-only and put first on LD_LIBRARY_PATH (Inventory.container_library_path), TCPX's RxDM
+socket folder, TCPXO's aperture devices, and
 DONE_MARKER bind-mounted with `--mount` (docker refuses to start the container while the
 node's set-up has not finished, naming the file, instead of letting NCCL fall back to sockets).
 
 Not verified without the real cloud (the plan says so): that the boot image has a guest kernel
 with GPUDirect-TCPX support (Google's VM set-ups build one: Cluster Toolkit installs
 `linux-gcp-tcpx` from a private Canonical PPA, or use Container-Optimized OS) and, for TCPXO,
-the `import-helper` module; the guest's interface names (Ubuntu's, as in Google's VM scripts:
-control NIC enp0s12, data NICs below; GKE/COS name them eth0..eth8); the image tags below.
+the `import-helper` module; that the PCI addresses below are where A3 VMs put their gVNICs
+(derived from the interface names of Google's VM scripts, control NIC enp0s12, data NICs below:
+enpBsS is PCI bus B, slot S); the image tags below.
 """
 
 from __future__ import annotations
 
 import ipaddress
+import re
 from dataclasses import dataclass
 from typing import Literal
 
@@ -43,6 +49,8 @@ RUN_DIR = "/run/mgpu-cloud"
 DONE_MARKER = f"{RUN_DIR}/gpudirect.done"
 STATUS_FILE = f"{RUN_DIR}/gpudirect.status"
 SETUP_LOG = "/var/log/mgpu-cloud-gpudirect.log"
+NICS_ENV = f"{RUN_DIR}/gpudirect-nics.env"  # NCCL variables naming this node's NICs
+NIC_WAIT_S = 120
 TCPX_UDS_PATH = "/run/tcpx"  # where the RxDM's socket is; NCCL_GPUDIRECTTCPX_UNIX_CLIENT_PREFIX
 APERTURE_DEVICES = "/dev/aperture_devices"  # TCPXO's LLCM devices
 
@@ -53,8 +61,8 @@ class Stack:
 
     name: Literal["tcpx", "tcpxo"]
     machine_type: str
-    ctrl_dev: str  # the primary gVNIC in the guest: NCCL's socket/control interface
-    data_nics: tuple[str, ...]  # guest names of NIC 1..k, in NIC order
+    ctrl_dev: str  # the primary gVNIC's name on Google's Ubuntu 22.04 set-up (documentation)
+    data_nics: tuple[str, ...]  # NIC 1..k's names on that set-up, in NIC order (documentation)
     plugin_image: str  # NCCL plugin installer: `install --install-nccl` into lib_dir
     rxdm_image: str  # receive-datapath manager
     lib_dir: str
@@ -62,21 +70,35 @@ class Stack:
     # TCPX: NCCL_GPUDIRECTTCPX_TX/RX_BINDINGS, per data NIC (CPUs of the NIC's NUMA node)
     tx_cpus: tuple[str, ...] = ()
     rx_cpus: tuple[str, ...] = ()
-    # TCPX: per data NIC, its PCI address and the two GPUs whose receive queues it serves
-    # (the RxDM's gpu_rxq_configuration.textproto)
-    nic_gpus: tuple[tuple[str, tuple[str, str]], ...] = ()
+    # TCPX: per data NIC (in NIC order), the two GPUs whose receive queues it serves (the
+    # RxDM's gpu_rxq_configuration.textproto)
+    nic_gpus: tuple[tuple[str, str], ...] = ()
 
     @property
     def nic_count(self) -> int:
         return len(self.data_nics)
 
-    def bindings(self, cpus: tuple[str, ...]) -> str:
-        return ";".join(f"{nic}:{c}" for nic, c in zip(self.data_nics, cpus, strict=True))
+    @property
+    def ctrl_pci(self) -> str:
+        return pci_of(self.ctrl_dev)
 
-    def rxq_configs(self) -> list[tuple[str, str, tuple[str, str]]]:
-        """(NIC PCI address, interface name, its two GPUs' PCI addresses) per data NIC."""
-        return [(pci, nic, gpus)
-                for nic, (pci, gpus) in zip(self.data_nics, self.nic_gpus, strict=True)]
+    @property
+    def data_pcis(self) -> tuple[str, ...]:
+        """The data NICs' PCI addresses, in NIC order: how the node finds them."""
+        return tuple(pci_of(n) for n in self.data_nics)
+
+
+_PREDICTABLE = re.compile(r"^enp(\d+)s(\d+)(?:f(\d+))?$")
+
+
+def pci_of(ifname: str) -> str:
+    """The PCI address a systemd predictable name stands for: enpBsS[fF] is domain 0, bus B,
+    slot S, function F (default 0), in decimal ("Predictable Network Interface Names")."""
+    match = _PREDICTABLE.match(ifname)
+    if match is None:
+        raise ValueError(f"{ifname!r} is not a PCI-path interface name")
+    bus, slot, func = int(match.group(1)), int(match.group(2)), int(match.group(3) or 0)
+    return f"0000:{bus:02x}:{slot:02x}.{func}"
 
 
 TCPX = Stack(
@@ -91,10 +113,8 @@ TCPX = Stack(
            "run-nccl-tests.sh",
     tx_cpus=("8-21,112-125", "8-21,112-125", "60-73,164-177", "60-73,164-177"),
     rx_cpus=("22-35,126-139", "22-35,126-139", "74-87,178-191", "74-87,178-191"),
-    nic_gpus=(("0000:06:00.0", ("0000:04:00.0", "0000:05:00.0")),
-              ("0000:0c:00.0", ("0000:0a:00.0", "0000:0b:00.0")),
-              ("0000:86:00.0", ("0000:84:00.0", "0000:85:00.0")),
-              ("0000:8c:00.0", ("0000:8a:00.0", "0000:8b:00.0"))),
+    nic_gpus=(("0000:04:00.0", "0000:05:00.0"), ("0000:0a:00.0", "0000:0b:00.0"),
+              ("0000:84:00.0", "0000:85:00.0"), ("0000:8a:00.0", "0000:8b:00.0")),
 )
 TCPXO = Stack(
     name="tcpxo", machine_type="a3-megagpu-8g", ctrl_dev="enp0s12",
@@ -137,7 +157,8 @@ def container_args(stack: Stack | None) -> list[str]:
     """`docker run` words the training container needs for the stack ([] without one)."""
     if stack is None:
         return []
-    args = ["-v", f"{stack.lib_dir}:{stack.lib_dir}:ro", "--cap-add", "IPC_LOCK",
+    args = ["--env-file", NICS_ENV,
+            "-v", f"{stack.lib_dir}:{stack.lib_dir}:ro", "--cap-add", "IPC_LOCK",
             "--mount", f"type=bind,source={DONE_MARKER},target={DONE_MARKER},readonly"]
     if stack.name == "tcpx":
         args += ["-v", f"{TCPX_UDS_PATH}:{TCPX_UDS_PATH}"]

@@ -1,12 +1,18 @@
 """The boot image: resolved at plan time from a current Deep Learning VM family, with an ordered
 fallback list, so a family Google retires does not stop every `up` with a 404.
 
-Deep Learning VM families live in project deeplearning-platform-release. In 2026 the current
-ones are the CUDA 12.9 / driver 580 families; the CUDA 12.8 / driver 570 ones are deprecated
-(no images after v20260320) and the Debian 11 ones (common-cu121-debian-11-py310, the old
-default) are reported retired. Sources: cloud-facts 4.1 (public scripts and templates, 2025-26;
-not confirmed against Google's release notes, hence the list). `common-*` images carry CUDA
-and the NVIDIA driver, which is all container mode needs.
+Deep Learning VM families live in project deeplearning-platform-release ("Choose an image",
+https://cloud.google.com/deep-learning-vm/docs/images: family names are
+FRAMEWORK-CUDA-OS-DRIVER, e.g. common-cu129-ubuntu-2404-nvidia-580). In 2026 the current ones
+are the CUDA 12.9 / driver 580 families on Ubuntu 24.04 and 22.04 (images such as
+common-cu129-ubuntu-2404-nvidia-580-v20260626 are in use in public scripts); the CUDA 12.8 /
+driver 570 ones are deprecated (no images after v20260320) and the Debian 11 ones
+(common-cu121-debian-11-py310, the old default) are reported retired. Sources: the page above
+and cloud-facts 4.1 (public scripts and templates, 2025-26; not every family confirmed against
+Google's release notes, hence the list). Ubuntu 24.04 comes first: its Python 3.12 and kernel
+are what current accelerator images ship (its NIC names differ from 22.04's: the GPUDirect
+set-up finds NICs by PCI address, gpudirect.py). `common-*` images carry CUDA and the NVIDIA
+driver, which is all container mode needs.
 
 images.getFromFamily returns the newest image of a family that is not deprecated; an image
 marked DEPRECATED still works (used only when nothing newer does), OBSOLETE and DELETED images
@@ -19,11 +25,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from provision.cluster.providers.gcp.clients import Clients
-from provision.cluster.providers.gcp.errors import map_errors
 from provision.model.errors import ProviderUnavailableError, UserInputError
 
 DEFAULT_IMAGE_PROJECT = "deeplearning-platform-release"
 DEFAULT_IMAGE_FAMILIES = (
+    "common-cu129-ubuntu-2404-nvidia-580",
+    "pytorch-2-9-cu129-ubuntu-2404-nvidia-580",
     "common-cu129-ubuntu-2204-nvidia-580",
     "pytorch-2-9-cu129-ubuntu-2204-nvidia-580",
     "common-cu128-ubuntu-2204-nvidia-570",
@@ -60,10 +67,10 @@ def resolve_image(clients: Clients, family: str | None, project: str | None) -> 
     tried: list[str] = []
     deprecated: ResolvedImage | None = None
     for fam in families:
-        with map_errors(f"looking up image family {fam}", ProviderUnavailableError):
-            image = clients.call_or_none(
-                clients.images.get_from_family,
-                compute_v1.GetFromFamilyImageRequest(project=image_project, family=fam))
+        image = clients.call_or_none(
+            clients.images.get_from_family,
+            compute_v1.GetFromFamilyImageRequest(project=image_project, family=fam),
+            f"looking up image family {fam}", ProviderUnavailableError)
         if image is None:
             tried.append(f"{fam}: not found")
             continue

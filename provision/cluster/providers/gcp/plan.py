@@ -1,17 +1,12 @@
-"""Resolve a ClusterSpec against Compute Engine (read-only calls) into a Layout and a Plan.
+"""The GCP plan: a Layout (layout.py; resolve.py makes it with read-only calls) as a printable,
+typed Plan, and the same plan without Compute (no credentials) from the shipped catalog.
 
-`resolve` validates everything that can fail before a write: project, zone, machine type,
-accelerator type, boot image (images.py: a current Deep Learning VM family, with fallbacks),
-SSH CIDR. `offline_layout` is the same plan without Compute (no credentials): facts from the
-shipped catalog, what needs Compute listed as unresolved; it is printed, never created.
-`layout_to_plan` is pure: the GcpPlan carries the Layout itself, so `create` makes exactly
-what was printed.
+`layout_to_plan` is pure: the GcpPlan carries the Layout itself, so `create` makes exactly what
+was printed. `offline_layout` lists what needs Compute as unresolved; such a plan is printed,
+never created.
 """
 
 from __future__ import annotations
-
-import re
-from typing import Any
 
 from provision.cluster.providers.gcp.catalog import (
     catalog,
@@ -19,27 +14,26 @@ from provision.cluster.providers.gcp.catalog import (
     gpu_machine_types,
     known_gpus,
 )
-from provision.cluster.providers.gcp.clients import Clients
-from provision.cluster.providers.gcp.errors import map_errors
-from provision.cluster.providers.gcp.gpudirect import (
-    DATA_MTU,
-    DataNetwork,
-    Stack,
-    data_networks,
-    stack_for,
+from provision.cluster.providers.gcp.gpudirect import DATA_MTU
+from provision.cluster.providers.gcp.images import DEFAULT_IMAGE_FAMILIES
+from provision.cluster.providers.gcp.layout import (
+    DEFAULT_MAX_HOURS,
+    DEFAULT_ZONE,
+    NETWORK,
+    UNRESOLVED,
+    Layout,
+    RegionZones,
+    check_purchase,
+    disk_type_for,
+    region_of,
 )
-from provision.cluster.providers.gcp.images import DEFAULT_IMAGE_FAMILIES, resolve_image
 from provision.cluster.providers.gcp.options import GcpOptions
-from provision.model.base import StrictModel
-from provision.model.errors import ProviderUnavailableError, UserInputError
+from provision.model.errors import UserInputError
 from provision.model.plan import Plan, PlannedResource
-from provision.model.spec import ClusterSpec, validate_cidr
+from provision.model.spec import ClusterSpec
 
-DEFAULT_ZONE = "us-central1-a"
-DEFAULT_MAX_HOURS = 8.0
-NETWORK = "global/networks/default"
-ZONE_RE = re.compile(r"^([a-z]+-[a-z]+\d+)-[a-z]$")
-UNRESOLVED = "(unresolved)"
+__all__ = ["DEFAULT_MAX_HOURS", "DEFAULT_ZONE", "NETWORK", "GcpPlan", "Layout", "RegionZones",
+           "layout_to_plan", "offline_layout", "region_of"]
 
 POLICY = "resource-policy"
 FIREWALL = "firewall"
@@ -48,171 +42,8 @@ NETWORK_KIND = "network"
 SUBNETWORK = "subnetwork"
 
 
-class Layout(StrictModel):
-    """Everything `create` needs, resolved and validated."""
-
-    cluster: str
-    project: str
-    region: str
-    zones: list[str]  # zones[0] first, the others on capacity errors, in this order
-    nodes: int
-    machine_type: str
-    gpus: int  # GPUs per VM (bundled or guest)
-    accelerator_type: str | None  # guest accelerator; None when the machine type bundles GPUs
-    slots: int
-    image: str  # image self link; UNRESOLVED in an offline plan
-    image_family: str
-    image_tried: list[str] = []  # families skipped before image_family, and why
-    disk_gb: int
-    spot: bool
-    max_hours: float
-    ssh_cidr: str
-
-    @property
-    def tag(self) -> str:
-        return f"mgpu-cloud-{self.cluster}"
-
-    @property
-    def policy_name(self) -> str:
-        return f"{self.cluster}-compact"
-
-    @property
-    def firewall_names(self) -> tuple[str, str]:
-        return f"{self.cluster}-ssh", f"{self.cluster}-internal"
-
-    def instance_name(self, rank: int) -> str:
-        return f"{self.cluster}-node-{rank}"
-
-    @property
-    def max_run_seconds(self) -> int:
-        return int(round(self.max_hours * 3600))
-
-    @property
-    def gpu_direct(self) -> Stack | None:
-        """GPUDirect-TCPX / TCPXO (gpudirect.py) for multi-node a3-highgpu / a3-megagpu."""
-        return stack_for(self.machine_type, self.nodes)
-
-    @property
-    def data_networks(self) -> list[DataNetwork]:
-        """The data NICs' VPC networks (each with a subnet and a firewall rule), in NIC
-        order; [] without GPUDirect."""
-        stack = self.gpu_direct
-        return data_networks(self.cluster, stack) if stack is not None else []
-
-
 class GcpPlan(Plan):
     layout: Layout
-
-
-def region_of(zone: str) -> str:
-    match = ZONE_RE.match(zone)
-    if not match:
-        raise UserInputError(
-            f"{zone!r} is not a Compute Engine zone name",
-            hint="zones look like us-central1-a; list them with `gcloud compute zones list`",
-        )
-    return match.group(1)
-
-
-# --- resolve (read-only API calls) --------------------------------------------------------
-def _get_or_none(clients: Clients, method: Any, request: Any, action: str) -> Any:
-    with map_errors(action, ProviderUnavailableError):
-        return clients.call_or_none(method, request)
-
-
-def _zone_offers(clients: Clients, zone: str, machine_type: str, accelerator: str | None) -> Any:
-    """The MachineType in `zone` (None when the zone lacks it or the accelerator)."""
-    from google.cloud import compute_v1
-
-    mt = _get_or_none(
-        clients, clients.machine_types.get,
-        compute_v1.GetMachineTypeRequest(project=clients.project, zone=zone,
-                                         machine_type=machine_type),
-        f"looking up machine type {machine_type} in {zone}",
-    )
-    if mt is None or accelerator is None:
-        return mt
-    acc = _get_or_none(
-        clients, clients.accelerator_types.get,
-        compute_v1.GetAcceleratorTypeRequest(project=clients.project, zone=zone,
-                                             accelerator_type=accelerator),
-        f"looking up accelerator type {accelerator} in {zone}",
-    )
-    return mt if acc is not None else None
-
-
-def resolve(spec: ClusterSpec, clients: Clients, ssh_cidr: str) -> Layout:
-    """Validate `spec` with read-only calls. Raises UserInputError naming the bad input."""
-    from google.cloud import compute_v1
-
-    opts = spec.options_as(GcpOptions)
-    zone = opts.zone or DEFAULT_ZONE
-    region = region_of(zone)
-    region_obj = _get_or_none(
-        clients, clients.regions.get,
-        compute_v1.GetRegionRequest(project=clients.project, region=region),
-        f"looking up region {region}",
-    )
-    region_zones = sorted(z.rsplit("/", 1)[-1] for z in (region_obj.zones if region_obj else []))
-    if zone not in region_zones:
-        raise UserInputError(
-            f"unknown zone {zone!r} in project {clients.project!r}",
-            hint="pick one from `gcloud compute zones list`, e.g. --zone us-central1-a",
-        )
-    mt = _zone_offers(clients, zone, opts.machine_type, None)
-    if mt is None:
-        raise UserInputError(
-            f"machine type {opts.machine_type!r} does not exist in zone {zone}",
-            hint=f"see `gcloud compute machine-types list --zones {zone}`; GPU types are "
-            "e.g. a2-ultragpu-8g, a2-highgpu-8g, a3-highgpu-8g",
-        )
-    bundled = sum(int(a.guest_accelerator_count) for a in mt.accelerators)
-    accelerator: str | None = None
-    if bundled:
-        if opts.accelerator_type:
-            raise UserInputError(
-                f"machine type {opts.machine_type} already has {bundled} GPU(s); "
-                "accelerator_type cannot be added to it",
-                hint="remove gcp.accelerator_type, or use an N1 machine type with guest GPUs",
-            )
-        gpus = bundled
-    else:
-        if not opts.accelerator_type:
-            raise UserInputError(
-                f"machine type {opts.machine_type} has no GPUs",
-                hint="use a GPU machine type (--machine-type a2-ultragpu-8g), or attach GPUs "
-                "with `gcp: {accelerator_type: nvidia-tesla-t4, accelerator_count: 1}`",
-            )
-        accelerator = opts.accelerator_type
-        gpus = opts.accelerator_count or 1
-        if _zone_offers(clients, zone, opts.machine_type, accelerator) is None:
-            raise UserInputError(
-                f"accelerator type {accelerator!r} does not exist in zone {zone}",
-                hint=f"see `gcloud compute accelerator-types list --filter zone:{zone}`",
-            )
-    failover = [
-        z for z in region_zones
-        if z != zone and _zone_offers(clients, z, opts.machine_type, accelerator) is not None
-    ]
-    image = resolve_image(clients, opts.image_family, opts.image_project)
-    return Layout(
-        cluster=spec.name,
-        project=clients.project,
-        region=region,
-        zones=[zone, *failover],
-        nodes=spec.nodes,
-        machine_type=opts.machine_type,
-        gpus=gpus,
-        accelerator_type=accelerator,
-        slots=spec.gpus_per_node or gpus,
-        image=image.self_link,
-        image_family=image.family,
-        image_tried=image.tried,
-        disk_gb=opts.disk_gb,
-        spot=spec.spot,
-        max_hours=spec.max_hours or DEFAULT_MAX_HOURS,
-        ssh_cidr=validate_cidr(ssh_cidr),
-    )
 
 
 # --- without Compute (no credentials) -------------------------------------------------------
@@ -237,11 +68,18 @@ def offline_layout(spec: ClusterSpec, project: str | None, ssh_cidr: str | None,
             raise UserInputError(f"machine type {opts.machine_type} has no GPUs",
                                  hint="use a GPU machine type, e.g. a2-ultragpu-8g")
         accelerator, gpus = opts.accelerator_type, opts.accelerator_count or 1
+    check_purchase(opts.machine_type, spot=spec.spot, flex_start=opts.flex_start,
+                   reservation=opts.reservation, max_hours=spec.max_hours,
+                   guest_gpus=accelerator is not None)
     family = opts.image_family or DEFAULT_IMAGE_FAMILIES[0]
     unresolved = [
         f"boot image (family {family}{'' if opts.image_family else ' or a fallback'}: {why})",
         f"zone {zone} and the failover zones offering {opts.machine_type} ({why})",
     ]
+    if opts.regions:
+        unresolved.append(f"the zones of --regions {','.join(opts.regions)} ({why})")
+    if opts.reservation:
+        unresolved.append(f"reservation {opts.reservation}: its zone and free count ({why})")
     if not project:
         unresolved.insert(0, "project (pass --project)")
     if ssh_cidr is None:
@@ -251,22 +89,23 @@ def offline_layout(spec: ClusterSpec, project: str | None, ssh_cidr: str | None,
         cluster=spec.name, project=project or UNRESOLVED, region=region, zones=[zone],
         nodes=spec.nodes, machine_type=opts.machine_type, gpus=gpus,
         accelerator_type=accelerator, slots=spec.gpus_per_node or gpus, image=UNRESOLVED,
-        image_family=family, disk_gb=opts.disk_gb, spot=spec.spot,
+        image_family=family, disk_gb=opts.disk_gb, disk_type=disk_type_for(opts.machine_type),
+        spot=spec.spot, flex_start=opts.flex_start, reservation=opts.reservation,
         max_hours=spec.max_hours or DEFAULT_MAX_HOURS, ssh_cidr=ssh_cidr or UNRESOLVED,
     )
     return layout, unresolved
 
 
 # --- Layout <-> Plan (pure) ---------------------------------------------------------------
-def layout_to_plan(layout: Layout, *, max_hours_defaulted: bool,
-                   unresolved: list[str] | None = None) -> GcpPlan:
-    l_ = layout
+def _network_resources(l_: Layout) -> list[PlannedResource]:
     ssh_fw, internal_fw = l_.firewall_names
-    resources = [
-        PlannedResource(kind=POLICY, name=l_.policy_name, details={
+    resources = []
+    if l_.placement_policy:
+        resources.append(PlannedResource(kind=POLICY, name=l_.policy_name, details={
             "project": l_.project, "region": l_.region, "collocation": "COLLOCATED",
             "vm_count": str(l_.nodes), "zones": ",".join(l_.zones),
-        }),
+        }))
+    resources += [
         PlannedResource(kind=FIREWALL, name=ssh_fw, details={
             "allow": "tcp:22", "source_ranges": l_.ssh_cidr, "target_tag": l_.tag,
         }),
@@ -283,37 +122,86 @@ def layout_to_plan(layout: Layout, *, max_hours_defaulted: bool,
             PlannedResource(kind=FIREWALL, name=net.firewall, details={
                 "network": net.name, "allow": "tcp,udp,icmp", "source_ranges": net.cidr}),
         ]
+    return resources
+
+
+def _instance_resources(l_: Layout) -> list[PlannedResource]:
+    out = []
     for rank in range(l_.nodes):
         details = {
             "zone": l_.zones[0], "machine_type": l_.machine_type, "gpus": str(l_.gpus),
             "slots": str(l_.slots), "image": l_.image, "image_family": l_.image_family,
-            "disk_gb": str(l_.disk_gb), "provisioning": "SPOT" if l_.spot else "STANDARD",
+            "disk_gb": str(l_.disk_gb), "disk_type": l_.disk_type,
+            "provisioning": l_.provisioning_model,
             "max_run_hours": f"{l_.max_hours:g}", "external_ip": "yes (egress and SSH)",
         }
+        if l_.reservation:
+            details["reservation"] = l_.reservation
         if l_.accelerator_type:
             details["accelerator"] = l_.accelerator_type
         if l_.data_networks:
             details["data_nics"] = ",".join(n.name for n in l_.data_networks)
-        resources.append(PlannedResource(kind=INSTANCE, name=l_.instance_name(rank),
-                                         details=details))
+        out.append(PlannedResource(kind=INSTANCE, name=l_.instance_name(rank), details=details))
+    return out
+
+
+def _where_notes(l_: Layout, usd_hour: float) -> list[str]:
+    """Where `up` tries, in which order, at what price."""
+    placed = ("under a COLLOCATED placement policy" if l_.placement_policy else
+              f"placed by {'the reservation' if l_.reservation else 'DWS (flex-start)'}, "
+              "no placement policy")
+    notes = [f"all {l_.nodes} nodes are created by one bulkInsert (minCount {l_.nodes}: all or "
+             f"none) in one zone {placed}; zones tried in order: {', '.join(l_.zones)}"]
+    if l_.regions_after:
+        parts = [f"{l_.region} ({', '.join(l_.zones)}; ${usd_hour:.2f}/h)"]
+        for r in l_.regions_after:
+            price = (f"${r.price_usd_hour:.2f}/h" if r.price_usd_hour is not None
+                     else "price not in the catalog")
+            parts.append(f"{r.region} ({', '.join(r.zones)}; {price})")
+        notes.append("--regions: regions tried in order when one has no capacity: "
+                     + " -> ".join(parts) + "; catalog prices are us-central1 list prices, "
+                     "other regions often differ by 10-25%")
+    return notes
+
+
+def _purchase_notes(l_: Layout, max_hours_defaulted: bool) -> list[str]:
+    if l_.provisioning_model == "RESERVATION_BOUND":
+        notes = [f"the VMs are bound to reservation {l_.reservation}: its end deletes them; "
+                 "the reservation is billed whether or not they run (the price shown is the "
+                 "on-demand list price of what runs)"]
+    else:
+        notes = [f"the cloud deletes every node after {l_.max_hours:g} h (maxRunDuration, "
+                 "DELETE)" + (" — default; set --max-hours to change it"
+                             if max_hours_defaulted else "")]
+    if l_.reservation and l_.provisioning_model == "STANDARD":
+        notes.append(f"the VMs consume reservation {l_.reservation} (SPECIFIC_RESERVATION), "
+                     "which is billed whether or not they run")
+    if l_.flex_start:
+        notes.append("flex-start (DWS): `up` waits until Compute has placed all nodes (it "
+                     "gives up after 30 min per zone); flex-start prices are discounted and "
+                     "not in the catalog: the cost shown is the on-demand upper bound")
+    if l_.spot:
+        notes.append("spot VMs: the cloud may delete them at any time (preemption)")
+    return notes
+
+
+def layout_to_plan(layout: Layout, *, max_hours_defaulted: bool,
+                   unresolved: list[str] | None = None) -> GcpPlan:
+    l_ = layout
+    resources = _network_resources(l_) + _instance_resources(l_)
     cost = cluster_cost(l_.machine_type, l_.accelerator_type, l_.gpus, l_.nodes, l_.disk_gb,
-                        l_.spot)
+                        l_.spot, l_.disk_type)
     ip = catalog()["external_ipv4_hour"]
-    notes = [
-        f"all {l_.nodes} nodes are created by one bulkInsert (minCount {l_.nodes}: all or "
-        f"none) in one zone under a COLLOCATED placement policy; zones tried in order: "
-        f"{', '.join(l_.zones)}",
-        f"the cloud deletes every node after {l_.max_hours:g} h (maxRunDuration, DELETE)"
-        + (" — default; set --max-hours to change it" if max_hours_defaulted else ""),
+    notes = _where_notes(l_, cost.usd_per_hour) + _purchase_notes(l_, max_hours_defaulted) + [
         f"network {NETWORK}; SSH (tcp/22) open to {l_.ssh_cidr} only",
         "internet: every node has an external IPv4 address on the default network "
         f"(${ip['spot' if l_.spot else 'standard']:g}/h each, included in the cost)",
         f"boot image {l_.image.rsplit('/', 1)[-1]} from family {l_.image_family}"
         + (f" (skipped: {'; '.join(l_.image_tried)})" if l_.image_tried else ""),
+        "host keys: each VM makes its own; `up` reads their public halves from Compute "
+        "(guest attributes) and pins them before the first SSH connection",
     ]
     notes += _fabric_notes(l_)
-    if l_.spot:
-        notes.append("spot VMs: the cloud may delete them at any time (preemption)")
     return GcpPlan(
         provider="gcp",
         cluster=l_.cluster,
@@ -353,8 +241,9 @@ def _fabric_notes(l_: Layout) -> list[str]:
         f"{flavour} is NOT verified by mgpu-cloud's tests (no real A3 VMs): it needs a boot "
         "image whose kernel supports it (the default Deep Learning VM image is not known to; "
         "build one with Cluster Toolkit's A3 blueprint and pass --image-family/"
-        "--image-project) and guest interface names "
-        f"{stack.ctrl_dev} + {','.join(stack.data_nics)}; a node whose set-up failed says why "
+        "--image-project); the node finds its data NICs by PCI address (named e.g. "
+        f"{stack.data_nics[0]} or {stack.data_nics[0]}f0 depending on the image); a node whose "
+        "set-up failed says why "
         "in /var/log/mgpu-cloud-gpudirect.log, and the fabric gate stops a launch that falls "
         "back to sockets",
     ]

@@ -10,30 +10,31 @@ replace     the old VM is deleted FIRST and waited for: the cluster's COLLOCATED
             InstanceProperties as `up`: create.instance_properties), in the same zone, under
             the same policy, from the same boot image (recorded with each instance at `up`),
             with the same scheduling and a maxRunDuration of what is left of the cluster's
-            --max-hours, a NEW host key in its startup script. Recorded before the insert is
-            sent, like every instance. A stockout is a CapacityError naming the zone; what the
-            attempt recorded is deleted again (nothing half-made stays).
+            --max-hours; the new VM's own host key is then read from Compute (hostkeys.py)
+            and pinned. Recorded before the insert is sent, like every instance. A stockout is
+            a CapacityError naming the zone; what the attempt recorded is deleted again
+            (nothing half-made stays).
 """
 
 from __future__ import annotations
 
 import datetime as dt
 
-from provision.cluster.providers.gcp import teardown
+from provision.cluster.providers.gcp import hostkeys, teardown
 from provision.cluster.providers.gcp.clients import Clients
-from provision.cluster.providers.gcp.create import (
-    _insert,
-    _node_record,
-    _read_instances,
-    _request_id,
-    bulk_insert_body,
+from provision.cluster.providers.gcp.create import node_record
+from provision.cluster.providers.gcp.errors import ZoneCapacityError
+from provision.cluster.providers.gcp.layout import (
+    DEFAULT_MAX_HOURS,
+    Layout,
+    disk_type_for,
+    region_of,
 )
-from provision.cluster.providers.gcp.errors import OperationFailed, map_errors
 from provision.cluster.providers.gcp.options import GcpOptions
-from provision.cluster.providers.gcp.plan import DEFAULT_MAX_HOURS, Layout, region_of
-from provision.model.errors import CapacityError, ProvisionError
+from provision.cluster.providers.gcp.placement import insert_in_zone
+from provision.model.errors import CapacityError, MgpuError, ProvisionError
 from provision.model.inventory import Inventory, InventoryStore, NodeRecord, ResourceRecord
-from provision.model.keys import ensure_cluster_key, generate_ed25519, host_key_only
+from provision.model.keys import ensure_cluster_key
 
 GONE_STATUSES = frozenset({"STOPPING", "PENDING_STOP", "STOPPED", "SUSPENDING", "SUSPENDED",
                            "TERMINATED", "DEPROVISIONING"})
@@ -64,9 +65,8 @@ def node_alive(clients: Clients, inv: Inventory, node: NodeRecord) -> bool:
         return True
     rec = _record_of(inv, node)
     project = rec.extra.get("project", clients.project) if rec else clients.project
-    with map_errors(f"looking up {node.name}"):
-        inst = clients.call_or_none(clients.instances.get, compute_v1.GetInstanceRequest(
-            project=project, zone=node.zone, instance=node.resource_id))
+    inst = clients.call_or_none(clients.instances.get, compute_v1.GetInstanceRequest(
+        project=project, zone=node.zone, instance=node.resource_id), f"looking up {node.name}")
     return inst is not None and str(inst.status) not in GONE_STATUSES
 
 
@@ -87,15 +87,15 @@ def replacement_layout(clients: Clients, inv: Inventory, node: NodeRecord, image
         zones=[node.zone], nodes=len(inv.nodes), machine_type=opts.machine_type,
         gpus=(opts.accelerator_count or 1) if opts.accelerator_type else node.slots,
         accelerator_type=opts.accelerator_type, slots=node.slots, image=image,
-        image_family=image_family, disk_gb=opts.disk_gb, spot=inv.spec.spot,
+        image_family=image_family, disk_gb=opts.disk_gb,
+        disk_type=disk_type_for(opts.machine_type), spot=inv.spec.spot,
+        flex_start=opts.flex_start, reservation=opts.reservation,
         max_hours=seconds / 3600, ssh_cidr=inv.spec.ssh_cidr or "(the cluster's)",
     )
 
 
 def replace_node(clients: Clients, inv: Inventory, store: InventoryStore,
                  node: NodeRecord) -> NodeRecord:
-    from google.cloud import compute_v1
-
     if inv.spec is None or inv.spec.provider != "gcp" or not node.zone or not node.resource_id:
         raise ProvisionError(f"cluster {inv.name!r}: its inventory does not say where "
                              f"{node.name} runs (spec, zone, instance)")
@@ -109,7 +109,6 @@ def replace_node(clients: Clients, inv: Inventory, store: InventoryStore,
                                                             node.resource_id)
     layout = replacement_layout(clients, inv, node, old.extra.get("image"), left)
     _, login_public = ensure_cluster_key(store.keys_dir(inv.name))
-    host = generate_ed25519(f"{inv.name}-{node.name}")
 
     failures = teardown.delete_records(clients, [old],
                                        on_deleted=lambda r: store.forget(inv, r.kind, r.id))
@@ -118,29 +117,22 @@ def replace_node(clients: Clients, inv: Inventory, store: InventoryStore,
                              + "; ".join(failures))
     name, zone = node.resource_id, node.zone
     rec = teardown.instance_record(clients.project, zone, name, layout.image)
-    what = f"replacing {node.name} ({layout.machine_type} in {zone})"
     try:
-        op = _insert(clients, store, inv, [rec], clients.instances.bulk_insert_unary,
-                     compute_v1.BulkInsertInstanceRequest(
-                         project=clients.project, zone=zone, request_id=_request_id(),
-                         bulk_insert_instance_resource_resource=bulk_insert_body(
-                             layout, login_public, host, names=[name])))
-        with map_errors(what):
-            clients.wait(op, what)
-        (inst,) = _read_instances(clients, layout, zone, [name])
-    except ProvisionError as exc:
+        (inst,) = insert_in_zone(clients, store, inv, layout, zone, [name], login_public)
+        keys = hostkeys.read_host_keys(clients, zone, {name: node.name})
+    except ZoneCapacityError as exc:
         _undo(clients, inv, store, rec)
-        failed = exc.__cause__  # map_errors keeps the operation's error codes here
-        if isinstance(failed, OperationFailed) and failed.zone_should_fail_over:
-            raise CapacityError(
-                f"no capacity to replace {node.name}: {zone} has no {layout.machine_type}"
-                f"{' (spot)' if layout.spot else ''} for placement policy "
-                f"{layout.policy_name} now ({', '.join(sorted(set(failed.codes)))})",
-                hint="the run cannot go on with this node; try again later (`mgpu-cloud "
-                f"launch {inv.name} ...` restarts from the last checkpoint) or recreate the "
-                "cluster in another zone") from exc
+        raise CapacityError(
+            f"no capacity to replace {node.name}: {zone} has no {layout.machine_type}"
+            f"{' (spot)' if layout.spot else ''} for placement policy "
+            f"{layout.policy_name} now ({', '.join(sorted(set(exc.codes)))})",
+            hint="the run cannot go on with this node; try again later (`mgpu-cloud "
+            f"launch {inv.name} ...` restarts from the last checkpoint) or recreate the "
+            "cluster in another zone") from exc
+    except MgpuError:
+        _undo(clients, inv, store, rec)
         raise
-    new = _node_record(node.rank, inst, zone, node.slots, host_key_only(host.public_openssh))
+    new = node_record(node.rank, inst, zone, node.slots, keys[name])
     inv.nodes = [new if n.rank == node.rank else n for n in inv.nodes]
     store.save(inv)
     return new

@@ -15,7 +15,6 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from provision.cluster.providers.gcp.clients import Clients
-from provision.cluster.providers.gcp.errors import is_not_found, map_errors
 from provision.model.errors import MgpuError, TeardownError
 from provision.model.inventory import CLUSTER_TAG, Inventory, InventoryStore, ResourceRecord
 
@@ -57,6 +56,14 @@ def subnetwork_record(project: str, region: str, name: str) -> ResourceRecord:
                           region=region, extra={"project": project})
 
 
+def _unknown_kind(rec: ResourceRecord) -> TeardownError:
+    return TeardownError(
+        f"cannot delete {rec.id}: the inventory records it as a {rec.kind!r}, which the gcp "
+        f"provider does not make (it makes {', '.join(ORDER)})",
+        hint="the inventory may come from a newer mgpu-cloud: delete it with that version, or "
+        "in the Cloud console, then remove its record from the inventory")
+
+
 def _start_delete(clients: Clients, rec: ResourceRecord) -> Any:
     """Issue the delete; returns the operation, or None when the resource is already gone."""
     from google.cloud import compute_v1
@@ -85,8 +92,8 @@ def _start_delete(clients: Clients, rec: ResourceRecord) -> Any:
         method = clients.networks.delete_unary
         request = compute_v1.DeleteNetworkRequest(project=project, network=name, request_id=rid)
     else:
-        raise ValueError(f"unknown GCP resource kind {rec.kind!r}")
-    return clients.call_or_none(method, request)
+        raise _unknown_kind(rec)
+    return clients.call_or_none(method, request, f"deleting {rec.kind} {rec.id}", TeardownError)
 
 
 def delete_records(clients: Clients, records: Iterable[ResourceRecord],
@@ -97,33 +104,29 @@ def delete_records(clients: Clients, records: Iterable[ResourceRecord],
     for a resource; the caller decides).
     """
     records = list(records)
+    unknown = [_unknown_kind(r).message for r in records if r.kind not in ORDER]
     failures: list[str] = []
     for kind in ORDER:
         pending = []
         for rec in (r for r in records if r.kind == kind):
             try:
-                with map_errors(f"deleting {rec.kind} {rec.id}", TeardownError):
-                    pending.append((rec, _start_delete(clients, rec)))
+                pending.append((rec, _start_delete(clients, rec)))
             except MgpuError as exc:
                 failures.append(exc.message)
         for rec, op in pending:
-            try:
-                if op is not None:
-                    with map_errors(f"deleting {rec.kind} {rec.id}", TeardownError):
-                        try:
-                            clients.wait(op, f"deleting {rec.kind} {rec.id}")
-                        except Exception as exc:
-                            if not is_not_found(exc):
-                                raise
-            except MgpuError as exc:
-                failures.append(exc.message)
-                continue
+            if op is not None:
+                try:
+                    clients.wait(op, f"deleting {rec.kind} {rec.id}", TeardownError,
+                                 missing_ok=True)
+                except MgpuError as exc:
+                    failures.append(exc.message)
+                    continue
             if on_deleted is not None:
                 on_deleted(rec)
         if failures and kind == INSTANCE:
             # The policy and firewalls still serve the instances that are left: keep them.
             break
-    return failures
+    return unknown + failures
 
 
 def labelled_instances(clients: Clients, project: str, cluster: str | None,
@@ -133,17 +136,18 @@ def labelled_instances(clients: Clients, project: str, cluster: str | None,
 
     flt = f'labels.{CLUSTER_TAG} = "{cluster}"' if cluster else f"labels.{CLUSTER_TAG}:*"
     out: list[tuple[str, ResourceRecord]] = []
-    with map_errors("listing labelled instances", TeardownError):
-        if zone:
-            pages = [(f"zones/{zone}", clients.call(
-                clients.instances.list,
-                compute_v1.ListInstancesRequest(project=project, zone=zone, filter=flt)))]
-            scoped = [(scope, list(pager)) for scope, pager in pages]
-        else:
-            agg = clients.call(clients.instances.aggregated_list,
-                               compute_v1.AggregatedListInstancesRequest(project=project,
-                                                                         filter=flt))
-            scoped = [(scope, list(lst.instances)) for scope, lst in agg]
+    what = "listing labelled instances"
+    scoped: list[tuple[str, list[Any]]]
+    if zone:
+        pager = clients.call(clients.instances.list, compute_v1.ListInstancesRequest(
+            project=project, zone=zone, filter=flt), what, TeardownError)
+        scoped = [(f"zones/{zone}", clients.iterate(pager, what, TeardownError))]
+    else:
+        agg = clients.call(clients.instances.aggregated_list,
+                           compute_v1.AggregatedListInstancesRequest(project=project, filter=flt),
+                           what, TeardownError)
+        scoped = [(scope, list(lst.instances))
+                  for scope, lst in clients.iterate(agg, what, TeardownError)]
     for _scope, instances in scoped:
         for inst in instances:
             owner = dict(inst.labels).get(CLUSTER_TAG)
