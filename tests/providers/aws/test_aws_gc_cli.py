@@ -143,8 +143,8 @@ def test_cli_up_without_credentials_refuses_the_unresolved_plan(fakes, monkeypat
 
 
 def test_cli_price_unknown_needs_confirmation(fakes):
-    args = ["up", "--provider", "aws", "--nodes", "2", "--name", "c1", "--region", "us-east-2",
-            "--instance-type", "p5e.48xlarge", "--no-bootstrap"]
+    args = ["up", "--provider", "aws", "--nodes", "2", "--name", "c1", "--region", "us-east-1",
+            "--instance-type", "p6-b300.48xlarge", "--no-bootstrap"]
     refused = CliRunner().invoke(app, args)  # no terminal, no --yes
     assert refused.exit_code == 2 and "price of this plan is unknown" in refused.output
     assert "cost: price unknown" in refused.output and fakes.writes() == []

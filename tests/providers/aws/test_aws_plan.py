@@ -109,10 +109,11 @@ def test_root_device_and_minimum_size_come_from_the_ami(fakes, spec_for):
 
 
 def test_a_type_without_a_price_is_planned_as_price_unknown(fakes, spec_for):
-    plan = get_provider("aws").plan(spec_for(instance_type="p5e.48xlarge", region="us-east-2"))
-    assert plan.unpriced and "p5e.48xlarge" in plan.unpriced[0]
-    assert "Capacity Blocks" in plan.unpriced[0]
-    assert plan.hourly_cost_usd == pytest.approx(2 * catalog()["network"]["public_ipv4_hour"])
+    plan = get_provider("aws").plan(spec_for(instance_type="p6-b300.48xlarge"))
+    assert plan.unpriced and "p6-b300.48xlarge" in plan.unpriced[0]
+    assert "no on-demand price" in plan.unpriced[0]
+    eips = 2 * catalog()["network"]["public_ipv4_hour"]  # 17 interfaces: an Elastic IP each
+    assert plan.hourly_cost_usd == pytest.approx(eips)
     text = plan.render()
     assert "cost: price unknown" in text and "known part: $0.01/hour" in text
 
@@ -192,3 +193,22 @@ def test_import_is_lazy():
     code = "import sys, provision.cluster.providers.aws; print('boto3' in sys.modules or 'botocore' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
+
+
+def test_the_default_image_follows_the_gpu_architecture(fakes, spec_for, up_cluster):
+    """p6-b200 (Blackwell) cannot run the CUDA 12.5 image: it gets a CUDA 12.8 one; the plan
+    shows the image."""
+    plan = get_provider("aws").plan(spec_for(instance_type="p6-b200.48xlarge"))
+    assert plan.launch.image == "nvcr.io/nvidia/pytorch:25.01-py3"
+    (inst,) = [r for r in plan.resources if r.kind == "instances"]
+    assert inst.details["image"] == "nvcr.io/nvidia/pytorch:25.01-py3"
+    inv = up_cluster(spec_for(instance_type="p6-b200.48xlarge", nodes=1))
+    assert inv.container_image == "nvcr.io/nvidia/pytorch:25.01-py3"
+    assert get_provider("aws").plan(spec_for()).launch.image == "nvcr.io/nvidia/pytorch:24.06-py3"
+
+
+def test_an_image_too_old_for_blackwell_is_refused_at_plan_time(fakes, spec_for):
+    with pytest.raises(UserInputError, match="need CUDA 12.8 or newer"):
+        get_provider("aws").plan(spec_for(instance_type="p6-b200.48xlarge",
+                                          image="nvcr.io/nvidia/pytorch:24.06-py3"))
+    assert fakes.writes() == []

@@ -53,6 +53,9 @@ GOOD_P4D = [efa(0, 0, "efa")] + [efa(c, 1) for c in range(1, 4)]
      "has no EFA"),
     ("RunInstances", {"InstanceType": "p9.future", "NetworkInterfaces": []},
      "no documented EFA layout"),
+    ("RunInstances", {"InstanceType": "p6-b300.48xlarge", "NetworkInterfaces": [
+        efa(c, 0 if c == 0 else 1, "efa" if c == 0 else "efa-only") for c in range(16)]},
+     "card 0 of p6-b300.48xlarge, which has no EFA"),
     ("RunInstances", {"InstanceType": "g6.xlarge", "UserData": "#cloud-config\n" + "x" * 16400},
      "user data of"),
 ])
@@ -167,8 +170,12 @@ def test_the_layer_sees_requests_of_every_provider_client(fakes, aws_rules_layer
 @pytest.mark.parametrize("instance_type", catalog_types())
 def test_longest_name_and_every_catalog_type_pass_all_rules(
         fakes, spec_for, store, up_cluster, tagged, aws_rules_layer, instance_type):
+    from provision.cluster.providers.aws.catalog import markets_of
+
     region = REGION_OF.get(instance_type, "us-east-1")
-    spec = spec_for(name=LONGEST_NAME, instance_type=instance_type, region=region)
+    block = "on-demand" not in markets_of(instance_type)  # p5e: through a Capacity Block
+    spec = spec_for(name=LONGEST_NAME, instance_type=instance_type, region=region,
+                    capacity_block=block)
     inv = up_cluster(spec)
     assert aws_rules_layer.creates_checked == 1
     assert len(aws_rules_layer.rules.launched) == 2  # both nodes checked for internet access

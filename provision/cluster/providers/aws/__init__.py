@@ -30,12 +30,19 @@ INFO = ProviderInfo(
     flags=(
         Flag("--instance-type", "instance_type", help="e.g. p4d.24xlarge"),
         Flag("--region", "region", help="region", gc=True),
+        Flag("--regions", "regions",
+             help="regions to try in order when one has no capacity (a,b,c), or 'any'"),
         Flag("--zone", "zone", help="availability zone"),
         Flag("--ami", "ami", help="AMI id (default: Deep Learning Base GPU AMI)"),
         Flag("--disk-gb", "disk_gb", int, help="root disk size"),
         Flag("--spot-fallback", "spot_fallback", bool,
              help="fall back to on-demand when spot has no capacity"),
         Flag("--private-ips", "private_ips", bool,
-             help="no Elastic IPs: the controller is inside the VPC"),
+             help="no Elastic IPs: the controller is inside the VPC (SSH open to the VPC)"),
+        Flag("--capacity-block", "capacity_block", bool,
+             help="buy an EC2 Capacity Block for the nodes (offering, price and start shown "
+                  "in the plan; bought only after confirmation)"),
+        Flag("--reservation", "reservation",
+             help="launch into a capacity reservation: cr-... or 'auto'"),
     ),
 )

@@ -23,8 +23,9 @@ class InstanceTypeInfo:
     gpu_model: str
     gpu_count: int
     gpu_memory_mib: int  # per GPU
-    efa_supported: bool
-    max_efa_interfaces: int
+    # The network cards that get an EFA interface, one each (card_layout): p4d 0..3, p6-b300
+    # 1..16 (its card 0 is ENA-only). Empty: no EFA.
+    efa_cards: tuple[int, ...]
     network_cards: int
 
     @property
@@ -33,14 +34,13 @@ class InstanceTypeInfo:
 
     @property
     def efa_interfaces(self) -> int:
-        """EFA interfaces to attach: one per network card, up to MaximumEfaInterfaces."""
-        if not self.efa_supported:
-            return 0
-        return max(1, min(self.max_efa_interfaces, self.network_cards))
+        return len(self.efa_cards)
 
     @property
     def interfaces(self) -> int:
-        return max(1, self.efa_interfaces)
+        """Network interfaces per node: the EFA ones, plus an ENA primary on card 0 when that
+        card has no EFA."""
+        return interface_count(self.efa_cards)
 
     @property
     def device_rdma(self) -> bool:
@@ -59,6 +59,29 @@ class Price:
     source: str
 
 
+def interface_count(efa_cards: tuple[int, ...] | list[int]) -> int:
+    return len(efa_cards) + (0 if 0 in efa_cards else 1)
+
+
+def card_layout(net: dict[str, Any]) -> tuple[int, ...]:
+    """The cards to put one EFA interface on, from DescribeInstanceTypes' NetworkInfo: the
+    cards whose `InterfaceTypes` include 'efa' or 'efa-only' (NetworkCardInfo, EC2 API
+    Reference), in index order, at most EfaInfo.MaximumEfaInterfaces. p6-b300's card 0 lists
+    only 'interface' ("the primary network card (network card index 0) only supports ENA", AWS
+    engineering in aws-parallelcluster issue #7143), so its EFA goes on cards 1..16. Answers
+    without per-card interface types (older API data) fall back to cards 0..n-1."""
+    if not net.get("EfaSupported"):
+        return ()
+    maximum = max(1, int((net.get("EfaInfo") or {}).get("MaximumEfaInterfaces", 1) or 1))
+    cards = sorted(net.get("NetworkCards") or [], key=lambda c: int(c.get("NetworkCardIndex", 0)))
+    if cards and all("InterfaceTypes" in c for c in cards):
+        eligible = [int(c.get("NetworkCardIndex", 0)) for c in cards
+                    if {"efa", "efa-only"} & set(c.get("InterfaceTypes") or [])]
+    else:
+        eligible = list(range(max(1, int(net.get("MaximumNetworkCards", 1) or 1))))
+    return tuple(eligible[:maximum])
+
+
 def parse_instance_type(item: dict[str, Any]) -> InstanceTypeInfo:
     """One DescribeInstanceTypes entry -> facts. UserInputError for a type without GPUs."""
     name = str(item["InstanceType"])
@@ -70,14 +93,12 @@ def parse_instance_type(item: dict[str, Any]) -> InstanceTypeInfo:
             hint="use a GPU type, e.g. --instance-type p4d.24xlarge (8x A100) or p5.48xlarge (8x H100)",
         )
     net = item.get("NetworkInfo") or {}
-    efa = bool(net.get("EfaSupported"))
     return InstanceTypeInfo(
         name=name,
         gpu_model=" + ".join(sorted({f"{g.get('Manufacturer', '')} {g.get('Name', '')}".strip() for g in gpus})),
         gpu_count=count,
         gpu_memory_mib=int((gpus[0].get("MemoryInfo") or {}).get("SizeInMiB", 0)),
-        efa_supported=efa,
-        max_efa_interfaces=int((net.get("EfaInfo") or {}).get("MaximumEfaInterfaces", 0)) if efa else 0,
+        efa_cards=card_layout(net),
         network_cards=int(net.get("MaximumNetworkCards", 1) or 1),
     )
 
@@ -100,11 +121,26 @@ def known_type(name: str) -> InstanceTypeInfo | None:
     if row is None:
         return None
     efa = int(row["efa_interfaces"])
+    first = int(row.get("first_efa_card", 0))
     return InstanceTypeInfo(
         name=name, gpu_model=str(row["gpu"]["model"]), gpu_count=int(row["gpu"]["count"]),
-        gpu_memory_mib=int(row["gpu"]["memory_mib"]), efa_supported=efa > 0,
-        max_efa_interfaces=efa, network_cards=int(row["network_cards"]),
+        gpu_memory_mib=int(row["gpu"]["memory_mib"]),
+        efa_cards=tuple(range(first, first + efa)), network_cards=int(row["network_cards"]),
     )
+
+
+ALL_MARKETS = ("on-demand", "spot", "capacity-block", "reservation")
+
+
+def markets_of(instance_type: str) -> tuple[str, ...]:
+    """How the type can be bought (catalog.yaml `markets`; every way when not listed)."""
+    row = catalog()["types"].get(instance_type) or {}
+    return tuple(row.get("markets") or ALL_MARKETS)
+
+
+def markets_source(instance_type: str) -> str:
+    row = catalog()["types"].get(instance_type) or {}
+    return str(row.get("markets_source") or "")
 
 
 def _source(key: str, date: str) -> str:

@@ -18,10 +18,11 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from provision.cluster.providers.aws import efa, retry
+from provision.cluster.providers.aws import capacity, efa, retry
 from provision.cluster.providers.aws.api import Ec2, client_token, cluster_of, tag_spec
 from provision.cluster.providers.aws.catalog import fabric_expectation
 from provision.cluster.providers.aws.errors import describe, error_code, is_capacity, map_errors
+from provision.cluster.providers.aws.hostkeys import wait_host_keys
 from provision.cluster.providers.aws.network import EgressMaker
 from provision.cluster.providers.aws.request import NODE_USER, AwsPlan, resource_name
 from provision.model.errors import CapacityError, ProviderUnavailableError, ProvisionError
@@ -32,24 +33,21 @@ from provision.model.inventory import (
     PreemptionSource,
     ResourceRecord,
 )
-from provision.model.keys import KeyPair, ensure_cluster_key, generate_ed25519, host_key_only
+from provision.model.keys import ensure_cluster_key
 from provision.model.spec import ClusterSpec
-from provision.nodes.container import DEFAULT_TRAINING_IMAGE
 
 # Where a node reads its spot interruption notice (IMDSv2; remote/preempt.py "aws").
 METADATA_URL = "http://169.254.169.254"
 
 
-def user_data(cluster: str, host: KeyPair, max_seconds: int) -> str:
-    """The cloud-init user data of a node: its pinned host key and a power-off (= terminate)
-    `max_seconds` after boot."""
+def user_data(cluster: str, max_seconds: int) -> str:
+    """The cloud-init user data of a node: fresh host keys of its own, printed on its console
+    (hostkeys.py), and a power-off (= terminate) `max_seconds` after boot. No secret."""
     from provision.model.render import render
 
     max_seconds = max(60, max_seconds)
     return render(
         "aws/user-data.yaml.j2", cluster=cluster,
-        host_private_key=host.private_openssh.strip(),
-        host_public_key=host_key_only(host.public_openssh),
         max_hours=f"{max_seconds / 3600:g}", max_seconds=max_seconds,
         max_minutes=max(1, max_seconds // 60),
     )
@@ -87,6 +85,23 @@ class Creator:
                                   lambda rec: self.record(rec), self.nonce)
         self.private_subnets: dict[str, str] = {}  # zone -> subnet (nat egress)
         self.spot_launched = False  # the market RunInstances succeeded in (spot fallback)
+        self.group: str | None = self.name  # the placement group launched into
+        self.reservation_id = self.s.reservation_id  # a bought block's, once bought
+
+    def reserve(self) -> None:
+        """Buy the plan's Capacity Block (recorded the moment its id exists: it is paid and
+        cannot be cancelled) and wait until it is active (capacity.py)."""
+        block = self.s.block
+        if block is None:
+            return
+        with step(f"buying Capacity Block offering {block.offering_id}"):
+            bought = capacity.purchase_block(self.ec2, self.cluster, block)
+            self.reservation_id = str(bought["CapacityReservationId"])
+            self.record(self._res("capacity-block", self.reservation_id, block.zone, {
+                "offering": block.offering_id, "start": block.start, "end": block.end,
+                "upfront_usd": f"{block.upfront_usd:.2f}"}))
+        with step(f"waiting for Capacity Block {self.reservation_id} (starts {block.start})"):
+            capacity.wait_active(self.ec2, self.reservation_id, block.start)
 
     # --- bookkeeping ---------------------------------------------------------------------
     def record(self, *resources: ResourceRecord) -> None:
@@ -136,8 +151,8 @@ class Creator:
             try:
                 sg = str(self.ec2.get(
                     "create_security_group", "GroupId", GroupName=self.name, VpcId=self.vpc_id,
-                    Description=f"mgpu-cloud cluster {self.cluster}: SSH from {self.s.ssh_cidr}, "
-                    "all traffic within the group (EFA)",
+                    Description=f"mgpu-cloud cluster {self.cluster}: SSH from "
+                    f"{', '.join(self.s.ssh_cidrs)}, all traffic within the group (EFA)"[:255],
                     TagSpecifications=tag_spec("security-group", self.cluster),
                 ))
             except ClientError as exc:
@@ -149,13 +164,12 @@ class Creator:
                 ])
                 sg = self._adopt("security group", found, "GroupId")
             self.record(self._res("security-group", sg))
-        ranges_key, range_key = (
-            ("Ipv6Ranges", "CidrIpv6") if ":" in self.s.ssh_cidr else ("IpRanges", "CidrIp")
-        )
-        ssh = {
-            "IpProtocol": "tcp", "FromPort": 22, "ToPort": 22,
-            ranges_key: [{range_key: self.s.ssh_cidr, "Description": "mgpu-cloud controller"}],
-        }
+        ssh: dict[str, Any] = {"IpProtocol": "tcp", "FromPort": 22, "ToPort": 22}
+        for cidr in self.s.ssh_cidrs:
+            ranges_key, range_key = (
+                ("Ipv6Ranges", "CidrIpv6") if ":" in cidr else ("IpRanges", "CidrIp"))
+            ssh.setdefault(ranges_key, []).append(
+                {range_key: cidr, "Description": "mgpu-cloud controller"})
         itself = {"IpProtocol": "-1", "UserIdGroupPairs": [
             {"GroupId": sg, "Description": "cluster nodes (EFA needs all traffic)"}
         ]}
@@ -175,8 +189,13 @@ class Creator:
                 raise
 
     def placement_group(self) -> None:
+        """The cluster placement group; none in a Capacity Block (EC2 places its instances
+        together in an UltraCluster) and a reservation's own group when it has one."""
         from botocore.exceptions import ClientError
 
+        if self.s.market == "capacity-block" or self.s.reservation is not None:
+            self.group = self.s.reservation.placement_group if self.s.reservation else None
+            return
         with step("creating the placement group"):
             try:
                 self.ec2.call(
@@ -196,28 +215,8 @@ class Creator:
             self.record(self._res("placement-group", self.name))
 
     def network_interfaces(self, subnet: str, sg: str) -> list[dict[str, Any]]:
-        """Card 0: 'efa' (carries the IP); cards 1..n-1: 'efa-only' at device index 1 ("Maximize
-        network bandwidth on accelerated instance types", EC2 User Guide; dstack does the same).
-        Plain ENA without EFA. A public IP is asked for only with ONE interface: EC2 refuses
-        AssociatePublicIpAddress with several ("InvalidParameterCombination")."""
-        public = self.s.egress.mode == "public-ip"
-        if self.s.efa_interfaces == 0:
-            return [{
-                "DeviceIndex": 0, "SubnetId": subnet, "Groups": [sg],
-                "DeleteOnTermination": True, "AssociatePublicIpAddress": public,
-            }]
-        out: list[dict[str, Any]] = []
-        for card in range(self.s.efa_interfaces):
-            iface: dict[str, Any] = {
-                "NetworkCardIndex": card,
-                "DeviceIndex": 0 if card == 0 else 1,
-                "InterfaceType": "efa" if card == 0 else "efa-only",
-                "SubnetId": subnet, "Groups": [sg], "DeleteOnTermination": True,
-            }
-            if self.s.efa_interfaces == 1:
-                iface["AssociatePublicIpAddress"] = public
-            out.append(iface)
-        return out
+        return efa.network_interfaces(self.s.efa_cards, subnet, sg,
+                                      public=self.s.egress.mode == "public-ip")
 
     def run_params(self, zone: str, subnet: str, sg: str, spot: bool, user_data: str) -> dict[str, Any]:
         tags = tag_spec("instance", self.cluster) + tag_spec("volume", self.cluster) + tag_spec(
@@ -231,7 +230,8 @@ class Creator:
             "MaxCount": self.count,
             "KeyName": self.name,
             "NetworkInterfaces": self.network_interfaces(subnet, sg),
-            "Placement": {"GroupName": self.name, "AvailabilityZone": zone},
+            "Placement": {"AvailabilityZone": zone,
+                          **({"GroupName": self.group} if self.group else {})},
             "InstanceInitiatedShutdownBehavior": "terminate",
             "UserData": user_data,
             "BlockDeviceMappings": [{
@@ -244,6 +244,7 @@ class Creator:
             # Same token on every transient retry of this attempt: EC2 launches at most once.
             "ClientToken": client_token(self.cluster, self.nonce, zone, market),
         }
+        params.update(capacity.market_params(self.s, self.reservation_id))
         if spot:
             params["InstanceMarketOptions"] = {
                 "MarketType": "spot",
@@ -286,7 +287,11 @@ class Creator:
                         failures.append(f"{zone} ({market}): {describe(exc)}")
                         continue
                 # What a replacement of this node needs to launch it the same way (replace.py)
-                how = {"ami": self.ami, "subnet": subnet, "market": "spot" if spot else "on-demand"}
+                how = {"ami": self.ami, "subnet": subnet, "group": self.group or "",
+                       "market": "spot" if spot else self.s.market,
+                       **({"reservation": self.reservation_id,
+                           "capacity_end": capacity.capacity_end(self.s) or ""}
+                          if self.reservation_id else {})}
                 self.record(*(self._res("instance", i["InstanceId"], zone, dict(how))
                               for i in instances))
                 self.spot_launched = spot
@@ -333,6 +338,13 @@ class Creator:
             return {i["InstanceId"]: str(i.get("PrivateIpAddress") or "") for i in nodes}
         return {i["InstanceId"]: str(i.get("PublicIpAddress") or "") for i in nodes}
 
+    def lifetime(self) -> int:
+        seconds = capacity.lifetime_s(self.s)
+        if seconds < 600:
+            raise ProvisionError(f"the reserved capacity ends in {seconds // 60 + 35} min: too "
+                                 "soon to start nodes in it", hint="pick a later block")
+        return seconds
+
     # --- the whole of `up` ------------------------------------------------------------------
     def run(self) -> None:
         from provision.model.render import parse_env_file, render
@@ -340,18 +352,20 @@ class Creator:
         key_path, public_key = ensure_cluster_key(self.store.keys_dir(self.inv.name))
         self.inv.key_path = str(key_path)
         self.store.save(self.inv)  # on disk before the first write: see AwsProvider.destroy
-        host = generate_ed25519(f"mgpu-cloud-{self.cluster}-host")
-        host_public = host_key_only(host.public_openssh)
-        data = user_data(self.cluster, host, int(self.s.max_hours * 3600))
         self.key_pair(public_key)
         sg = self.security_group()
         self.placement_group()
+        self.reserve()
+        data = user_data(self.cluster, self.lifetime())
         if self.s.egress.mode == "nat":
             with step("creating the route table"):
                 self.egress.route_table()
         launched = self.launch(sg, data)
         nodes = self.wait_running([i["InstanceId"] for i in launched])
         addresses = self.addresses(nodes)
+        with step("reading the nodes' host keys from their consoles"):
+            host_keys = wait_host_keys(self.ec2, {i["InstanceId"]: f"node-{rank}"
+                                                  for rank, i in enumerate(nodes)})
 
         records = []
         for rank, inst in enumerate(nodes):
@@ -361,13 +375,13 @@ class Creator:
                 raise ProvisionError(f"node {inst['InstanceId']} has no address to reach it on")
             records.append(NodeRecord(
                 name=f"node-{rank}", rank=rank, address=address, private_address=private,
-                user=NODE_USER, slots=self.slots, host_key=host_public,
+                user=NODE_USER, slots=self.slots, host_key=host_keys[inst["InstanceId"]],
                 resource_id=inst["InstanceId"], zone=inst["Placement"]["AvailabilityZone"],
             ))
         self.inv.nodes = records
         self.inv.wait_for_gpu = True
         self.inv.manage_etc_hosts = True
-        self.inv.container_image = self.spec.image or DEFAULT_TRAINING_IMAGE
+        self.inv.container_image = self.s.image
         self.inv.container_args = efa.container_args(self.s.efa_interfaces)
         self.inv.container_library_path = efa.library_path(self.s.efa_interfaces)
         preset = "nccl/aws-efa.env.j2" if self.s.efa_interfaces else "nccl/tcp.env.j2"
@@ -381,8 +395,3 @@ class Creator:
         self.inv.preemption = (PreemptionSource(protocol="aws", url=METADATA_URL)
                                if self.spot_launched else None)
         self.store.save(self.inv)
-
-
-def create_cluster(spec: ClusterSpec, plan: AwsPlan, inv: Inventory, store: InventoryStore) -> None:
-    """Make everything of `plan`. Raises (MgpuError) on failure WITHOUT rolling back."""
-    Creator(spec, plan, inv, store).run()

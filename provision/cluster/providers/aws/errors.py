@@ -43,7 +43,7 @@ SERVER_CODES = frozenset({
 CAPACITY_CODES = frozenset({
     "InsufficientInstanceCapacity", "InsufficientCapacity", "InsufficientHostCapacity",
     "InsufficientReservedInstanceCapacity", "Unsupported", "SpotMaxPriceTooLow",
-    "InsufficientCapacityOnHost",
+    "InsufficientCapacityOnHost", "ReservationCapacityExceeded",
 })
 NOT_FOUND_CODES = frozenset({
     "InvalidInstanceID.NotFound", "InvalidGroup.NotFound", "InvalidKeyPair.NotFound",

@@ -79,7 +79,7 @@ class AwsProvider(Recoverable[AwsPlan]):
                 store: InventoryStore) -> None:
         """Raises a ProvisionError naming the step and the AWS error code; the pipeline then
         destroys what the inventory holds."""
-        from provision.cluster.providers.aws.create import create_cluster
+        from provision.cluster.providers.aws.failover import create_cluster
 
         create_cluster(spec, plan, inv, store)
 
@@ -102,10 +102,23 @@ class AwsProvider(Recoverable[AwsPlan]):
             if inv.resources:
                 raise TeardownError(f"cluster {inv.name!r}: its inventory names no region")
             return
+        # Normally one region; records of another one are left by a --regions attempt that
+        # was interrupted before it cleaned up after itself.
+        regions = list(dict.fromkeys([region] + [r.region for r in inv.resources if r.region]))
+        problems = []
         try:
-            destroy_cluster(region, inv.name, list(inv.resources), forget)
+            for where in regions:
+                records = [r for r in inv.resources if (r.region or region) == where]
+                try:
+                    destroy_cluster(where, inv.name, records, forget)
+                except TeardownError as exc:
+                    problems.append(exc)
         finally:  # after the instances: the controller's identity (issue 18)
             _delete_identity(inv, store)
+        if len(problems) == 1:
+            raise problems[0]
+        if problems:
+            raise TeardownError("; ".join(p.message for p in problems), hint=problems[0].hint)
 
     # --- recovery (contract.Recoverable) -------------------------------------------------------
     def _node_alive(self, inv: Inventory, node: NodeRecord) -> bool:

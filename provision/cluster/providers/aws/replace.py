@@ -10,8 +10,8 @@ replace     the lost instance is terminated first (it is lost or about to be: a 
             (create.Creator, the same request with MinCount = MaxCount = 1): same AMI, type,
             EFA interfaces, security group, key pair, placement group, zone and subnet, same
             market (spot stays spot; --spot-fallback may buy on-demand), user data with what
-            is left of the cluster's --max-hours and a NEW host key; then its own Elastic IP
-            where the egress gives each node one. Every new resource is recorded the moment
+            is left of the cluster's --max-hours; then its own Elastic IP where the egress
+            gives each node one, and its own host key read from its console (hostkeys.py). Every new resource is recorded the moment
             its id exists (down / rollback / gc cover it); the old instance and address are
             forgotten once deleted.
             A capacity error is a CapacityError naming the zone; whatever the replacement had
@@ -29,16 +29,24 @@ import datetime as dt
 import logging
 from typing import Any
 
+from provision.cluster.providers.aws import capacity
 from provision.cluster.providers.aws.api import Ec2
 from provision.cluster.providers.aws.create import Creator, step, user_data
 from provision.cluster.providers.aws.errors import is_not_found
+from provision.cluster.providers.aws.hostkeys import wait_host_keys
 from provision.cluster.providers.aws.network import Egress, egress_mode, primary_interface
 from provision.cluster.providers.aws.options import AwsOptions
-from provision.cluster.providers.aws.plan import DEFAULT_MAX_HOURS, _ami, _describe_type
-from provision.cluster.providers.aws.request import NODE_USER, AwsLaunch, AwsPlan, ZoneSubnet
+from provision.cluster.providers.aws.plan import DEFAULT_MAX_HOURS, _describe_type
+from provision.cluster.providers.aws.request import (
+    NODE_USER,
+    AwsLaunch,
+    AwsPlan,
+    Reservation,
+    ZoneSubnet,
+)
+from provision.cluster.providers.aws.sites import ami_of
 from provision.model.errors import CapacityError, MgpuError, ProvisionError
 from provision.model.inventory import Inventory, InventoryStore, NodeRecord, ResourceRecord
-from provision.model.keys import generate_ed25519, host_key_only
 
 log = logging.getLogger(__name__)
 GONE_STATES = frozenset({"shutting-down", "terminated", "stopping", "stopped"})
@@ -105,24 +113,31 @@ class Replacer:
     def creator(self, facts: dict[str, str], zone: str, max_hours: float) -> Creator:
         """create.Creator set up for ONE node launched like the cluster's."""
         info = _describe_type(self.ec2, self.opts.instance_type)
-        ami, ami_name, root = _ami(self.ec2, facts["ami"], self.opts.disk_gb)
+        ami, ami_name, root = ami_of(self.ec2, facts["ami"], self.opts.disk_gb)
         mode = egress_mode(info.interfaces, self.opts.private_ips)
         spot = facts["market"] == "spot"
         launch = AwsLaunch(
             region=self.ec2.region, instance_type=info.name,
             zones=[ZoneSubnet(zone=zone, subnet=facts["subnet"])], vpc_id="(the cluster's)",
             ami=ami, ami_name=ami_name or "(custom)", root_device=root,
-            gpus=info.gpu_summary(), spot=spot, spot_fallback=spot and self.opts.spot_fallback,
-            efa_interfaces=info.efa_interfaces, device_rdma=info.device_rdma,
-            disk_gb=self.opts.disk_gb, max_hours=max_hours, ssh_cidr="(the cluster's)",
+            gpus=info.gpu_summary(), image=self.inv.container_image or "", spot=spot,
+            spot_fallback=spot and self.opts.spot_fallback,
+            efa_cards=list(info.efa_cards), device_rdma=info.device_rdma,
+            disk_gb=self.opts.disk_gb, max_hours=max_hours, ssh_cidrs=["(the cluster's)"],
             private_ips=self.opts.private_ips,
             egress=Egress(mode=mode, elastic_ips=1 if mode == "elastic-ip" else 0,
                           hourly_usd=0.0),
+            reservation=Reservation(
+                id=facts["reservation"], zone=zone, end=facts.get("capacity_end") or None,
+                available=1, capacity_block=facts["market"] == "capacity-block",
+                placement_group=None) if facts.get("reservation") else None,
         )
         plan = AwsPlan(provider="aws", cluster=self.inv.name, nodes=1,
                        slots_per_node=self.node.slots, launch=launch)
         creator = Creator(self.spec, plan, self.inv, self.store, self.ec2)
         creator.private_subnets[zone] = facts["subnet"]  # nat egress: the cluster's subnet
+        if "group" in facts:  # none in a Capacity Block; a reservation's own group
+            creator.group = facts["group"] or None
         return creator
 
     # --- the steps -----------------------------------------------------------------------------
@@ -194,13 +209,16 @@ class Replacer:
                                  f"group or zone for {self.node.name}")
         facts = self.launch_facts()
         creator = self.creator(facts, zone, left / 3600)
-        host = generate_ed25519(f"mgpu-cloud-{self.inv.name}-{self.node.name}")
         self.retire_old()
         before = {(r.kind, r.id) for r in self.inv.resources}
         try:
-            (launched,) = creator.launch(sg, user_data(self.inv.name, host, left))
+            left = min(left, capacity.lifetime_s(creator.s))  # before a block's end
+            (launched,) = creator.launch(sg, user_data(self.inv.name, left))
             (inst,) = creator.wait_running([launched["InstanceId"]])
             address = self._address(creator, inst)
+            with step(f"reading the host key of the new {self.node.name} from its console"):
+                host_key = wait_host_keys(self.ec2, {inst["InstanceId"]: self.node.name})[
+                    inst["InstanceId"]]
         except MgpuError as exc:
             self.undo([r for r in self.inv.resources if (r.kind, r.id) not in before])
             if isinstance(exc, CapacityError):
@@ -215,7 +233,7 @@ class Replacer:
         new = NodeRecord(
             name=self.node.name, rank=self.node.rank, address=address,
             private_address=str(inst.get("PrivateIpAddress") or ""), user=NODE_USER,
-            slots=self.node.slots, host_key=host_key_only(host.public_openssh),
+            slots=self.node.slots, host_key=host_key,
             resource_id=str(inst["InstanceId"]), zone=zone,
         )
         self.inv.nodes = [new if n.rank == self.node.rank else n for n in self.inv.nodes]

@@ -32,6 +32,9 @@ class RetryPolicy:
     busy_interval_s: float = 5.0
     poll_interval_s: float = 5.0  # waiting for instance states
     launch_timeout_s: float = 1200.0
+    # waiting for a new node's host key on its console (hostkeys.py): cloud-init prints it at
+    # the end of first boot, minutes after the instance runs
+    host_key_timeout_s: float = 1200.0
     terminate_timeout_s: float = 1200.0
 
 

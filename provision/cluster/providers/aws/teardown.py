@@ -212,6 +212,10 @@ class Teardown:
         self.attempt("deleting the security group", self.security_groups)
         self.attempt("deleting the key pair", self.key_pairs)
         self.attempt("deleting stray volumes/network interfaces", self.strays)
+        # A bought Capacity Block cannot be cancelled: it ends at its end date by itself.
+        blocks = _ids(self.records, "capacity-block")
+        if blocks:
+            self.forget([("capacity-block", b) for b in blocks])
         if self.problems:
             raise TeardownError(
                 f"some resources of cluster {self.cluster!r} in {self.ec2.region} could not be "
