@@ -42,6 +42,8 @@ import threading
 import time
 from typing import Any, BinaryIO, NoReturn
 
+from remote.devices import SELECTOR, DeviceSelectionError
+from remote.devices import expand as expand_devices
 from remote.supervise import become_subreaper, reap, stop_job, watch_preemption
 
 LOG = "node.log"  # provision.nodes.RemoteLayout.job_log spells the same name
@@ -170,6 +172,12 @@ def _start(args: argparse.Namespace) -> int:
     if not cmd:
         print("job start: no command given", file=sys.stderr)
         return 2
+    if any(word.startswith(SELECTOR) for word in cmd):
+        try:
+            cmd = expand_devices(cmd)  # devices picked by driver on this node (devices.py)
+        except DeviceSelectionError as exc:
+            print(f"job start: {exc}", file=sys.stderr)
+            return 2
     job_dir = args.dir
     os.makedirs(job_dir, exist_ok=True)
     if os.path.exists(os.path.join(job_dir, META)):

@@ -136,7 +136,7 @@ def test_alive_treats_zombies_as_dead(monkeypatch: pytest.MonkeyPatch, state: st
 
 
 def test_idle_says_whether_a_job_runs_on_the_node(tmp_path: Path) -> None:
-    from provision.bootstrap import JOB_RUNNING
+    from provision.nodes.bootstrap import JOB_RUNNING
 
     assert JOB_RUNNING == remote_jobs.BUSY, "the controller reads the same code"
     pidfile = tmp_path / "job.pid"

@@ -29,10 +29,24 @@ Params = dict[str, Any]
 # dstack; g-types from DescribeInstanceTypes (MaximumEfaInterfaces). 0: no EFA.
 EFA_INTERFACES: dict[str, int] = {
     "p3dn.24xlarge": 1, "p4d.24xlarge": 4, "p4de.24xlarge": 4, "p5.48xlarge": 32,
-    "p5e.48xlarge": 32, "p5en.48xlarge": 16, "p6-b200.48xlarge": 8, "g5.xlarge": 0,
-    "g5.12xlarge": 1, "g5.48xlarge": 1, "g6.xlarge": 0, "g6.12xlarge": 1, "g6.48xlarge": 1,
-    "g6e.48xlarge": 4,
+    "p5e.48xlarge": 32, "p5en.48xlarge": 16, "p6-b200.48xlarge": 8, "p6-b300.48xlarge": 16,
+    "g5.xlarge": 0, "g5.12xlarge": 1, "g5.48xlarge": 1, "g6.xlarge": 0, "g6.12xlarge": 1,
+    "g6.48xlarge": 1, "g6e.48xlarge": 4,
 }
+# The cards that support EFA, where they are not simply 0..n-1, and the number of network
+# cards. p6-b300: "P6-B300 has 17 network cards, of which the primary network card (network
+# card index 0) only supports ENA (4 ENIs), the remaining secondary network cards (indexes
+# 1-16) support EFA and ENA" (AWS engineering, quoted in aws-parallelcluster issue #7143); its
+# DescribeInstanceTypes entry says the same per card (NetworkCards[0].InterfaceTypes =
+# ['interface'], cards 1..16 ['interface', 'efa', 'efa-only']; as moto 5.2.5 ships it).
+EFA_CARDS: dict[str, list[int]] = {"p6-b300.48xlarge": list(range(1, 17))}
+NETWORK_CARDS: dict[str, int] = {"p6-b300.48xlarge": 17}
+
+
+def efa_cards(itype: str) -> list[int]:
+    return EFA_CARDS.get(itype, list(range(EFA_INTERFACES.get(itype, 0))))
+
+
 IP_SETTINGS = ("AssociatePublicIpAddress", "PrivateIpAddress", "PrivateIpAddresses",
                "SecondaryPrivateIpAddressCount", "Ipv6AddressCount", "Ipv6Addresses")
 TAG_OPERATIONS_WITHOUT_SPECS = ("CreateTags",)
@@ -93,6 +107,8 @@ def efa_layout(op: str, params: Params) -> list[str]:
     # interface per network card; "NetworkCardIndex" (API Reference): the primary interface
     # must be on card 0. "InstanceNetworkInterfaceSpecification": an 'efa-only' interface gets
     # no IP address. "Elastic Fabric Adapter" limitations: EFA traffic does not cross subnets.
+    # NetworkCardInfo.InterfaceTypes (API Reference): a card takes only the interface types it
+    # lists, so no EFA on a card that has none (p6-b300's card 0, EFA_CARDS above).
     if op != "RunInstances":
         return []
     itype = params.get("InstanceType", "")
@@ -100,6 +116,7 @@ def efa_layout(op: str, params: Params) -> list[str]:
     if itype not in EFA_INTERFACES:
         return [f"{op}: {itype} has no documented EFA layout in the rules table"]
     expected = EFA_INTERFACES[itype]
+    allowed = efa_cards(itype)
     efa = [i for i in ifaces if i.get("InterfaceType") in ("efa", "efa-only")]
     out = []
     if expected == 0:
@@ -107,8 +124,10 @@ def efa_layout(op: str, params: Params) -> list[str]:
     if len(efa) != expected:
         out.append(f"{op}: {itype} has {expected} EFA interfaces, {len(efa)} requested")
     cards = sorted({_card(i) for i in efa})
-    if cards != list(range(expected)):
-        out.append(f"{op}: EFA interfaces on cards {cards}, expected 0..{expected - 1}")
+    if cards != allowed:
+        out.append(f"{op}: EFA interfaces on cards {cards}, expected {allowed[0]}..{allowed[-1]}")
+    out += [f"{op}: an EFA interface on card {c} of {itype}, which has no EFA (ENA only)"
+            for c in cards if c not in allowed and c < NETWORK_CARDS.get(itype, expected)]
     primary = [i for i in ifaces if _card(i) == 0 and int(i.get("DeviceIndex", -1)) == 0]
     if len(primary) != 1:
         out.append(f"{op}: {len(primary)} interfaces at card 0 / device 0; exactly one")
@@ -118,7 +137,8 @@ def efa_layout(op: str, params: Params) -> list[str]:
     if len(set(slots)) != len(slots):
         out.append(f"{op}: two interfaces share a (card, device index) slot")
     for i in ifaces:
-        if int(i.get("DeviceIndex", -1)) not in (0, 1) or _card(i) >= expected:
+        if int(i.get("DeviceIndex", -1)) not in (0, 1) or \
+                _card(i) >= NETWORK_CARDS.get(itype, expected):
             out.append(f"{op}: interface at card {_card(i)} / device {i.get('DeviceIndex')}")
         if i.get("InterfaceType") == "efa-only" and any(k in i for k in IP_SETTINGS):
             out.append(f"{op}: 'efa-only' interface on card {_card(i)} has IP settings")
@@ -142,8 +162,54 @@ def user_data_size(op: str, params: Params) -> list[str]:
     return [f"{op}: user data of {len(raw)} bytes; at most 16384"] if len(raw) > 16384 else []
 
 
+def _user_data_text(data: Any) -> str:
+    raw = data.encode() if isinstance(data, str) else bytes(data)
+    try:
+        decoded = base64.b64decode(raw, validate=True)
+        raw = decoded if decoded.startswith(b"#") else raw
+    except (binascii.Error, ValueError):
+        pass
+    return raw.decode(errors="replace")
+
+
+def no_private_key_in_user_data(op: str, params: Params) -> list[str]:
+    # "Instance metadata categories" (EC2 User Guide): user data is readable by any process
+    # on the instance through the metadata service (and by anyone allowed
+    # DescribeInstanceAttribute), and "we recommend that you don't store sensitive data, such
+    # as passwords or long-lived encryption keys, as user data" ("Run commands when you launch
+    # an EC2 instance with user data input"). A private key (PEM/OpenSSH armour) never goes there.
+    data = params.get("UserData")
+    if op != "RunInstances" or data is None:
+        return []
+    return [f"{op}: the user data carries a private key"] if "PRIVATE KEY" in \
+        _user_data_text(data) else []
+
+
+def capacity_block_launch(op: str, params: Params) -> list[str]:
+    # "To use your Capacity Block, you must specify the Capacity Block reservation ID when
+    # launching instances" ("Launch instances using Capacity Blocks", EC2 User Guide); the
+    # capacity-block market cannot be spot, and a block is never launched into with spot
+    # options (InstanceMarketOptionsRequest, EC2 API Reference). Which reservation is a block,
+    # its zone and time window are checked by the capacity fake (aws_capacity.py).
+    if op != "RunInstances":
+        return []
+    market = params.get("InstanceMarketOptions") or {}
+    target = ((params.get("CapacityReservationSpecification") or {})
+              .get("CapacityReservationTarget") or {})
+    out = []
+    if market.get("MarketType") == "capacity-block":
+        if not target.get("CapacityReservationId"):
+            out.append(f"{op}: MarketType capacity-block without a targeted reservation id")
+        if market.get("SpotOptions"):
+            out.append(f"{op}: SpotOptions with MarketType capacity-block")
+    if target and market.get("MarketType") == "spot":
+        out.append(f"{op}: a spot launch targeting capacity reservation {target}")
+    return out
+
+
 REQUEST_RULES: list[Callable[[str, Params], list[str]]] = [
     client_token, tags, public_ip_with_several_interfaces, efa_layout, user_data_size,
+    no_private_key_in_user_data, capacity_block_launch,
 ]
 
 

@@ -9,6 +9,11 @@
 - fault injectors: `fail(op, code, status, when=..., times=...)` and `throttle(rate, seed)`,
   answered from a `before-call` handler (a `before-send` handler would not stop moto).
 
+- a console-output fake (moto's GetConsoleOutput returns canned text): every instance has a
+  host key of its own (`host_keys`, made on first ask, as the instance makes one at first
+  boot) and its console shows what cloud-init prints at the end of first boot
+  (console_output(): fingerprints and public keys, syslog-prefixed), after `console_delay`
+  polls of plain boot output; `console_script(iid, n)` can answer anything instead.
 - the region's Elastic IP quota (`eip_quota`; None: moto's answer, 5, AWS's default).
 - scripted images (`images`): moto's RegisterImage ignores RootDeviceName and the block device
   mappings (always /dev/sda1, 15 GB), so AMIs with another root are answered from here.
@@ -27,6 +32,7 @@ from __future__ import annotations
 import copy
 import random
 import sys
+import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -37,6 +43,8 @@ import pytest
 sys.path.insert(0, str(Path(__file__).parent))
 
 import aws_rules  # noqa: E402
+from aws_capacity import CapacityFake  # noqa: E402
+from aws_console import console_output  # noqa: E402
 
 REGION = "us-east-1"
 CALLER_IP = "203.0.113.7"
@@ -48,14 +56,22 @@ WRITE_PREFIXES = (
 
 
 _MOTO_CLIENTS: dict[str, Any] = {}
+# The plan resolves several regions in threads (--regions): the per-region set-up below (moto
+# clients, the real-looking default VPC, the DLAMI) happens once, under this lock.
+_SETUP = threading.RLock()
 
 
 def moto_client(region: str = REGION) -> Any:
     """A plain EC2 client (no fakes attached) for looking at moto's state directly. One per
     region and process: making a botocore client costs ~50 ms, and moto's state lives outside
     it."""
+    with _SETUP:
+        return _moto_client(region)
+
+
+def _moto_client(region: str) -> Any:
     if region not in _MOTO_CLIENTS:
-        from provision.providers.aws.clients import new_session
+        from provision.cluster.providers.aws.clients import new_session
 
         _MOTO_CLIENTS[region] = new_session().client("ec2", region_name=region)
     return _MOTO_CLIENTS[region]
@@ -67,6 +83,20 @@ def register_dlami(ec2: Any) -> str:
         Architecture="x86_64", RootDeviceName="/dev/sda1", VirtualizationType="hvm",
     )["ImageId"]
     return image
+
+
+def _offered_zones(region: str, instance_type: str) -> list[str]:
+    """The zones moto offers the type in (where the capacity fake places its offerings)."""
+    found = moto_client(region).describe_instance_type_offerings(
+        LocationType="availability-zone",
+        Filters=[{"Name": "instance-type", "Values": [instance_type]}])["InstanceTypeOfferings"]
+    return sorted(o["Location"] for o in found)
+
+
+def _live_instances(region: str, ids: list[str]) -> int:
+    found = moto_client(region).describe_instances(InstanceIds=ids)["Reservations"]
+    return sum(1 for r in found for i in r["Instances"]
+               if i["State"]["Name"] in ("pending", "running"))
 
 
 @dataclass
@@ -99,6 +129,14 @@ class AwsFakes:
     dlamis: dict[str, str] = field(default_factory=dict)  # other regions, registered on first use
     eip_quota: int | None = None
     images: dict[str, dict[str, Any]] = field(default_factory=dict)
+    host_keys: dict[str, Any] = field(default_factory=dict)  # instance id -> its KeyPair
+    console_calls: dict[str, int] = field(default_factory=dict)
+    console_delay: int = 0  # polls that see only boot messages, per instance
+    console_script: Callable[[str, int], str | None] | None = None
+    capacity: CapacityFake = field(default_factory=CapacityFake)
+
+    def __post_init__(self) -> None:
+        self.capacity.live = _live_instances
 
     # --- assertions helpers ------------------------------------------------------------------
     def calls(self, operation: str) -> list[dict[str, Any]]:
@@ -123,9 +161,10 @@ class AwsFakes:
         """The DLAMI id of `region` (moto keeps images per region)."""
         if region == REGION:
             return self.dlami
-        if region not in self.dlamis:
-            self.dlamis[region] = register_dlami(moto_client(region))
-        return self.dlamis[region]
+        with _SETUP:
+            if region not in self.dlamis:
+                self.dlamis[region] = register_dlami(moto_client(region))
+            return self.dlamis[region]
 
     def attach(self, client: Any) -> None:
         events = client.meta.events
@@ -170,6 +209,11 @@ class AwsFakes:
             return self._response(200, {"Parameter": {
                 "Name": params["Name"], "Type": "String", "Value": self.dlami_in(region),
                 "Version": 1}})
+        if op == "GetConsoleOutput":
+            return self._console(params["InstanceId"])
+        answered = self.capacity.answer(op, params, region, _offered_zones)
+        if answered is not None:
+            return self._response(*answered)
         if op == "CreatePlacementGroup":
             return self._create_pg(params)
         if op == "DescribePlacementGroups":
@@ -182,7 +226,32 @@ class AwsFakes:
                 return self._error("InvalidPlacementGroup.Unknown")
         return None
 
+    def host_key(self, iid: str) -> str:
+        """The instance's own public host key ('ssh-ed25519 BASE64')."""
+        from provision.model.keys import generate_ed25519, host_key_only
+
+        if iid not in self.host_keys:
+            self.host_keys[iid] = generate_ed25519(f"root@{iid}")
+        return host_key_only(self.host_keys[iid].public_openssh)
+
+    def _console(self, iid: str) -> Any:
+        import base64
+        import datetime as dt
+
+        n = self.console_calls[iid] = self.console_calls.get(iid, 0) + 1
+        text = self.console_script(iid, n) if self.console_script else None
+        if text is None:
+            text = console_output(self.host_key(iid), with_keys=n > self.console_delay)
+        return self._response(200, {
+            "InstanceId": iid, "Timestamp": dt.datetime.now(dt.UTC),
+            "Output": base64.b64encode(text.encode()).decode()})
+
     def _launched(self, parsed: dict[str, Any], context: dict[str, Any], **_: Any) -> None:
+        target = (context.get("fake_params", {}).get("CapacityReservationSpecification") or {}
+                  ).get("CapacityReservationTarget") or {}
+        if target.get("CapacityReservationId"):
+            self.capacity.joined(target["CapacityReservationId"],
+                                 [i["InstanceId"] for i in parsed.get("Instances", [])])
         group = (context.get("fake_params", {}).get("Placement") or {}).get("GroupName")
         if group:
             for inst in parsed.get("Instances", []):
@@ -273,9 +342,10 @@ class RulesLayer:
             self.prepare(client.meta.region_name)
 
     def prepare(self, region: str) -> None:
-        if region not in self.prepared:
-            self.prepared.add(region)
-            aws_rules.real_default_vpc(moto_client(region))
+        with _SETUP:
+            if region not in self.prepared:
+                aws_rules.real_default_vpc(moto_client(region))
+                self.prepared.add(region)
 
     def after_create(self) -> None:
         self.creates_checked += 1
@@ -286,8 +356,8 @@ class RulesLayer:
 def aws_rules_layer(monkeypatch: pytest.MonkeyPatch) -> Iterator[RulesLayer]:
     """Every AWS test: EC2's rules on each request and on the state `create` (and `replace`)
     leaves."""
-    from provision.providers.aws import clients
-    from provision.providers.aws.provider import AwsProvider
+    from provision.cluster.providers.aws import clients
+    from provision.cluster.providers.aws.provider import AwsProvider
 
     layer = RulesLayer()
     remove = clients.add_client_hook(layer.hook)
@@ -319,7 +389,7 @@ def fakes(aws_env: Path, aws_rules_layer: RulesLayer) -> Iterator[AwsFakes]:
     """moto's mock_aws + the fakes above on every client the provider makes; no retry waits."""
     from moto import mock_aws
 
-    from provision.providers.aws import clients, retry
+    from provision.cluster.providers.aws import clients, retry
 
     with mock_aws(), retry.using(retry.NO_WAIT):
         aws_rules_layer.moto = True
@@ -361,7 +431,7 @@ def tagged_resources(fakes: AwsFakes, cluster: str | None = None) -> dict[str, l
 
 
 def make_spec(name: str = "c1", nodes: int = 2, **aws: Any) -> Any:
-    from provision.spec import build_cluster_spec
+    from provision.model.spec import build_cluster_spec
 
     top = {k: aws.pop(k) for k in ("ssh_cidr", "max_hours", "spot", "image", "gpus_per_node")
            if k in aws}
@@ -370,7 +440,7 @@ def make_spec(name: str = "c1", nodes: int = 2, **aws: Any) -> Any:
 
 
 def up(spec: Any, store: Any) -> Any:
-    from provision import pipeline
+    from provision.cluster import pipeline
 
     return pipeline.up(spec, confirm=lambda plan: True, store=store, bootstrap=False,
                        log=lambda msg: None)
@@ -388,7 +458,7 @@ def spec_for() -> Callable[..., Any]:
 
 @pytest.fixture
 def store(aws_env: Path) -> Any:
-    from provision.inventory import InventoryStore
+    from provision.model.inventory import InventoryStore
 
     return InventoryStore(aws_env)
 
@@ -401,3 +471,9 @@ def up_cluster(store: Any) -> Callable[[Any], Any]:
 @pytest.fixture
 def moto_ec2(fakes: AwsFakes) -> Any:
     return moto_client()
+
+
+@pytest.fixture
+def moto_in(fakes: AwsFakes) -> Callable[[str], Any]:
+    """moto's EC2 state in a given region (a plain client)."""
+    return moto_client

@@ -6,7 +6,7 @@ import pytest
 from typer.testing import CliRunner
 
 from provision.cli import app
-from provision.providers import get_provider
+from provision.cluster.providers import get_provider
 
 
 def test_gc_finds_and_deletes_resources_whose_inventory_was_deleted(fakes, spec_for, store,
@@ -99,7 +99,7 @@ def test_gc_with_an_unparseable_answer_is_an_error_from_the_tree(fakes, monkeypa
     """A proxy's HTML page instead of EC2's XML: `gc` says so (exit 4), no traceback."""
     from botocore.awsrequest import AWSResponse
 
-    from provision.providers.aws import clients
+    from provision.cluster.providers.aws import clients
 
     def html(request, **_):
         return AWSResponse(request.url, status, {"Content-Type": "text/html"}, _Body(body))
@@ -143,8 +143,8 @@ def test_cli_up_without_credentials_refuses_the_unresolved_plan(fakes, monkeypat
 
 
 def test_cli_price_unknown_needs_confirmation(fakes):
-    args = ["up", "--provider", "aws", "--nodes", "2", "--name", "c1", "--region", "us-east-2",
-            "--instance-type", "p5e.48xlarge", "--no-bootstrap"]
+    args = ["up", "--provider", "aws", "--nodes", "2", "--name", "c1", "--region", "us-east-1",
+            "--instance-type", "p6-b300.48xlarge", "--no-bootstrap"]
     refused = CliRunner().invoke(app, args)  # no terminal, no --yes
     assert refused.exit_code == 2 and "price of this plan is unknown" in refused.output
     assert "cost: price unknown" in refused.output and fakes.writes() == []

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from provision.errors import ProviderUnavailableError, SpecError, UserInputError
-from provision.providers import get_provider
-from provision.providers.aws.catalog import catalog
+from provision.cluster.providers import get_provider
+from provision.cluster.providers.aws.catalog import catalog
+from provision.model.errors import ProviderUnavailableError, SpecError, UserInputError
 
 
 def test_plan_lists_every_resource_and_the_cost(fakes, spec_for):
@@ -109,10 +109,11 @@ def test_root_device_and_minimum_size_come_from_the_ami(fakes, spec_for):
 
 
 def test_a_type_without_a_price_is_planned_as_price_unknown(fakes, spec_for):
-    plan = get_provider("aws").plan(spec_for(instance_type="p5e.48xlarge", region="us-east-2"))
-    assert plan.unpriced and "p5e.48xlarge" in plan.unpriced[0]
-    assert "Capacity Blocks" in plan.unpriced[0]
-    assert plan.hourly_cost_usd == pytest.approx(2 * catalog()["network"]["public_ipv4_hour"])
+    plan = get_provider("aws").plan(spec_for(instance_type="p6-b300.48xlarge"))
+    assert plan.unpriced and "p6-b300.48xlarge" in plan.unpriced[0]
+    assert "no on-demand price" in plan.unpriced[0]
+    eips = 2 * catalog()["network"]["public_ipv4_hour"]  # 17 interfaces: an Elastic IP each
+    assert plan.hourly_cost_usd == pytest.approx(eips)
     text = plan.render()
     assert "cost: price unknown" in text and "known part: $0.01/hour" in text
 
@@ -156,7 +157,7 @@ def test_without_credentials_the_plan_is_offline_and_says_what_is_unresolved(
     assert inst["ami"] == "(unresolved)" and inst["efa_interfaces"] == "32"
     assert "unresolved: AMI" in plan.render()
     # such a plan is never created
-    from provision import pipeline
+    from provision.cluster import pipeline
 
     with pytest.raises(ProviderUnavailableError, match="this plan cannot be created"):
         pipeline.up(spec_for(nodes=3, instance_type="p5.48xlarge"), confirm=lambda p: True,
@@ -189,6 +190,25 @@ def test_import_is_lazy():
     import subprocess
     import sys
 
-    code = "import sys, provision.providers.aws; print('boto3' in sys.modules or 'botocore' in sys.modules)"
+    code = "import sys, provision.cluster.providers.aws; print('boto3' in sys.modules or 'botocore' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
+
+
+def test_the_default_image_follows_the_gpu_architecture(fakes, spec_for, up_cluster):
+    """p6-b200 (Blackwell) cannot run the CUDA 12.5 image: it gets a CUDA 12.8 one; the plan
+    shows the image."""
+    plan = get_provider("aws").plan(spec_for(instance_type="p6-b200.48xlarge"))
+    assert plan.launch.image == "nvcr.io/nvidia/pytorch:25.01-py3"
+    (inst,) = [r for r in plan.resources if r.kind == "instances"]
+    assert inst.details["image"] == "nvcr.io/nvidia/pytorch:25.01-py3"
+    inv = up_cluster(spec_for(instance_type="p6-b200.48xlarge", nodes=1))
+    assert inv.container_image == "nvcr.io/nvidia/pytorch:25.01-py3"
+    assert get_provider("aws").plan(spec_for()).launch.image == "nvcr.io/nvidia/pytorch:24.06-py3"
+
+
+def test_an_image_too_old_for_blackwell_is_refused_at_plan_time(fakes, spec_for):
+    with pytest.raises(UserInputError, match="need CUDA 12.8 or newer"):
+        get_provider("aws").plan(spec_for(instance_type="p6-b200.48xlarge",
+                                          image="nvcr.io/nvidia/pytorch:24.06-py3"))
+    assert fakes.writes() == []

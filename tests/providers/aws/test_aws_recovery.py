@@ -9,10 +9,10 @@ import re
 
 import pytest
 
-from provision import pipeline
-from provision.errors import CapacityError, ProvisionError
-from provision.providers import get_provider
-from provision.providers.contract import Recoverable
+from provision.cluster import pipeline
+from provision.cluster.providers import get_provider
+from provision.cluster.providers.contract import Recoverable
+from provision.model.errors import CapacityError, ProvisionError
 
 
 def _on_active_seconds(run: dict) -> int:
@@ -57,7 +57,8 @@ def test_replace_node_1_launches_it_the_same_way_and_down_leaves_nothing(
     # the NodeRecord keeps name and rank; new instance, addresses and pinned host key
     assert (new.name, new.rank, new.slots, new.zone) == (old.name, old.rank, old.slots, old.zone)
     assert new.resource_id != old.resource_id and new.host_key != old.host_key
-    assert new.host_key.startswith("ssh-ed25519 ")
+    assert new.host_key == fakes.host_key(new.resource_id)  # read from ITS console
+    assert "PRIVATE KEY" not in base64.b64decode(again["UserData"]).decode()
     assert new.private_address  # (EC2 may give it the address the old one freed)
     assert inv.nodes[1] == new and store.load("c1").nodes[1] == new and inv.nodes[0].rank == 0
     # the old instance is terminated and forgotten, the new one recorded with its launch facts

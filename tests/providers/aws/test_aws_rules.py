@@ -9,8 +9,8 @@ import base64
 import aws_rules as rules
 import pytest
 
-from provision import pipeline
-from provision.providers.aws.catalog import catalog_types
+from provision.cluster import pipeline
+from provision.cluster.providers.aws.catalog import catalog_types
 
 LONGEST_NAME = "a" + "b" * 38 + "9"  # 40 characters, the most a cluster name may have
 REGION_OF = {"p5e.48xlarge": "us-east-2"}  # moto offers p5e in no us-east-1 zone
@@ -53,6 +53,9 @@ GOOD_P4D = [efa(0, 0, "efa")] + [efa(c, 1) for c in range(1, 4)]
      "has no EFA"),
     ("RunInstances", {"InstanceType": "p9.future", "NetworkInterfaces": []},
      "no documented EFA layout"),
+    ("RunInstances", {"InstanceType": "p6-b300.48xlarge", "NetworkInterfaces": [
+        efa(c, 0 if c == 0 else 1, "efa" if c == 0 else "efa-only") for c in range(16)]},
+     "card 0 of p6-b300.48xlarge, which has no EFA"),
     ("RunInstances", {"InstanceType": "g6.xlarge", "UserData": "#cloud-config\n" + "x" * 16400},
      "user data of"),
 ])
@@ -153,7 +156,7 @@ def test_efa_security_group_rule_needs_self_rules_both_ways(fakes, moto_ec2):
 
 
 def test_the_layer_sees_requests_of_every_provider_client(fakes, aws_rules_layer):
-    from provision.providers.aws.api import Ec2
+    from provision.cluster.providers.aws.api import Ec2
 
     before = aws_rules_layer.rules.requests
     Ec2("us-east-1").client.create_tags(Resources=["i-0123456789abcdef0"],
@@ -167,8 +170,12 @@ def test_the_layer_sees_requests_of_every_provider_client(fakes, aws_rules_layer
 @pytest.mark.parametrize("instance_type", catalog_types())
 def test_longest_name_and_every_catalog_type_pass_all_rules(
         fakes, spec_for, store, up_cluster, tagged, aws_rules_layer, instance_type):
+    from provision.cluster.providers.aws.catalog import markets_of
+
     region = REGION_OF.get(instance_type, "us-east-1")
-    spec = spec_for(name=LONGEST_NAME, instance_type=instance_type, region=region)
+    block = "on-demand" not in markets_of(instance_type)  # p5e: through a Capacity Block
+    spec = spec_for(name=LONGEST_NAME, instance_type=instance_type, region=region,
+                    capacity_block=block)
     inv = up_cluster(spec)
     assert aws_rules_layer.creates_checked == 1
     assert len(aws_rules_layer.rules.launched) == 2  # both nodes checked for internet access

@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import yaml
 
-from provision.keys import generate_ed25519, host_key_only
-from provision.render import parse_env_file, render
+from provision.model.render import parse_env_file, render
 
 
 def test_efa_preset_p4d_golden():
@@ -27,16 +26,16 @@ def test_efa_preset_without_rdma():
     assert "FI_EFA_USE_DEVICE_RDMA" not in env and env["FI_PROVIDER"] == "efa"
 
 
-def test_user_data_is_valid_cloud_config():
-    """cloud-init's schema (schema-cloud-config-v1.json, cc_ssh): ssh_genkeytypes has
-    "minItems": 1 and items in ecdsa/ed25519/rsa; with ssh_keys given, no key is generated."""
-    key = generate_ed25519("host")
-    text = render("aws/user-data.yaml.j2", cluster="c1", host_private_key=key.private_openssh.strip(),
-                  host_public_key=host_key_only(key.public_openssh), max_hours="8",
-                  max_seconds=28800, max_minutes=480)
+def test_user_data_is_valid_cloud_config_and_carries_no_key():
+    """cloud-init's schema (schema-cloud-config-v1.json, cc_ssh / cc_keys_to_console):
+    ssh_genkeytypes has "minItems": 1 and items in ecdsa/ed25519/rsa; the node makes its own
+    keys (no `ssh_keys`) after deleting the AMI's, and prints them on its console."""
+    text = render("aws/user-data.yaml.j2", cluster="c1", max_hours="8", max_seconds=28800,
+                  max_minutes=480)
     assert text.startswith("#cloud-config\n")
     data = yaml.safe_load(text)
-    assert data["ssh_keys"]["ed25519_private"].strip() == key.private_openssh.strip()
-    assert data["ssh_keys"]["ed25519_public"] == host_key_only(key.public_openssh)
+    assert "ssh_keys" not in data and "PRIVATE KEY" not in text
     assert data["ssh_deletekeys"] is True and data["ssh_genkeytypes"] == ["ed25519"]
+    assert data["ssh"]["emit_keys_to_console"] is True
+    assert data["ssh_key_console_blacklist"] == [] == data["ssh_fp_console_blacklist"]
     assert "--on-active=28800s" in data["bootcmd"][0][2] and "shutdown -P +480" in data["bootcmd"][0][2]

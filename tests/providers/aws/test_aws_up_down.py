@@ -10,9 +10,9 @@ import base64
 import pytest
 import yaml
 
-from provision import pipeline
-from provision.errors import TeardownError
-from provision.providers import get_provider
+from provision.cluster import pipeline
+from provision.cluster.providers import get_provider
+from provision.model.errors import TeardownError
 
 TAG = "mgpu-cloud-cluster"
 
@@ -41,8 +41,8 @@ def test_up_then_down(fakes, spec_for, store, up_cluster, tagged, aws_rules_laye
     assert inv.wait_for_gpu and inv.manage_etc_hosts
     assert inv.container_image == "nvcr.io/nvidia/pytorch:24.06-py3"
     assert inv.nccl_env["FI_PROVIDER"] == "efa" and inv.nccl_env["FI_EFA_USE_DEVICE_RDMA"] == "1"
-    assert inv.container_args.count("--device") == 4  # p4d: uverbs0..3
-    # the fabric gate's expectation (provision/fabric.py's row); on-demand: no notices
+    assert inv.container_args[:2] == ["--device", "@by-driver:infiniband_verbs:efa"]
+    # the fabric gate's expectation (the AWS catalog's FABRIC row); on-demand: no notices
     assert inv.fabric is not None and (inv.fabric.transport, inv.fabric.busbw_gbps) == ("efa", 77.35)
     assert inv.preemption is None
     assert inv.key_path and store.load("c1").resources == inv.resources
@@ -141,6 +141,32 @@ def test_security_group_rules_are_exact(fakes, spec_for, up_cluster, moto_ec2):
     assert sg["VpcId"] == fakes.calls("CreateSecurityGroup")[0]["VpcId"]
 
 
+def test_private_ips_open_ssh_to_the_vpc_not_to_the_callers_public_address(
+        fakes, spec_for, up_cluster, moto_ec2, monkeypatch):
+    """A controller inside the VPC connects from its private address: with --private-ips and
+    no --ssh-cidr, SSH is open to the VPC's own ranges (not the caller's public /32, which
+    would block it), and no public-address lookup is made."""
+    from provision.cluster import caller_address
+
+    def no_lookup(*args, **kwargs):
+        raise AssertionError("the caller's public address was looked up")
+
+    monkeypatch.setattr(caller_address, "caller_cidr", no_lookup)
+    plan = get_provider("aws").plan(spec_for(private_ips=True))
+    (vpc,) = moto_ec2.describe_vpcs(Filters=[{"Name": "is-default", "Values": ["true"]}])["Vpcs"]
+    assert plan.launch.ssh_cidrs == [vpc["CidrBlock"]] == ["172.31.0.0/16"]
+    assert any("SSH is open to 172.31.0.0/16" in n for n in plan.notes)
+    inv = up_cluster(spec_for(private_ips=True))
+    (sg,) = moto_ec2.describe_security_groups(
+        GroupIds=[inv.resources_of("security-group")[0].id])["SecurityGroups"]
+    ssh = {r for r in _norm(sg["IpPermissions"]) if r[1] == 22}
+    assert ssh == {("tcp", 22, 22, "172.31.0.0/16")}
+    # an explicit --ssh-cidr still wins
+    up_cluster(spec_for(name="c2", private_ips=True, ssh_cidr="172.31.5.9/32"))
+    sent = fakes.calls("AuthorizeSecurityGroupIngress")[-1]["IpPermissions"][0]
+    assert sent["IpRanges"] == [{"CidrIp": "172.31.5.9/32", "Description": "mgpu-cloud controller"}]
+
+
 def test_ipv6_ssh_cidr(fakes, spec_for, up_cluster, moto_ec2):
     up_cluster(spec_for(ssh_cidr="2001:db8::1/128"))
     sent = fakes.calls("AuthorizeSecurityGroupIngress")[0]["IpPermissions"][0]
@@ -189,8 +215,7 @@ def test_launch_settings_and_user_data(fakes, spec_for, up_cluster):
     text = raw if raw.startswith("#cloud-config") else base64.b64decode(raw).decode()
     assert text.startswith("#cloud-config")
     data = yaml.safe_load(text)
-    assert data["ssh_keys"]["ed25519_public"] == inv.nodes[0].host_key
-    assert data["ssh_keys"]["ed25519_private"].startswith("-----BEGIN OPENSSH PRIVATE KEY-----")
+    assert "ssh_keys" not in data and "PRIVATE KEY" not in text  # the node makes its own
     assert data["ssh_genkeytypes"] == ["ed25519"]  # cloud-init's schema: at least one item
     assert "--on-active=9000s" in data["bootcmd"][0][2]
     public_key = fakes.calls("ImportKeyPair")[0]["PublicKeyMaterial"]
@@ -245,7 +270,7 @@ def test_placement_group_in_use_while_instances_live(fakes, spec_for, up_cluster
     """The fake models EC2's rule, so teardown order matters: instances must go first."""
     from botocore.exceptions import ClientError
 
-    from provision.providers.aws.api import Ec2
+    from provision.cluster.providers.aws.api import Ec2
 
     up_cluster(spec_for())
     with pytest.raises(ClientError, match="InUse"):
@@ -253,10 +278,12 @@ def test_placement_group_in_use_while_instances_live(fakes, spec_for, up_cluster
 
 
 def test_api_calls_grow_only_by_the_elastic_ips(fakes, spec_for, store, up_cluster):
-    """One RunInstances for any N; the only per-node calls are the Elastic IPs (EC2 has no
-    batch form of AllocateAddress / AssociateAddress / ReleaseAddress)."""
+    """One RunInstances for any N; the only per-node calls are the Elastic IPs and the host-key
+    reads (EC2 has no batch form of AllocateAddress / AssociateAddress / ReleaseAddress /
+    GetConsoleOutput)."""
     fakes.eip_quota = 64
-    per_node = ("AllocateAddress", "AssociateAddress", "DisassociateAddress", "ReleaseAddress")
+    per_node = ("AllocateAddress", "AssociateAddress", "DisassociateAddress", "ReleaseAddress",
+                "GetConsoleOutput")
     counts = []
     for n, name in ((2, "small"), (12, "large")):
         start = len(fakes.sent)
@@ -268,3 +295,4 @@ def test_api_calls_grow_only_by_the_elastic_ips(fakes, spec_for, store, up_clust
     assert counts[0][0] == counts[1][0]
     assert counts[0][1]["AllocateAddress"] == 2 and counts[1][1]["AllocateAddress"] == 12
     assert counts[1][1]["ReleaseAddress"] == 12
+    assert counts[0][1]["GetConsoleOutput"] == 2 and counts[1][1]["GetConsoleOutput"] == 12
