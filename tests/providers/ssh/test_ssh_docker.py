@@ -208,7 +208,7 @@ def test_a_host_showing_an_unpinned_key_is_refused_before_any_command(
     nothing there; host-a is unaffected."""
     from impostor import show_own_key, show_unpinned_key
 
-    from provision.inventory import InventoryStore
+    from provision.model.inventory import InventoryStore
 
     b = lab.hosts["host-b"]
     inv = write_inventory(tmp_path / "hosts.yaml", ssh_user.key,
