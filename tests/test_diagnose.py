@@ -34,6 +34,7 @@ def as_node(node: int, name: str) -> list[str]:
         ("child-failed.log", "host-oom"),
         ("no-space.log", "no-space"),
         ("driver-too-old.log", "driver-too-old"),
+        ("abort-at-exit.log", "abort-at-exit"),
     ],
 )
 def test_real_excerpt_is_recognised_first(log: str, signature: str) -> None:
@@ -104,3 +105,18 @@ def test_every_signature_has_a_concrete_fix() -> None:
     assert len(ids) == len(set(ids))
     for s in SIGNATURES:
         assert s.cause.endswith(".") and len(s.fix) > 30, s.id
+
+
+def test_an_abort_at_exit_is_named_as_such_not_as_a_killed_worker() -> None:
+    found = diagnose(as_node(1, "abort-at-exit.log"))
+    assert [d.signature for d in found] == ["abort-at-exit", "child-failed"]
+    assert "after its script had ended without an error" in found[0].cause
+    assert not any("-9" in d.fix or "out-of-memory" in d.fix for d in found)
+
+
+def test_an_abort_after_the_scripts_own_exception_is_not_called_a_clean_exit() -> None:
+    lines = ["[node-0] Traceback (most recent call last):",
+             '[node-0]   File "train.py", line 7, in <module>',
+             "[node-0] ValueError: bad batch at step 3",
+             "[node-0] terminate called without an active exception"]
+    assert [d.signature for d in diagnose(lines)] == []

@@ -46,6 +46,17 @@ def _rx(*patterns: str) -> tuple[re.Pattern[str], ...]:
 # specific ones come before the generic wrappers (ChildFailedError, ncclSystemError).
 SIGNATURES: tuple[Signature, ...] = (
     Signature(
+        "abort-at-exit",
+        _rx(r"terminate called without an active exception"),
+        "A rank aborted (SIGABRT) while its Python interpreter was exiting, after its script "
+        "had ended without an error: its work was done, only the exit failed. A process group "
+        "left initialised still had threads running during the interpreter's shutdown "
+        "(pytorch/pytorch#179291).",
+        "End the script with torch.distributed.destroy_process_group() (after `del` of the "
+        "DDP model). mgpu-cloud does it at exit in every job process, unless the job replaces "
+        "PYTHONPATH (keep the tool's ~/.mgpu-cloud/py on it) or sets MGPU_EXIT_DESTROY_PG=0.",
+    ),
+    Signature(
         "nccl-connect",
         _rx(
             r"WARN .*Connect(ion)? to \S+ failed",
@@ -218,7 +229,7 @@ SIGNATURES: tuple[Signature, ...] = (
         "torchrun reports that a worker process exited with an error; it is the wrapper, not the "
         "cause.",
         "Read the 'Root Cause (first observed failure)' block and the first traceback of that "
-        "rank above; exitcode -9 means it was killed (often host out-of-memory).",
+        "rank above.",
         generic=True,
     ),
 )
@@ -250,11 +261,14 @@ def diagnose(lines: Iterable[str]) -> list[Diagnosis]:
     first: dict[str, tuple[str | None, str]] = {}
     nodes: dict[str, list[str]] = {}
     order: list[Signature] = []
+    raised: set[str | None] = set()  # nodes where a Python traceback was printed
     for raw in lines:
         node, text = split_node(raw)
+        if text.startswith("Traceback (most recent call last)"):
+            raised.add(node)
         signature = match_line(text)
-        if signature is None:
-            continue
+        if signature is None or (signature.id == "abort-at-exit" and node in raised):
+            continue  # an abort after an exception: the exception is the cause
         if signature.id not in first:
             first[signature.id] = (node, text.strip())
             nodes[signature.id] = []

@@ -7,7 +7,9 @@ One 2-node cluster is shared by the tests of this file (they run in file order).
 
 from __future__ import annotations
 
+import json
 import os
+import re
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -17,6 +19,7 @@ import pytest
 
 pytestmark = [pytest.mark.docker, pytest.mark.usefixtures("node_image")]
 NAME = "it23-user"
+SCRIPTS = Path(__file__).resolve().parents[1] / "data" / "scripts"
 
 
 def cli(*args: str, home: Path, cwd: Path | None = None, timeout: float = 300,
@@ -109,3 +112,58 @@ def test_the_state_folder_never_goes_to_the_nodes(home: Path, project: Path) -> 
     assert "./notes.txt" in listing and "./hello.py" in listing
     assert "./state" not in listing and "id_ed25519" not in listing, listing
     assert "history.jsonl" not in listing and "known_hosts" not in listing, listing
+
+
+def test_a_finished_accelerate_job_without_teardown_exits_cleanly(home: Path) -> None:
+    """The held-out script leaves its process group to the interpreter; without the node
+    sitecustomize's exit hook about one run in ten of it fails at exit on these nodes
+    (benchmarks/exit_abort_rate.py). Five runs of it on every rank, in one job."""
+    runs = 5
+    res = cli("launch", NAME, "--launcher", "accelerate", "--master-port", "29650", "--",
+              "repeat_script.py", "accelerate_no_teardown.py", str(runs), home=home,
+              cwd=SCRIPTS, timeout=600)
+    out = res.stdout + res.stderr
+    assert res.returncode == 0, out
+    codes = re.findall(r"rank (\d) exit codes \[([-\d, ]+)\]", out)
+    assert sorted(rank for rank, _ in codes) == ["0", "1", "2", "3"], out
+    assert all(c == ", ".join(["0"] * runs) for _, c in codes), codes
+    assert len(re.findall(r"rank \d/4 result", out)) == 4 * runs, "every rank of every run"
+    assert "terminate called" not in out
+
+
+def test_a_node_showing_an_unpinned_host_key_is_refused_before_any_command(
+        home: Path) -> None:
+    """node-1's address shows a host key that is not pinned for it: an impostor's key
+    (pinned: another), or any key where none is pinned (its known_hosts line gone). The tool
+    refuses the connection and runs nothing there; node-0 is unaffected. (Last in this file:
+    it changes node-1's sshd and the pinned keys, and puts both back.)"""
+    from impostor import show_own_key, show_unpinned_key
+
+    status = json.loads(cli("status", NAME, "--json", home=home).stdout)
+    port = next(n["port"] for n in status[0]["nodes"] if n["name"] == "node-1")
+    known_hosts = home / "keys" / NAME / "known_hosts"
+    pinned = known_hosts.read_text()
+
+    def refused(why: str) -> None:
+        node_shell(0, "rm -f /tmp/it23-ran")
+        res = cli("exec", NAME, "--", "touch /tmp/it23-ran", home=home, timeout=120,
+                  env={"MGPU_CLOUD_SSH_DEADLINE": "20"})
+        assert res.returncode != 0, res.stdout
+        assert "--- node-1 (exit 255) ---" in res.stdout, res.stdout
+        assert why in res.stderr, res.stdout + res.stderr
+        assert node_shell(1, "test -e /tmp/it23-ran && echo ran || echo never") == "never\n"
+        assert node_shell(0, "test -e /tmp/it23-ran && echo ran || echo never") == "ran\n"
+
+    show_unpinned_key(f"{NAME}-node-1", port)
+    try:
+        refused("does not match")  # paramiko's BadHostKeyException
+    finally:
+        show_own_key(f"{NAME}-node-1", port)
+    known_hosts.write_text("".join(line for line in pinned.splitlines(keepends=True)
+                                   if f"]:{port} " not in line))
+    try:
+        refused("presented an unknown ssh-ed25519 host key; refusing to connect")
+    finally:
+        known_hosts.write_text(pinned)
+    again = cli("exec", NAME, "--", "true", home=home)
+    assert again.returncode == 0, again.stdout + again.stderr

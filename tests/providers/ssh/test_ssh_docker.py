@@ -199,3 +199,49 @@ def test_login_node_that_is_not_a_node(lab: Any, ssh_user: Any, cli: Any,
         cli("down", "ssh-login")
         for name in ("host-a", "host-c", "host-j"):
             assert_untouched(lab, name)
+
+
+def test_a_host_showing_an_unpinned_key_is_refused_before_any_command(
+        lab: Any, ssh_user: Any, cli: Any, tmp_path: Path) -> None:
+    """After `up`, host-b's address shows a host key that is not the one pinned for it (an
+    impostor's), or any key where none is pinned any more: the transport refuses it and runs
+    nothing there; host-a is unaffected."""
+    from impostor import show_own_key, show_unpinned_key
+
+    from provision.model.inventory import InventoryStore
+
+    b = lab.hosts["host-b"]
+    inv = write_inventory(tmp_path / "hosts.yaml", ssh_user.key,
+                          [direct(lab, "host-a"), direct(lab, "host-b")])
+    res = cli("up", "--provider", "ssh", "--inventory", str(inv), "--name", "ssh-pin")
+    assert res.returncode == 0, res.stdout + res.stderr
+    known_hosts = Path(InventoryStore().load("ssh-pin").known_hosts_path or "")
+    pinned = known_hosts.read_text()
+
+    def refused(why: str) -> None:
+        lab.sh("host-a", "rm -f /tmp/pin-ran")
+        res = cli("exec", "ssh-pin", "--", "touch /tmp/pin-ran")
+        assert res.returncode != 0, res.stdout
+        assert "--- host-b (exit 255) ---" in res.stdout, res.stdout
+        assert why in res.stderr, res.stdout + res.stderr
+        assert lab.sh("host-b", "test -e /tmp/pin-ran").returncode != 0, "ran on host-b"
+        assert lab.sh("host-a", "test -e /tmp/pin-ran").returncode == 0
+
+    try:
+        show_unpinned_key(b.container, b.published)
+        try:
+            refused("does not match")
+        finally:
+            show_own_key(b.container, b.published)
+        known_hosts.write_text("".join(line for line in pinned.splitlines(keepends=True)
+                                       if f"]:{b.published} " not in line))
+        try:
+            refused("presented an unknown ssh-ed25519 host key; refusing to connect")
+        finally:
+            known_hosts.write_text(pinned)
+    finally:
+        down = cli("down", "ssh-pin")
+    assert down.returncode == 0, down.stdout + down.stderr
+    for name in ("host-a", "host-b"):
+        lab.sh(name, "rm -f /tmp/pin-ran")
+        assert_untouched(lab, name)

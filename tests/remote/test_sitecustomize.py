@@ -1,0 +1,63 @@
+"""templates/node/sitecustomize.py for real: every job process loads it (first on PYTHONPATH).
+
+At exit it destroys a default process group the script left initialised, after the script's
+own exit handlers and before the interpreter's shutdown (where gloo's threads abort a finished
+rank, pytorch/pytorch#179291). tests/integration/test_first_use.py shows the effect on docker
+nodes; benchmarks/exit_abort_rate.py measures it.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+NODE_TEMPLATES = Path(__file__).resolve().parents[2] / "templates" / "node"
+
+# A script that leaves its group initialised, as most users' scripts do. It records every
+# destroy_process_group call, and what its own exit handler (registered after the
+# sitecustomize's, so run before it) saw.
+SCRIPT = """\
+import atexit, sys
+import torch.distributed as dist
+
+real = dist.destroy_process_group
+def recording(*a, **k):
+    print("destroyed at exit", flush=True)
+    return real(*a, **k)
+dist.destroy_process_group = recording
+dist.init_process_group("gloo", init_method="file://{store}", rank=0, world_size=1)
+atexit.register(lambda: print("own handler saw initialised:", dist.is_initialized(), flush=True))
+print("work done", flush=True)
+"""
+
+
+def run(tmp_path: Path, **env: str) -> subprocess.CompletedProcess[str]:
+    script = tmp_path / "job.py"
+    script.write_text(SCRIPT.format(store=tmp_path / "store"))
+    return subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
+                          timeout=120, cwd=tmp_path,
+                          env={**os.environ, "PYTHONPATH": str(NODE_TEMPLATES), **env})
+
+
+def test_a_group_left_initialised_is_destroyed_at_exit_after_the_scripts_handlers(
+        tmp_path: Path) -> None:
+    pytest.importorskip("torch.distributed")
+    res = run(tmp_path)
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.splitlines() == ["work done", "own handler saw initialised: True",
+                                       "destroyed at exit"], res.stdout
+
+
+def test_it_can_be_turned_off_and_leaves_other_processes_alone(tmp_path: Path) -> None:
+    pytest.importorskip("torch.distributed")
+    res = run(tmp_path, MGPU_EXIT_DESTROY_PG="0")
+    assert res.returncode == 0, res.stderr
+    assert "destroyed at exit" not in res.stdout
+    plain = subprocess.run([sys.executable, "-c", "import sys; print('torch' in sys.modules)"],
+                           capture_output=True, text=True, timeout=60,
+                           env={**os.environ, "PYTHONPATH": str(NODE_TEMPLATES)})
+    assert plain.stdout.strip() == "False", "the hook must not import torch itself"
