@@ -33,6 +33,7 @@ from provision.spec import ClusterSpec, JobSpec
 if TYPE_CHECKING:
     from provision.jobs import JobRecord
     from provision.nodes import NodeGroup
+    from provision.recovery import Gate
 
 Log = Callable[[str], None]
 Confirm = Callable[[Plan], bool]
@@ -204,14 +205,15 @@ def launch(
         inv = store.load(name)
         if inv.status != "ready":
             raise MgpuError(f"cluster {name!r} is {inv.status}, not ready")
-        _fabric_gate(inv, job, store, log)
-        return _sync_run_fetch(get_provider(inv.provider), inv, store, job, log)
+        gate = _fabric_gate(inv, job, store, log)
+        return _sync_run_fetch(get_provider(inv.provider), inv, store, job, log, gate=gate)
 
 
 def _sync_run_fetch(provider: Provider, inv: Inventory, store: InventoryStore, job: JobSpec,
-                    log: Log, *, sync: bool = True) -> int:
+                    log: Log, *, sync: bool = True, gate: Gate | None = None) -> int:
     """The job on every node: workdir sync, the supervised run (checkpoints kept, failures
-    recovered up to --max-restarts), rank 0's outputs back."""
+    recovered up to --max-restarts; `gate`: the fabric gate first, in the job's processes),
+    rank 0's outputs back."""
     from provision.bootstrap import sync_workdir
     from provision.collect import fetch_outputs
     from provision.nodes import NodeGroup
@@ -232,7 +234,7 @@ def _sync_run_fetch(provider: Provider, inv: Inventory, store: InventoryStore, j
             _end_job(inv, records[job_id], nodes)
 
         code = run_supervised(provider, inv, store, job, log=log, group=group,
-                              begin=begin, end=end)
+                              begin=begin, end=end, gate=gate)
     try:
         fetch_outputs(inv, Path("mgpu-outputs") / inv.name, log=log)
     except MgpuError as exc:
@@ -288,9 +290,9 @@ def run(
             provider, spec, plan, store, bootstrap=True, job=job, log=log
         )
         try:
-            _fabric_gate(inv, job, store, log)
+            gate = _fabric_gate(inv, job, store, log)
             # bootstrap already placed the workdir
-            return _sync_run_fetch(provider, inv, store, job, log, sync=False)
+            return _sync_run_fetch(provider, inv, store, job, log, sync=False, gate=gate)
         finally:
             if keep:
                 log(f"--keep: cluster {spec.name!r} left running; remove it with "
@@ -304,9 +306,21 @@ def run(
 
 
 # --- the fabric gate (provision/gate.py): before a multi-node job, stop on a degraded network
-def _fabric_gate(inv: Inventory, job: JobSpec, store: InventoryStore, log: Log) -> None:
-    """Raises FabricGateError (a LaunchError) when the gate fails and the job did not say
-    --allow-slow-network; records the result in the inventory either way."""
+def _fabric_gate(inv: Inventory, job: JobSpec, store: InventoryStore, log: Log) -> Gate | None:
+    """Where the job's processes can run the gate themselves (provision/gate_injob.py), the
+    factory of each launch attempt's in-job gate; else the separate gate runs now: raises
+    FabricGateError (a LaunchError) when it fails and the job did not say
+    --allow-slow-network, and records the result in the inventory either way. None: no
+    gate, or it ran already."""
     from provision.gate import gate_before_job
+    from provision.gate_injob import InJobGate, placement
 
+    where, why = placement(inv, job)
+    if where == "in-job":
+        log(f"fabric gate: in the job's own processes on {len(inv.nodes)} nodes, before its "
+            "script (--fabric-check off skips it)")
+        return lambda: InJobGate(inv, job, store, log)
+    if where == "separate":
+        log(f"fabric gate: a run of its own before the job ({why})")
     gate_before_job(inv, job, store=store, log=log)
+    return None

@@ -24,6 +24,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from provision.checkpoints import CheckpointKeeper, local_checkpoint_dir
 from provision.errors import LaunchError, MgpuError
@@ -32,6 +33,9 @@ from provision.launch import SESSION_LOST, job_container, run_job
 from provision.nodes import NodeGroup
 from provision.providers.contract import Provider, Recoverable
 from provision.spec import JobSpec
+
+if TYPE_CHECKING:
+    from provision.gate_injob import InJobGate
 
 Log = Callable[[str], None]
 EVENT_PREFIX = "MGPU-EVENT "  # remote/supervise.py prints events with this prefix
@@ -231,14 +235,17 @@ class Recovery:
 
 Begin = Callable[[NodeGroup], str]  # a job record for the next attempt: its id
 End = Callable[[str, NodeGroup], None]  # the attempt `id` has ended: record how
+Gate = Callable[[], "InJobGate"]  # each attempt's in-job fabric gate (provision/gate_injob.py)
 
 
 def run_supervised(provider: Provider, inv: Inventory, store: InventoryStore, job: JobSpec,
                    *, log: Log, group: NodeGroup | None = None, begin: Begin | None = None,
-                   end: End | None = None) -> int:
+                   end: End | None = None, gate: Gate | None = None) -> int:
     """Run `job`, keeping its checkpoints safe; on a failure, recover and restart (at most
     job.max_restarts times). Each attempt is a job of its own (`begin` gives its id, `end`
-    records its outcome). Returns the job's exit code (0, or the last failure's)."""
+    records its outcome). `gate`: every attempt starts with the fabric gate in the job's
+    own processes; FabricGateError when it failed (the job did not start: no restart).
+    Returns the job's exit code (0, or the last failure's)."""
     keeper = CheckpointKeeper(inv, local_checkpoint_dir(inv), log=log)
     recovery = Recovery(provider, inv, store, job, log, keeper)
     restarts = 0
@@ -248,9 +255,10 @@ def run_supervised(provider: Provider, inv: Inventory, store: InventoryStore, jo
         job_id = begin(nodes) if begin is not None else None
         keeper.start()
         launch_error: LaunchError | None = None
+        in_job = gate() if gate is not None else None
         try:
             code = run_job(inv, job, log=log, group=nodes, monitor=watcher,
-                           restart_count=restarts, job_id=job_id)
+                           restart_count=restarts, job_id=job_id, gate=in_job)
         except LaunchError as exc:
             launch_error, code = exc, SESSION_LOST
         finally:
@@ -261,9 +269,14 @@ def run_supervised(provider: Provider, inv: Inventory, store: InventoryStore, jo
             if nodes is not group:
                 nodes.close()
         group = None  # after a failure the nodes may have changed: fresh connections
-        if code == 0:
+        if in_job is not None and in_job.record is not None:
+            in_job.finish(code)  # FabricGateError when the gate kept the job from starting
+        failure = None if code == 0 else classify(code, watcher, provider, inv)
+        if in_job is not None and in_job.record is None and (
+                failure is None or failure.kind != "node lost"):
+            in_job.finish(code)  # the gate never finished (a lost node is recovered instead)
+        if failure is None:
             return 0
-        failure = classify(code, watcher, provider, inv)
         if launch_error is not None and failure.kind != "node lost":
             raise launch_error  # e.g. the nodes cannot run the image: not worth a restart
         log(f"failure: {failure.describe()}")
