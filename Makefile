@@ -23,6 +23,7 @@ lint:
 bench: setup
 	$(PY) benchmarks/up_time.py
 	$(PY) benchmarks/cli_start.py
+	$(PY) benchmarks/dashboard_start.py
 	$(PY) benchmarks/aws_api_calls.py
 
 clean:

@@ -40,9 +40,9 @@ PER_NODE = ("AllocateAddress", "AssociateAddress", "DisassociateAddress", "Relea
 def measure(n: int, fakes_mod, private_ips: bool) -> tuple[Counter[str], float]:
     from moto import mock_aws
 
-    from provision import pipeline
-    from provision.inventory import InventoryStore
-    from provision.providers.aws import clients, retry
+    from provision.cluster import pipeline
+    from provision.cluster.providers.aws import clients, retry
+    from provision.model.inventory import InventoryStore
 
     with tempfile.TemporaryDirectory() as home, mock_aws(), retry.using(retry.NO_WAIT):
         fakes = fakes_mod.AwsFakes()

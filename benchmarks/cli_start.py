@@ -14,7 +14,8 @@ import sys
 import time
 from pathlib import Path
 
-HEAVY = ("boto3", "botocore", "google.cloud", "fabric", "paramiko", "docker", "pydantic", "rich")
+HEAVY = ("boto3", "botocore", "google.cloud", "fabric", "paramiko", "docker", "pydantic", "rich",
+         "starlette", "uvicorn")
 
 
 def timed(argv: list[str], repeat: int) -> float:

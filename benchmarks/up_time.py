@@ -30,8 +30,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 
 def node_image() -> str:
-    from provision.providers.docker.images import ensure_node_image
-    from provision.providers.docker.options import DockerOptions
+    from provision.cluster.providers.docker.images import ensure_node_image
+    from provision.cluster.providers.docker.options import DockerOptions
 
     return ensure_node_image(DockerOptions(), log=lambda m: None)
 
@@ -65,7 +65,7 @@ def floor(n: int, image: str, keydir: Path) -> float:
         subprocess.run(["docker", "rm", "-f", *names], capture_output=True)
 
 
-IMPORTS = ("import provision.cli, provision.pipeline, provision.providers.docker.provider, "
+IMPORTS = ("import provision.cli, provision.cluster.pipeline, provision.cluster.providers.docker.provider, "
            "docker")
 
 

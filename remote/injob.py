@@ -13,7 +13,7 @@ launcher start or rendezvous. In each process:
      pairwise rounds; rank 0 prints the same JSON lines as `remote.pyz allreduce --gate`;
   3. on GPUs, each rank's NCCL INFO lines (NCCL_DEBUG=INFO, NCCL_DEBUG_SUBSYS=INIT,NET for the
      gate, the job's own values put back after it) are read from its stdout as they pass;
-  4. rank 0 judges with remote.gatejudge (what the controller's provision.gate.evaluate also
+  4. rank 0 judges with remote.gatejudge (what the controller's provision.job.gate.evaluate also
      uses on the same output), prints {"verdict": ...}, and broadcasts the verdict;
   5. the gate's process group is destroyed (the job calls init_process_group itself, as
      always; rank 0 keeps serving the rendezvous store so that the job's init finds it),

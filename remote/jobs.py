@@ -4,6 +4,7 @@
     job follow --dir D [--offset N] [--no-wait]
     job status --jobs J
     job cancel --dir D [--grace S]
+    job idle   --pidfile P          exit 0 when no job runs on this node, else BUSY
 
 A job's folder D (RemoteLayout.job_dir on the controller) holds:
 
@@ -50,6 +51,7 @@ PID = "pid"
 CANCELLED = "cancelled"
 THEN_LOG = "then.log"
 LOST = 255  # exit code reported when a job's supervisor is gone without an exit status
+BUSY = 75  # `idle`: a job still runs here (provision/bootstrap.py JOB_RUNNING spells it too)
 POLL_S = 0.1
 
 
@@ -72,13 +74,17 @@ def _read_json(path: str) -> dict[str, Any] | None:
     return data if isinstance(data, dict) else None
 
 
-def _read_pids(job_dir: str) -> tuple[int, int] | None:
+def _read_pids_file(path: str) -> tuple[int, int] | None:
     try:
-        with open(os.path.join(job_dir, PID)) as fh:
+        with open(path) as fh:
             pgid, sup = fh.read().split()[:2]
         return int(pgid), int(sup)
     except (FileNotFoundError, ValueError):
         return None
+
+
+def _read_pids(job_dir: str) -> tuple[int, int] | None:
+    return _read_pids_file(os.path.join(job_dir, PID))
 
 
 def alive(pid: int) -> bool:
@@ -282,6 +288,17 @@ def cancel(job_dir: str, grace: float) -> int:
     return 0
 
 
+def idle(pidfile: str) -> int:
+    """0 when the node's current-job pidfile names no live supervisor; else BUSY, saying
+    so on stderr. The workdir sync runs this right before it replaces the workdir, so files
+    are never replaced under a running job, whoever started it."""
+    pids = _read_pids_file(pidfile)
+    if pids is None or not alive(pids[1]):
+        return 0
+    print(f"a job is still running on this node (process group {pids[0]})", file=sys.stderr)
+    return BUSY
+
+
 def _status(args: argparse.Namespace) -> int:
     jobs: dict[str, Any] = {}
     if os.path.isdir(args.jobs):
@@ -316,6 +333,7 @@ def main(command: str, argv: list[str]) -> int:
     can = sub.add_parser("cancel")
     can.add_argument("--dir", required=True)
     can.add_argument("--grace", type=float, default=10.0)
+    sub.add_parser("idle").add_argument("--pidfile", required=True)
     args = parser.parse_args(argv)
     if args.action == "start":
         code = _start(args)
@@ -328,4 +346,6 @@ def main(command: str, argv: list[str]) -> int:
         return follow(args.dir, args.offset, sys.stdout.buffer, wait=not args.no_wait)
     if args.action == "status":
         return _status(args)
+    if args.action == "idle":
+        return idle(args.pidfile)
     return cancel(args.dir, args.grace)

@@ -19,7 +19,10 @@ descendants. The supervisor records "PGID SUPERVISOR_PID" in the cluster's pidfi
 `watch_preemption` runs in the supervisor with `job start --preempt PROTOCOL URL SIGNAL`: it
 polls the metadata service (remote/preempt.py); on a notice it signals the job like `signal`
 and prints one line `MGPU-EVENT {"event": "preemption", ...}` into the job's output, which
-tells the controller.
+tells the controller. A notice with a deadline far enough ahead (GCP host maintenance on a GPU
+VM: an hour) is announced at once (`MGPU-EVENT {"event": "maintenance-scheduled", ...}`, again
+when the deadline moves) while the job keeps running; the signal comes SAVE_LEAD_S before the
+deadline.
 """
 
 from __future__ import annotations
@@ -201,21 +204,36 @@ def watch_preemption(protocol: str, url: str, signame: str, pgid: int, me: int,
                      container: str | None = None) -> None:
     """Poll for a notice; on the first one, signal the job's processes and tell the
     controller (one line on our stdout, which is the job's output stream)."""
-    import json
-
-    from remote.preempt import check
+    from remote.preempt import check, save_at
 
     sig = getattr(signal, signame if signame.startswith("SIG") else f"SIG{signame}")
+    announced: float | None = None  # the deadline last announced
     while True:
         notice = check(protocol, url)
         if notice is not None:
-            told = notify(pgid, me, sig, container)
-            event = {"event": "preemption", "action": notice.action, "time": notice.time,
-                     "source": notice.source, "signal": sig.name, "processes": told}
-            sys.stdout.write("\n" + EVENT_PREFIX + json.dumps(event) + "\n")
-            sys.stdout.flush()
-            return
+            when = save_at(notice)
+            if when <= time.time():
+                told = notify(pgid, me, sig, container)
+                _event({"event": "preemption", "action": notice.action, "time": notice.time,
+                        "source": notice.source, "signal": sig.name, "processes": told})
+                return
+            if announced is None or abs((notice.deadline or 0) - announced) > 60:
+                announced = notice.deadline
+                _event({"event": "maintenance-scheduled", "action": notice.action,
+                        "time": notice.time, "source": notice.source,
+                        "deadline": notice.deadline, "save_at": when})
+        elif announced is not None:
+            announced = None
+            _event({"event": "maintenance-cleared"})
         time.sleep(PREEMPT_POLL_S)
+
+
+def _event(event: dict[str, object]) -> None:
+    """One line into the job's output that the controller reads (recovery.Watcher)."""
+    import json
+
+    sys.stdout.write("\n" + EVENT_PREFIX + json.dumps(event) + "\n")
+    sys.stdout.flush()
 
 
 def main(command: str, argv: list[str]) -> int:

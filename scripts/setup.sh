@@ -2,7 +2,8 @@
 # One-time set-up on a fresh machine (idempotent; fast when everything is there already):
 #   1. a Docker engine that answers (installs docker.io and starts dockerd when root on Debian),
 #   2. .venv with mgpu-cloud, its test tools and CPU torch 2.13.0,
-#   3. the docker provider's node image (a local Debian base via debootstrap when no registry).
+#   3. the docker provider's node image (a local Debian base via debootstrap when no registry),
+#   4. Chromium and its WebDriver for the dashboard's browser tests (Debian's packages).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -51,7 +52,7 @@ ensure_venv() {
     "$py" -m venv .venv
   fi
   # torch pinned to the CPU build (a newer pin or a range pulls multi-GB CUDA builds).
-  if ! .venv/bin/python -c 'import provision, torch, moto, pytest' >/dev/null 2>&1 \
+  if ! .venv/bin/python -c 'import provision, torch, moto, pytest, starlette, uvicorn, selenium' >/dev/null 2>&1 \
      || [ pyproject.toml -nt .venv/.installed ]; then
     say "installing mgpu-cloud and test tools into .venv ..."
     .venv/bin/pip install -q --upgrade pip >/dev/null
@@ -71,7 +72,22 @@ ensure_images() {
   say "node image: $(.venv/bin/mgpu-cloud image build)"
 }
 
+ensure_browser() {
+  # The dashboard's browser tests drive Debian's Chromium through chromedriver (Selenium);
+  # no browser download (Playwright's would fail without internet).
+  if command -v chromium >/dev/null && command -v chromedriver >/dev/null; then return 0; fi
+  if [ "$(id -u)" -eq 0 ] && command -v apt-get >/dev/null; then
+    say "installing chromium + chromium-driver (dashboard browser tests) ..."
+    apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium chromium-driver >/dev/null
+  else
+    say "the dashboard's browser tests need Chromium and chromedriver: apt-get install chromium chromium-driver"
+    say "(they are skipped without them, except when CI=true)"
+  fi
+}
+
 start_docker
+ensure_browser
 ensure_venv
 ensure_images
 say "ready"

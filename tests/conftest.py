@@ -13,6 +13,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))  # tests/fake_nodes.py 
 
 ROOT = Path(__file__).resolve().parent.parent
 IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
+pytest_plugins = ["storekit"]  # object stores and a webhook receiver (issue 18)
 
 
 @pytest.fixture(autouse=True)
@@ -46,7 +47,7 @@ def docker_engine() -> Iterator[None]:
 @pytest.fixture(scope="session")
 def node_image(docker_engine: None) -> str:
     """The node image, built once (cached by tag across runs)."""
-    from provision.providers.docker.images import ensure_node_image
-    from provision.providers.docker.options import DockerOptions
+    from provision.cluster.providers.docker.images import ensure_node_image
+    from provision.cluster.providers.docker.options import DockerOptions
 
     return ensure_node_image(DockerOptions(), log=print)

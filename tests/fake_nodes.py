@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from provision.inventory import Inventory, NodeRecord
+from provision.model.inventory import Inventory, NodeRecord
 from provision.nodes import CommandResult
 
 

@@ -1,4 +1,4 @@
-"""provision/check.py: findings over preflight reports and judging an all-reduce sweep."""
+"""provision/nodes/checks.py: findings over preflight reports and judging an all-reduce sweep."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import copy
 from pathlib import Path
 from typing import Any
 
-from provision.check import (
+from provision.nodes.checks import (
     REFERENCE_BUSBW_GBPS,
     Finding,
     bandwidth_rows,

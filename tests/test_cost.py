@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from provision import cost
-from provision.inventory import Inventory, InventoryStore
-from provision.spec import build_cluster_spec
+from provision.cluster import cost
+from provision.model.inventory import Inventory, InventoryStore
+from provision.model.spec import build_cluster_spec
 
 
 def _inv(name: str, created: str, hourly: float, **spec: object) -> Inventory:

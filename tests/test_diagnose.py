@@ -1,4 +1,4 @@
-"""provision/diagnose.py on real log excerpts (tests/data/logs/, sources in SOURCES.md)."""
+"""provision/job/diagnose.py on real log excerpts (tests/data/logs/, sources in SOURCES.md)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from provision.diagnose import SIGNATURES, diagnose, split_node
+from provision.job.diagnose import SIGNATURES, diagnose, split_node
 
 LOGS = Path(__file__).resolve().parent / "data" / "logs"
 

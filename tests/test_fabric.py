@@ -1,5 +1,5 @@
-"""provision/fabric.py: which network NCCL chose, read from real captured NCCL INFO logs
-(tests/data/logs/SOURCES.md), and the table of what each instance type should deliver."""
+"""provision/job/fabric.py: which network NCCL chose, read from real captured NCCL INFO logs
+(tests/data/logs/SOURCES.md), and the providers' tables of what each type should deliver."""
 
 from __future__ import annotations
 
@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from provision.fabric import (
-    EXPECTED,
+from provision.cluster.providers.aws import catalog as aws_catalog
+from provision.cluster.providers.gcp import catalog as gcp_catalog
+from provision.job.fabric import (
     FIXES,
-    expectation_for,
     fix_for,
     matches,
     transport_name,
@@ -88,11 +88,15 @@ def test_matches_and_fixes() -> None:
     assert set(FIXES) == {"efa", "ib", "tcpx", "tcpxo", "rdma"}
 
 
+EXPECTED = {**aws_catalog.FABRIC, **gcp_catalog.FABRIC}
+
+
 def test_expectations_table() -> None:
-    p4d = expectation_for("p4d.24xlarge")
+    p4d = aws_catalog.fabric_expectation("p4d.24xlarge")
     assert p4d is not None and p4d.transport == "efa" and p4d.busbw_gbps == pytest.approx(77.35)
-    assert expectation_for("a3-highgpu-8g").transport == "tcpx"  # type: ignore[union-attr]
-    assert expectation_for("a2-highgpu-8g") is None
+    a3 = gcp_catalog.fabric_expectation("a3-highgpu-8g")
+    assert a3 is not None and a3.transport == "tcpx"
+    assert gcp_catalog.fabric_expectation("a2-highgpu-8g") is None
     p4d.busbw_gbps = 1.0  # a copy: the table itself is unchanged
     assert EXPECTED["p4d.24xlarge"].busbw_gbps == pytest.approx(77.35)
     for row in EXPECTED.values():

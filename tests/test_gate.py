@@ -1,4 +1,4 @@
-"""provision/gate.py: the judging of the nodes' output, and the gate before a job through a
+"""provision/job/gate.py: the judging of the nodes' output, and the gate before a job through a
 fake transport that streams real captured NCCL logs. (The pairwise schedule itself is tested in
 tests/remote/test_allreduce.py.)
 
@@ -16,8 +16,10 @@ from typing import Any
 import pytest
 from fake_nodes import FakeConnector
 
-from provision.fabric import FIXES, expectation_for
-from provision.gate import (
+from provision.cluster.providers.aws.catalog import fabric_expectation as aws_fabric
+from provision.cluster.providers.gcp.catalog import fabric_expectation as gcp_fabric
+from provision.job.fabric import FIXES
+from provision.job.gate import (
     BUSBW_FAIL_FRACTION,
     SLOW_FABRIC_FIX,
     SLOW_LINK_FIX,
@@ -31,10 +33,10 @@ from provision.gate import (
     run_gate,
     should_run,
 )
-from provision.inventory import FabricExpectation, Inventory, InventoryStore, NodeRecord
-from provision.keys import ensure_cluster_key
+from provision.model.inventory import FabricExpectation, Inventory, InventoryStore, NodeRecord
+from provision.model.keys import ensure_cluster_key
+from provision.model.spec import build_job_spec
 from provision.nodes import NodeGroup
-from provision.spec import build_job_spec
 
 LOGS = Path(__file__).resolve().parent / "data" / "logs"
 EXAMPLE = str(Path(__file__).resolve().parent.parent / "examples" / "train_ddp.py")
@@ -137,7 +139,7 @@ def test_a_run_that_did_not_finish_fails_with_the_diagnosis() -> None:
 
 
 def test_below_the_published_figure_without_a_culprit() -> None:
-    fabric = expectation_for("p4d.24xlarge")
+    fabric = aws_fabric("p4d.24xlarge")
     # SYNTHETIC figures: every pair equally slow (SkyPilot's non-EFA 2 x p4d figure)
     out = (lines("node-0", summary(4.13, 24, "nccl"), pair(0, 1, 4.1, 0), pair(0, 2, 4.2, 1))
            + lines("node-1", pair(1, 2, 4.0, 2)))
@@ -150,7 +152,7 @@ def test_below_the_published_figure_without_a_culprit() -> None:
 
 # ----------------------------------------------------------------------------- deciding
 def test_modes() -> None:
-    p5 = expectation_for("p5.48xlarge")
+    p5 = aws_fabric("p5.48xlarge")
     assert should_run(inventory(2, p5), "auto")[0]
     assert not should_run(inventory(2), "auto")[0]  # docker/ssh: no catalog figure
     assert should_run(inventory(2), "on")[0]
@@ -161,7 +163,7 @@ def test_modes() -> None:
 
 def test_node_program_and_gate_job() -> None:
     assert "--pairwise-below inf" in " ".join(node_program(inventory(3)))
-    p4d = node_program(inventory(3, expectation_for("p4d.24xlarge")))
+    p4d = node_program(inventory(3, aws_fabric("p4d.24xlarge")))
     assert p4d[p4d.index("--pairwise-below") + 1] == "38.675"
     job = build_job_spec({}, {"script": EXAMPLE, "env": {"NCCL_DEBUG_FILE": "/tmp/x",  # noqa: S108
                                                           "FI_PROVIDER": "efa"},
@@ -199,7 +201,7 @@ def saved(inv: Inventory, store: InventoryStore) -> Inventory:
 
 
 def test_efa_type_on_sockets_fails_before_the_job_with_the_fix(store: InventoryStore) -> None:
-    inv = saved(inventory(2, expectation_for("p4d.24xlarge"), slots=8), store)
+    inv = saved(inventory(2, aws_fabric("p4d.24xlarge"), slots=8), store)
     # the real p4d log where aws-ofi-nccl failed and NCCL fell back to sockets, on both nodes
     node0 = raw(*captured("nccl-efa-fallback-socket-p4d.log").splitlines(),
                   summary(4.13, 16, "nccl", pairwise=True), pair(0, 1, 4.13, 0))
@@ -227,7 +229,7 @@ def test_efa_type_on_sockets_fails_before_the_job_with_the_fix(store: InventoryS
 
 
 def test_tcpx_type_on_sockets_fails_with_the_tcpx_fix() -> None:
-    inv = inventory(2, expectation_for("a3-highgpu-8g"), slots=8)
+    inv = inventory(2, gcp_fabric("a3-highgpu-8g"), slots=8)
     socket = captured("nccl-socket-gcp.log").splitlines()
     # SYNTHETIC figure: SkyPilot's a3-highgpu-8g run without TCPX measured 19.39 GB/s at 2 GB
     outputs = {"node-0": raw(*socket, summary(19.39, 16, "nccl")),
@@ -243,7 +245,7 @@ def test_tcpx_type_on_sockets_fails_with_the_tcpx_fix() -> None:
 
 
 def test_efa_in_use_at_the_expected_speed_passes(store: InventoryStore) -> None:
-    inv = saved(inventory(2, expectation_for("p5.48xlarge"), slots=8), store)
+    inv = saved(inventory(2, aws_fabric("p5.48xlarge"), slots=8), store)
     efa = captured("nccl-efa-p5en.log").splitlines()
     outputs = {"node-0": raw(*efa, summary(401.0, 16, "nccl", pairwise=False)),
                "node-1": raw(*efa)}
@@ -257,7 +259,7 @@ def test_efa_in_use_at_the_expected_speed_passes(store: InventoryStore) -> None:
 
 
 def test_allow_slow_network_goes_on_with_a_warning(store: InventoryStore) -> None:
-    inv = saved(inventory(2, expectation_for("p4d.24xlarge"), slots=8), store)
+    inv = saved(inventory(2, aws_fabric("p4d.24xlarge"), slots=8), store)
     socket = captured("nccl-efa-fallback-socket-p4d.log").splitlines()
     outputs = {"node-0": raw(*socket, summary(4.13, 16, "nccl")),
                "node-1": raw(*socket)}

@@ -15,13 +15,14 @@ import pytest
 from fake_nodes import FakeConnector
 from test_gate import EXAMPLE, captured, inventory, pair, raw, saved, summary
 
-from provision.fabric import FIXES, expectation_for
-from provision.gate import FabricGateError
-from provision.gate_injob import InJobGate, entry_words, placement
-from provision.inventory import Inventory, InventoryStore
-from provision.launch import run_job
+from provision.cluster.providers.aws.catalog import fabric_expectation as expectation_for
+from provision.job.fabric import FIXES
+from provision.job.gate import FabricGateError
+from provision.job.gate_injob import InJobGate, entry_words, placement
+from provision.job.launch import run_job
+from provision.model.inventory import Inventory, InventoryStore
+from provision.model.spec import JobSpec, build_job_spec
 from provision.nodes import NodeGroup
-from provision.spec import JobSpec, build_job_spec
 from remote.injob import MARKER
 
 

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from provision.errors import ClusterBusyError, ClusterExistsError, ClusterNotFoundError
-from provision.inventory import Inventory, InventoryStore, NodeRecord, ResourceRecord
+from provision.model.errors import ClusterBusyError, ClusterExistsError, ClusterNotFoundError
+from provision.model.inventory import Inventory, InventoryStore, NodeRecord, ResourceRecord
 
 
 def _inv(name: str = "demo") -> Inventory:
@@ -83,7 +83,7 @@ def test_lock_excludes_another_process(mgpu_home: Path) -> None:
     store = InventoryStore()
     script = textwrap.dedent("""
         import sys, time
-        from provision.inventory import InventoryStore
+        from provision.model.inventory import InventoryStore
         with InventoryStore().lock("demo"):
             print("locked", flush=True)
             sys.stdin.readline()
@@ -113,7 +113,7 @@ def test_delete_is_idempotent() -> None:
 
 
 def test_inventory_never_holds_key_material() -> None:
-    from provision.keys import ensure_cluster_key
+    from provision.model.keys import ensure_cluster_key
 
     store = InventoryStore()
     inv = _inv()

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from provision.errors import ClusterBusyError
-from provision.inventory import Inventory, InventoryStore
+from provision.model.errors import ClusterBusyError
+from provision.model.inventory import Inventory, InventoryStore
 
 
 def _inv(name: str) -> Inventory:

@@ -11,12 +11,12 @@ from pathlib import Path
 import pytest
 from fake_nodes import FakeConnector
 
-from provision import jobs
-from provision.errors import LaunchError
-from provision.inventory import Inventory, NodeRecord
-from provision.launch import node_command, run_job
+from provision.job import jobs
+from provision.job.launch import node_command, run_job
+from provision.model.errors import LaunchError
+from provision.model.inventory import Inventory, NodeRecord
+from provision.model.spec import build_job_spec
 from provision.nodes import NodeGroup
-from provision.spec import build_job_spec
 
 EXAMPLE = str(Path(__file__).resolve().parent.parent / "examples" / "train_ddp.py")
 
@@ -149,7 +149,7 @@ def test_before_teardown_saves_logs_and_marks_running_jobs_removed(
     fake.on(r"job status", stdout=_status(**{"1": {"state": "running"}}))
     for node in ("node-0", "node-1"):
         fake.files[(node, ".mgpu-cloud/jobs/1/node.log")] = b"partial\n"
-    monkeypatch.setattr("provision.nodes.default_connector", lambda inv: fake)
+    monkeypatch.setattr("provision.nodes.group.default_connector", lambda inv: fake)
     jobs.before_teardown(inv, log=lambda m: None)
     rec = jobs.JobStore().load("demo", rec.id)
     assert rec.state == "removed" and rec.logs_saved and rec.final

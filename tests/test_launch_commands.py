@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from provision.inventory import Inventory, NodeRecord
-from provision.launch import launcher_argv, launching_nodes, node_command
-from provision.spec import build_job_spec
+from provision.job.launch import launcher_argv, launching_nodes, node_command
+from provision.model.inventory import Inventory, NodeRecord
+from provision.model.spec import build_job_spec
 
 EXAMPLE = str(Path(__file__).resolve().parent.parent / "examples" / "train_ddp.py")
 

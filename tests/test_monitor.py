@@ -8,9 +8,9 @@ import time
 
 from fake_nodes import FakeConnector
 
-from provision.inventory import Inventory, NodeRecord
-from provision.monitor import LiveMonitor, snapshot, table_rows
+from provision.model.inventory import Inventory, NodeRecord
 from provision.nodes import NodeGroup
+from provision.operations.monitor import LiveMonitor, snapshot, table_rows
 
 SAMPLE = {"host": "node-0", "cpu_pct": 12.5, "cpus": 8, "mem_used_mib": 2048,
           "mem_total_mib": 8192, "load": [0.5, 0.25, 0.0], "gpus": [], "gpu_source": None,

@@ -11,15 +11,15 @@ from pathlib import Path
 import pytest
 from fake_nodes import FakeConnector
 
-from provision.bootstrap import bootstrap_cluster, sync_workdir
-from provision.checkrun import gather_preflights
-from provision.collect import fetch_outputs
-from provision.errors import BootstrapError, LaunchError
-from provision.inventory import Inventory, InventoryStore, NodeRecord
-from provision.keys import ensure_cluster_key
-from provision.launch import run_job
+from provision.job.collect import fetch_outputs
+from provision.job.launch import run_job, workdir_of
+from provision.model.errors import BootstrapError, LaunchError
+from provision.model.inventory import Inventory, InventoryStore, NodeRecord
+from provision.model.keys import ensure_cluster_key
+from provision.model.spec import build_job_spec
 from provision.nodes import NodeGroup
-from provision.spec import build_job_spec
+from provision.nodes.bootstrap import bootstrap_cluster, sync_workdir
+from provision.nodes.preflight import gather_preflights
 
 EXAMPLE = str(Path(__file__).resolve().parent.parent / "examples" / "train_ddp.py")
 
@@ -47,7 +47,7 @@ def test_bootstrap_sends_one_archive_and_one_command_per_node(cluster) -> None: 
     inv, store = cluster
     fake = FakeConnector()
     job = build_job_spec({}, {"script": EXAMPLE, "launcher": "deepspeed"})
-    bootstrap_cluster(inv, store, job=job, log=lambda m: None,
+    bootstrap_cluster(inv, store, workdir=workdir_of(inv, job), log=lambda m: None,
                       group=NodeGroup(inv, connector=fake))
     for node in ("node-0", "node-1"):
         [command] = fake.commands(node)
@@ -94,14 +94,14 @@ def test_a_node_without_egress_is_named_before_the_pull(cluster) -> None:  # typ
     ("123.dkr.ecr.us-east-1.amazonaws.com/t:1", "123.dkr.ecr.us-east-1.amazonaws.com"),
 ])
 def test_registry_of(image: str, registry: str) -> None:
-    from provision.bootstrap import registry_of
+    from provision.nodes.bootstrap import registry_of
 
     assert registry_of(image) == registry
 
 
 def test_unreachable_node_is_named(cluster, monkeypatch) -> None:  # type: ignore[no-untyped-def]
     inv, store = cluster
-    monkeypatch.setattr("provision.bootstrap.SSH_DEADLINE_S", 0.2)
+    monkeypatch.setattr("provision.nodes.bootstrap.SSH_DEADLINE_S", 0.2)
     fake = FakeConnector()
     fake.unreachable("node-0")
     with pytest.raises(BootstrapError, match=r"node-0: OSError: \[Errno 113\] No route"):
@@ -112,11 +112,55 @@ def test_unreachable_node_is_named(cluster, monkeypatch) -> None:  # type: ignor
 def test_sync_replaces_the_workdir_everywhere(cluster) -> None:  # type: ignore[no-untyped-def]
     inv, _ = cluster
     fake = FakeConnector()
-    sync_workdir(inv, build_job_spec({}, {"script": EXAMPLE}), log=lambda m: None,
+    sync_workdir(inv, workdir_of(inv, build_job_spec({}, {"script": EXAMPLE})), log=lambda m: None,
                  group=NodeGroup(inv, connector=fake))
     for node in ("node-0", "node-1"):
-        assert fake.commands(node)[0].startswith("rm -rf .mgpu-cloud/work && mkdir -p")
+        assert fake.commands(node)[0].startswith(
+            "python3 .mgpu-cloud/remote.pyz job idle --pidfile .mgpu-cloud/job.pid && "
+            "rm -rf .mgpu-cloud/work && mkdir -p"), "no job may run where the workdir goes"
         assert ".mgpu-cloud/work/train_ddp.py" in _members(fake.stdin(node)[0])
+
+
+def test_the_state_folder_and_key_files_are_never_synced(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """MGPU_CLOUD_HOME inside the script's folder, and a node key file beside the script:
+    neither goes to the nodes, whatever its name."""
+    project = tmp_path / "project"
+    (project / "data").mkdir(parents=True)
+    (project / "train.py").write_text("print('hi')\n")
+    (project / "data" / "a.txt").write_text("a\n")
+    monkeypatch.setenv("MGPU_CLOUD_HOME", str(project / "data" / "state"))
+    store = InventoryStore()
+    own_key = project / "my_node_key"
+    own_key.write_text("PRIVATE\n")
+    nodes = [NodeRecord(name="node-0", rank=0, address="127.0.0.1", port=4000,
+                        private_address="node-0", host_key="ssh-ed25519 AAAA",
+                        identity_file=str(own_key))]
+    inv = Inventory(name="inside", provider="docker", nodes=nodes, status="ready")
+    key, _ = ensure_cluster_key(store.keys_dir("inside"))
+    inv.key_path = str(key)
+    store.create(inv)
+    (project / "data" / "state" / "history.jsonl").write_text("{}\n")
+    fake = FakeConnector()
+    sync_workdir(inv, workdir_of(inv, build_job_spec({}, {"script": str(project / "train.py")})),
+                 log=lambda m: None, group=NodeGroup(inv, connector=fake))
+    files = set(_members(fake.stdin("node-0")[0]))
+    assert {".mgpu-cloud/work/train.py", ".mgpu-cloud/work/data/a.txt"} <= files
+    leaked = [f for f in files if "/state" in f or "key" in f or "history" in f]
+    assert leaked == [], leaked
+
+
+def test_sync_names_the_nodes_where_a_job_still_runs(cluster) -> None:  # type: ignore[no-untyped-def]
+    from provision.model.errors import LaunchError
+    from provision.nodes.bootstrap import JOB_RUNNING
+
+    inv, _ = cluster
+    fake = FakeConnector()
+    fake.on(r"job idle", node="node-1", exit_code=JOB_RUNNING)
+    with pytest.raises(LaunchError, match=r"a job is still running on node-1: its workdir "
+                                          r"was not replaced"):
+        sync_workdir(inv, workdir_of(inv, build_job_spec({}, {"script": EXAMPLE})), log=lambda m: None,
+                     group=NodeGroup(inv, connector=fake))
 
 
 def test_run_job_streams_prefixed_lines_and_returns_zero(cluster) -> None:  # type: ignore[no-untyped-def]

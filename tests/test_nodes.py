@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 from fake_nodes import FakeConnector
 
-from provision.errors import BootstrapError
-from provision.inventory import Inventory, NodeRecord
+from provision.model.errors import BootstrapError
+from provision.model.inventory import Inventory, NodeRecord
 from provision.nodes import HomePath, NodeGroup, NodeStepError, RemoteLayout, fan_out
 
 
@@ -92,3 +92,28 @@ def test_fan_out_keeps_order_and_raises() -> None:
     assert fan_out([], lambda i: i) == []
     with pytest.raises(ZeroDivisionError):
         fan_out([1, 0], lambda i: 1 // i)
+
+
+def test_streaming_calls_start_on_every_node_at_once_beyond_the_pool_cap() -> None:
+    """A job's launch and its followers last as long as the job: on 40 nodes (more than
+    MAX_WORKERS) every node's call must be running at the same time, or a rendezvous of all
+    ranks would wait forever. A barrier of 40 only opens when all 40 have started."""
+    import threading
+    from concurrent.futures import wait
+
+    from provision.nodes.pool import MAX_WORKERS
+
+    n = MAX_WORKERS + 8
+    barrier = threading.Barrier(n, timeout=20)
+
+    def meet(conn: object, node: NodeRecord) -> int:
+        barrier.wait()  # BrokenBarrierError after 20 s if some node never started
+        return node.rank
+
+    with NodeGroup(_inv(n), connector=FakeConnector()) as group:
+        futures = group.submit(meet)
+        done, _ = wait(futures, timeout=60)
+        assert sorted(f.result() for f in done) == list(range(n))
+        barrier.reset()
+        res = group.each(meet, streaming=True)
+    assert [r.value for r in res.values()] == list(range(n))

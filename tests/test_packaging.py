@@ -20,7 +20,15 @@ def test_wheel_carries_assets_and_works_installed(tmp_path: Path) -> None:
                      "provision/_assets/templates/docker/node-entrypoint.sh",
                      "provision/_assets/templates/nccl/aws-efa.env.j2",
                      "provision/_assets/inventories/onprem.example.yaml",
-                     "remote/cli.py", "remote/supervise.py", "provision/cli/__init__.py"):
+                     "remote/cli.py", "remote/supervise.py", "provision/cli/__init__.py",
+                     "provision/operations/dashboard/templates/base.html",
+                     "provision/operations/dashboard/templates/job.html",
+                     "provision/operations/dashboard/static/dashboard.js",
+                     "provision/operations/dashboard/static/pages.js",
+                     "provision/operations/dashboard/static/dashboard.css",
+                     "provision/operations/dashboard/static/vendor/uPlot.iife.min.js",
+                     "provision/operations/dashboard/static/vendor/uPlot.min.css",
+                     "provision/operations/dashboard/static/vendor/uPlot.LICENSE"):
         assert required in names, required
     assert any(n.endswith("entry_points.txt") for n in names)
 
@@ -28,9 +36,9 @@ def test_wheel_carries_assets_and_works_installed(tmp_path: Path) -> None:
     subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target",
                     str(target), str(wheel)], check=True, capture_output=True)
     probe = (
-        "from provision.assets import assets_root, dockerfile_path, templates_dir\n"
-        "from provision.bootstrap import remote_zipapp\n"
-        "from provision.render import render\n"
+        "from provision.model.assets import assets_root, dockerfile_path, templates_dir\n"
+        "from provision.nodes.bootstrap import remote_zipapp\n"
+        "from provision.model.render import render\n"
         "print(assets_root()); assert dockerfile_path().is_file()\n"
         "assert (templates_dir() / 'hostfile.j2').is_file()\n"
         "assert len(remote_zipapp()) > 1000\n"

@@ -7,9 +7,9 @@ from pathlib import Path
 
 from fake_nodes import FakeConnector
 
-from provision.inventory import Inventory, InventoryStore, NodeRecord, ResourceRecord
-from provision.progress import NodeProgress, ReportingStore, bootstrap_group
-from provision.status import status_rows, status_text
+from provision.cluster.progress import NodeProgress, ReportingStore, bootstrap_group
+from provision.model.inventory import Inventory, InventoryStore, NodeRecord, ResourceRecord
+from provision.operations.status import status_rows, status_text
 
 
 def _inv(name: str = "llama-finetune-prod", n: int = 4) -> Inventory:

@@ -11,15 +11,15 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 DRIVER = r'''
-import provision.providers as registry
+import provision.model.registry as registry
 registry.REGISTRY["example"] = "example"          # the one line a new provider adds
 
 from typer.testing import CliRunner
-from provision import pipeline
+from provision.cluster import pipeline
 from provision.cli import app
-from provision.errors import UserInputError
-from provision.inventory import InventoryStore
-from provision.spec import build_cluster_spec, load_config_file
+from provision.model.errors import UserInputError
+from provision.model.inventory import InventoryStore
+from provision.model.spec import build_cluster_spec, load_config_file
 
 help_text = CliRunner().invoke(app, ["up", "--help"]).output
 assert "--example-hosts" in help_text and "[example]" in help_text, help_text

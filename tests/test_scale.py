@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from provision.errors import UserInputError
-from provision.scale import SizeRun, analyse, parse_sizes, plot, table, throughput_in
+from provision.model.errors import UserInputError
+from provision.operations.scale import SizeRun, analyse, parse_sizes, plot, table, throughput_in
 
 IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")  # as tests/conftest.py
 

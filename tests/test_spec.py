@@ -4,8 +4,8 @@ from pathlib import Path
 
 import pytest
 
-from provision.errors import SpecError
-from provision.spec import (
+from provision.model.errors import SpecError
+from provision.model.spec import (
     ClusterSpec,
     build_cluster_spec,
     build_job_spec,

@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from provision.errors import MgpuError
-from provision.inventory import Inventory, InventoryStore, NodeRecord, ResourceRecord
-from provision.sshconfig import BEGIN, config_text, install, split_ssh_args, ssh_command
+from provision.model.errors import MgpuError
+from provision.model.inventory import Inventory, InventoryStore, NodeRecord, ResourceRecord
+from provision.nodes.sshconfig import BEGIN, config_text, install, split_ssh_args, ssh_command
 
 
 def _inv(store: InventoryStore, name: str = "demo", jump: str | None = None) -> Inventory:

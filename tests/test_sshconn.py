@@ -4,9 +4,9 @@ from pathlib import Path
 
 import pytest
 
-from provision.errors import UserInputError
-from provision.inventory import Inventory, InventoryStore, NodeRecord, ResourceRecord
-from provision.sshconn import ssh_argv, write_cluster_known_hosts
+from provision.model.errors import UserInputError
+from provision.model.inventory import Inventory, InventoryStore, NodeRecord, ResourceRecord
+from provision.nodes.sshconn import ssh_argv, write_cluster_known_hosts
 
 
 def _inv(tmp_path: Path) -> Inventory:

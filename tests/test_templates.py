@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from provision.inventory import NodeRecord
-from provision.render import parse_env_file, render
+from provision.model.inventory import NodeRecord
+from provision.model.render import parse_env_file, render
 
 GOLDEN = Path(__file__).resolve().parent / "golden"
 

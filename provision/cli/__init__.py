@@ -4,6 +4,7 @@
     options.py   option tables (core + every provider's flags from the registry) -> spec models
     commands.py  cluster commands (up, down, launch, run, status, exec, ssh, check, gc)
     day2.py      jobs, logs, cancel, ssh-config, monitor, cost, scale
+    dashboard.py the local web dashboard (provision/operations/dashboard/)
 Providers may add their own sub-commands (ProviderInfo.commands).
 """
 
@@ -13,7 +14,9 @@ import os
 import sys
 
 from provision.cli import commands as _commands  # noqa: F401 - registers the commands
+from provision.cli import dashboard as _dashboard  # noqa: F401 - the web dashboard
 from provision.cli import day2 as _day2  # noqa: F401 - jobs, logs, cancel, ssh-config, monitor, cost, scale
+from provision.cli import managed as _managed  # noqa: F401 - attach (issue 18)
 from provision.cli.app import app, load_provider_commands
 
 load_provider_commands()

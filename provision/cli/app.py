@@ -39,7 +39,7 @@ class Opt:
 
 
 def fail(exc: BaseException) -> None:
-    from provision.errors import MgpuError
+    from provision.model.errors import MgpuError
 
     if isinstance(exc, MgpuError):
         typer.echo(f"error: {exc.message}", err=True)
@@ -54,8 +54,8 @@ def guard(fn: Callable[..., Any]) -> Callable[..., Any]:
 
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
-        from provision.errors import MgpuError
-        from provision.pipeline import Terminated
+        from provision.cluster.pipeline import Terminated
+        from provision.model.errors import MgpuError
 
         try:
             return fn(*args, **kwargs)
@@ -101,12 +101,15 @@ def with_options(options: list[Opt], bucket: str) -> Callable[[Callable[..., Any
 
 
 def load_provider_commands() -> None:
-    """Add each provider's own sub-commands (ProviderInfo.commands: name -> "module:app")."""
-    import importlib
-
-    from provision.providers import all_provider_infos
+    """Add each provider's own sub-commands (ProviderInfo.commands: name -> "module:app"), with
+    the CLI's error handling (`guard`) around each: a provider's commands module is plain typer
+    and imports nothing of this layer."""
+    from provision.model.registry import all_provider_infos, load_ref
 
     for info in all_provider_infos():
         for name, ref in info.commands:
-            module, _, attr = ref.partition(":")
-            app.add_typer(getattr(importlib.import_module(module), attr), name=name)
+            sub: typer.Typer = load_ref(ref)
+            for command in sub.registered_commands:
+                if command.callback is not None:
+                    command.callback = guard(command.callback)
+            app.add_typer(sub, name=name)

@@ -23,7 +23,7 @@ from provision.cli.options import (
 @contextlib.contextmanager
 def _progress() -> Iterator[Any]:
     """An inventory store that shows per-node progress while nodes are created/bootstrapped."""
-    from provision.progress import NodeProgress, ReportingStore
+    from provision.cluster.progress import NodeProgress, ReportingStore
 
     progress = NodeProgress()
     try:
@@ -41,10 +41,14 @@ def up(
     opts: dict[str, Any] = {},  # noqa: B006 - filled by _with_options
 ) -> None:
     """Create a cluster and prepare its nodes (SSH, hostfile, workdir)."""
-    from provision import pipeline
+    from provision.cluster import pipeline
 
     spec, _ = cluster_spec(opts)
     with _progress() as store:
+        if spec.store:  # refused before anything is made (issue 18)
+            from provision.job.managed.checks import check_store
+
+            check_store(spec.provider, spec.store)
         inv = pipeline.up(spec, confirm=confirmer(opts), bootstrap=not no_bootstrap, store=store)
     if inv is not None:
         typer.echo(f"cluster {inv.name!r} is up: {len(inv.nodes)} node(s)", err=True)
@@ -55,14 +59,14 @@ def up(
 @guard
 def down(name: Annotated[str, typer.Argument(help="cluster name")]) -> None:
     """Delete every resource of a cluster (idempotent; works from the inventory alone)."""
-    from provision import pipeline
-    from provision.inventory import InventoryStore
+    from provision.job import lifecycle
+    from provision.model.inventory import InventoryStore
 
     store = InventoryStore()
     if not store.exists(name):
         typer.echo(f"no cluster named {name!r}: nothing to remove", err=True)
         return
-    pipeline.down(name, store=store)
+    lifecycle.down(name, store=store)
 
 
 # launch NAME [options] -- SCRIPT ARGS: options may follow NAME, `--` ends them.
@@ -77,15 +81,22 @@ def launch(
     jopts: dict[str, Any] = {},  # noqa: B006
 ) -> None:
     """Start SCRIPT on every node of a cluster (torchrun by default)."""
-    from provision import pipeline
+    from provision.job import lifecycle
 
     job = job_spec(*script_and_args(script, args), jopts, {})
     if detach:
-        from provision.detached import launch_detached
+        from provision.cli.managed import managed_url
+
+        if managed_url(name, None):  # a cluster with a store: its controller supervises
+            from provision.job.managed.handoff import launch_managed
+
+            typer.echo(launch_managed(name, job, log=lambda m: typer.echo(m, err=True)))
+            return
+        from provision.job.detached import launch_detached
 
         typer.echo(launch_detached(name, job).id)
         return
-    raise typer.Exit(pipeline.launch(name, job))
+    raise typer.Exit(lifecycle.launch(name, job))
 
 
 @app.command(
@@ -102,24 +113,37 @@ def run(
     opts: dict[str, Any] = {},  # noqa: B006
 ) -> None:
     """up + launch + fetch outputs + down, with teardown in every case (unless --keep)."""
-    from provision import pipeline
+    from provision.job import lifecycle
 
     spec, file_values = cluster_spec(opts)
     job = job_spec(*script_and_args(script, args), opts, file_values)
     if detach:
-        from provision.detached import run_detached
-        from provision.errors import UserInputError
+        from provision.job.detached import run_detached
+        from provision.model.errors import UserInputError
 
         if keep:
             raise UserInputError("--keep and --detach contradict each other",
                                  hint="--detach hands teardown to the nodes; leave out --keep")
+        if spec.store:  # managed: the cluster's controller supervises and tears down
+            from provision.job.managed.handoff import run_managed
+
+            job_id = run_managed(spec, job, confirm=confirmer(opts),
+                                 log=lambda m: typer.echo(m, err=True))
+            if job_id is None:
+                raise typer.Exit(1)
+            typer.echo(job_id)
+            return
         rec = run_detached(spec, job, confirm=confirmer(opts), idle_minutes=idle_minutes)
         if rec is None:
             raise typer.Exit(1)
         typer.echo(rec.id)
         return
     with _progress() as store:
-        code = pipeline.run(spec, job, confirm=confirmer(opts), keep=keep, store=store)
+        if spec.store:  # checkpoints go to the store: refused now if it cannot (issue 18)
+            from provision.job.managed.checks import check_store
+
+            check_store(spec.provider, spec.store)
+        code = lifecycle.run(spec, job, confirm=confirmer(opts), keep=keep, store=store)
     raise typer.Exit(code)
 
 
@@ -130,8 +154,8 @@ def status(
     as_json: Annotated[bool, typer.Option("--json", help="machine-readable output")] = False,
 ) -> None:
     """List clusters known on this machine."""
-    from provision.inventory import InventoryStore
-    from provision.status import status_rows, status_text
+    from provision.model.inventory import InventoryStore
+    from provision.operations.status import status_rows, status_text
 
     store = InventoryStore()
     store.clean_stale_locks()
@@ -159,13 +183,13 @@ def exec_(
     command: Annotated[list[str], typer.Argument(help="command to run on every node")],
 ) -> None:
     """Run a command on all nodes in parallel; per-node output and exit codes."""
-    from provision.inventory import InventoryStore
+    from provision.model.inventory import InventoryStore
     from provision.nodes import CommandResult, NodeGroup
 
     inv = InventoryStore().load(name)
     words = command[1:] if command and command[0] == "--" else command
     if not words:
-        from provision.errors import UserInputError
+        from provision.model.errors import UserInputError
 
         raise UserInputError("no command given", hint=f"mgpu-cloud exec {name} -- hostname")
     with NodeGroup(inv) as group:
@@ -191,9 +215,9 @@ def ssh(
     command: Annotated[list[str] | None, typer.Argument(help="ssh options (e.g. -L 6006:localhost:6006), then an optional command")] = None,
 ) -> None:
     """Open an SSH session on one node (host key pinned); extra ssh options pass through."""
-    from provision.inventory import InventoryStore
-    from provision.sshconfig import ssh_command
-    from provision.sshconn import ssh_argv
+    from provision.model.inventory import InventoryStore
+    from provision.nodes.sshconfig import ssh_command
+    from provision.nodes.sshconn import ssh_argv
 
     store = InventoryStore()
     inv = store.load(name)
@@ -215,9 +239,10 @@ def check(
 ) -> None:
     """Compare every node's GPUs, driver, torch/NCCL versions and ports; optionally bandwidth.
     Shows the fabric gate's last result (--fabric: runs it now)."""
-    from provision import check as judge
-    from provision.checkrun import gather_preflights, run_allreduce
-    from provision.inventory import InventoryStore
+    from provision.job.programs import run_allreduce
+    from provision.model.inventory import InventoryStore
+    from provision.nodes import checks as judge
+    from provision.nodes.preflight import gather_preflights
 
     inv = InventoryStore().load(name)
     reports = gather_preflights(inv)
@@ -237,7 +262,7 @@ def check(
     # the fabric gate: its last result, or a new one with --fabric
     gate = inv.fabric_gate
     if fabric:
-        from provision.gate import check_fabric
+        from provision.job.gate import check_fabric
 
         gate = check_fabric(name, log=lambda m: typer.echo(m, err=True))
         if gate.verdict == "fail":
@@ -265,7 +290,7 @@ def check(
         if summary:
             console.print(f"peak busbw {summary.peak_busbw_gbps:.2f} GB/s on {summary.interconnect}: {summary.verdict}")
         if gate is not None:
-            from provision.gate import render_table
+            from provision.job.gate import render_table
 
             when = "now" if fabric else f"last run {gate.checked_at}"
             typer.echo(f"{render_table(gate)}\n  ({when}; `check {name} --fabric` runs it again)")
@@ -281,9 +306,9 @@ def gc(
     scope: dict[str, Any] = {},  # noqa: B006 - filled by with_options
 ) -> None:
     """List (and with --delete remove) tagged resources that no inventory knows."""
-    from provision.inventory import InventoryStore
-    from provision.providers import get_provider
-    from provision.spec import build_cluster_spec
+    from provision.cluster.providers import get_provider
+    from provision.model.inventory import InventoryStore
+    from provision.model.spec import build_cluster_spec
 
     cli = {"provider": provider, "name": "gc-scope",
            **to_nested(scope, GC_OPTIONS, provider)}

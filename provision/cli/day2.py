@@ -18,14 +18,14 @@ def _err(msg: str) -> None:
 
 
 def _inventory_or_none(name: str) -> Any:
-    from provision.inventory import InventoryStore
+    from provision.model.inventory import InventoryStore
 
     store = InventoryStore()
     return store.load(name) if store.exists(name) else None
 
 
 def _record(name: str, job_id: str | None) -> Any:
-    from provision.jobs import JobStore
+    from provision.model.jobstore import JobStore
 
     store = JobStore()
     return store.load(name, job_id) if job_id else store.latest(name)
@@ -51,11 +51,19 @@ def _duration(seconds: float | None) -> str:
 def jobs(
     name: Annotated[str, typer.Argument(help="cluster name (also one that was removed)")],
     as_json: Annotated[bool, typer.Option("--json", help="machine-readable output")] = False,
+    store_url: Annotated[str | None, typer.Option("--store", help="a managed run's store URL (default: the cluster's, or the one `attach` saved)")] = None,
 ) -> None:
     """List a cluster's jobs: id, state, start, duration, exit code per node, command."""
-    from provision.jobs import JobStore, refresh
+    from provision.cli.managed import jobs_from_store, managed_url
+    from provision.job.jobs import refresh
+    from provision.model.jobstore import JobStore
     from provision.nodes import NodeGroup
-    from provision.status import text_table, when
+    from provision.operations.status import text_table, when
+
+    url = managed_url(name, store_url)
+    if url:  # a managed cluster: its store has the records (issue 18)
+        jobs_from_store(url, name, as_json)
+        return
 
     store = JobStore()
     recs = store.all(name)
@@ -85,10 +93,18 @@ def logs(
     job_id: Annotated[str | None, typer.Argument(metavar="[JOB]", help="job id (default: the latest)")] = None,
     follow: Annotated[bool, typer.Option("--follow", "-f", help="keep streaming until the job ends; exit with its code")] = False,
     node: Annotated[int | None, typer.Option("--node", help="only this node rank")] = None,
+    store_url: Annotated[str | None, typer.Option("--store", help="a managed run's store URL (default: the cluster's, or the one `attach` saved)")] = None,
 ) -> None:
     """Print a job's output, `[node-R]`-prefixed, from its start (while it runs, or after)."""
-    from provision.jobs import follow as follow_job
-    from provision.jobs import is_current, print_saved_logs, refresh
+    from provision.cli.managed import logs_from_store, managed_url
+
+    url = managed_url(name, store_url)
+    if url:  # a managed cluster: its store has the output (issue 18)
+        logs_from_store(url, name, job_id, follow, node)
+        return
+    from provision.job.jobs import follow as follow_job
+    from provision.job.jobs import print_saved_logs, refresh
+    from provision.model.jobstore import is_current
     from provision.nodes import NodeGroup
 
     rec = _record(name, job_id)
@@ -96,7 +112,7 @@ def logs(
     if node is not None:
         names = [n for n, nj in rec.nodes.items() if nj.rank == node]
         if not names:
-            from provision.errors import UserInputError
+            from provision.model.errors import UserInputError
 
             raise UserInputError(f"job {rec.id} did not run on node {node}; it ran on "
                                  + ", ".join(rec.nodes))
@@ -105,7 +121,7 @@ def logs(
     if rec.logs_saved or not live:
         missing = print_saved_logs(rec, sys.stdout, names)
         if missing:
-            from provision.errors import MgpuError
+            from provision.model.errors import MgpuError
 
             raise MgpuError(f"the log of job {rec.id} on {', '.join(missing)} was not copied "
                             "before the cluster was removed")
@@ -150,12 +166,20 @@ def cancel(
     name: Annotated[str, typer.Argument(help="cluster name")],
     job_id: Annotated[str | None, typer.Argument(metavar="[JOB]", help="job id (default: the latest)")] = None,
     grace: Annotated[float, typer.Option("--grace", help="seconds between TERM and KILL")] = 10.0,
+    store_url: Annotated[str | None, typer.Option("--store", help="a managed run's store URL (default: the cluster's, or the one `attach` saved)")] = None,
 ) -> None:
     """Stop a job on every node (TERM to every rank's process group, KILL after --grace)."""
-    from provision.errors import MgpuError
-    from provision.inventory import InventoryStore
-    from provision.jobs import cancel as cancel_job
-    from provision.jobs import is_current, refresh
+    from provision.cli.managed import cancel_in_store, managed_url
+
+    url = managed_url(name, store_url)
+    if url:  # a managed cluster: its controller stops the job (issue 18)
+        cancel_in_store(url, name, job_id)
+        return
+    from provision.job.jobs import cancel as cancel_job
+    from provision.job.jobs import refresh
+    from provision.model.errors import MgpuError
+    from provision.model.inventory import InventoryStore
+    from provision.model.jobstore import is_current
     from provision.nodes import NodeGroup
 
     inv = InventoryStore().load(name)
@@ -179,9 +203,9 @@ def ssh_config(
     install: Annotated[bool, typer.Option("--install", help="Include it from ~/.ssh/config (removed by `down`)")] = False,
 ) -> None:
     """Print an OpenSSH config for the cluster: `ssh NAME`, `ssh NAME-node-R`, scp, rsync."""
-    from provision.inventory import InventoryStore
-    from provision.sshconfig import config_text
-    from provision.sshconfig import install as install_config
+    from provision.model.inventory import InventoryStore
+    from provision.nodes.sshconfig import config_text
+    from provision.nodes.sshconfig import install as install_config
 
     store = InventoryStore()
     inv = store.load(name)
@@ -204,10 +228,10 @@ def monitor(
     """Live per-node GPU utilisation, memory, power, temperature (CPU/memory/load without GPUs)."""
     import time
 
-    from provision.inventory import InventoryStore
-    from provision.monitor import HEADER, LiveMonitor, snapshot, table_rows
+    from provision.model.inventory import InventoryStore
     from provision.nodes import NodeGroup
-    from provision.status import text_table
+    from provision.operations.monitor import HEADER, LiveMonitor, snapshot, table_rows
+    from provision.operations.status import text_table
 
     inv = InventoryStore().load(name)
     if once:
@@ -254,8 +278,8 @@ def cost(
     as_json: Annotated[bool, typer.Option("--json", help="machine-readable output")] = False,
 ) -> None:
     """What every cluster made here cost (also removed ones), at the catalog price."""
-    from provision.cost import report
-    from provision.status import text_table, when
+    from provision.cluster.cost import report
+    from provision.operations.status import text_table, when
 
     rep = report(name)
     if as_json:
@@ -294,9 +318,9 @@ def scale(
     opts: dict[str, Any] = {},  # noqa: B006 - filled by with_options
 ) -> None:
     """Run the same job on 1..N nodes: throughput, speedup, efficiency and $ per job."""
-    from provision import scale as scaling
     from provision.cli.options import script_and_args
-    from provision.status import text_table
+    from provision.operations import scale as scaling
+    from provision.operations.status import text_table
 
     counts = scaling.parse_sizes(sizes)
     if plot_path:

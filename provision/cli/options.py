@@ -14,7 +14,7 @@ from typing import Any
 import typer
 
 from provision.cli.app import Opt
-from provision.providers import DEFAULT_PROVIDER, Flag, all_provider_infos, provider_names
+from provision.model.registry import DEFAULT_PROVIDER, Flag, all_provider_infos, provider_names
 
 _CORE_CLUSTER_OPTIONS = [
     Opt("config", str | None, typer.Option(None, "--config", "-c", help="cluster YAML file; flags override it")),
@@ -25,6 +25,7 @@ _CORE_CLUSTER_OPTIONS = [
     Opt("ssh_cidr", str | None, typer.Option(None, "--ssh-cidr", help="who may reach SSH (default: your own address)"), ("ssh_cidr",)),
     Opt("max_hours", float | None, typer.Option(None, "--max-hours", help="nodes shut themselves down after this long"), ("max_hours",)),
     Opt("spot", bool | None, typer.Option(None, "--spot/--on-demand", help="spot/preemptible capacity"), ("spot",)),
+    Opt("store", str | None, typer.Option(None, "--store", help="s3://B/P | gs://B/P | file:///PATH: checkpoints, job records and logs go there; --detach jobs are supervised by the cluster's controller"), ("store",)),
 ]
 _PLAN_OPTIONS = [
     Opt("dry_run", bool, typer.Option(False, "--dry-run", help="print the plan and cost, create nothing")),
@@ -48,6 +49,7 @@ JOB_OPTIONS = [
     Opt("on_node_loss", str | None, typer.Option(None, "--on-node-loss", help="replace (default) | restart | fail"), ("on_node_loss",)),
     Opt("preempt_signal", str | None, typer.Option(None, "--preempt-signal", help="sent to every rank on a preemption notice (SIGUSR1)"), ("preempt_signal",)),
     Opt("fabric_check", str | None, typer.Option(None, "--fabric-check", help="auto (default: on for multi-node clusters whose provider knows the fabric, i.e. aws/gcp) | on | off"), ("fabric_check",)),
+    Opt("notify", str | None, typer.Option(None, "--notify", help="webhook URL: one JSON POST (Slack-compatible) per state change of a managed job"), ("notify",)),
     Opt("allow_slow_network", bool | None, typer.Option(None, "--allow-slow-network", help="run even when the fabric gate fails (with a warning)"), ("allow_slow_network",)),
 ]
 
@@ -76,7 +78,7 @@ GC_OPTIONS = provider_flag_options(lambda f: f.gc)
 def to_nested(values: dict[str, Any], options: list[Opt], provider: str) -> dict[str, Any]:
     """Flag values -> the nested mapping the spec models take. A provider flag given for a
     provider that does not have it is an error that names the right provider."""
-    from provision.errors import UserInputError
+    from provision.model.errors import UserInputError
 
     out: dict[str, Any] = {}
     for opt in options:
@@ -104,7 +106,7 @@ def to_nested(values: dict[str, Any], options: list[Opt], provider: str) -> dict
 
 def cluster_spec(opts: dict[str, Any]) -> tuple[Any, dict[str, Any]]:
     """(ClusterSpec, the YAML file's values) from `up`/`run` options."""
-    from provision.spec import build_cluster_spec, load_config_file
+    from provision.model.spec import build_cluster_spec, load_config_file
 
     file_values = load_config_file(opts["config"]) if opts.get("config") else {}
     provider = opts.get("provider") or file_values.get("provider") or DEFAULT_PROVIDER
@@ -113,7 +115,7 @@ def cluster_spec(opts: dict[str, Any]) -> tuple[Any, dict[str, Any]]:
 
 
 def job_spec(script: str, args: list[str], opts: dict[str, Any], file_values: dict[str, Any]) -> Any:
-    from provision.spec import build_job_spec, parse_env_pairs
+    from provision.model.spec import build_job_spec, parse_env_pairs
 
     values = to_nested(opts, JOB_OPTIONS, "")
     values["script"] = script
@@ -129,7 +131,7 @@ def script_and_args(script: str, args: list[str] | None) -> tuple[str, list[str]
     rest = list(args or [])
     if script == "--":
         if not rest:
-            from provision.errors import UserInputError
+            from provision.model.errors import UserInputError
 
             raise UserInputError("no script given after `--`")
         script, rest = rest[0], rest[1:]
@@ -140,7 +142,7 @@ def confirmer(opts: dict[str, Any]) -> Callable[[Any], bool]:
     """Show the plan; ask before spending money (never for a free provider's free plan)."""
 
     def confirm(plan: Any) -> bool:
-        from provision.providers import provider_info
+        from provision.model.registry import provider_info
 
         if opts.get("dry_run") and opts.get("plan_json"):
             import json
@@ -159,7 +161,7 @@ def confirmer(opts: dict[str, Any]) -> Callable[[Any], bool]:
         if free or opts.get("yes"):
             return True
         if not sys.stdin.isatty():
-            from provision.errors import UserInputError
+            from provision.model.errors import UserInputError
 
             what = "the price of this plan is unknown" if plan.unpriced else "this plan costs money"
             raise UserInputError(

@@ -177,9 +177,9 @@ def test_up_exec_status_ssh_trust_down_twice(tmp_path: Path, cleanup) -> None:  
 def test_changed_host_key_is_refused(tmp_path: Path, cleanup, mgpu_home: Path) -> None:  # type: ignore[no-untyped-def]
     cleanup.append("it-hostkey")
     assert cli("up", "--nodes", "1", "--name", "it-hostkey").returncode == 0
-    from provision.inventory import InventoryStore
-    from provision.keys import generate_ed25519, host_key_only
-    from provision.sshconn import write_cluster_known_hosts
+    from provision.model.inventory import InventoryStore
+    from provision.model.keys import generate_ed25519, host_key_only
+    from provision.nodes.sshconn import write_cluster_known_hosts
 
     store = InventoryStore()
     inv = store.load("it-hostkey")
@@ -254,7 +254,7 @@ def test_malformed_yaml(tmp_path: Path) -> None:
 
 
 def test_name_in_use_is_refused_before_anything_is_made(tmp_path: Path) -> None:
-    from provision.inventory import Inventory, InventoryStore
+    from provision.model.inventory import Inventory, InventoryStore
 
     InventoryStore().create(Inventory(name="taken", provider="docker"))
     res = cli("up", "--name", "taken", "--nodes", "1")

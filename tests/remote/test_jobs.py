@@ -133,3 +133,19 @@ def test_alive_treats_zombies_as_dead(monkeypatch: pytest.MonkeyPatch, state: st
 
     monkeypatch.setattr("builtins.open", fake_open)
     assert remote_jobs.alive(os.getpid()) is (state == "S")
+
+
+def test_idle_says_whether_a_job_runs_on_the_node(tmp_path: Path) -> None:
+    from provision.nodes.bootstrap import JOB_RUNNING
+
+    assert JOB_RUNNING == remote_jobs.BUSY, "the controller reads the same code"
+    pidfile = tmp_path / "job.pid"
+    assert job("idle", "--pidfile", str(pidfile)).returncode == 0, "no pidfile: idle"
+    res = job("start", "--dir", str(tmp_path / "jobs" / "1"), "--pidfile", str(pidfile), "--",
+              "sleep", "30")
+    assert res.returncode == 0, res.stderr
+    busy = job("idle", "--pidfile", str(pidfile))
+    assert busy.returncode == remote_jobs.BUSY
+    assert f"a job is still running on this node (process group {int(res.stdout)})" in busy.stderr
+    assert job("cancel", "--dir", str(tmp_path / "jobs" / "1"), "--grace", "1").returncode == 0
+    wait_for(lambda: job("idle", "--pidfile", str(pidfile)).returncode == 0)

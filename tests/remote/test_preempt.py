@@ -37,7 +37,7 @@ class Metadata:
         if path.startswith("/computeMetadata/v1/instance/"):
             if headers.get("metadata-flavor") != "Google":
                 return 403, ""
-            key = path.rsplit("/", 1)[-1]
+            key = path.rsplit("/", 1)[-1].split("?")[0]
             return (200, self.gcp[key]) if key in self.gcp else (404, "")
         return 404, ""
 
@@ -97,3 +97,38 @@ def test_gcp_preemption_and_only_a_terminating_maintenance_event(
     notice = check("gcp", url)
     assert notice is not None and (notice.action, notice.source) == ("preempt",
                                                                      "instance/preempted")
+
+
+def test_gcp_host_maintenance_on_a_gpu_vm_carries_its_deadline(
+        metadata: tuple[Metadata, str]) -> None:
+    """GPU VMs get a ONE-HOUR stopping notice ("Handle GPU host maintenance events"): the
+    notice carries when the VM stops, so the job is saved close to it, not an hour early."""
+    import time
+
+    from remote.preempt import save_at
+
+    state, url = metadata
+    state.gcp["upcoming-maintenance"] = "{ }"  # nothing scheduled
+    assert check("gcp", url) is None
+    start = time.time() + 3000
+    window = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(start))
+    state.gcp["upcoming-maintenance"] = json.dumps({
+        "can_reschedule": "false", "maintenance_status": "PENDING", "type": "SCHEDULED",
+        "window_start_time": window, "window_end_time": window})
+    notice = check("gcp", url)  # announced before maintenance-event says TERMINATE
+    assert notice is not None and notice.source == "instance/upcoming-maintenance"
+    assert notice.deadline is not None and abs(notice.deadline - int(start)) < 1
+    assert abs(save_at(notice, lead_s=300) - (int(start) - 300)) < 1
+    state.gcp["maintenance-event"] = "TERMINATE_ON_HOST_MAINTENANCE"
+    assert check("gcp", url).deadline == notice.deadline  # type: ignore[union-attr]
+    # the TERMINATE event without a schedule: an hour from when it was first seen
+    state.gcp["upcoming-maintenance"] = "{ }"
+    first = check("gcp", url)
+    assert first is not None and first.deadline is not None
+    assert 3590 < first.deadline - time.time() <= 3600
+    assert check("gcp", url).deadline == first.deadline  # type: ignore[union-attr]
+    # under way: at once
+    state.gcp["upcoming-maintenance"] = json.dumps({"maintenance_status": "ONGOING",
+                                                    "window_start_time": window})
+    assert check("gcp", url).deadline is None  # type: ignore[union-attr]
+    assert "upcoming-maintenance?alt=json" in [p.split("/")[-1] for _, p, _ in state.seen][-1]

@@ -1,7 +1,7 @@
 """`example` provider: the smallest complete provider, as a template for a new one.
 
-Copy this folder to provision/providers/<name>/, rename, and add ONE line to
-provision/providers/__init__.py REGISTRY. Nothing else in the tool needs editing: the spec
+Copy this folder to provision/cluster/providers/<name>/, rename, and add ONE line to
+provision/model/registry.py REGISTRY. Nothing else in the tool needs editing: the spec
 gets an `<name>:` section typed by `options`, `up`/`run` get the `flags`, `gc` gets the flags
 marked gc=True, and the pipeline rolls back through `destroy`.
 
@@ -9,7 +9,7 @@ This one "creates" nothing: its nodes are addresses listed in its options (like 
 provider), which is enough for tests/test_provider_skeleton.py to drive it end to end.
 """
 
-from provision.providers import Flag, ProviderInfo
+from provision.model.registry import Flag, ProviderInfo
 
 INFO = ProviderInfo(
     name="example",

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pydantic import Field
 
-from provision.model import StrictModel
+from provision.model.base import StrictModel
 
 
 class ExampleOptions(StrictModel):

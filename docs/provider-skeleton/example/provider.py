@@ -1,13 +1,16 @@
-"""ExampleProvider: plan (pure, typed), create (records each resource at once, raises on
-failure WITHOUT cleaning up), destroy (idempotent), orphans/delete_orphans (`gc`)."""
+"""ExampleProvider: the hooks of the contract (provision/cluster/providers/contract.py):
+_plan (pure, typed), _create (records each resource at once, raises on failure WITHOUT
+cleaning up), _destroy (idempotent), _orphans/_delete_orphans (`gc`). The base class keeps the
+shared rules (an unresolved plan refused, the plan typed, errors translated in `errors`)."""
 
 from __future__ import annotations
 
-from provision.errors import TeardownError, UserInputError
-from provision.inventory import Inventory, InventoryStore, NodeRecord, ResourceRecord
-from provision.model import StrictModel
-from provision.plan import Plan, PlannedResource
-from provision.spec import ClusterSpec
+from provision.cluster.providers.contract import Provider
+from provision.model.base import StrictModel
+from provision.model.errors import TeardownError, UserInputError
+from provision.model.inventory import Inventory, InventoryStore, NodeRecord, ResourceRecord
+from provision.model.plan import Plan, PlannedResource
+from provision.model.spec import ClusterSpec
 
 from .options import ExampleOptions
 
@@ -23,10 +26,13 @@ class ExamplePlan(Plan):
     reservation: Reservation
 
 
-class ExampleProvider:
+class ExampleProvider(Provider[ExamplePlan]):
     name = "example"
 
-    def plan(self, spec: ClusterSpec) -> Plan:
+    def plan_class(self) -> type[ExamplePlan]:
+        return ExamplePlan
+
+    def _plan(self, spec: ClusterSpec) -> ExamplePlan:
         opts = spec.options_as(ExampleOptions)
         hosts = [h for h in opts.hosts.split(",") if h]
         if len(hosts) < spec.nodes:
@@ -40,8 +46,9 @@ class ExampleProvider:
             reservation=Reservation(hosts=hosts, user=opts.user),
         )
 
-    def create(self, spec: ClusterSpec, plan: Plan, inv: Inventory, store: InventoryStore) -> None:
-        request = plan.expect(ExamplePlan).reservation
+    def _create(self, spec: ClusterSpec, plan: ExamplePlan, inv: Inventory,
+                store: InventoryStore) -> None:
+        request = plan.reservation
         for rank, host in enumerate(request.hosts):
             store.record(inv, ResourceRecord(kind="reservation", id=host))  # before it exists
             if host == "fail":
@@ -51,7 +58,7 @@ class ExampleProvider:
                                         slots=plan.slots_per_node))
         store.save(inv)
 
-    def destroy(self, inv: Inventory, store: InventoryStore) -> None:
+    def _destroy(self, inv: Inventory, store: InventoryStore) -> None:
         left = [r.id for r in inv.resources_of("reservation") if r.id == "stuck"]
         for r in list(inv.resources_of("reservation")):
             if r.id not in left:
@@ -59,8 +66,8 @@ class ExampleProvider:
         if left:
             raise TeardownError(f"could not release {left}")
 
-    def orphans(self, spec: ClusterSpec, known: set[str]) -> list[ResourceRecord]:
+    def _orphans(self, spec: ClusterSpec, known: set[str]) -> list[ResourceRecord]:
         return []
 
-    def delete_orphans(self, spec: ClusterSpec, resources: list[ResourceRecord]) -> None:
+    def _delete_orphans(self, spec: ClusterSpec, resources: list[ResourceRecord]) -> None:
         return None

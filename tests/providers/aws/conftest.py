@@ -55,7 +55,7 @@ def moto_client(region: str = REGION) -> Any:
     region and process: making a botocore client costs ~50 ms, and moto's state lives outside
     it."""
     if region not in _MOTO_CLIENTS:
-        from provision.providers.aws.clients import new_session
+        from provision.cluster.providers.aws.clients import new_session
 
         _MOTO_CLIENTS[region] = new_session().client("ec2", region_name=region)
     return _MOTO_CLIENTS[region]
@@ -286,8 +286,8 @@ class RulesLayer:
 def aws_rules_layer(monkeypatch: pytest.MonkeyPatch) -> Iterator[RulesLayer]:
     """Every AWS test: EC2's rules on each request and on the state `create` (and `replace`)
     leaves."""
-    from provision.providers.aws import clients
-    from provision.providers.aws.provider import AwsProvider
+    from provision.cluster.providers.aws import clients
+    from provision.cluster.providers.aws.provider import AwsProvider
 
     layer = RulesLayer()
     remove = clients.add_client_hook(layer.hook)
@@ -319,7 +319,7 @@ def fakes(aws_env: Path, aws_rules_layer: RulesLayer) -> Iterator[AwsFakes]:
     """moto's mock_aws + the fakes above on every client the provider makes; no retry waits."""
     from moto import mock_aws
 
-    from provision.providers.aws import clients, retry
+    from provision.cluster.providers.aws import clients, retry
 
     with mock_aws(), retry.using(retry.NO_WAIT):
         aws_rules_layer.moto = True
@@ -361,7 +361,7 @@ def tagged_resources(fakes: AwsFakes, cluster: str | None = None) -> dict[str, l
 
 
 def make_spec(name: str = "c1", nodes: int = 2, **aws: Any) -> Any:
-    from provision.spec import build_cluster_spec
+    from provision.model.spec import build_cluster_spec
 
     top = {k: aws.pop(k) for k in ("ssh_cidr", "max_hours", "spot", "image", "gpus_per_node")
            if k in aws}
@@ -370,7 +370,7 @@ def make_spec(name: str = "c1", nodes: int = 2, **aws: Any) -> Any:
 
 
 def up(spec: Any, store: Any) -> Any:
-    from provision import pipeline
+    from provision.cluster import pipeline
 
     return pipeline.up(spec, confirm=lambda plan: True, store=store, bootstrap=False,
                        log=lambda msg: None)
@@ -388,7 +388,7 @@ def spec_for() -> Callable[..., Any]:
 
 @pytest.fixture
 def store(aws_env: Path) -> Any:
-    from provision.inventory import InventoryStore
+    from provision.model.inventory import InventoryStore
 
     return InventoryStore(aws_env)
 

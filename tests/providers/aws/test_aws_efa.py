@@ -1,12 +1,12 @@
 """EFA inside the training container: what the provider puts into Inventory.container_args,
-checked on the `docker run` line provision.container builds from it."""
+checked on the `docker run` line provision.nodes.container builds from it."""
 
 from __future__ import annotations
 
 import pytest
 
-from provision.container import docker_run_argv
-from provision.providers.aws import efa
+from provision.cluster.providers.aws import efa
+from provision.nodes.container import docker_run_argv
 
 
 def _pairs(argv: list[str], flag: str) -> list[str]:

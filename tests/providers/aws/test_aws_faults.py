@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from provision.errors import CapacityError, ProvisionError
+from provision.model.errors import CapacityError, ProvisionError
 
 WRITE_STEPS = [
     ("ImportKeyPair", "importing the key pair"),
@@ -66,7 +66,7 @@ def test_nat_gateway_that_fails_is_named_and_rolled_back(fakes, spec_for, store,
             nat.update(State="failed", FailureCode="InsufficientFreeAddressesInSubnet",
                        FailureMessage="no address")
 
-    from provision.providers.aws import clients
+    from provision.cluster.providers.aws import clients
 
     remove = clients.add_client_hook(lambda c: c.meta.events.register(
         "after-call.ec2.DescribeNatGateways", failed))
@@ -141,7 +141,7 @@ def test_spot_falls_back_to_on_demand_with_the_flag(fakes, spec_for, up_cluster)
 
 
 def test_throttling_on_30_percent_of_calls_still_succeeds(fakes, spec_for, store, up_cluster, tagged):
-    from provision import pipeline
+    from provision.cluster import pipeline
 
     fakes.throttle(0.3, seed=7)
     inv = up_cluster(spec_for(nodes=4))
@@ -153,7 +153,7 @@ def test_throttling_on_30_percent_of_calls_still_succeeds(fakes, spec_for, store
 
 
 def test_transient_errors_are_bounded(fakes, spec_for, up_cluster, tagged):
-    from provision.providers.aws import retry
+    from provision.cluster.providers.aws import retry
 
     fakes.fail("CreateSecurityGroup", "RequestLimitExceeded", status=503)  # forever
     with pytest.raises(ProvisionError, match="RequestLimitExceeded"):
@@ -165,7 +165,7 @@ def test_transient_errors_are_bounded(fakes, spec_for, up_cluster, tagged):
 def test_a_duplicate_answer_adopts_only_our_own_resource(fakes, spec_for, up_cluster, moto_ec2):
     """A retried create whose first try had succeeded answers 'Duplicate': the existing key
     pair is used if it carries this cluster's tag, refused otherwise."""
-    from provision.keys import generate_ed25519
+    from provision.model.keys import generate_ed25519
 
     tag = [{"ResourceType": "key-pair", "Tags": [{"Key": "mgpu-cloud-cluster", "Value": "c1"}]}]
     moto_ec2.import_key_pair(KeyName="mgpu-cloud-c1", TagSpecifications=tag,

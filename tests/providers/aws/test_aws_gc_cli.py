@@ -6,7 +6,7 @@ import pytest
 from typer.testing import CliRunner
 
 from provision.cli import app
-from provision.providers import get_provider
+from provision.cluster.providers import get_provider
 
 
 def test_gc_finds_and_deletes_resources_whose_inventory_was_deleted(fakes, spec_for, store,
@@ -99,7 +99,7 @@ def test_gc_with_an_unparseable_answer_is_an_error_from_the_tree(fakes, monkeypa
     """A proxy's HTML page instead of EC2's XML: `gc` says so (exit 4), no traceback."""
     from botocore.awsrequest import AWSResponse
 
-    from provision.providers.aws import clients
+    from provision.cluster.providers.aws import clients
 
     def html(request, **_):
         return AWSResponse(request.url, status, {"Content-Type": "text/html"}, _Body(body))

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from provision.errors import ProviderUnavailableError, SpecError, UserInputError
-from provision.providers import get_provider
-from provision.providers.aws.catalog import catalog
+from provision.cluster.providers import get_provider
+from provision.cluster.providers.aws.catalog import catalog
+from provision.model.errors import ProviderUnavailableError, SpecError, UserInputError
 
 
 def test_plan_lists_every_resource_and_the_cost(fakes, spec_for):
@@ -156,7 +156,7 @@ def test_without_credentials_the_plan_is_offline_and_says_what_is_unresolved(
     assert inst["ami"] == "(unresolved)" and inst["efa_interfaces"] == "32"
     assert "unresolved: AMI" in plan.render()
     # such a plan is never created
-    from provision import pipeline
+    from provision.cluster import pipeline
 
     with pytest.raises(ProviderUnavailableError, match="this plan cannot be created"):
         pipeline.up(spec_for(nodes=3, instance_type="p5.48xlarge"), confirm=lambda p: True,
@@ -189,6 +189,6 @@ def test_import_is_lazy():
     import subprocess
     import sys
 
-    code = "import sys, provision.providers.aws; print('boto3' in sys.modules or 'botocore' in sys.modules)"
+    code = "import sys, provision.cluster.providers.aws; print('boto3' in sys.modules or 'botocore' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"

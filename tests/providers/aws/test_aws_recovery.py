@@ -9,10 +9,10 @@ import re
 
 import pytest
 
-from provision import pipeline
-from provision.errors import CapacityError, ProvisionError
-from provision.providers import get_provider
-from provision.providers.contract import Recoverable
+from provision.cluster import pipeline
+from provision.cluster.providers import get_provider
+from provision.cluster.providers.contract import Recoverable
+from provision.model.errors import CapacityError, ProvisionError
 
 
 def _on_active_seconds(run: dict) -> int:

@@ -9,8 +9,8 @@ import base64
 import aws_rules as rules
 import pytest
 
-from provision import pipeline
-from provision.providers.aws.catalog import catalog_types
+from provision.cluster import pipeline
+from provision.cluster.providers.aws.catalog import catalog_types
 
 LONGEST_NAME = "a" + "b" * 38 + "9"  # 40 characters, the most a cluster name may have
 REGION_OF = {"p5e.48xlarge": "us-east-2"}  # moto offers p5e in no us-east-1 zone
@@ -153,7 +153,7 @@ def test_efa_security_group_rule_needs_self_rules_both_ways(fakes, moto_ec2):
 
 
 def test_the_layer_sees_requests_of_every_provider_client(fakes, aws_rules_layer):
-    from provision.providers.aws.api import Ec2
+    from provision.cluster.providers.aws.api import Ec2
 
     before = aws_rules_layer.rules.requests
     Ec2("us-east-1").client.create_tags(Resources=["i-0123456789abcdef0"],

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import yaml
 
-from provision.keys import generate_ed25519, host_key_only
-from provision.render import parse_env_file, render
+from provision.model.keys import generate_ed25519, host_key_only
+from provision.model.render import parse_env_file, render
 
 
 def test_efa_preset_p4d_golden():

@@ -10,9 +10,9 @@ import base64
 import pytest
 import yaml
 
-from provision import pipeline
-from provision.errors import TeardownError
-from provision.providers import get_provider
+from provision.cluster import pipeline
+from provision.cluster.providers import get_provider
+from provision.model.errors import TeardownError
 
 TAG = "mgpu-cloud-cluster"
 
@@ -42,7 +42,7 @@ def test_up_then_down(fakes, spec_for, store, up_cluster, tagged, aws_rules_laye
     assert inv.container_image == "nvcr.io/nvidia/pytorch:24.06-py3"
     assert inv.nccl_env["FI_PROVIDER"] == "efa" and inv.nccl_env["FI_EFA_USE_DEVICE_RDMA"] == "1"
     assert inv.container_args.count("--device") == 4  # p4d: uverbs0..3
-    # the fabric gate's expectation (provision/fabric.py's row); on-demand: no notices
+    # the fabric gate's expectation (provision/job/fabric.py's row); on-demand: no notices
     assert inv.fabric is not None and (inv.fabric.transport, inv.fabric.busbw_gbps) == ("efa", 77.35)
     assert inv.preemption is None
     assert inv.key_path and store.load("c1").resources == inv.resources
@@ -245,7 +245,7 @@ def test_placement_group_in_use_while_instances_live(fakes, spec_for, up_cluster
     """The fake models EC2's rule, so teardown order matters: instances must go first."""
     from botocore.exceptions import ClientError
 
-    from provision.providers.aws.api import Ec2
+    from provision.cluster.providers.aws.api import Ec2
 
     up_cluster(spec_for())
     with pytest.raises(ClientError, match="InUse"):

@@ -12,11 +12,11 @@ from typing import Any
 import docker.errors
 import pytest
 
-from provision import pipeline
-from provision.errors import ProviderUnavailableError, ProvisionError, TeardownError
-from provision.inventory import CLUSTER_TAG, Inventory, InventoryStore
-from provision.providers import get_provider
-from provision.spec import build_cluster_spec
+from provision.cluster import pipeline
+from provision.cluster.providers import get_provider
+from provision.model.errors import ProviderUnavailableError, ProvisionError, TeardownError
+from provision.model.inventory import CLUSTER_TAG, Inventory, InventoryStore
+from provision.model.spec import build_cluster_spec
 
 
 class _Response:
@@ -139,8 +139,8 @@ class FakeClient:
 def engine(monkeypatch: pytest.MonkeyPatch) -> FakeEngine:
     eng = FakeEngine()
     client = FakeClient(eng)
-    monkeypatch.setattr("provision.providers.docker.provider.docker_client", lambda: client)
-    monkeypatch.setattr("provision.providers.docker.images.ensure_node_image",
+    monkeypatch.setattr("provision.cluster.providers.docker.provider.docker_client", lambda: client)
+    monkeypatch.setattr("provision.cluster.providers.docker.images.ensure_node_image",
                         lambda opts, log, client=None: "mgpu-cloud/node:test")
     return eng
 
@@ -160,7 +160,7 @@ def test_plan_fails_before_anything_when_the_engine_is_down(monkeypatch: pytest.
     def down() -> Any:
         raise ProviderUnavailableError("the Docker engine is not reachable")
 
-    monkeypatch.setattr("provision.providers.docker.provider.docker_client", down)
+    monkeypatch.setattr("provision.cluster.providers.docker.provider.docker_client", down)
     with pytest.raises(ProviderUnavailableError):
         get_provider("docker").plan(_spec())
 

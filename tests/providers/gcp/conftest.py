@@ -1,7 +1,8 @@
 """Fixtures: a FakeCompute server per test, wired to the provider through its seams.
 
 MGPU_CLOUD_GCP_ENDPOINT points every google-cloud-compute client at the fake (anonymous
-credentials); MGPU_CLOUD_GCP_RETRY_BASE_S / MGPU_CLOUD_GCP_POLL_S = 0 remove retry and poll waits;
+credentials); MGPU_CLOUD_GCP_RETRY_BASE_S / MGPU_CLOUD_GCP_POLL_S / MGPU_CLOUD_GCP_HOSTKEY_POLL_S
+= 0 remove retry and poll waits;
 MGPU_CLOUD_HOME keeps inventories and keys in tmp_path; MGPU_CLOUD_CALLER_IP stands in for the
 caller's public address.
 
@@ -24,8 +25,8 @@ sys.path.insert(0, str(Path(__file__).parent))
 import gcp_rules  # noqa: E402
 from fake_compute import FakeCompute  # noqa: E402
 
-from provision.inventory import Inventory, InventoryStore  # noqa: E402
-from provision.spec import ClusterSpec, build_cluster_spec, deep_merge  # noqa: E402
+from provision.model.inventory import Inventory, InventoryStore  # noqa: E402
+from provision.model.spec import ClusterSpec, build_cluster_spec, deep_merge  # noqa: E402
 
 PROJECT = "test-proj"
 CALLER_IP = "198.51.100.7"
@@ -58,7 +59,7 @@ class RulesLayer:
 def gcp_rules_layer(fake: FakeCompute, monkeypatch: pytest.MonkeyPatch) -> Iterator[RulesLayer]:
     """Every GCP test: Compute's rules on each request and on the state `create` (and
     `replace`) leaves."""
-    from provision.providers.gcp.provider import GcpProvider
+    from provision.cluster.providers.gcp.provider import GcpProvider
 
     layer = RulesLayer(fake)
     create = GcpProvider.create
@@ -87,6 +88,7 @@ def gcp_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, fake: FakeCompute) 
     monkeypatch.setenv("MGPU_CLOUD_GCP_ENDPOINT", fake.url)
     monkeypatch.setenv("MGPU_CLOUD_GCP_RETRY_BASE_S", "0")
     monkeypatch.setenv("MGPU_CLOUD_GCP_POLL_S", "0")
+    monkeypatch.setenv("MGPU_CLOUD_GCP_HOSTKEY_POLL_S", "0")
     monkeypatch.setenv("MGPU_CLOUD_HOME", str(tmp_path / "home"))
     monkeypatch.setenv("MGPU_CLOUD_CALLER_IP", CALLER_IP)
     for var in ("GOOGLE_CLOUD_PROJECT", "CLOUDSDK_CORE_PROJECT", "GOOGLE_APPLICATION_CREDENTIALS"):
@@ -111,7 +113,7 @@ def make_spec() -> Callable[..., ClusterSpec]:
 @pytest.fixture
 def up(store: InventoryStore) -> Callable[[ClusterSpec], Inventory]:
     """pipeline.up without bootstrap, auto-confirmed (rollback on failure included)."""
-    from provision import pipeline
+    from provision.cluster import pipeline
 
     def run(spec: ClusterSpec) -> Inventory:
         inv = pipeline.up(spec, confirm=lambda plan: True, store=store, bootstrap=False,

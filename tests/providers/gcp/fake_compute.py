@@ -30,7 +30,9 @@ from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
 from fake_compute_catalog import BASE, CatalogMixin, HttpError
+from fake_compute_guest import GUEST_ROUTES, GuestMixin
 from fake_compute_network import NetworkMixin
+from fake_compute_project import PROJECT_ROUTES, ProjectMixin
 
 PREFIX = "/compute/v1/"
 
@@ -63,10 +65,13 @@ class OpFault:
     details: list[dict[str, Any]] = field(default_factory=list)
 
 
-class FakeCompute(NetworkMixin, CatalogMixin):
+class FakeCompute(NetworkMixin, CatalogMixin, GuestMixin, ProjectMixin):
     def __init__(self, zones: dict[str, list[str]] | None = None) -> None:
         self._init_catalog(zones)
         self._init_network()
+        self._init_guest()
+        self._init_project()
+        self.instance_reservations: dict[tuple[str, str, str], tuple[str, str, str]] = {}
         self.instances: dict[tuple[str, str, str], dict[str, Any]] = {}
         self.policies: dict[tuple[str, str, str], dict[str, Any]] = {}
         self.firewalls: dict[tuple[str, str], dict[str, Any]] = {}
@@ -154,6 +159,14 @@ class FakeCompute(NetworkMixin, CatalogMixin):
     def stockout(self, *zones: str) -> None:
         self.stockouts.update(zones)
 
+    def network_quota_fault(self, project: str) -> OpFault | None:
+        """A network insert beyond the NETWORKS quota ends in QUOTA_EXCEEDED."""
+        if self.networks_used(project) < self.networks_quota:
+            return None
+        details = [{"quotaInfo": {"metricName": "compute.googleapis.com/networks",
+                                  "limitName": "NETWORKS-per-project", "dimensions": {}}}]
+        return OpFault("POST", re.compile(""), "QUOTA_EXCEEDED", 403, 1, details)
+
     def sent(self, method: str, pattern: str) -> list[Captured]:
         rx = re.compile(pattern)
         return [r for r in self.requests if r.method == method and rx.search(r.path)]
@@ -233,7 +246,8 @@ class FakeCompute(NetworkMixin, CatalogMixin):
     ]
 
     def _route(self, method: str, path: str, query: dict[str, str], body: Any) -> tuple[int, Any]:
-        for verb, pattern, handler in self.ROUTES + self.NETWORK_ROUTES:
+        for verb, pattern, handler in (self.ROUTES + self.NETWORK_ROUTES + GUEST_ROUTES
+                                       + PROJECT_ROUTES + self.CATALOG_ROUTES):
             m = re.match(pattern, path)
             if verb == method and m:
                 result: tuple[int, Any] = getattr(self, handler)(*m.groups(), query=query,
@@ -352,9 +366,10 @@ class FakeCompute(NetworkMixin, CatalogMixin):
             if "/" in policy or (project, region, policy) not in self.policies:
                 raise HttpError(400, "invalid", f"resource policy {policy} not in {region}")
             policies.append(f"{BASE}/projects/{project}/regions/{region}/resourcePolicies/{policy}")
+        reservation = self.take_reservation(project, zone, props, count)
         fault = next((f for f in (self._take_op_fault("POST", f"{path.rsplit('/', 1)[0]}/{n}")
                                   for n in names) if f is not None), None)
-        if fault is None and zone in self.stockouts:
+        if fault is None and zone in self.stockouts and reservation is None:
             fault = OpFault("POST", re.compile(""), "ZONE_RESOURCE_POOL_EXHAUSTED", 503, 1)
         op = self._new_op(project, "bulkInsert", f"projects/{project}/zones/{zone}", ("zone", zone),
                           fault)
@@ -364,6 +379,9 @@ class FakeCompute(NetworkMixin, CatalogMixin):
                 inst = dict(props, name=name, resourcePolicies=policies,
                             machineType=f"{BASE}/projects/{project}/zones/{zone}/machineTypes/{mt}")
                 self._store_instance(project, zone, inst)
+                if reservation is not None:
+                    self.use_reservation(reservation, 1)
+                    self.instance_reservations[(project, zone, name)] = reservation
         return 200, self._public(op)
 
     def _store_instance(self, project: str, zone: str, body: dict[str, Any]) -> None:
@@ -381,6 +399,7 @@ class FakeCompute(NetworkMixin, CatalogMixin):
                                     for a in nic.get("accessConfigs", [])]
         inst["networkInterfaces"] = nics
         self.instances[(project, zone, body["name"])] = inst
+        self.vm_booted((project, zone, body["name"]))
 
     def _get_instance(self, project: str, zone: str, name: str, **_: Any) -> tuple[int, Any]:
         inst = self.instances.get((project, zone, name))
@@ -409,6 +428,8 @@ class FakeCompute(NetworkMixin, CatalogMixin):
             return 200, dup
         if self.instances.pop((project, zone, name), None) is None:
             raise HttpError(404, "notFound", f"instance {name} not found")
+        if (used := self.instance_reservations.pop((project, zone, name), None)) is not None:
+            self.use_reservation(used, -1)
         op = self._new_op(project, "delete", f"projects/{project}/zones/{zone}/instances/{name}",
                           ("zone", zone))
         self._remember(query, op)

@@ -44,6 +44,8 @@ DEFAULT_ACCELERATORS = {z: ["nvidia-tesla-t4"] for z in ("us-central1-a", "us-ce
 # common-cu121-debian-11-py310, the old default, is gone (retired with Debian 11).
 DEFAULT_IMAGES: dict[str, dict[str, str]] = {
     "deeplearning-platform-release": {
+        "common-cu129-ubuntu-2404-nvidia-580": "READY",
+        "pytorch-2-9-cu129-ubuntu-2404-nvidia-580": "READY",
         "common-cu129-ubuntu-2204-nvidia-580": "READY",
         "pytorch-2-9-cu129-ubuntu-2204-nvidia-580": "READY",
         "common-cu128-ubuntu-2204-nvidia-570": "DEPRECATED",
@@ -59,6 +61,10 @@ class HttpError(Exception):
 
 
 class CatalogMixin:
+    CATALOG_ROUTES: list[tuple[str, str, str]] = [
+        ("GET", r"projects/([^/]+)/aggregated/machineTypes$", "_aggregated_machine_types"),
+        ("GET", r"projects/([^/]+)/aggregated/acceleratorTypes$", "_aggregated_accelerators"),
+    ]
     zones: dict[str, list[str]]
     machine_types: dict[str, dict[str, Any]]
     accelerators: dict[str, list[str]]
@@ -108,3 +114,29 @@ class CatalogMixin:
         if state != "READY":
             image["deprecated"] = {"state": state}
         return 200, image
+
+    def _aggregated_machine_types(self, project: str, query: dict[str, str],
+                                  **_: Any) -> tuple[int, Any]:
+        from fake_compute_project import name_filter
+
+        wanted = name_filter(query.get("filter"))
+        items = {}
+        for zone, types in self.zones.items():
+            found = [self._get_machine_type(project, zone, t)[1] for t in types
+                     if t in self.machine_types and wanted in (None, t)]
+            if found:
+                items[f"zones/{zone}"] = {"machineTypes": found}
+        return 200, {"items": items}
+
+    def _aggregated_accelerators(self, project: str, query: dict[str, str],
+                                 **_: Any) -> tuple[int, Any]:
+        from fake_compute_project import name_filter
+
+        wanted = name_filter(query.get("filter"))
+        items = {}
+        for zone, types in self.accelerators.items():
+            found = [self._get_accelerator(project, zone, t)[1] for t in types
+                     if wanted in (None, t)]
+            if found:
+                items[f"zones/{zone}"] = {"acceleratorTypes": found}
+        return 200, {"items": items}

@@ -70,7 +70,7 @@ class NetworkMixin:
         if (project, name) in self.networks or name == DEFAULT_NETWORK:
             raise HttpError(409, "alreadyExists", f"network {name} already exists")
         target = f"projects/{project}/global/networks/{name}"
-        fault = self._take_op_fault("POST", f"{path}/{name}")
+        fault = self._take_op_fault("POST", f"{path}/{name}") or self.network_quota_fault(project)
         op = self._new_op(project, "insert", target, None, fault)
         self._remember(query, op)
         if fault is None:

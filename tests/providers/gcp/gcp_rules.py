@@ -243,8 +243,92 @@ def gpudirect_nics(method: str, path: str, body: Any, seen: list[Request]) -> li
     return out
 
 
+# "About VM metadata" (https://cloud.google.com/compute/docs/metadata/overview): metadata is
+# readable by every process on the VM and by anyone who may read the instance; a private key
+# has no place in it. Host keys are published by the VM instead (guest attributes).
+PRIVATE_KEY_RE = re.compile(r"-----BEGIN [A-Z0-9 ]*PRIVATE KEY-----|\bPuTTY-User-Key-File")
+
+
+def no_private_keys(method: str, path: str, body: Any, seen: list[Request]) -> list[str]:
+    found = _instances(method, path, body)
+    if found is None:
+        return []
+    items = found[2].get("metadata", {}).get("items", [])
+    return [f"{path}: metadata {i.get('key')!r} carries a private key" for i in items
+            if PRIVATE_KEY_RE.search(str(i.get("value", "")))]
+
+
+# How each machine type can be bought ("Consumption options",
+# https://cloud.google.com/ai-hypercomputer/docs/consumption-models; "About Flex-start VMs",
+# https://cloud.google.com/compute/docs/instances/about-flex-start-vms; "Consume reservations:
+# Limitations", https://cloud.google.com/compute/docs/instances/reservations-consume; "About
+# reservation-bound instances"): A3 Ultra / A4 / A4X are not sold on demand; flex-start VMs run
+# at most 7 days, state a termination action, consume no reservation and are
+# accelerator-optimized types (not A4X/G4, not N1 + guest GPUs); Spot VMs consume no
+# reservation; RESERVATION_BOUND VMs name their reservation.
+NO_ON_DEMAND = ("a3-ultragpu-", "a4-highgpu-", "a4x-")
+FLEX_FAMILIES = ("a2-", "a3-", "a4-", "g2-")
+FLEX_MAX_S = 7 * 24 * 3600
+
+
+def purchase(method: str, path: str, body: Any, seen: list[Request]) -> list[str]:
+    found = _instances(method, path, body)
+    if found is None:
+        return []
+    props = found[2]
+    machine = _name_of(props.get("machineType"))
+    sched = props.get("scheduling", {})
+    model = sched.get("provisioningModel", "STANDARD")
+    affinity = props.get("reservationAffinity", {}).get("consumeReservationType",
+                                                        "ANY_RESERVATION")
+    out = []
+    if model == "STANDARD" and machine.startswith(NO_ON_DEMAND) and \
+            affinity != "SPECIFIC_RESERVATION":
+        out.append(f"{path}: {machine} on demand (sold as reservations, flex-start, spot)")
+    if model == "FLEX_START":
+        seconds = int(sched.get("maxRunDuration", {}).get("seconds", 0))
+        if not 0 < seconds <= FLEX_MAX_S:
+            out.append(f"{path}: FLEX_START with maxRunDuration {seconds} s (1 s .. 7 days)")
+        if not sched.get("instanceTerminationAction"):
+            out.append(f"{path}: FLEX_START without an instanceTerminationAction")
+        if affinity != "NO_RESERVATION":
+            out.append(f"{path}: FLEX_START with reservation affinity {affinity}")
+        if not machine.startswith(FLEX_FAMILIES) or props.get("guestAccelerators"):
+            out.append(f"{path}: FLEX_START on {machine}")
+    if model == "SPOT" and affinity == "SPECIFIC_RESERVATION":
+        out.append(f"{path}: a SPOT VM consuming a reservation")
+    if model == "RESERVATION_BOUND" and affinity != "SPECIFIC_RESERVATION":
+        out.append(f"{path}: RESERVATION_BOUND without a specific reservation")
+    if affinity == "SPECIFIC_RESERVATION":
+        aff = props["reservationAffinity"]
+        if aff.get("key") != "compute.googleapis.com/reservation-name" or not aff.get("values"):
+            out.append(f"{path}: SPECIFIC_RESERVATION needs key "
+                       "compute.googleapis.com/reservation-name and the reservation's name")
+    return out
+
+
+# "Accelerator-optimized machine family" (https://cloud.google.com/compute/docs/
+# accelerator-optimized-machines, supported disk types): A3 Ultra, A4 and A4X take Hyperdisk
+# only (no Persistent Disk).
+HYPERDISK_ONLY = ("a3-ultragpu-", "a4-", "a4x-")
+
+
+def disk_types(method: str, path: str, body: Any, seen: list[Request]) -> list[str]:
+    found = _instances(method, path, body)
+    if found is None:
+        return []
+    machine = _name_of(found[2].get("machineType"))
+    if not machine.startswith(HYPERDISK_ONLY):
+        return []
+    kinds = [_name_of(d.get("initializeParams", {}).get("diskType", "pd-standard"))
+             for d in found[2].get("disks", [])]
+    return [f"{path}: {machine} with a {k} disk (Hyperdisk only)" for k in kinds
+            if not k.startswith("hyperdisk-")]
+
+
 REQUEST_RULES: list[Callable[[str, str, Any, list[Request]], list[str]]] = [
     names, labels, scheduling, bulk_properties, collocated, networks, gpudirect_nics,
+    no_private_keys, purchase, disk_types,
 ]
 
 

@@ -11,7 +11,7 @@ from fake_compute import FakeCompute
 from typer.testing import CliRunner
 
 from provision.cli import app
-from provision.inventory import InventoryStore
+from provision.model.inventory import InventoryStore
 
 FLAGS = ["--provider", "gcp", "--nodes", "2", "--project", PROJECT, "--zone", "us-central1-c",
          "--machine-type", "a2-ultragpu-8g", "--spot", "--ssh-cidr", "192.0.2.0/28",
@@ -119,9 +119,12 @@ def test_dry_run_without_credentials_prints_the_plan_and_its_cost(
     monkeypatch.delenv("MGPU_CLOUD_GCP_ENDPOINT")
     monkeypatch.setenv("GOOGLE_APPLICATION_CREDENTIALS", "/nonexistent/adc.json")
     res = CliRunner().invoke(app, ["up", "--provider", "gcp", "--nodes", "2", "--name", "c1",
-                                   "--machine-type", "a3-ultragpu-8g", "--dry-run"])
+                                   "--machine-type", "a3-ultragpu-8g", "--flex-start",
+                                   "--dry-run"])
     assert res.exit_code == 0, res.output
-    assert "cost: $173.5" in res.stderr  # 2 x (86.76 + disk + address)
+    assert "known part: $173.5" in res.stderr  # 2 x (86.76 + address)
+    assert "price unknown (boot disk (hyperdisk-balanced)" in res.stderr
+    assert "FLEX_START" in res.stderr and "hyperdisk-balanced" in res.stderr
     assert "unresolved: project (pass --project)" in res.stderr
     assert "unresolved: boot image" in res.stderr
     assert fake.requests == []
@@ -139,3 +142,17 @@ def test_an_html_answer_is_an_error_from_the_tree(fake: FakeCompute, status: int
     assert res.exception is None or isinstance(res.exception, SystemExit)
     assert "Traceback" not in res.output and "error:" in res.stderr
     assert res.exit_code == code and words in res.stderr, res.output
+
+
+def test_the_capacity_flags_reach_the_plan(fake: FakeCompute) -> None:
+    """--flex-start, --regions and --reservation are CLI flags of the gcp provider."""
+    res = CliRunner().invoke(app, ["up", "--provider", "gcp", "--nodes", "2", "--name", "c1",
+                                   "--project", PROJECT, "--machine-type", "a2-ultragpu-8g",
+                                   "--flex-start", "--regions", "any", "--dry-run"])
+    assert res.exit_code == 0, res.output
+    assert "provisioning=FLEX_START" in res.stderr and "--regions: regions tried" in res.stderr
+    fake.add_reservation(PROJECT, "us-central1-a", "r1", "a2-ultragpu-8g", count=1)
+    res = CliRunner().invoke(app, ["up", "--provider", "gcp", "--nodes", "2", "--name", "c1",
+                                   "--project", PROJECT, "--reservation", "r1", "--dry-run"])
+    assert res.exit_code == 2 and "has 1 of 1 VMs free; 2 needed" in res.stderr, res.output
+    assert writes(fake) == []

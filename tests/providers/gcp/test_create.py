@@ -9,10 +9,10 @@ import pytest
 from conftest import PROJECT
 from fake_compute import FakeCompute
 
-from provision.errors import CapacityError, ProvisionError, TeardownError
-from provision.inventory import CLUSTER_TAG, Inventory, InventoryStore
-from provision.providers.gcp.clients import MAX_ATTEMPTS
-from provision.spec import ClusterSpec
+from provision.cluster.providers.gcp.clients import MAX_ATTEMPTS
+from provision.model.errors import CapacityError, ProvisionError, TeardownError
+from provision.model.inventory import CLUSTER_TAG, Inventory, InventoryStore
+from provision.model.spec import ClusterSpec
 
 MakeSpec = Callable[..., ClusterSpec]
 Up = Callable[[ClusterSpec], Inventory]
@@ -52,7 +52,7 @@ def test_up_sends_compact_policy_terminate_labels_and_firewalls(
     assert disk["boot"] and disk["autoDelete"]
     assert disk["initializeParams"]["labels"] == {CLUSTER_TAG: "c1"}
     assert disk["initializeParams"]["diskType"] == "pd-balanced"
-    assert "deeplearning-platform-release/global/images/common-cu129-ubuntu-2204-nvidia-580" in \
+    assert "deeplearning-platform-release/global/images/common-cu129-ubuntu-2404-nvidia-580" in \
         disk["initializeParams"]["sourceImage"]
     assert body["machineType"] == "a2-ultragpu-8g"
     assert "guestAccelerators" not in body  # a2 carries its GPUs
@@ -61,8 +61,13 @@ def test_up_sends_compact_policy_terminate_labels_and_firewalls(
     assert body["tags"]["items"] == ["mgpu-cloud-c1"]
     meta = metadata(body)
     assert meta["ssh-keys"].startswith("mgpu:ssh-ed25519 ")
-    assert "BEGIN OPENSSH PRIVATE KEY" in meta["startup-script"]
-    assert inv.nodes[0].host_key and inv.nodes[0].host_key in meta["startup-script"]
+    assert meta["enable-guest-attributes"] == "TRUE"  # the VM publishes its own host keys
+    assert "PRIVATE KEY" not in str(body)  # no key material travels (the rules check it too)
+    # each node's pinned key is the one its VM published, read through the API
+    for rank, node in enumerate(inv.nodes):
+        published = fake.host_keys[(PROJECT, "us-central1-a", f"c1-node-{rank}")]
+        assert node.host_key == published["ssh-ed25519"]
+        assert node.host_key not in str(body)
     assert fake.sent("POST", r"/instances$") == []  # no single inserts
 
     ssh_fw, internal_fw = bodies(fake, r"global/firewalls$")
@@ -259,7 +264,7 @@ def test_a_rollback_that_fails_keeps_the_inventory_for_down(
     assert "HTTP 429" in str(info.value)
     assert store.exists("c1")  # what is left stays findable
     fake.faults.clear()
-    from provision import pipeline
+    from provision.cluster import pipeline
 
     pipeline.down("c1", store=store, log=lambda msg: None)
     assert fake.all_resources() == []

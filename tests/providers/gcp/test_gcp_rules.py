@@ -12,10 +12,10 @@ import pytest
 from conftest import RulesLayer
 from fake_compute import FakeCompute
 
-from provision import pipeline
-from provision.inventory import Inventory, InventoryStore
-from provision.providers.gcp.catalog import gpu_machine_types
-from provision.spec import ClusterSpec
+from provision.cluster import pipeline
+from provision.cluster.providers.gcp.catalog import gpu_machine_types
+from provision.model.inventory import Inventory, InventoryStore
+from provision.model.spec import ClusterSpec
 
 LONGEST_NAME = "a" + "b" * 38 + "9"  # 40 characters, the most a cluster name may have
 BULK = "projects/p/zones/us-central1-a/instances/bulkInsert"
@@ -42,6 +42,12 @@ def bulk(count: int = 2, **over: Any) -> dict[str, Any]:
             "instanceProperties": props(**over)}
 
 
+STANDARD = {"onHostMaintenance": "TERMINATE", "provisioningModel": "STANDARD",
+            "instanceTerminationAction": "DELETE", "maxRunDuration": {"seconds": "3600"}}
+FLEX = {**STANDARD, "provisioningModel": "FLEX_START"}
+NO_RES = {"consumeReservationType": "NO_RESERVATION"}
+SPECIFIC = {"consumeReservationType": "SPECIFIC_RESERVATION",
+            "key": "compute.googleapis.com/reservation-name", "values": ["r1"]}
 POLICY_2 = ("POST", POLICY, {"name": "c1-compact",
                              "groupPlacementPolicy": {"collocation": "COLLOCATED",
                                                       "vmCount": 2}})
@@ -88,6 +94,32 @@ def check(*requests: tuple[str, str, Any]) -> list[str]:
     (("POST", INSERT, dict(props(resourcePolicies=[
         "projects/p/regions/europe-west4/resourcePolicies/c1-compact"]), name="c1-node-0")),
      "policy c1-compact of europe-west4 used by VMs in us-central1-a"),
+    # what main sent before issue 19: the host's private key in the startup script
+    (("POST", BULK, bulk(metadata={"items": [{"key": "startup-script", "value": (
+        "cat > /etc/ssh/ssh_host_ed25519_key <<'K'\n-----BEGIN OPENSSH PRIVATE KEY-----\n"
+        "b3BlbnNzaC1rZXktdjEA\n-----END OPENSSH PRIVATE KEY-----\nK\n")}]})),
+     "metadata 'startup-script' carries a private key"),
+    (("POST", BULK, bulk(machineType="a3-ultragpu-8g", scheduling=STANDARD,
+                         disks=[{"initializeParams": {"diskType": "hyperdisk-balanced"}}])),
+     "a3-ultragpu-8g on demand"),
+    (("POST", BULK, bulk(machineType="a3-ultragpu-8g", scheduling=FLEX)),
+     "a3-ultragpu-8g with a pd-balanced disk (Hyperdisk only)"),
+    (("POST", BULK, bulk(scheduling={**FLEX, "maxRunDuration": {"seconds": str(8 * 86400)}},
+                         reservationAffinity=NO_RES)), "FLEX_START with maxRunDuration 691200 s"),
+    (("POST", BULK, bulk(scheduling={**FLEX, "instanceTerminationAction": None},
+                         reservationAffinity=NO_RES)),
+     "FLEX_START without an instanceTerminationAction"),
+    (("POST", BULK, bulk(scheduling=FLEX)), "FLEX_START with reservation affinity ANY"),
+    (("POST", BULK, bulk(scheduling=FLEX, reservationAffinity=NO_RES,
+                         machineType="n1-standard-8",
+                         guestAccelerators=[{"acceleratorCount": 1}])),
+     "FLEX_START on n1-standard-8"),
+    (("POST", BULK, bulk(reservationAffinity=SPECIFIC)), "a SPOT VM consuming a reservation"),
+    (("POST", BULK, bulk(scheduling={**STANDARD, "provisioningModel": "RESERVATION_BOUND"})),
+     "RESERVATION_BOUND without a specific reservation"),
+    (("POST", BULK, bulk(scheduling=STANDARD, reservationAffinity={
+        "consumeReservationType": "SPECIFIC_RESERVATION", "values": ["r1"]})),
+     "SPECIFIC_RESERVATION needs key compute.googleapis.com/reservation-name"),
 ])
 def test_each_request_rule_fails_on_a_violation(request_: tuple[str, str, Any],
                                                 words: str) -> None:
@@ -119,6 +151,14 @@ def test_documented_requests_pass() -> None:
         ("POST", BULK, bulk(labels={"k_" + "x" * 61: "v-" + "y" * 61})),
         ("POST", INSERT, dict(props(machineType="zones/z/machineTypes/n1-standard-8",
                                     scheduling={}, resourcePolicies=[]), name="n" * 63)),
+        ("POST", BULK, bulk(scheduling={**FLEX, "maxRunDuration": {"seconds": "604800"}},
+                            reservationAffinity=NO_RES, resourcePolicies=[])),
+        ("POST", BULK, bulk(scheduling=STANDARD, reservationAffinity=SPECIFIC,
+                            resourcePolicies=[])),
+        ("POST", BULK, bulk(machineType="a3-ultragpu-8g", resourcePolicies=[],
+                            scheduling={**STANDARD, "provisioningModel": "RESERVATION_BOUND"},
+                            reservationAffinity=SPECIFIC,
+                            disks=[{"initializeParams": {"diskType": "hyperdisk-balanced"}}])),
     ) == []
 
 
@@ -158,6 +198,9 @@ def test_longest_name_and_every_catalog_type_pass_all_rules(
     up: Callable[[ClusterSpec], Inventory], store: InventoryStore,
     gcp_rules_layer: RulesLayer, machine_type: str, extra: dict[str, Any], spot: bool,
 ) -> None:
+    fake.networks_quota = 16  # a3-megagpu: 8 data networks
+    if machine_type.startswith("a3-ultragpu") and not spot:
+        extra = {**extra, "flex_start": True}  # not sold on demand
     spec = make_spec(name=LONGEST_NAME, spot=spot,
                      gcp={"machine_type": machine_type, **extra})
     inv = up(spec)

@@ -8,10 +8,10 @@ import pytest
 from conftest import CALLER_IP, PROJECT, writes
 from fake_compute import FakeCompute
 
-from provision.errors import SpecError, UserInputError
-from provision.providers import get_provider
-from provision.providers.gcp.plan import GcpPlan, Layout, layout_to_plan
-from provision.spec import ClusterSpec
+from provision.cluster.providers import get_provider
+from provision.cluster.providers.gcp.plan import GcpPlan, Layout, layout_to_plan
+from provision.model.errors import SpecError, UserInputError
+from provision.model.spec import ClusterSpec
 
 MakeSpec = Callable[..., ClusterSpec]
 
@@ -35,9 +35,9 @@ def test_plan_describes_cluster_and_cost_without_writing(fake: FakeCompute, make
     text = plan.render()
     assert "default; set --max-hours" in text and "$/hour" not in text and "/hour" in text
     node = plan.resources[3].details
-    assert node["image_family"] == "common-cu129-ubuntu-2204-nvidia-580"
-    assert node["image"].endswith("/images/common-cu129-ubuntu-2204-nvidia-580-v20260804")
-    assert "boot image common-cu129-ubuntu-2204-nvidia-580-v20260804 from family" in text
+    assert node["image_family"] == "common-cu129-ubuntu-2404-nvidia-580"
+    assert node["image"].endswith("/images/common-cu129-ubuntu-2404-nvidia-580-v20260804")
+    assert "boot image common-cu129-ubuntu-2404-nvidia-580-v20260804 from family" in text
     assert "internet: every node has an external IPv4 address" in text
     assert "one bulkInsert (minCount 2: all or none)" in text
     assert writes(fake) == []
@@ -107,13 +107,13 @@ def test_without_credentials_the_plan_is_made_offline(
     assert fake.requests == []  # nothing asked of Compute
     assert plan.hourly_cost_usd == pytest.approx(3 * (92.21 + 0.1 * 200 / 730 + 0.005), abs=0.01)
     unresolved = " | ".join(plan.unresolved)
-    assert "boot image (family common-cu129-ubuntu-2204-nvidia-580 or a fallback" in unresolved
+    assert "boot image (family common-cu129-ubuntu-2404-nvidia-580 or a fallback" in unresolved
     assert "failover zones" in unresolved
     assert "gcloud auth application-default login" in unresolved
     assert plan.slots_per_node == 8
     assert "unresolved: boot image" in plan.render()
-    from provision import pipeline
-    from provision.errors import ProviderUnavailableError
+    from provision.cluster import pipeline
+    from provision.model.errors import ProviderUnavailableError
 
     with pytest.raises(ProviderUnavailableError, match="this plan cannot be created"):
         pipeline.up(spec, confirm=lambda p: True, store=store, bootstrap=False,  # type: ignore[arg-type]
@@ -133,22 +133,24 @@ def test_offline_plan_of_an_unknown_machine_type_lists_the_known_ones(
 
 # --- the boot image: a current Deep Learning VM family, with fallbacks ---------------------------
 def test_a_gone_family_falls_back_to_the_next(fake: FakeCompute, make_spec: MakeSpec) -> None:
-    del fake.images["deeplearning-platform-release"]["common-cu129-ubuntu-2204-nvidia-580"]
+    del fake.images["deeplearning-platform-release"]["common-cu129-ubuntu-2404-nvidia-580"]
     plan = get_provider("gcp").plan(make_spec())
     layout = plan.layout
-    assert layout.image_family == "pytorch-2-9-cu129-ubuntu-2204-nvidia-580"
-    assert layout.image_tried == ["common-cu129-ubuntu-2204-nvidia-580: not found"]
-    assert "skipped: common-cu129-ubuntu-2204-nvidia-580: not found" in plan.render()
+    assert layout.image_family == "pytorch-2-9-cu129-ubuntu-2404-nvidia-580"
+    assert layout.image_tried == ["common-cu129-ubuntu-2404-nvidia-580: not found"]
+    assert "skipped: common-cu129-ubuntu-2404-nvidia-580: not found" in plan.render()
     tried = [r.path.rsplit("/", 1)[-1] for r in fake.requests if "images/family" in r.path]
-    assert tried == ["common-cu129-ubuntu-2204-nvidia-580",
-                     "pytorch-2-9-cu129-ubuntu-2204-nvidia-580"]
+    assert tried == ["common-cu129-ubuntu-2404-nvidia-580",
+                     "pytorch-2-9-cu129-ubuntu-2404-nvidia-580"]
 
 
 def test_obsolete_and_deprecated_families_are_skipped(fake: FakeCompute,
                                                       make_spec: MakeSpec) -> None:
     families = fake.images["deeplearning-platform-release"]
-    families["common-cu129-ubuntu-2204-nvidia-580"] = "OBSOLETE"
-    families["pytorch-2-9-cu129-ubuntu-2204-nvidia-580"] = "DEPRECATED"
+    families["common-cu129-ubuntu-2404-nvidia-580"] = "OBSOLETE"
+    families["pytorch-2-9-cu129-ubuntu-2404-nvidia-580"] = "DEPRECATED"
+    del families["common-cu129-ubuntu-2204-nvidia-580"]  # not found
+    del families["pytorch-2-9-cu129-ubuntu-2204-nvidia-580"]
     families["pytorch-2-7-cu128-ubuntu-2204-nvidia-570"] = "READY"
     layout = get_provider("gcp").plan(make_spec()).layout
     assert layout.image_family == "pytorch-2-7-cu128-ubuntu-2204-nvidia-570"
@@ -166,7 +168,7 @@ def test_a_deprecated_image_is_used_when_nothing_newer_works(fake: FakeCompute,
 
 
 def test_no_usable_family_names_everything_tried(fake: FakeCompute, make_spec: MakeSpec) -> None:
-    from provision.providers.gcp.images import DEFAULT_IMAGE_FAMILIES
+    from provision.cluster.providers.gcp.images import DEFAULT_IMAGE_FAMILIES
 
     fake.images["deeplearning-platform-release"] = {"common-cu121-debian-11-py310": "OBSOLETE"}
     with pytest.raises(UserInputError) as info:
@@ -198,12 +200,19 @@ def test_unknown_spot_price_is_planned_as_price_unknown(make_spec: MakeSpec) -> 
     ("a3-megagpu-8g", 92.21, 28.17), ("a3-ultragpu-8g", 86.76, 40.99),
     ("a2-highgpu-8g", 29.387, 14.431),
 ])
-def test_catalog_prices_have_a_source_and_date(make_spec: MakeSpec, machine_type: str,
-                                               on_demand: float, spot: float) -> None:
+def test_catalog_prices_have_a_source_and_date(fake: FakeCompute, make_spec: MakeSpec,
+                                               machine_type: str, on_demand: float,
+                                               spot: float) -> None:
+    fake.networks_quota = 16
+    # a3-ultra: not sold on demand (flex-start shows the on-demand upper bound); its Hyperdisk
+    # boot disk has no price in the catalog
+    flex = {"flex_start": True} if machine_type.startswith("a3-ultragpu") else {}
+    disk = 0.0 if flex else 0.1 * 200 / 730
     for is_spot, price in ((False, on_demand), (True, spot)):
-        plan = get_provider("gcp").plan(make_spec(spot=is_spot, gcp={"machine_type": machine_type}))
+        plan = get_provider("gcp").plan(make_spec(spot=is_spot, gcp={
+            "machine_type": machine_type, **({} if is_spot else flex)}))
         ip = 0.0025 if is_spot else 0.005
-        assert plan.hourly_cost_usd == pytest.approx(2 * (price + 0.1 * 200 / 730 + ip), abs=0.01)
+        assert plan.hourly_cost_usd == pytest.approx(2 * (price + disk + ip), abs=0.01)
         assert "SkyPilot GCP catalog v8" in plan.price_source and "2026-08-21" in plan.price_source
 
 
@@ -223,3 +232,16 @@ def test_guest_accelerators_for_n1(make_spec: MakeSpec) -> None:
     assert plan.hourly_cost_usd == pytest.approx(
         2 * (0.38 + 2 * 0.35 + 0.1 * 200 / 730 + 0.005), abs=0.01)
     assert PROJECT == plan.resources[0].details["project"]
+
+
+def test_ubuntu_2404_dlvm_families_come_first_and_2204_is_their_fallback(
+        fake: FakeCompute, make_spec: MakeSpec) -> None:
+    families = fake.images["deeplearning-platform-release"]
+    assert get_provider("gcp").plan(make_spec()).layout.image_family == \
+        "common-cu129-ubuntu-2404-nvidia-580"
+    del families["common-cu129-ubuntu-2404-nvidia-580"]
+    del families["pytorch-2-9-cu129-ubuntu-2404-nvidia-580"]
+    layout = get_provider("gcp").plan(make_spec()).layout
+    assert layout.image_family == "common-cu129-ubuntu-2204-nvidia-580"
+    assert layout.image_tried == ["common-cu129-ubuntu-2404-nvidia-580: not found",
+                                  "pytorch-2-9-cu129-ubuntu-2404-nvidia-580: not found"]

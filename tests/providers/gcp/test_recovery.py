@@ -12,12 +12,12 @@ import pytest
 from conftest import PROJECT
 from fake_compute import FakeCompute
 
-from provision import pipeline
-from provision.errors import CapacityError
-from provision.inventory import Inventory, InventoryStore
-from provision.providers import get_provider
-from provision.providers.contract import Recoverable
-from provision.spec import ClusterSpec
+from provision.cluster import pipeline
+from provision.cluster.providers import get_provider
+from provision.cluster.providers.contract import Recoverable
+from provision.model.errors import CapacityError
+from provision.model.inventory import Inventory, InventoryStore
+from provision.model.spec import ClusterSpec
 
 MakeSpec = Callable[..., ClusterSpec]
 Up = Callable[[ClusterSpec], Inventory]
@@ -59,8 +59,10 @@ def test_replace_deletes_the_old_vm_first_then_makes_one_like_it(
     assert after == before  # policy, image, machine type, NICs, scheduling, labels, tags
     assert new_meta["ssh-keys"] == old_meta["ssh-keys"]
     assert new.host_key and new.host_key != old.host_key
-    assert new.host_key in new_meta["startup-script"]
-    assert old.host_key not in new_meta["startup-script"]
+    # the new VM made its own keys; the one it published is pinned, none was sent to it
+    assert new.host_key == fake.host_keys[(PROJECT, "us-central1-a", "c1-node-1")]["ssh-ed25519"]
+    new_meta.pop("startup-script"), old_meta.pop("startup-script")  # maxRunDuration differs
+    assert new_meta == old_meta and "PRIVATE KEY" not in str(again)
     assert (new.name, new.rank, new.zone, new.resource_id) == (old.name, 1, old.zone, "c1-node-1")
     assert store.load("c1").nodes[1] == new
     instances = store.load("c1").resources_of("instance")

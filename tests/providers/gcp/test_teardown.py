@@ -9,12 +9,12 @@ from conftest import PROJECT
 from fake_compute import FakeCompute
 from typer.testing import CliRunner
 
-from provision import pipeline
 from provision.cli import app
-from provision.errors import TeardownError
-from provision.inventory import CLUSTER_TAG, Inventory, InventoryStore
-from provision.providers import get_provider
-from provision.spec import ClusterSpec
+from provision.cluster import pipeline
+from provision.cluster.providers import get_provider
+from provision.model.errors import TeardownError
+from provision.model.inventory import CLUSTER_TAG, Inventory, InventoryStore
+from provision.model.spec import ClusterSpec
 
 MakeSpec = Callable[..., ClusterSpec]
 Up = Callable[[ClusterSpec], Inventory]
@@ -99,3 +99,19 @@ def test_gc_lists_and_deletes_resources_no_inventory_knows(
     assert len([r for r in left if "kept" in r]) == 5 and "firewall unrelated" in left
     instances = [v for v in fake.instances.values()]
     assert all(v["labels"][CLUSTER_TAG] == "kept" for v in instances)
+
+
+def test_a_record_of_a_kind_gcp_does_not_make_is_a_teardown_error_not_a_crash(
+    fake: FakeCompute, make_spec: MakeSpec, up: Up, store: InventoryStore
+) -> None:
+    """Before: `ValueError: unknown GCP resource kind` escaped the error tree (a traceback)."""
+    from provision.model.inventory import ResourceRecord
+
+    inv = up(make_spec())
+    store.record(inv, ResourceRecord(kind="bucket", id="global/buckets/b1", name="b1",
+                                     extra={"project": PROJECT}))
+    with pytest.raises(TeardownError, match="records it as a 'bucket'") as info:
+        pipeline.down("c1", store=store, log=lambda m: None)
+    assert "does not make" in str(info.value)
+    assert fake.all_resources() == []  # everything else was deleted
+    assert [r.kind for r in store.load("c1").resources] == ["bucket"]  # kept for `down`

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
-from provision.keys import generate_ed25519, host_key_only
-from provision.providers.gcp.create import nccl_env, startup_script
-from provision.providers.gcp.plan import Layout
+import subprocess
+
+from provision.cluster.providers.gcp.bodies import startup_script
+from provision.cluster.providers.gcp.create import nccl_env
+from provision.cluster.providers.gcp.plan import Layout
 
 LAYOUT = Layout(cluster="c1", project="p", region="us-central1", zones=("us-central1-a",),
                 nodes=2, machine_type="a2-ultragpu-8g", gpus=8, accelerator_type=None, slots=8,
@@ -23,12 +25,11 @@ def test_nccl_preset_for_a2_is_plain_tcp() -> None:
     }
 
 
-def test_startup_script_installs_the_host_key_and_quotes_values() -> None:
-    key = generate_ed25519("c1-host")
-    text = startup_script(LAYOUT, key)
+def test_startup_script_carries_no_key_and_leaves_sshd_alone() -> None:
+    text = startup_script(LAYOUT)
     assert text.startswith("#!/bin/bash\n")
+    subprocess.run(["bash", "-n"], input=text, text=True, check=True)
     assert "GPUDirect" not in text  # a2: nothing to set up
-    assert key.private_openssh.strip() in text
-    assert f"echo '{host_key_only(key.public_openssh)}' > /etc/ssh/ssh_host_ed25519_key.pub" in text
-    assert "chmod 0600 /etc/ssh/ssh_host_ed25519_key" in text
-    assert "systemctl restart ssh" in text
+    assert "PRIVATE KEY" not in text and "ssh-ed25519" not in text
+    assert "/etc/ssh" not in text and "restart ssh" not in text  # the VM keeps its own keys
+    assert "usermod -aG docker mgpu" in text

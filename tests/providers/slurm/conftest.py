@@ -29,7 +29,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 
 from slurm_emulation import Cluster, build_image, down, leftovers, up  # noqa: E402
 
-from provision.keys import generate_ed25519, write_private_key  # noqa: E402
+from provision.model.keys import generate_ed25519, write_private_key  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[3]
 

@@ -14,16 +14,17 @@ from typing import Any
 import pytest
 from typer.testing import CliRunner
 
-from provision.errors import CapacityError, ProvisionError, TeardownError, UserInputError
-from provision.inventory import Inventory, InventoryStore, NodeRecord, ResourceRecord
-from provision.nodes import CommandResult
-from provision.providers.slurm.allocation import wait_running
-from provision.providers.slurm.login import Hop, LoginTarget, split_target
-from provision.providers.slurm.nodeprep import cleanup_script, parse_prepared, prepare_script
-from provision.providers.slurm.options import SlurmOptions
-from provision.providers.slurm.plan import build_plan, probe_script
-from provision.providers.slurm.provider import SlurmProvider
-from provision.providers.slurm.slurmcmd import (
+from provision.cluster.providers.slurm.allocation import wait_running
+from provision.cluster.providers.slurm.login import Hop, LoginTarget, split_target
+from provision.cluster.providers.slurm.nodeprep import (
+    cleanup_script,
+    parse_prepared,
+    prepare_script,
+)
+from provision.cluster.providers.slurm.options import SlurmOptions
+from provision.cluster.providers.slurm.plan import build_plan, probe_script
+from provision.cluster.providers.slurm.provider import SlurmProvider
+from provision.cluster.providers.slurm.slurmcmd import (
     AllocationRequest,
     check_argv,
     format_time,
@@ -35,14 +36,17 @@ from provision.providers.slurm.slurmcmd import (
     shell,
     srun_line,
 )
-from provision.providers.slurm.transport import (
+from provision.cluster.providers.slurm.transport import (
     JOB_KIND,
     LOGIN_KIND,
     Allocation,
     AllocationLostError,
     SrunConnection,
 )
-from provision.spec import build_cluster_spec
+from provision.model.errors import CapacityError, ProvisionError, TeardownError, UserInputError
+from provision.model.inventory import Inventory, InventoryStore, NodeRecord, ResourceRecord
+from provision.model.spec import build_cluster_spec
+from provision.nodes import CommandResult
 
 TARGET = LoginTarget(login=Hop(user="user", address="127.0.0.1", port=2222,
                                host_key="ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIPinned"),
@@ -399,9 +403,9 @@ def test_cli_flags_and_spec() -> None:
 
 def test_images_run_with_the_runtime_the_nodes_have() -> None:
     """--image on Slurm: `apptainer exec` (no Docker there), or a clear refusal."""
-    from provision.errors import LaunchError
-    from provision.launch import node_command
-    from provision.spec import build_job_spec
+    from provision.job.launch import node_command
+    from provision.model.errors import LaunchError
+    from provision.model.spec import build_job_spec
 
     example = str(Path(__file__).resolve().parents[3] / "examples" / "train_ddp.py")
     inv = Inventory(name="c1", provider="slurm", remote_root=".mgpu-cloud/slurm/c1",
@@ -423,7 +427,7 @@ def test_images_run_with_the_runtime_the_nodes_have() -> None:
 
 
 def test_the_example_cluster_yaml_is_valid() -> None:
-    from provision.spec import load_config_file
+    from provision.model.spec import load_config_file
 
     path = Path(__file__).resolve().parents[3] / "inventories" / "slurm.example.yaml"
     spec = build_cluster_spec(load_config_file(path), {})

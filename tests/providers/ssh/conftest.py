@@ -26,7 +26,7 @@ from typing import Any
 
 import pytest
 
-from provision.keys import KeyPair, generate_ed25519, host_key_only, write_private_key
+from provision.model.keys import KeyPair, generate_ed25519, host_key_only, write_private_key
 
 ROOT = Path(__file__).resolve().parents[3]
 LABEL = "mgpu-cloud-test"
@@ -83,7 +83,7 @@ def _files(host: KeyPair, authorized: str, sshd_port: int) -> bytes:
 
 
 def _wait_for_sshd(lab: Lab) -> None:
-    from provision.providers.ssh.hostkeys import Endpoint, Jump, Unreachable, fetch_server_key
+    from provision.nodes.hostkeys import Endpoint, Jump, Unreachable, fetch_server_key
 
     a = lab.hosts["host-a"]
     jump = Jump(Endpoint("127.0.0.1", a.published or 0), "root", str(lab.user_key),

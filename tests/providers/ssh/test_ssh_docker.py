@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from provision.keys import generate_ed25519, host_key_only, write_private_key
+from provision.model.keys import generate_ed25519, host_key_only, write_private_key
 
 ROOT = Path(__file__).resolve().parents[3]
 EXAMPLE = str(ROOT / "examples" / "train_ddp.py")

@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from provision.errors import UserInputError
-from provision.providers.ssh.hosts import load_hosts, read_inventory_file
-from provision.spec import build_cluster_spec
+from provision.cluster.providers.ssh.hosts import load_hosts, read_inventory_file
+from provision.model.errors import UserInputError
+from provision.model.spec import build_cluster_spec
 
 ROOT = Path(__file__).resolve().parents[3]
 

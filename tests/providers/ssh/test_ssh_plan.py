@@ -10,11 +10,13 @@ from typing import Any
 import paramiko
 import pytest
 
-from provision.errors import ProviderUnavailableError, UserInputError
-from provision.inventory import Inventory, ResourceRecord
-from provision.keys import generate_ed25519, host_key_only
-from provision.providers.ssh.checks import remote_root
-from provision.providers.ssh.hostkeys import (
+from provision.cluster.providers.ssh.checks import remote_root
+from provision.cluster.providers.ssh.provider import SshProvider, cleanup_script
+from provision.model.errors import ProviderUnavailableError, UserInputError
+from provision.model.inventory import Inventory, ResourceRecord
+from provision.model.keys import generate_ed25519, host_key_only
+from provision.model.spec import build_cluster_spec
+from provision.nodes.hostkeys import (
     Endpoint,
     HostKeyProblem,
     Jump,
@@ -23,8 +25,6 @@ from provision.providers.ssh.hostkeys import (
     known_keys,
     load_known_hosts,
 )
-from provision.providers.ssh.provider import SshProvider, cleanup_script
-from provision.spec import build_cluster_spec
 
 
 class ScriptedKeys:
@@ -159,7 +159,7 @@ def test_cleanup_script_removes_only_what_was_placed(tmp_path: Path) -> None:
 def test_destroy_contacts_only_hosts_where_something_was_placed(mgpu_home: Path) -> None:
     from fake_nodes import FakeConnector
 
-    from provision.inventory import InventoryStore, NodeRecord
+    from provision.model.inventory import InventoryStore, NodeRecord
 
     store = InventoryStore()
     nodes = [NodeRecord(name=n, rank=r, address=f"203.0.113.{r + 1}",

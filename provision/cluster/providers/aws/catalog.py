@@ -1,0 +1,175 @@
+"""Instance-type facts (describe_instance_types, or the shipped catalog.yaml when planning
+offline) and prices: per type with its source and date, "unknown" instead of a refusal."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+from provision.model.errors import UserInputError
+from provision.model.inventory import FabricExpectation
+
+CATALOG_FILE = Path(__file__).with_name("catalog.yaml")
+
+# Families whose EFA supports RDMA read/write (GPUDirect RDMA): FI_EFA_USE_DEVICE_RDMA=1.
+RDMA_FAMILIES = frozenset({"p4d", "p4de", "p5", "p5e", "p5en", "p6-b200", "p6-b300", "p6e-gb200"})
+
+
+@dataclass(frozen=True)
+class InstanceTypeInfo:
+    name: str
+    gpu_model: str
+    gpu_count: int
+    gpu_memory_mib: int  # per GPU
+    efa_supported: bool
+    max_efa_interfaces: int
+    network_cards: int
+
+    @property
+    def family(self) -> str:
+        return self.name.split(".", 1)[0]
+
+    @property
+    def efa_interfaces(self) -> int:
+        """EFA interfaces to attach: one per network card, up to MaximumEfaInterfaces."""
+        if not self.efa_supported:
+            return 0
+        return max(1, min(self.max_efa_interfaces, self.network_cards))
+
+    @property
+    def interfaces(self) -> int:
+        return max(1, self.efa_interfaces)
+
+    @property
+    def device_rdma(self) -> bool:
+        return self.family in RDMA_FAMILIES
+
+    def gpu_summary(self) -> str:
+        return f"{self.gpu_count} x {self.gpu_model} {self.gpu_memory_mib // 1024} GiB"
+
+
+@dataclass(frozen=True)
+class Price:
+    """USD per node-hour, or None when no price is known; `source` says where the number
+    comes from (and when), or why there is none."""
+
+    usd_per_hour: float | None
+    source: str
+
+
+def parse_instance_type(item: dict[str, Any]) -> InstanceTypeInfo:
+    """One DescribeInstanceTypes entry -> facts. UserInputError for a type without GPUs."""
+    name = str(item["InstanceType"])
+    gpus = (item.get("GpuInfo") or {}).get("Gpus") or []
+    count = sum(int(g.get("Count", 0)) for g in gpus)
+    if count < 1:
+        raise UserInputError(
+            f"instance type {name!r} has no GPUs",
+            hint="use a GPU type, e.g. --instance-type p4d.24xlarge (8x A100) or p5.48xlarge (8x H100)",
+        )
+    net = item.get("NetworkInfo") or {}
+    efa = bool(net.get("EfaSupported"))
+    return InstanceTypeInfo(
+        name=name,
+        gpu_model=" + ".join(sorted({f"{g.get('Manufacturer', '')} {g.get('Name', '')}".strip() for g in gpus})),
+        gpu_count=count,
+        gpu_memory_mib=int((gpus[0].get("MemoryInfo") or {}).get("SizeInMiB", 0)),
+        efa_supported=efa,
+        max_efa_interfaces=int((net.get("EfaInfo") or {}).get("MaximumEfaInterfaces", 0)) if efa else 0,
+        network_cards=int(net.get("MaximumNetworkCards", 1) or 1),
+    )
+
+
+@cache
+def catalog() -> dict[str, Any]:
+    import yaml
+
+    data: dict[str, Any] = yaml.safe_load(CATALOG_FILE.read_text())
+    return data
+
+
+def catalog_types() -> list[str]:
+    return sorted(catalog()["types"])
+
+
+def known_type(name: str) -> InstanceTypeInfo | None:
+    """The shipped facts of `name` (for plans made without AWS), or None."""
+    row = catalog()["types"].get(name)
+    if row is None:
+        return None
+    efa = int(row["efa_interfaces"])
+    return InstanceTypeInfo(
+        name=name, gpu_model=str(row["gpu"]["model"]), gpu_count=int(row["gpu"]["count"]),
+        gpu_memory_mib=int(row["gpu"]["memory_mib"]), efa_supported=efa > 0,
+        max_efa_interfaces=efa, network_cards=int(row["network_cards"]),
+    )
+
+
+def _source(key: str, date: str) -> str:
+    return f"{catalog()['sources'][key]}, as of {date}"
+
+
+def hourly_price(instance_type: str, region: str) -> Price:
+    """On-demand USD per node-hour of `instance_type` in `region` (the reference region's price,
+    said so, when the region has none). Unknown is a Price of None, never an error: a plan
+    then says "price unknown" and asks for confirmation."""
+    row = catalog()["types"].get(instance_type)
+    if row is None:
+        return Price(None, f"{instance_type} is not in mgpu-cloud's price table ({CATALOG_FILE.name})")
+    price = row["price"]
+    prices: dict[str, float] = row.get("on_demand") or {}
+    reference = catalog()["reference_region"]
+    if region in prices:
+        return Price(float(prices[region]), _source(price["source"], price["date"]))
+    if reference in prices:
+        return Price(float(prices[reference]),
+                     f"{_source(price['source'], price['date'])} ({reference} price; "
+                     f"{region} may differ)")
+    why = price.get("unknown_because") or f"no on-demand price recorded for {instance_type}"
+    return Price(None, f"{why} ({_source(price['source'], price['date'])})")
+
+
+def network_prices() -> dict[str, Any]:
+    """Public IPv4 / NAT gateway prices and their source line."""
+    net = dict(catalog()["network"])
+    net["source"] = _source(net["source"], net["date"])
+    return net
+
+
+# ---------------------------------------------------------------------------------------------
+# What each instance type's network should deliver between nodes (the fabric gate's
+# expectation, Inventory.fabric). busbw_gbps: a published nccl-tests all_reduce_perf figure
+# (2 nodes x 8 GPUs, 1-2 GB messages); None where no such figure was found (the gate then
+# judges the transport and the pairs only). The same table, with links, is in
+# docs/fabric-gate.md (tests/test_fabric.py keeps the two equal).
+_AWESOME = ("aws-samples/awsome-distributed-training micro-benchmarks/nccl-tests/README.md "
+            "(commit 7217859f, 2026-02-21)")
+FABRIC: dict[str, FabricExpectation] = {
+    "p4d.24xlarge": FabricExpectation(
+        transport="efa", busbw_gbps=77.35, nominal="4 x 100 Gb/s EFA",
+        source="SkyPilot EFA example, 2 x p4d: 77.35 GB/s at 2 GB (non-EFA: 4.13)"),
+    "p4de.24xlarge": FabricExpectation(
+        transport="efa", busbw_gbps=78.33, nominal="4 x 100 Gb/s EFA",
+        source=f"{_AWESOME}: 78.33 GB/s at 2 GB"),
+    "p5.48xlarge": FabricExpectation(
+        transport="efa", busbw_gbps=443.7, nominal="32 x 100 Gb/s EFA",
+        source=f"{_AWESOME}: 443.7 GB/s at 2 GB (487.1 at 16 GB)"),
+    "p5e.48xlarge": FabricExpectation(
+        transport="efa", busbw_gbps=None, nominal="32 x 100 Gb/s EFA",
+        source="no published 2-node figure found; same EFA as p5"),
+    "p5en.48xlarge": FabricExpectation(
+        transport="efa", busbw_gbps=None, nominal="16 x 200 Gb/s EFA (v3, unconfirmed)",
+        source="no published 2-node figure found"),
+    "p6-b200.48xlarge": FabricExpectation(
+        transport="efa", busbw_gbps=None, nominal="8 x 400 Gb/s EFA (v4, unconfirmed)",
+        source="no published 2-node figure found"),
+}
+
+
+def fabric_expectation(machine_type: str) -> FabricExpectation | None:
+    """The table's row for a type (a copy), or None for a type without a fabric worth gating
+    (single-GPU shapes, unknown types)."""
+    row = FABRIC.get(machine_type)
+    return row.model_copy() if row is not None else None

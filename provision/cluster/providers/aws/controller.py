@@ -1,0 +1,155 @@
+"""The AWS controller's identity (issue 18; docs/ARCHITECTURE.md, managed runs): an IAM role
+and instance profile whose one inline policy reaches only this cluster's resources.
+
+    role              /mgpu-cloud/mgpu-ctl-NAME, trusted by ec2.amazonaws.com only, tagged
+    policy            inline, `controller_policy`: EC2 writes only on resources tagged with
+                      the cluster (aws:ResourceTag) or created with its tag (aws:RequestTag,
+                      and no other tag key); Describe* on "*" (EC2's Describe actions support
+                      no resource-level permissions); S3 only under the store's PREFIX/NAME/
+    instance profile  /mgpu-cloud/mgpu-ctl-NAME, holding the role
+
+Every piece is recorded in the inventory the moment it exists (kinds `iam-role`,
+`iam-instance-profile`), so rollback and `down` delete it (`delete_identity`, idempotent:
+NoSuchEntity is done) and `gc` finds it by its path and tag (`identity_orphans`).
+Not built yet: the controller instance that uses this profile (the docker provider's
+controller is the working one).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from typing import Any
+
+from provision.model.inventory import CLUSTER_TAG, ResourceRecord
+from remote.store import StoreURL
+
+PATH = "/mgpu-cloud/"
+Record = Callable[[ResourceRecord], None]
+TRUST = {"Version": "2012-10-17", "Statement": [{
+    "Effect": "Allow", "Principal": {"Service": "ec2.amazonaws.com"},
+    "Action": "sts:AssumeRole"}]}
+# What replacing a node takes (provision/providers/aws/replace.py): terminate the lost
+# instance, run one like it (into the cluster's subnet, security group, placement group, with
+# its key pair), give it an Elastic IP.
+EC2_ON_CLUSTER = ["ec2:TerminateInstances", "ec2:StopInstances", "ec2:RebootInstances",
+                  "ec2:AssociateAddress", "ec2:DisassociateAddress", "ec2:ReleaseAddress"]
+RUN_INTO = ["subnet", "security-group", "placement-group", "key-pair"]
+RUN_CREATES = ["instance", "volume", "network-interface"]
+
+
+def role_name(cluster: str) -> str:
+    """At most 64 characters ("IAM and AWS STS quotas": role and instance profile names):
+    9 + a cluster name of at most 40."""
+    return f"mgpu-ctl-{cluster}"
+
+
+def controller_policy(cluster: str, region: str, account: str,
+                      store: StoreURL | None) -> dict[str, Any]:
+    """The controller's inline policy: nothing outside cluster `cluster`."""
+    arn = f"arn:aws:ec2:{region}:{account}"
+    tagged = {"StringEquals": {f"aws:ResourceTag/{CLUSTER_TAG}": cluster}}
+    statements: list[dict[str, Any]] = [
+        {"Sid": "Describe", "Effect": "Allow", "Action": ["ec2:Describe*"], "Resource": "*"},
+        {"Sid": "ClusterResources", "Effect": "Allow", "Action": EC2_ON_CLUSTER,
+         "Resource": [f"{arn}:instance/*", f"{arn}:elastic-ip/*"], "Condition": tagged},
+        {"Sid": "RunIntoTheCluster", "Effect": "Allow", "Action": ["ec2:RunInstances"],
+         "Resource": [f"{arn}:{kind}/*" for kind in RUN_INTO], "Condition": tagged},
+        {"Sid": "RunPublicImages", "Effect": "Allow", "Action": ["ec2:RunInstances"],
+         "Resource": [f"arn:aws:ec2:{region}::image/*"]},
+        {"Sid": "CreateTagged", "Effect": "Allow",
+         "Action": ["ec2:RunInstances", "ec2:AllocateAddress"],
+         "Resource": [f"{arn}:{kind}/*" for kind in RUN_CREATES] + [f"{arn}:elastic-ip/*"],
+         "Condition": {"StringEquals": {f"aws:RequestTag/{CLUSTER_TAG}": cluster},
+                       "ForAllValues:StringEquals": {"aws:TagKeys": [CLUSTER_TAG]}}},
+        {"Sid": "TagOnCreate", "Effect": "Allow", "Action": ["ec2:CreateTags"],
+         "Resource": [f"{arn}:{kind}/*" for kind in RUN_CREATES] + [f"{arn}:elastic-ip/*"],
+         "Condition": {"StringEquals": {"ec2:CreateAction": ["RunInstances",
+                                                             "AllocateAddress"]}}},
+    ]
+    if store is not None and store.scheme == "s3":
+        folder = "/".join(p for p in (store.prefix, cluster) if p)
+        statements += [
+            {"Sid": "StoreObjects", "Effect": "Allow",
+             "Action": ["s3:PutObject", "s3:GetObject", "s3:DeleteObject",
+                        "s3:AbortMultipartUpload"],
+             "Resource": [f"arn:aws:s3:::{store.bucket}/{folder}/*"]},
+            {"Sid": "StoreList", "Effect": "Allow", "Action": ["s3:ListBucket"],
+             "Resource": [f"arn:aws:s3:::{store.bucket}"],
+             "Condition": {"StringLike": {"s3:prefix": [f"{folder}/*"]}}},
+        ]
+    return {"Version": "2012-10-17", "Statement": statements}
+
+
+def create_identity(iam: Any, cluster: str, policy: dict[str, Any], record: Record) -> str:
+    """Role + inline policy + instance profile; each recorded as soon as it exists. Raises
+    botocore errors (the caller maps them; rollback is `delete_identity`). Returns the
+    instance profile's name."""
+    name = role_name(cluster)
+    tags = [{"Key": CLUSTER_TAG, "Value": cluster}]
+    iam.create_role(RoleName=name, Path=PATH, AssumeRolePolicyDocument=json.dumps(TRUST),
+                    Description=f"mgpu-cloud controller of cluster {cluster}", Tags=tags)
+    record(ResourceRecord(kind="iam-role", id=name, name=cluster))
+    iam.put_role_policy(RoleName=name, PolicyName="cluster-only",
+                        PolicyDocument=json.dumps(policy))
+    iam.create_instance_profile(InstanceProfileName=name, Path=PATH, Tags=tags)
+    record(ResourceRecord(kind="iam-instance-profile", id=name, name=cluster))
+    iam.add_role_to_instance_profile(InstanceProfileName=name, RoleName=name)
+    return name
+
+
+def _gone(exc: Exception) -> bool:
+    response = getattr(exc, "response", None)
+    return isinstance(response, dict) and response.get("Error", {}).get("Code") == "NoSuchEntity"
+
+
+def delete_identity(iam: Any, records: list[ResourceRecord],
+                    forget: Callable[[str, str], None]) -> list[str]:
+    """Delete the recorded profiles, then roles (inline policies first). Idempotent; returns
+    what could not be deleted (each problem one line)."""
+    problems = []
+    for r in (r for r in records if r.kind == "iam-instance-profile"):
+        try:
+            for role in iam.get_instance_profile(InstanceProfileName=r.id)[
+                    "InstanceProfile"]["Roles"]:
+                iam.remove_role_from_instance_profile(InstanceProfileName=r.id,
+                                                      RoleName=role["RoleName"])
+            iam.delete_instance_profile(InstanceProfileName=r.id)
+        except Exception as exc:  # noqa: BLE001 - classified: NoSuchEntity is done
+            if not _gone(exc):
+                problems.append(f"instance profile {r.id}: {exc}")
+                continue
+        forget("iam-instance-profile", r.id)
+    for r in (r for r in records if r.kind == "iam-role"):
+        try:
+            for policy in iam.list_role_policies(RoleName=r.id)["PolicyNames"]:
+                iam.delete_role_policy(RoleName=r.id, PolicyName=policy)
+            iam.delete_role(RoleName=r.id)
+        except Exception as exc:  # noqa: BLE001 - classified: NoSuchEntity is done
+            if not _gone(exc):
+                problems.append(f"role {r.id}: {exc}")
+                continue
+        forget("iam-role", r.id)
+    return problems
+
+
+def identity_orphans(iam: Any, known: set[str]) -> list[ResourceRecord]:
+    """Controller roles and instance profiles (our path, our tag) of clusters not in `known`."""
+    found = []
+    for page in iam.get_paginator("list_roles").paginate(PathPrefix=PATH):
+        for role in page["Roles"]:
+            tags = iam.list_role_tags(RoleName=role["RoleName"])["Tags"]
+            owner = next((t["Value"] for t in tags if t["Key"] == CLUSTER_TAG), None)
+            if owner is not None and owner not in known:
+                found.append(ResourceRecord(kind="iam-role", id=role["RoleName"], name=owner))
+    for page in iam.get_paginator("list_instance_profiles").paginate(PathPrefix=PATH):
+        for prof in page["InstanceProfiles"]:
+            # GetInstanceProfile returns the profile's Tags ("IAM API Reference",
+            # InstanceProfile data type): one call that moto also answers
+            tags = iam.get_instance_profile(InstanceProfileName=prof["InstanceProfileName"])[
+                "InstanceProfile"].get("Tags", [])
+            owner = next((t["Value"] for t in tags if t["Key"] == CLUSTER_TAG), None)
+            if owner is not None and owner not in known:
+                found.append(ResourceRecord(kind="iam-instance-profile",
+                                            id=prof["InstanceProfileName"], name=owner))
+    return found

@@ -1,0 +1,145 @@
+"""AwsProvider: the Provider contract for AWS. Its `errors` hook (errors.map_errors) is the only
+boundary where botocore errors become MgpuErrors; the modules it calls raise botocore errors or
+MgpuErrors."""
+
+from __future__ import annotations
+
+from contextlib import AbstractContextManager
+from typing import Any
+
+from provision.cluster.providers.aws.errors import map_errors
+from provision.cluster.providers.aws.options import AwsOptions
+from provision.cluster.providers.aws.request import AwsPlan
+from provision.cluster.providers.contract import Recoverable
+from provision.model.errors import ProvisionError, TeardownError
+from provision.model.inventory import Inventory, InventoryStore, NodeRecord, ResourceRecord
+from provision.model.spec import ClusterSpec
+
+
+def _region_of(inv: Inventory) -> str | None:
+    for r in inv.resources:
+        if r.region:
+            return r.region
+    if inv.spec is not None and inv.spec.provider == "aws":
+        return inv.spec.options_as(AwsOptions).region
+    return None
+
+
+def _scope_region(spec: ClusterSpec) -> str:
+    from provision.cluster.providers.aws.clients import (
+        new_session,
+        require_credentials,
+        resolve_region,
+    )
+
+    session = new_session()
+    region = resolve_region(session, spec.options_as(AwsOptions).region)
+    require_credentials(session)
+    return region
+
+
+def _iam(region: str) -> Any:
+    from provision.cluster.providers.aws.clients import make_client, new_session
+
+    return make_client(new_session(), "iam", region)
+
+
+def _delete_identity(inv: Inventory, store: InventoryStore) -> None:
+    """The controller's role and instance profile, if recorded (issue 18). TeardownError
+    naming what is left."""
+    from provision.cluster.providers.aws.controller import delete_identity
+
+    records = [r for r in inv.resources if r.kind in ("iam-role", "iam-instance-profile")]
+    if not records:
+        return
+    region = _region_of(inv) or "us-east-1"  # IAM is global; the client needs a region
+    problems = delete_identity(_iam(region), records,
+                               lambda kind, rid: store.forget(inv, kind, rid))
+    if problems:
+        raise TeardownError(f"cluster {inv.name!r}: " + "; ".join(problems),
+                            hint=f"run `mgpu-cloud down {inv.name}` again")
+
+
+class AwsProvider(Recoverable[AwsPlan]):
+    name = "aws"
+
+    def plan_class(self) -> type[AwsPlan]:
+        return AwsPlan
+
+    def errors(self, action: str, *, planning: bool = False) -> AbstractContextManager[Any]:
+        return map_errors(action, planning=planning)
+
+    def _plan(self, spec: ClusterSpec) -> AwsPlan:
+        """Read-only: describe calls and an SSM lookup, never a write."""
+        from provision.cluster.providers.aws.plan import build_plan
+
+        return build_plan(spec)
+
+    def _create(self, spec: ClusterSpec, plan: AwsPlan, inv: Inventory,
+                store: InventoryStore) -> None:
+        """Raises a ProvisionError naming the step and the AWS error code; the pipeline then
+        destroys what the inventory holds."""
+        from provision.cluster.providers.aws.create import create_cluster
+
+        create_cluster(spec, plan, inv, store)
+
+    def _destroy(self, inv: Inventory, store: InventoryStore) -> None:
+        """Forgets each record as it is deleted; TeardownError if some remain."""
+        from provision.cluster.providers.aws.clients import new_session
+        from provision.cluster.providers.aws.teardown import destroy_cluster
+
+        def forget(pairs: list[tuple[str, str]]) -> None:
+            gone = set(pairs)
+            before = len(inv.resources)
+            inv.resources = [r for r in inv.resources if (r.kind, r.id) not in gone]
+            if len(inv.resources) != before:
+                store.save(inv)
+
+        if not inv.resources and inv.key_path is None:
+            return  # `create` stores key_path before its first AWS call: none was made
+        region = _region_of(inv) or new_session().region_name
+        if not region:
+            if inv.resources:
+                raise TeardownError(f"cluster {inv.name!r}: its inventory names no region")
+            return
+        try:
+            destroy_cluster(region, inv.name, list(inv.resources), forget)
+        finally:  # after the instances: the controller's identity (issue 18)
+            _delete_identity(inv, store)
+
+    # --- recovery (contract.Recoverable) -------------------------------------------------------
+    def _node_alive(self, inv: Inventory, node: NodeRecord) -> bool:
+        """False when EC2 says the node's instance is gone (not listed, or shutting-down,
+        terminated, stopping, stopped); True when it runs or EC2 cannot be asked."""
+        from provision.cluster.providers.aws.api import Ec2
+        from provision.cluster.providers.aws.replace import node_alive
+
+        region = _region_of(inv)
+        return True if region is None else node_alive(Ec2(region), node)
+
+    def _replace(self, inv: Inventory, store: InventoryStore, node: NodeRecord) -> NodeRecord:
+        """One new instance in the lost one's place (replace.py)."""
+        from provision.cluster.providers.aws.replace import replace_node
+
+        region = _region_of(inv)
+        if region is None:
+            raise ProvisionError(f"cluster {inv.name!r}: its inventory names no region")
+        return replace_node(region, inv, store, node)
+
+    def _orphans(self, spec: ClusterSpec, known: set[str]) -> list[ResourceRecord]:
+        from provision.cluster.providers.aws.controller import identity_orphans
+        from provision.cluster.providers.aws.teardown import find_orphans
+
+        region = _scope_region(spec)
+        return find_orphans(region, known) + identity_orphans(_iam(region), known)
+
+    def _delete_orphans(self, spec: ClusterSpec, resources: list[ResourceRecord]) -> None:
+        from provision.cluster.providers.aws.controller import delete_identity
+        from provision.cluster.providers.aws.teardown import delete_orphans
+
+        iam_kinds = ("iam-role", "iam-instance-profile")
+        region = resources[0].region if resources and resources[0].region else _scope_region(spec)
+        delete_orphans(region, [r for r in resources if r.kind not in iam_kinds])
+        problems = delete_identity(_iam(region), resources, lambda kind, rid: None)
+        if problems:
+            raise TeardownError("; ".join(problems))

@@ -1,0 +1,23 @@
+"""Docker provider (local node emulation): nodes are containers on a private bridge network.
+
+Cheap to import (the CLI reads INFO at start-up); the docker SDK is imported only when used.
+"""
+
+from provision.model.registry import Flag, ProviderInfo
+
+INFO = ProviderInfo(
+    name="docker",
+    summary="containers on this machine (free; rehearse a multi-node job)",
+    options="provision.cluster.providers.docker.options:DockerOptions",
+    implementation="provision.cluster.providers.docker.provider:DockerProvider",
+    costs_money=False,
+    commands=(("image", "provision.cluster.providers.docker.cli:image_app"),),
+    # sshd is the container's PID 1: TERM stops the container (it cannot remove itself).
+    self_stop="kill -TERM 1",
+    self_stop_note="each node container stops itself; `down` removes the stopped containers, "
+                   "the network and the inventory",
+    flags=(
+        Flag("--base-image", "base_image", help="base of the node image"),
+        Flag("--node-image", "image", help="use this node image as is"),
+    ),
+)

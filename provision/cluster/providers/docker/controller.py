@@ -1,0 +1,140 @@
+"""The docker provider's controller: one container per cluster that supervises managed runs.
+
+    NAME-controller   a container of the node image (it has the tool's dependencies), on the
+                      cluster network (alias `controller`), SSH on 127.0.0.1 only (host key made
+                      by the tool, pinned), labelled with the cluster like the nodes (so `down`,
+                      rollback and `gc` remove it). Its one credential is the engine's socket:
+                      the docker provider's own credential (whoever can use the engine is root
+                      on this machine already). A file:// store's folder is mounted at the same
+                      path, as on every node.
+
+From inside, the controller removes the cluster at the end of a `run --detach`: the node
+containers first, then it moves to the engine's default network (to keep reaching the store
+and the webhook for its last records), removes the cluster's network, and at last removes
+itself (the last call it makes; the engine kills it).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import socket
+from typing import Any
+
+from provision.cluster.providers.docker.engine import docker_client, map_errors
+from provision.cluster.providers.docker.environment import node_environment, store_binds
+from provision.model.inventory import (
+    CLUSTER_TAG,
+    Inventory,
+    InventoryStore,
+    NodeRecord,
+    ResourceRecord,
+)
+
+ROLE_LABEL = "mgpu-cloud-role"
+DOCKER_SOCKET = "/var/run/docker.sock"
+
+
+def controller_name(cluster: str) -> str:
+    return f"{cluster}-controller"
+
+
+def _image(inv: Inventory) -> str:
+    for r in inv.resources_of("container"):
+        if r.extra.get("image"):
+            return r.extra["image"]
+    from provision.cluster.providers.docker.images import ensure_node_image
+    from provision.cluster.providers.docker.options import DockerOptions
+
+    opts = inv.spec.options_as(DockerOptions) if inv.spec else DockerOptions()
+    return ensure_node_image(opts, log=lambda m: None)
+
+
+def create_controller(inv: Inventory, store: InventoryStore) -> NodeRecord:
+    """Create and start the controller container (recorded before it starts)."""
+    from provision.cluster.providers.docker.plan import network_name
+    from provision.model.keys import ensure_cluster_key, generate_ed25519, host_key_only
+
+    api = docker_client().api
+    name = controller_name(inv.name)
+    image = _image(inv)
+    host_key = generate_ed25519("controller")
+    _, public_key = ensure_cluster_key(store.keys_dir(inv.name))
+    binds = {DOCKER_SOCKET: {"bind": DOCKER_SOCKET, "mode": "rw"}, **store_binds(inv)}
+    net = network_name(inv.name)
+    with map_errors(f"creating the controller {name}"):
+        cid = api.create_container(
+            image, name=name, hostname="controller",
+            labels={CLUSTER_TAG: inv.name, ROLE_LABEL: "controller"},
+            ports=[22], environment=node_environment(host_key, public_key),
+            host_config=api.create_host_config(port_bindings={22: ("127.0.0.1", None)},
+                                               network_mode=net, binds=binds),
+            networking_config=api.create_networking_config(
+                {net: api.create_endpoint_config(aliases=["controller"])}),
+            detach=True,
+        )["Id"]
+    store.record(inv, ResourceRecord(kind="container", id=cid, name=name,
+                                     extra={"image": image, "role": "controller"}))
+    with map_errors(f"starting the controller {name}"):
+        api.start(cid)
+        ports = api.inspect_container(cid)["NetworkSettings"]["Ports"]
+    return NodeRecord(name="controller", rank=-1, address="127.0.0.1",
+                      port=int(ports["22/tcp"][0]["HostPort"]), private_address="controller",
+                      user="root", slots=0, host_key=host_key_only(host_key.public_openssh),
+                      resource_id=cid)
+
+
+def _own_id(inv: Inventory) -> str | None:
+    return inv.controller.resource_id if inv.controller is not None else None
+
+
+def teardown_from_inside(inv: Inventory, store: InventoryStore) -> None:
+    """Everything of the cluster but the controller itself: node containers, then the network
+    (after the controller left it). Idempotent; the caller then calls `remove_self`."""
+    import docker.errors
+
+    from provision.cluster.providers.docker.plan import network_name
+    from provision.nodes import fan_out
+
+    client = docker_client()
+    me = _own_id(inv)
+    by_label = {"label": f"{CLUSTER_TAG}={inv.name}"}
+    ids = {r.id for r in inv.resources_of("container")}
+    with contextlib.suppress(docker.errors.APIError):
+        ids |= {c.id for c in client.containers.list(all=True, filters=by_label)}
+    ids.discard(me or "")
+
+    def remove(cid: str) -> None:
+        with contextlib.suppress(docker.errors.NotFound):
+            client.api.remove_container(cid, force=True)
+        store.forget(inv, "container", cid)
+
+    fan_out(sorted(ids), remove)
+    net = network_name(inv.name)
+    me = me or socket.gethostname()
+    with contextlib.suppress(docker.errors.APIError):
+        # onto the engine's default network first: the store and the webhook stay reachable
+        # for the last records, once the cluster's network is gone
+        client.api.connect_container_to_network(me, "bridge")
+    with contextlib.suppress(docker.errors.APIError):
+        client.api.disconnect_container_from_network(me, net, force=True)
+    for r in inv.resources_of("network"):
+        with contextlib.suppress(docker.errors.NotFound):
+            client.api.remove_network(r.id)
+        store.forget(inv, "network", r.id)
+
+
+def remove_self(inv: Inventory) -> None:
+    """The controller's container removes itself: the engine kills this process during it."""
+    import docker.errors
+
+    me = _own_id(inv)
+    if me:
+        with contextlib.suppress(docker.errors.APIError):
+            docker_client().api.remove_container(me, force=True)
+
+
+def controller_of(api: Any, cluster: str) -> str | None:
+    """The controller container's id (tests, `gc`)."""
+    found = api.containers(all=True, filters={"label": [f"{CLUSTER_TAG}={cluster}",
+                                                        f"{ROLE_LABEL}=controller"]})
+    return str(found[0]["Id"]) if found else None

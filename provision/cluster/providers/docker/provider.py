@@ -1,0 +1,307 @@
+"""Docker provider: nodes are containers of the node image on a private bridge network.
+
+Per cluster NAME (everything labelled mgpu-cloud-cluster=NAME):
+    network     NAME-net (bridge, private to the cluster; ranks rendezvous over it)
+    containers  NAME-node-0 .. NAME-node-(N-1), hostname and network alias node-R,
+                SSH published on 127.0.0.1 only (a random port), host key made by the tool
+                and handed over in the container's environment (node-entrypoint.sh writes it
+                before sshd starts; anyone who can read it with `docker inspect` is root on
+                this machine anyway), the cluster key in authorized_keys.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import threading
+from collections.abc import Callable
+from contextlib import AbstractContextManager
+from typing import TYPE_CHECKING, Any
+
+from provision.cluster.providers.contract import Recoverable, Supervising
+from provision.cluster.providers.docker.engine import docker_client, map_errors
+from provision.cluster.providers.docker.environment import node_environment, store_binds
+from provision.cluster.providers.docker.plan import (
+    DockerNode,
+    DockerPlan,
+    DockerRequest,
+    build_plan,
+    docker_request,
+)
+from provision.model.errors import TeardownError
+from provision.model.inventory import (
+    CLUSTER_TAG,
+    Inventory,
+    InventoryStore,
+    NodeRecord,
+    PreemptionSource,
+    ResourceRecord,
+)
+from provision.model.render import parse_env_file, render
+from provision.model.spec import ClusterSpec
+from provision.nodes import background, fan_out
+
+if TYPE_CHECKING:
+    from provision.model.keys import KeyPair
+
+log = logging.getLogger("mgpu_cloud")
+
+# The stand-in for the cloud metadata service on docker nodes (remote/preempt.py "file"
+# protocol): a notice is a file `instance-action` written into this folder on a node.
+METADATA_STANDIN = "/tmp/mgpu-metadata"  # noqa: S108 - inside the node container
+NODE_LABEL = "mgpu-cloud-node"
+
+
+class DockerProvider(Recoverable[DockerPlan], Supervising[DockerPlan]):
+    name = "docker"
+
+    def plan_class(self) -> type[DockerPlan]:
+        return DockerPlan
+
+    def errors(self, action: str, *, planning: bool = False) -> AbstractContextManager[Any]:
+        return map_errors(action)
+
+    def _plan(self, spec: ClusterSpec) -> DockerPlan:
+        docker_client()  # Docker not reachable -> clear error before anything is made
+        return build_plan(spec)
+
+    # ---------------------------------------------------------------------------------------
+    def _create(self, spec: ClusterSpec, plan: DockerPlan, inv: Inventory,
+                store: InventoryStore) -> None:
+        """Engine calls go out as early as possible; the tool's own work (keys, image lookup,
+        inventory writes, the NCCL preset) happens while the engine is busy. On failure it
+        raises; the pipeline removes what the inventory recorded."""
+        from provision.cluster.providers.docker.images import ensure_node_image
+
+        request = plan.request
+        client = docker_client()
+        labels = {CLUSTER_TAG: spec.name}
+        store_lock = threading.Lock()  # inventory writes come from several threads
+
+        def record(kind: str, rid: str, name: str) -> None:
+            extra = {"image": image} if kind == "container" else {}
+            with store_lock:
+                store.record(inv, ResourceRecord(kind=kind, id=rid, name=name, extra=extra))
+
+        # Low-level API calls: the SDK's model methods add an inspect after every create.
+        api = client.api
+        image = ""
+
+        def make_network() -> None:
+            with map_errors("creating the cluster network"):
+                net_id = api.create_network(request.network, driver="bridge",
+                                            labels=labels)["Id"]
+            record("network", net_id, request.network)
+
+        def start(node: DockerNode) -> NodeRecord:
+            return _start_container(api, inv, request, image, node, host_keys[node.rank],
+                                    public_key, record)
+
+        net_future = background(make_network)
+        try:
+            # Imported here: cryptography loads while the engine makes the network.
+            from provision.model.keys import ensure_cluster_key, generate_ed25519
+
+            key_path, public_key = ensure_cluster_key(store.keys_dir(spec.name))
+            host_keys = [generate_ed25519(f"node-{r}") for r in range(spec.nodes)]
+            with store_lock:
+                inv.key_path = str(key_path)
+                store.save(inv)
+            image = ensure_node_image(request.node_image, log=log.info, client=client)
+        finally:
+            # On failure, wait until the network is recorded, so the rollback removes it.
+            exc = net_future.exception()
+        if exc is not None:
+            raise exc
+        inv.nccl_env = parse_env_file(render("nccl/docker.env.j2",
+                                             gpus=request.node_image.gpus))
+        inv.preemption = PreemptionSource(protocol="file", url=METADATA_STANDIN)
+        inv.nodes = fan_out(request.nodes, start)
+        store.save(inv)
+
+    # --- recovery -------------------------------------------------------------------------
+    def _node_alive(self, inv: Inventory, node: NodeRecord) -> bool:
+        """False when the node's container is gone or not running."""
+        import docker.errors
+
+        if not node.resource_id:
+            return True
+        try:
+            state = docker_client().api.inspect_container(node.resource_id)["State"]
+        except docker.errors.NotFound:
+            return False
+        return bool(state.get("Running")) and not state.get("Paused")
+
+    def _replace(self, inv: Inventory, store: InventoryStore, node: NodeRecord) -> NodeRecord:
+        """Remove the node's container; start a new one with the same name, hostname and
+        network alias (so the other nodes reach it by the same name) and a new host key."""
+        import docker.errors
+
+        from provision.model.keys import ensure_cluster_key, generate_ed25519
+
+        api = docker_client().api
+        old = next((r for r in inv.resources_of("container") if r.id == node.resource_id), None)
+        image = (old.extra.get("image") if old else None) or ""
+        if not image:
+            with map_errors(f"looking up the image of {node.name}"):
+                image = api.inspect_container(node.resource_id or "")["Config"]["Image"]
+        if node.resource_id:
+            with contextlib.suppress(docker.errors.NotFound):
+                with map_errors(f"removing the lost container of {node.name}"):
+                    api.remove_container(node.resource_id, force=True)
+            store.forget(inv, "container", node.resource_id)
+        request = _request_of(inv, node)
+        _, public_key = ensure_cluster_key(store.keys_dir(inv.name))
+
+        def record(kind: str, rid: str, name: str) -> None:
+            store.record(inv, ResourceRecord(kind=kind, id=rid, name=name,
+                                             extra={"image": image}))
+
+        new = _start_container(api, inv, request, image, request.node(node.rank),
+                               generate_ed25519(node.name), public_key, record)
+        inv.nodes = [new if n.rank == node.rank else n for n in inv.nodes]
+        store.save(inv)
+        return new
+
+    # --- managed runs: the controller (docker/controller.py; contract.Supervising) --------
+    def _create_controller(self, inv: Inventory, store: InventoryStore) -> NodeRecord:
+        from provision.cluster.providers.docker.controller import create_controller
+
+        return create_controller(inv, store)
+
+    def _teardown_from_controller(self, inv: Inventory, store: InventoryStore) -> None:
+        from provision.cluster.providers.docker.controller import teardown_from_inside
+
+        teardown_from_inside(inv, store)
+
+    def _remove_controller_from_inside(self, inv: Inventory) -> None:
+        from provision.cluster.providers.docker.controller import remove_self
+
+        remove_self(inv)
+
+    # ---------------------------------------------------------------------------------------
+    def _destroy(self, inv: Inventory, store: InventoryStore) -> None:
+        import docker.errors
+
+        client = docker_client()
+        failures: list[str] = []
+        by_label = {"label": f"{CLUSTER_TAG}={inv.name}"}
+
+        containers = {r.id for r in inv.resources_of("container")}
+        with contextlib.suppress(docker.errors.APIError):
+            containers |= {c.id for c in client.containers.list(all=True, filters=by_label)}
+
+        def remove(cid: str) -> None:
+            try:
+                client.api.remove_container(cid, force=True)
+            except docker.errors.NotFound:
+                pass
+            except docker.errors.APIError as exc:
+                if exc.status_code != 409:  # 409: removal already in progress
+                    failures.append(f"container {cid[:12]}: {exc.explanation or exc}")
+                    return
+
+        fan_out(containers, remove)
+        for cid in containers:
+            if not any(cid[:12] in f for f in failures):
+                store.forget(inv, "container", cid)
+
+        networks = {r.id for r in inv.resources_of("network")}
+        with contextlib.suppress(docker.errors.APIError):
+            networks |= {n.id for n in client.networks.list(filters=by_label)}
+        for nid in networks:
+            try:
+                client.api.remove_network(nid)
+            except docker.errors.NotFound:
+                pass
+            except docker.errors.APIError as exc:
+                failures.append(f"network {nid[:12]}: {exc.explanation or exc}")
+                continue
+            store.forget(inv, "network", nid)
+        if failures:
+            raise TeardownError(
+                f"could not remove everything of cluster {inv.name!r}: " + "; ".join(failures),
+                hint=f"the inventory is kept; retry with: mgpu-cloud down {inv.name}",
+            )
+
+    # ---------------------------------------------------------------------------------------
+    def _orphans(self, spec: ClusterSpec, known: set[str]) -> list[ResourceRecord]:
+        client = docker_client()
+        found: list[ResourceRecord] = []
+        for c in client.containers.list(all=True, filters={"label": CLUSTER_TAG}):
+            owner = c.labels.get(CLUSTER_TAG, "")
+            if owner not in known:
+                found.append(ResourceRecord(kind="container", id=c.id, name=c.name,
+                                            extra={"cluster": owner}))
+        for n in client.networks.list(filters={"label": CLUSTER_TAG}):
+            owner = (n.attrs.get("Labels") or {}).get(CLUSTER_TAG, "")
+            if owner not in known:
+                found.append(ResourceRecord(kind="network", id=n.id, name=n.name,
+                                            extra={"cluster": owner}))
+        return found
+
+    def _delete_orphans(self, spec: ClusterSpec, resources: list[ResourceRecord]) -> None:
+        orphan = Inventory(name="gc-scope", provider="docker", resources=resources)
+        store = _NullStore()
+        self._destroy(orphan, store)  # type: ignore[arg-type]
+
+
+def _request_of(inv: Inventory, node: NodeRecord) -> DockerRequest:
+    """The request `node` was made from (replace: from the inventory's typed spec)."""
+    if inv.spec is None:
+        raise TeardownError(f"cluster {inv.name!r}: its inventory has no spec to replace "
+                            f"{node.name} from")
+    request = docker_request(inv.spec)
+    request.slots = node.slots
+    return request
+
+
+def _start_container(api: Any, inv: Inventory, request: DockerRequest, image: str,
+                     node: DockerNode, host_key: KeyPair, public_key: str,
+                     record: Callable[[str, str, str], None]) -> NodeRecord:
+    """Create and start `node`'s container (recorded before it starts); its NodeRecord."""
+    from provision.model.keys import host_key_only
+
+    name, rank, opts = node.container, node.rank, request.node_image
+    net_name = request.network
+    host: dict[str, Any] = {"port_bindings": {22: ("127.0.0.1", None)},
+                            "network_mode": net_name, "shm_size": "1g"}
+    if opts.cpus:
+        host["nano_cpus"] = int(opts.cpus * 1e9)
+    if opts.memory:
+        host["mem_limit"] = opts.memory
+    if store_binds(inv):  # a file:// store: the shared folder every node mounts (issue 18)
+        host["binds"] = store_binds(inv)
+    if opts.gpus:
+        import docker.types
+
+        host["device_requests"] = [docker.types.DeviceRequest(count=-1, capabilities=[["gpu"]])]
+    with map_errors(f"creating container {name}"):
+        cid = api.create_container(
+            image,
+            name=name,
+            hostname=node.hostname,
+            labels={CLUSTER_TAG: inv.name, NODE_LABEL: str(rank)},
+            ports=[22],
+            environment=node_environment(host_key, public_key),
+            host_config=api.create_host_config(**host),
+            networking_config=api.create_networking_config(
+                {net_name: api.create_endpoint_config(aliases=[node.hostname])}),
+            detach=True,
+        )["Id"]
+    record("container", cid, name)
+    with map_errors(f"starting container {name}"):
+        api.start(cid)
+        ports = api.inspect_container(cid)["NetworkSettings"]["Ports"]
+    return NodeRecord(
+        name=node.hostname, rank=rank, address="127.0.0.1",
+        port=int(ports["22/tcp"][0]["HostPort"]), private_address=node.hostname, user="root",
+        slots=request.slots, host_key=host_key_only(host_key.public_openssh), resource_id=cid,
+    )
+
+
+class _NullStore:
+    """Stands in for the store when deleting resources that have no inventory."""
+
+    def forget(self, inv: Inventory, kind: str, resource_id: str) -> None:
+        inv.resources = [r for r in inv.resources if r.id != resource_id]

@@ -1,0 +1,166 @@
+"""GcpProvider: the Provider contract for Compute Engine (see the package docstring)."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import Iterator
+from typing import TYPE_CHECKING
+
+from provision.cluster.providers.contract import Recoverable
+from provision.cluster.providers.gcp.options import GcpOptions
+from provision.model.errors import TeardownError
+from provision.model.inventory import Inventory, InventoryStore, NodeRecord, ResourceRecord
+from provision.model.spec import ClusterSpec
+
+if TYPE_CHECKING:  # the plan module loads google.cloud.compute (~1.4 s): only when used
+    from provision.cluster.providers.gcp.plan import GcpPlan
+
+log = logging.getLogger(__name__)
+
+
+def _project_of(inv: Inventory) -> str | None:
+    for rec in inv.resources:
+        if rec.extra.get("project"):
+            return rec.extra["project"]
+    if inv.spec is not None and inv.spec.provider == "gcp":
+        return inv.spec.options_as(GcpOptions).project
+    return None
+
+
+IDENTITY_KINDS = ("service-account", "iam-custom-role", "iam-binding")
+
+
+def _delete_identity(inv: Inventory, store: InventoryStore) -> list[str]:
+    """The controller's service account, custom role and bindings, if recorded (issue 18)."""
+    from provision.cluster.providers.gcp.controller import IamApi, delete_identity
+
+    records = [r for r in inv.resources if r.kind in IDENTITY_KINDS]
+    if not records:
+        return []
+    return delete_identity(IamApi(), records, lambda kind, rid: store.forget(inv, kind, rid))
+
+
+class GcpProvider(Recoverable["GcpPlan"]):
+    name = "gcp"
+
+    @contextlib.contextmanager
+    def errors(self, action: str, *, planning: bool = False) -> Iterator[None]:
+        """The contract's error hook. Every Compute call already goes through clients.Clients,
+        which translates google errors where they happen (errors.translate, with the exact
+        call named); this only catches what could escape it (e.g. google.auth while the
+        clients are built), with the same translation."""
+        from provision.cluster.providers.gcp.errors import translate
+        from provision.model.errors import ProviderUnavailableError, ProvisionError
+
+        try:
+            yield
+        except Exception as exc:
+            mapped = translate(exc, action, ProviderUnavailableError if planning
+                               else ProvisionError)
+            if mapped is exc:
+                raise
+            raise mapped from exc
+
+    def plan_class(self) -> type[GcpPlan]:
+        from provision.cluster.providers.gcp.plan import GcpPlan
+
+        return GcpPlan
+
+    def _plan(self, spec: ClusterSpec) -> GcpPlan:
+        """Read-only: resolves project, zones (and --regions), machine type, how it is bought,
+        reservation, quota, image; prices the cluster. Without credentials: the plan from the
+        shipped catalog, listing what is unresolved."""
+        from provision.cluster.caller_address import caller_cidr
+        from provision.cluster.providers.gcp.clients import build_clients
+        from provision.cluster.providers.gcp.plan import layout_to_plan, offline_layout, region_of
+        from provision.cluster.providers.gcp.resolve import resolve
+        from provision.model.errors import ProviderUnavailableError, UserInputError
+
+        opts = spec.options_as(GcpOptions)
+        if opts.zone:
+            region_of(opts.zone)  # a malformed zone fails before credentials are read
+        defaulted = spec.max_hours is None
+        try:
+            clients = build_clients(opts.project)
+        except ProviderUnavailableError as exc:
+            try:
+                ssh_cidr: str | None = spec.ssh_cidr or caller_cidr()
+            except UserInputError:
+                ssh_cidr = None
+            why = f"{exc.message}; {exc.hint}" if exc.hint else exc.message
+            layout, unresolved = offline_layout(spec, opts.project, ssh_cidr, why)
+            return layout_to_plan(layout, max_hours_defaulted=defaulted, unresolved=unresolved)
+        ssh_cidr = spec.ssh_cidr or caller_cidr()
+        layout = resolve(spec, clients, ssh_cidr)
+        return layout_to_plan(layout, max_hours_defaulted=defaulted)
+
+    def _create(self, spec: ClusterSpec, plan: GcpPlan, inv: Inventory,
+                store: InventoryStore) -> None:
+        from provision.cluster.providers.gcp import create
+        from provision.cluster.providers.gcp.clients import build_clients
+
+        clients = build_clients(plan.layout.project)
+        create.create(spec, plan, inv, store, clients, log.warning)
+
+    def _destroy(self, inv: Inventory, store: InventoryStore) -> None:
+        from provision.cluster.providers.gcp import teardown
+        from provision.cluster.providers.gcp.clients import build_clients
+
+        if not inv.resources:
+            return  # every resource is recorded before its insert is sent: nothing was made
+        problems = _delete_identity(inv, store)  # first: the controller's grants are revoked
+        try:
+            teardown.destroy(inv, store, build_clients(_project_of(inv)))
+        except TeardownError as exc:
+            if problems:  # name the identity's problems too (they are what is left)
+                exc.message = f"{'; '.join(problems)}; {exc.message}"
+            raise
+        if problems:
+            raise TeardownError(f"cluster {inv.name!r}: " + "; ".join(problems),
+                                hint=f"run `mgpu-cloud down {inv.name}` again")
+
+    # --- recovery (contract.Recoverable) -------------------------------------------------------
+    def _node_alive(self, inv: Inventory, node: NodeRecord) -> bool:
+        """False when Compute says the node's VM is gone (deleted, or stopping / stopped /
+        suspended / terminated); True when it runs."""
+        from provision.cluster.providers.gcp.clients import build_clients
+        from provision.cluster.providers.gcp.replace import node_alive
+
+        return node_alive(build_clients(_project_of(inv)), inv, node)
+
+    def _replace(self, inv: Inventory, store: InventoryStore, node: NodeRecord) -> NodeRecord:
+        """Delete the node's VM, then make one in its place (replace.py). CapacityError /
+        ProvisionError when none can be made, with nothing of the attempt left."""
+        from provision.cluster.providers.gcp.clients import build_clients
+        from provision.cluster.providers.gcp.replace import replace_node
+
+        return replace_node(build_clients(_project_of(inv)), inv, store, node)
+
+    def _orphans(self, spec: ClusterSpec, known: set[str]) -> list[ResourceRecord]:
+        """Instances (by label), placement policies and firewall rules (by description) of
+        clusters not in `known`, in the project (and the zone / its region when given)."""
+        from provision.cluster.providers.gcp import discovery
+        from provision.cluster.providers.gcp.clients import build_clients
+        from provision.cluster.providers.gcp.controller import IamApi, identity_orphans
+
+        opts = spec.options_as(GcpOptions)
+        clients = build_clients(opts.project)
+        found = discovery.tagged_resources(clients, opts.zone)
+        return ([r for r in found if r.extra.get("cluster") not in known]
+                + identity_orphans(IamApi(), clients.project, known))
+
+    def _delete_orphans(self, spec: ClusterSpec, resources: list[ResourceRecord]) -> None:
+        from provision.cluster.providers.gcp import teardown
+        from provision.cluster.providers.gcp.clients import build_clients
+        from provision.cluster.providers.gcp.controller import IamApi, delete_identity
+
+        clients = build_clients(spec.options_as(GcpOptions).project)
+        identity = [r for r in resources if r.kind in IDENTITY_KINDS]
+        failures = delete_identity(IamApi(), identity, lambda kind, rid: None) if identity else []
+        failures += teardown.delete_records(
+            clients, [r for r in resources if r.kind not in IDENTITY_KINDS])
+        if failures:
+            raise TeardownError("could not delete every orphaned resource: " + "; ".join(failures),
+                                hint="run the same `mgpu-cloud gc ... --delete` again")
+

@@ -1,0 +1,147 @@
+"""Recovery (contract.Recoverable): whether a node's VM is gone, and a new VM in its place.
+
+node_alive  instances.get: gone when Compute no longer has the VM (a Spot VM or one past its
+            maxRunDuration is DELETEd) or it is stopping, stopped, suspended or terminated
+            (host maintenance stops GPU VMs: they cannot live-migrate); alive otherwise, also
+            when Compute cannot be asked (the recovery loop then tries an SSH login).
+replace     the old VM is deleted FIRST and waited for: the cluster's COLLOCATED policy holds
+            exactly vmCount = N VMs ("Placement policies": vmCount), and the new VM takes the
+            old one's name. Then ONE VM by instances.bulkInsert (count = minCount = 1, the same
+            InstanceProperties as `up`: create.instance_properties), in the same zone, under
+            the same policy, from the same boot image (recorded with each instance at `up`),
+            with the same scheduling and a maxRunDuration of what is left of the cluster's
+            --max-hours; the new VM's own host key is then read from Compute (hostkeys.py)
+            and pinned. Recorded before the insert is sent, like every instance. A stockout is
+            a CapacityError naming the zone; what the attempt recorded is deleted again
+            (nothing half-made stays).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+
+from provision.cluster.providers.gcp import hostkeys, teardown
+from provision.cluster.providers.gcp.clients import Clients
+from provision.cluster.providers.gcp.create import node_record
+from provision.cluster.providers.gcp.errors import ZoneCapacityError
+from provision.cluster.providers.gcp.layout import (
+    DEFAULT_MAX_HOURS,
+    Layout,
+    disk_type_for,
+    region_of,
+)
+from provision.cluster.providers.gcp.options import GcpOptions
+from provision.cluster.providers.gcp.placement import insert_in_zone
+from provision.model.errors import CapacityError, MgpuError, ProvisionError
+from provision.model.inventory import Inventory, InventoryStore, NodeRecord, ResourceRecord
+from provision.model.keys import ensure_cluster_key
+
+GONE_STATUSES = frozenset({"STOPPING", "PENDING_STOP", "STOPPED", "SUSPENDING", "SUSPENDED",
+                           "TERMINATED", "DEPROVISIONING"})
+# Replacing a node is pointless when the cluster's --max-hours ends sooner than a new node
+# could boot, bootstrap and train a little (and maxRunDuration must be >= 30 s).
+MIN_REMAINING_S = 600
+
+
+def remaining_seconds(inv: Inventory, max_hours: float, now: dt.datetime | None = None) -> int:
+    """Seconds left of the cluster's lifetime, counted from the inventory's creation (before
+    its first VMs were made, so a replacement never outlives them)."""
+    created = dt.datetime.fromisoformat(inv.created_at)
+    if created.tzinfo is None:
+        created = created.replace(tzinfo=dt.UTC)
+    end = created + dt.timedelta(hours=max_hours)
+    return int((end - (now or dt.datetime.now(dt.UTC))).total_seconds())
+
+
+def _record_of(inv: Inventory, node: NodeRecord) -> ResourceRecord | None:
+    return next((r for r in inv.resources_of(teardown.INSTANCE)
+                 if r.name == node.resource_id and r.zone == node.zone), None)
+
+
+def node_alive(clients: Clients, inv: Inventory, node: NodeRecord) -> bool:
+    from google.cloud import compute_v1
+
+    if not node.resource_id or not node.zone:
+        return True
+    rec = _record_of(inv, node)
+    project = rec.extra.get("project", clients.project) if rec else clients.project
+    inst = clients.call_or_none(clients.instances.get, compute_v1.GetInstanceRequest(
+        project=project, zone=node.zone, instance=node.resource_id), f"looking up {node.name}")
+    return inst is not None and str(inst.status) not in GONE_STATUSES
+
+
+def replacement_layout(clients: Clients, inv: Inventory, node: NodeRecord, image: str | None,
+                       seconds: int) -> Layout:
+    """The cluster's Layout (what `up` made), for one VM in `node`'s zone that lives
+    `seconds` more."""
+    assert inv.spec is not None and node.zone is not None
+    opts = inv.spec.options_as(GcpOptions)
+    image_family = opts.image_family or ""
+    if not image:  # an inventory from before images were recorded: the family's image now
+        from provision.cluster.providers.gcp.images import resolve_image
+
+        resolved = resolve_image(clients, opts.image_family, opts.image_project)
+        image, image_family = resolved.self_link, resolved.family
+    return Layout(
+        cluster=inv.name, project=clients.project, region=region_of(node.zone),
+        zones=[node.zone], nodes=len(inv.nodes), machine_type=opts.machine_type,
+        gpus=(opts.accelerator_count or 1) if opts.accelerator_type else node.slots,
+        accelerator_type=opts.accelerator_type, slots=node.slots, image=image,
+        image_family=image_family, disk_gb=opts.disk_gb,
+        disk_type=disk_type_for(opts.machine_type), spot=inv.spec.spot,
+        flex_start=opts.flex_start, reservation=opts.reservation,
+        max_hours=seconds / 3600, ssh_cidr=inv.spec.ssh_cidr or "(the cluster's)",
+    )
+
+
+def replace_node(clients: Clients, inv: Inventory, store: InventoryStore,
+                 node: NodeRecord) -> NodeRecord:
+    if inv.spec is None or inv.spec.provider != "gcp" or not node.zone or not node.resource_id:
+        raise ProvisionError(f"cluster {inv.name!r}: its inventory does not say where "
+                             f"{node.name} runs (spec, zone, instance)")
+    max_hours = inv.spec.max_hours or DEFAULT_MAX_HOURS
+    left = remaining_seconds(inv, max_hours)
+    if left < MIN_REMAINING_S:
+        raise ProvisionError(
+            f"not replacing {node.name}: the cluster's --max-hours {max_hours:g} ends in "
+            f"{max(0, left)} s", hint="start a new cluster for the rest of the run")
+    old = _record_of(inv, node) or teardown.instance_record(clients.project, node.zone,
+                                                            node.resource_id)
+    layout = replacement_layout(clients, inv, node, old.extra.get("image"), left)
+    _, login_public = ensure_cluster_key(store.keys_dir(inv.name))
+
+    failures = teardown.delete_records(clients, [old],
+                                       on_deleted=lambda r: store.forget(inv, r.kind, r.id))
+    if failures:
+        raise ProvisionError(f"could not delete the lost VM of {node.name}: "
+                             + "; ".join(failures))
+    name, zone = node.resource_id, node.zone
+    rec = teardown.instance_record(clients.project, zone, name, layout.image)
+    try:
+        (inst,) = insert_in_zone(clients, store, inv, layout, zone, [name], login_public)
+        keys = hostkeys.read_host_keys(clients, zone, {name: node.name})
+    except ZoneCapacityError as exc:
+        _undo(clients, inv, store, rec)
+        raise CapacityError(
+            f"no capacity to replace {node.name}: {zone} has no {layout.machine_type}"
+            f"{' (spot)' if layout.spot else ''} for placement policy "
+            f"{layout.policy_name} now ({', '.join(sorted(set(exc.codes)))})",
+            hint="the run cannot go on with this node; try again later (`mgpu-cloud "
+            f"launch {inv.name} ...` restarts from the last checkpoint) or recreate the "
+            "cluster in another zone") from exc
+    except MgpuError:
+        _undo(clients, inv, store, rec)
+        raise
+    new = node_record(node.rank, inst, zone, node.slots, keys[name])
+    inv.nodes = [new if n.rank == node.rank else n for n in inv.nodes]
+    store.save(inv)
+    return new
+
+
+def _undo(clients: Clients, inv: Inventory, store: InventoryStore, rec: ResourceRecord) -> None:
+    """Delete what a failed replacement made (a VM that came up halfway); forget it once gone.
+    What cannot be deleted stays recorded, so `down` deletes it. A record `_insert` dropped
+    (the name belongs to a VM that is not ours) is left alone."""
+    if any((r.kind, r.id) == (rec.kind, rec.id) for r in inv.resources):
+        teardown.delete_records(clients, [rec],
+                                on_deleted=lambda r: store.forget(inv, r.kind, r.id))

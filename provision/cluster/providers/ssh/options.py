@@ -1,0 +1,30 @@
+"""Options of the ssh provider (the `ssh:` section of a cluster YAML)."""
+
+from __future__ import annotations
+
+from pydantic import Field
+
+from provision.model.base import StrictModel
+
+
+class SshHostOptions(StrictModel):
+    """One pre-existing machine of the ssh provider (see inventories/onprem.example.yaml)."""
+
+    name: str | None = None
+    address: str
+    user: str | None = None
+    port: int = Field(22, ge=1, le=65535)
+    identity_file: str | None = None
+    slots: int | None = Field(None, ge=1)
+    proxy_jump: str | None = None
+    private_address: str | None = None
+
+
+class SshOptions(StrictModel):
+    inventory: str | None = None
+    hostfile: str | None = None
+    hosts: list[SshHostOptions] = Field(default_factory=list)
+    user: str | None = None
+    identity_file: str | None = None
+    port: int = Field(22, ge=1, le=65535)
+    accept_new_host_keys: bool = False

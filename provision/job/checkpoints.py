@@ -1,0 +1,158 @@
+"""Keep the job's checkpoint folder safe off the nodes, and put it back before a restart.
+
+Every rank sees $MGPU_CHECKPOINT_DIR (nodes.RemoteLayout.checkpoints). While a job runs, a
+CheckpointKeeper polls that folder on every node (`remote.pyz ckpt-manifest`, on connections of
+its own) and copies the files that changed and then stayed still for `settle` seconds (a save
+is complete when its files stop changing; judged on the node's clock) to this machine, merged
+across nodes (rank 0's files and, for sharded checkpoints such as DeepSpeed's, every node's
+shards) into ./mgpu-outputs/NAME/checkpoints/. Before a restart `restore` puts the whole
+folder back on every node (a replaced node-0 included), so every rank can load the latest.
+"""
+
+from __future__ import annotations
+
+import io
+import shlex
+import tarfile
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from provision.model.errors import BootstrapError
+from provision.model.inventory import Inventory, NodeRecord
+from provision.nodes import Connector, NodeGroup, NodeStepError, fetch_tree
+from provision.nodes.preflight import parse_last_json
+
+Log = Callable[[str], None]
+Manifest = dict[str, list[float]]
+INTERVAL_S = 2.0
+SETTLE_S = 1.0
+
+
+def local_checkpoint_dir(inv: Inventory) -> Path:
+    return (Path("mgpu-outputs") / inv.name / "checkpoints").resolve()
+
+
+class CheckpointKeeper:
+    def __init__(self, inv: Inventory, local: Path, *, log: Log, interval_s: float = INTERVAL_S,
+                 settle_s: float = SETTLE_S, connector: Connector | None = None) -> None:
+        self.inv, self.local, self.log = inv, local, log
+        self.interval_s, self.settle_s = interval_s, settle_s
+        self.connector = connector
+        self.where = f"{local}/"  # for people: where kept checkpoints go
+        self.synced: dict[str, Manifest] = {}  # node name -> manifest last copied
+        self.last_change = time.monotonic()  # progress signal for hang detection
+        self.last_copy = 0.0  # monotonic time of the last copy
+        self._seen: dict[str, Manifest] = {}
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._group: NodeGroup | None = None
+
+    # --- lifecycle ---------------------------------------------------------------------------
+    def start(self) -> None:
+        self._group = NodeGroup(self.inv, connector=self.connector)
+        self._stop.clear()
+        self._thread = threading.Thread(target=self._loop, daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        """Stop polling, after one last copy of what the reachable nodes hold."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=60)
+        self.sync(settle_s=0.0)
+        if self._group is not None:
+            self._group.close()
+            self._group = None
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self.interval_s):
+            try:
+                self.sync()
+            except Exception as exc:  # noqa: BLE001 - never let a copy failure kill the job
+                self.log(f"checkpoint copy failed ({exc}); trying again")
+
+    # --- copying -------------------------------------------------------------------------------
+    def _manifests(self, group: NodeGroup) -> dict[str, tuple[Manifest, float]]:
+        """node name -> (manifest, the node's clock) for every node that answered."""
+        layout = group.layout
+        res = group.run(layout.remote_command("ckpt-manifest", layout.checkpoints))
+        out: dict[str, tuple[Manifest, float]] = {}
+        for name, r in res.items():
+            data = parse_last_json(r.value.stdout) if r.ok and r.value is not None else None
+            if data is not None:
+                out[name] = (dict(data.get("files") or {}), float(data.get("now") or 0.0))
+        return out
+
+    def sync(self, settle_s: float | None = None) -> int:
+        """One pass: copy every node's complete, changed files. Returns files copied."""
+        settle = self.settle_s if settle_s is None else settle_s
+        with self._lock:
+            group = self._group or NodeGroup(self.inv, connector=self.connector)
+            try:
+                copied = 0
+                for name, (files, now) in self._manifests(group).items():
+                    if files != self._seen.get(name):
+                        self._seen[name] = files
+                        self.last_change = time.monotonic()
+                    synced = self.synced.setdefault(name, {})
+                    changed = sorted(rel for rel, (size, mtime) in files.items()
+                                     if synced.get(rel) != [size, mtime] and now - mtime >= settle)
+                    if not changed:
+                        continue
+                    node = next(n for n in self.inv.nodes if n.name == name)
+                    self._copy(group, node, changed)
+                    synced.update({rel: files[rel] for rel in changed})
+                    copied += len(changed)
+                    self.last_copy = time.monotonic()
+                    shown = ", ".join(changed[:3]) + (" ..." if len(changed) > 3 else "")
+                    self.log(f"kept checkpoint from {name}: {len(changed)} file(s) ({shown}) "
+                             f"-> {self.where}")
+                return copied
+            finally:
+                if group is not self._group:
+                    group.close()
+
+    def _copy(self, group: NodeGroup, node: NodeRecord, files: list[str]) -> None:
+        layout = group.layout
+        try:
+            fetch_tree(group.connection(node), layout.checkpoints,
+                       layout.path("checkpoints.tgz"), self.local, files)
+        except NodeStepError as exc:
+            raise BootstrapError(f"copying checkpoints from {node.name} failed: {exc}") from exc
+
+    def wait_for_copy(self, after: float, deadline_s: float) -> bool:
+        """Until a copy happens after monotonic time `after` (e.g. the save a preemption
+        notice asked for), syncing at once instead of every interval. False at the deadline."""
+        end = time.monotonic() + deadline_s
+        while time.monotonic() < end:
+            self.sync()
+            if self.last_copy > after:
+                return True
+            time.sleep(0.5)
+        return False
+
+    # --- restoring ---------------------------------------------------------------------------
+    def restore(self, group: NodeGroup) -> int:
+        """Put the kept folder on every node of `group` (replacing theirs). Returns files."""
+        files = sorted(p for p in self.local.rglob("*") if p.is_file()) if self.local.is_dir() else []
+        layout = group.layout
+        buf = io.BytesIO()
+        with tarfile.open(fileobj=buf, mode="w:gz", compresslevel=1) as tar:
+            for path in files:
+                tar.add(path, arcname=f"{layout.checkpoints}/{path.relative_to(self.local)}")
+        q = shlex.quote
+        group.upload(buf.getvalue(), [f"rm -rf {q(layout.checkpoints)}",
+                                      f"mkdir -p {q(layout.checkpoints)}",
+                                      "tar -xzf - -C ~ --no-same-owner"]).raise_for(
+            "restoring the checkpoint", BootstrapError)
+        self.mark_synced(group)
+        return len(files)
+
+    def mark_synced(self, group: NodeGroup) -> None:
+        """What the nodes hold now is what is kept (after a restore): nothing to copy back."""
+        with self._lock:
+            for name, (manifest, _) in self._manifests(group).items():
+                self.synced[name] = self._seen[name] = manifest

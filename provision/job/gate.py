@@ -1,0 +1,422 @@
+"""The fabric gate: before a multi-node job starts, prove that the network between the nodes
+delivers what it should, or stop with the node(s) to blame and the likely fix.
+
+    gate_before_job(inv, job, store=..., log=...)  the pipeline's hook (launch, run)
+    run_gate(inv, job, mode=...)                   measure + judge -> GateRecord (no raising)
+    evaluate(inv, output, code, mode=...)          judge the nodes' output (pure)
+    render_table(record)                           node | transport | busbw | expected | verdict
+
+One torchrun of `remote.pyz allreduce --gate` on every GPU of every node (gloo on CPU nodes),
+with NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=INIT,NET, does all the measuring in one process group:
+  1. a short all-reduce sweep over every rank (bounded: a few sizes, a time budget);
+  2. when its peak busbw is below the threshold (always, when the fabric has no expected
+     figure: docker, ssh, unmeasured types), node pairs in parallel rounds: a round-robin
+     schedule, n - 1 rounds of n/2 disjoint pairs (n rounds for odd n), at most
+     MAX_PAIR_ROUNDS; pairs below PAIR_SLOW_FRACTION of the reference are measured again.
+Then, from the output alone:
+  - transport: each node's NCCL INFO lines -> provision.job.fabric.transport_of, compared with
+    Inventory.fabric.transport;
+  - bandwidth: the peak busbw against BUSBW_FAIL_FRACTION x Inventory.fabric.busbw_gbps;
+  - slow pair: below PAIR_SLOW_FRACTION of the reference (the median over nodes of each node's
+    best pair) in both of its measurements;
+  - slow node: every pair it is in is slow (even its best one), so it is the node;
+  - slow link: a slow pair whose two nodes are fine with other partners.
+Failure -> one table, the problems, the likely fixes (provision.job.fabric's per-fabric fixes and
+the provision.job.diagnose signatures found in the output), FabricGateError before the job; with
+--allow-slow-network a warning instead. The result is kept in Inventory.fabric_gate.
+
+Modes (JobSpec.fabric_check): `auto` runs for multi-node clusters whose provider set
+Inventory.fabric (aws, gcp); `on` runs for every multi-node cluster; `off` never.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import time
+from collections.abc import Callable
+from typing import Any
+
+from provision.job.fabric import UNKNOWN, Transport, fix_for, transport_of
+from provision.job.programs import json_lines, run_remote_program
+from provision.model.errors import LaunchError
+from provision.model.gate_record import GateNode, GatePair, GateRecord
+from provision.model.inventory import Inventory, InventoryStore
+from provision.model.spec import DEFAULT_MASTER_PORT, JobSpec
+from provision.nodes import NodeGroup, borrowed
+from remote.gatejudge import Judgement, Pair, PairFigure, judge, merge_pairs
+
+Log = Callable[[str], None]
+
+# A cluster whose peak all-reduce busbw is below half the type's published nccl-tests figure
+# fails. The published figures are at 1-2 GB messages and the gate stops at 1 GiB with few
+# calls, so a healthy fabric measures ~80-95% of them; a socket fallback measures 5-30% (p4d:
+# 4.13 vs 77.35 GB/s; a3-high without TCPX: ~20 vs 66-88; p5: < 25 vs 444).
+BUSBW_FAIL_FRACTION = 0.5
+# A node whose best pair (or a pair) is below half the reference pair is slow. A node with a
+# broken fabric NIC is at 5-30% of its peers; a busy moment on a shared CPU or link rarely
+# halves a figure twice in a row (slow pairs are measured again before being judged).
+PAIR_SLOW_FRACTION = 0.5
+# Every pair up to 17 nodes; beyond, each node still meets 16 partners (enough to tell a slow
+# node from its partners; links are then sampled, not all measured).
+MAX_PAIR_ROUNDS = 16
+
+SLOW_NODE_FIX = (
+    "Look at the named node's network: `ip -s link` (errors, drops), `tc qdisc show` (shaping "
+    "left on the interface), another job using the link; for a cloud node whose fabric NIC "
+    "is degraded, replace the node (down, then up again) rather than train at its speed."
+)
+SLOW_LINK_FIX = (
+    "The two nodes are fine with other partners: the path between them is slow (a congested "
+    "or misrouted switch port, a placement outside the cluster's placement group). Recreate "
+    "the cluster in one placement group / compact placement policy, or report the pair."
+)
+SLOW_FABRIC_FIX = (
+    "Every pair is about equally slow: the fabric itself is not in use or misconfigured. Check "
+    "the transport column above, NCCL_SOCKET_IFNAME / NCCL_NET in the job's environment, and "
+    "the provider's network settings (EFA interfaces, placement group, MTU)."
+)
+
+
+class FabricGateError(LaunchError):
+    """The fabric gate failed: the job was not started."""
+
+
+# ------------------------------------------------------------------------------- deciding
+def should_run(inv: Inventory, mode: str) -> tuple[bool, str]:
+    """(whether the gate runs, why not)."""
+    if mode == "off":
+        return False, "--fabric-check off"
+    if len(inv.nodes) < 2:
+        return False, "a single node: no network between nodes to check"
+    if mode == "auto" and inv.fabric is None:
+        return False, (f"provider {inv.provider} gives no fabric expectation; "
+                       "--fabric-check on runs the gate anyway")
+    return True, ""
+
+
+def threshold_gbps(inv: Inventory) -> float | None:
+    """The cluster busbw below which the gate fails (None: no published figure to judge by)."""
+    if inv.fabric is None or inv.fabric.busbw_gbps is None:
+        return None
+    return BUSBW_FAIL_FRACTION * inv.fabric.busbw_gbps
+
+
+def node_program(inv: Inventory) -> list[str]:
+    """The words torchrun runs on every node (remote.pyz is the node's copy)."""
+    limit = threshold_gbps(inv)
+    return ["@root/remote.pyz", "allreduce", "--gate",
+            "--pairwise-below", "inf" if limit is None else f"{limit:g}",
+            "--pair-rounds", str(MAX_PAIR_ROUNDS), "--pair-fraction", f"{PAIR_SLOW_FRACTION:g}"]
+
+
+def gate_job(job: JobSpec | None, *, gpus: bool = True) -> JobSpec:
+    """The gate runs as the job will (its env, image, processes per node, port), under
+    torchrun, with NCCL's INFO lines on (they name the transport). Without GPUs (`gpus`
+    False: gloo on CPU) one process per node: every CPU process shares the node's one
+    network path, so more processes would measure CPU contention, and each costs a torch
+    import (seconds on a small machine)."""
+    env = dict(job.env) if job is not None else {}
+    env.pop("NCCL_DEBUG_FILE", None)  # the lines must reach the output
+    env.update({"NCCL_DEBUG": "INFO", "NCCL_DEBUG_SUBSYS": "INIT,NET"})
+    nproc = job.nproc_per_node if job is not None else None
+    # model_construct: no validation (the "script" lives on the nodes)
+    return JobSpec.model_construct(
+        script="remote.pyz", launcher="torchrun", excludes=[], env=env, rdzv=False,
+        nproc_per_node=nproc if gpus else 1,
+        master_port=job.master_port if job is not None else DEFAULT_MASTER_PORT,
+        image=job.image if job is not None else None, nccl_debug=False)
+
+
+GPU_COUNT = "nvidia-smi -L 2>/dev/null | grep -c '^GPU ' || true"
+
+
+def any_gpu(group: NodeGroup) -> bool:
+    """Whether any node lists a GPU (one command on the group's connections; a node that
+    does not answer counts as none: the gate's run then reports it)."""
+    counts = []
+    for res in group.run(GPU_COUNT).values():
+        out = res.value.stdout.strip() if res.value is not None else ""
+        counts.append(int(out) if out.isdigit() else 0)
+    return any(counts)
+
+
+# ------------------------------------------------------------------------------- running
+def run_gate(inv: Inventory, job: JobSpec | None, *, mode: str, log: Log = print,
+             group: NodeGroup | None = None) -> GateRecord:
+    """Measure and judge. Never raises for a bad fabric (that is the record's verdict)."""
+    t0 = time.monotonic()
+    with borrowed(inv, group) as nodes:
+        # the probe opens the connections the gate's launch then reuses
+        code, output = run_remote_program(inv, gate_job(job, gpus=any_gpu(nodes)),
+                                          node_program(inv),
+                                          log=lambda m: log(f"fabric gate: {m}"), group=nodes)
+    return evaluate(inv, output, code, mode=mode, seconds=time.monotonic() - t0)
+
+
+def gate_before_job(inv: Inventory, job: JobSpec, *, store: InventoryStore, log: Log,
+                    group: NodeGroup | None = None) -> GateRecord | None:
+    """The pipeline's hook before a job: run the gate when the mode says so, keep its result
+    in the inventory, and raise FabricGateError when it failed (unless
+    job.allow_slow_network: then a warning, and the job goes on). None when skipped."""
+    run, why = should_run(inv, job.fabric_check)
+    if not run:
+        if job.fabric_check == "on":
+            log(f"fabric gate: skipped ({why})")
+        return None
+    log(f"fabric gate: all-reduce on {len(inv.nodes)} nodes before the job "
+        "(--fabric-check off skips it) ...")
+    record = run_gate(inv, job, mode=job.fabric_check, log=log, group=group)
+    record.overridden = record.verdict == "fail" and job.allow_slow_network
+    inv.fabric_gate = record
+    store.save(inv)
+    if record.verdict == "pass":
+        log(f"fabric gate: {pass_line(record)}")
+        return record
+    log(render_table(record))
+    if job.allow_slow_network:
+        log("warning: the fabric gate failed; --allow-slow-network: running the job anyway, "
+            "at the speed measured above")
+        return record
+    raise gate_error(record)
+
+
+def gate_error(record: GateRecord) -> FabricGateError:
+    first = record.problems[:3] or ["failed"]
+    return FabricGateError(
+        "fabric gate failed, the job was not started: " + "; ".join(first),
+        hint=(record.fixes[0] + "\n  " if record.fixes else "")
+        + "to run anyway: --allow-slow-network; to skip the gate: --fabric-check off",
+    )
+
+
+def pass_line(record: GateRecord) -> str:
+    transports = sorted({n.transport for n in record.nodes})
+    pairs = f", {len(record.pairs)} pairs in {record.rounds} rounds" if record.pairs else ""
+    bw = f"{record.busbw_gbps:.3g}" if record.busbw_gbps is not None else "?"
+    return (f"pass: busbw {bw} GB/s over {len(record.nodes)} nodes, transport "
+            f"{'/'.join(transports)}{pairs} ({record.seconds:.1f} s)")
+
+
+# ------------------------------------------------------------------------------- judging
+def split_output(output: str, names: list[str]) -> dict[str, list[str]]:
+    """`[node] line` output -> node -> its lines (prefix removed)."""
+    prefixes = {f"[{name}] ": name for name in names}
+    lines: dict[str, list[str]] = {name: [] for name in names}
+    for line in output.splitlines():
+        head = line[: line.find("] ") + 2] if line.startswith("[") else ""
+        name = prefixes.get(head)
+        if name is not None:
+            lines[name].append(line[len(head):])
+    return lines
+
+
+def _pair_figures(records: list[dict[str, Any]], names: dict[int, str]
+                  ) -> tuple[dict[Pair, PairFigure], dict[Pair, int]]:
+    """Pair lines (first measurements and confirmations, node ranks) -> each pair's better
+    figure, and the round it was first measured in. Pairs of unknown nodes are dropped."""
+    measured: list[tuple[Pair, float]] = []
+    first_round: dict[Pair, int] = {}
+    for r in records:
+        a, b = (int(x) for x in r["pair"])
+        if a in names and b in names:
+            measured.append(((a, b), float(r.get("busbw_gbps", 0.0))))
+            first_round.setdefault((a, b), int(r["round"]))
+    return merge_pairs(measured), first_round
+
+
+def evaluate(inv: Inventory, output: str, code: int, *, mode: str,
+             seconds: float = 0.0) -> GateRecord:
+    """Judge the gate's output (every node's `[node] `-prefixed lines, as run_job streams
+    them) and exit code. Pure; the same function judges a live run and a captured log, and
+    the verdict is remote.gatejudge's, as on the nodes of an in-job gate."""
+    ordered = sorted(inv.nodes, key=lambda n: n.rank)
+    names = {n.rank: n.name for n in ordered}
+    lines = split_output(output, list(names.values()))
+    summary = next((r for r in json_lines(output, inv.master.name) if r.get("summary")), None)
+    records = [r for name in names.values() for r in json_lines(output, name)]
+    fabric, limit = inv.fabric, threshold_gbps(inv)
+    backend = str(summary.get("backend")) if summary else None
+    record = GateRecord(
+        verdict="pass", mode=mode, seconds=round(seconds, 2), backend=backend,
+        world_size=int(summary["world_size"]) if summary else None,
+        checked_at=dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+        busbw_gbps=float(summary["max_busbw_gbps"]) if summary else None,
+        expected_transport=fabric.transport if fabric else None,
+        expected_busbw_gbps=fabric.busbw_gbps if fabric else None, threshold_gbps=limit)
+    rows = {rank: GateNode(node=name, transport=UNKNOWN, busbw_gbps=record.busbw_gbps)
+            for rank, name in names.items()}
+    for row in rows.values():
+        found = (Transport("socket", "gloo backend: CPU tensors over TCP (no GPU / NCCL)")
+                 if backend == "gloo" else transport_of(lines[row.node]))
+        row.transport, row.evidence = found.name, found.evidence[-200:]
+    pairs, first_round = _pair_figures([r for r in records if "pair" in r], names)
+    verdict = judge(
+        finished=code == 0 and summary is not None, peak_gbps=record.busbw_gbps,
+        threshold_gbps=limit, expected_transport=fabric.transport if fabric else None,
+        transports={rank: row.transport for rank, row in rows.items()} if summary else {},
+        pairs=pairs, fraction=PAIR_SLOW_FRACTION)
+    _describe(record, verdict, rows, names, pairs,
+              (fabric.nominal or fabric.transport) if fabric else "", code, summary,
+              [str(r["error"]) for r in records if "error" in r])
+    record.pairs = [GatePair(nodes=(names[a], names[b]), round=first_round[(a, b)],
+                             busbw_gbps=f.busbw_gbps, measurements=f.measurements,
+                             verdict="slow" if (a, b) in verdict.slow_pairs else "ok")
+                    for (a, b), f in sorted(pairs.items())]
+    record.rounds = len(set(first_round.values()))
+    if verdict.reference is not None:
+        record.pair_reference_gbps = round(verdict.reference, 6)
+    elif summary is not None and summary.get("pairwise"):
+        record.notes.append("the pairwise rounds printed nothing")
+    if len(names) == 2 and pairs:
+        record.notes.append("with 2 nodes there is one pair: a slow node cannot be told from "
+                            "its partner")
+    if record.problems:
+        _add_diagnosis(record, names, lines, code)
+    record.nodes = [rows[rank] for rank in names]
+    record.verdict = "pass" if verdict.passed else "fail"
+    return record
+
+
+def _describe(record: GateRecord, verdict: Judgement, rows: dict[int, GateNode],
+              names: dict[int, str], pairs: dict[Pair, PairFigure], nominal: str, code: int,
+              summary: dict[str, Any] | None, errors: list[str]) -> None:
+    """The rows' verdicts, the problems and the fixes, in words, from `verdict`."""
+    problems, notes, fabric = record.problems, record.notes, record.expected_transport
+    if not verdict.finished:  # 1. did it run at all?
+        why = errors[0][:200] if errors else f"exit {code}"
+        problems.append(f"the gate's all-reduce did not finish ({why})")
+        if summary is None:
+            for row in rows.values():
+                row.verdict, row.busbw_gbps = "not measured", None
+    for rank in verdict.wrong_transport:  # 2. the transport each node's NCCL chose
+        rows[rank].verdict = "wrong transport"
+        rows[rank].detail = f"NCCL used {rows[rank].transport}, not {fabric}"
+    if verdict.wrong_transport and fabric is not None:
+        first = rows[verdict.wrong_transport[0]].transport
+        problems.append(f"NCCL used {first} instead of {fabric} on "
+                        + ", ".join(names[r] for r in verdict.wrong_transport))
+        _add_fix(record, fix_for(fabric, first))
+    for rank in verdict.unknown_transport:
+        rows[rank].verdict = "unknown transport"
+        notes.append(f"{names[rank]}: no NCCL line named the network in use")
+    if verdict.below_threshold:  # 3. the cluster's bandwidth against the published figure
+        assert record.busbw_gbps is not None and record.expected_busbw_gbps is not None
+        problems.append(
+            f"all-reduce busbw {record.busbw_gbps:.3g} GB/s is "
+            f"{_pct(record.busbw_gbps / record.expected_busbw_gbps)} of the "
+            f"{record.expected_busbw_gbps:g} GB/s published for {nominal} (fails "
+            f"below {BUSBW_FAIL_FRACTION:.0%})")
+    _describe_pairs(record, verdict, rows, names, pairs, summary is not None)
+    if verdict.below_threshold and not any(
+            r.verdict in ("slow", "slow link", "wrong transport") for r in rows.values()):
+        _add_fix(record, SLOW_FABRIC_FIX)
+
+
+def _describe_pairs(record: GateRecord, verdict: Judgement, rows: dict[int, GateNode],
+                    names: dict[int, str], pairs: dict[Pair, PairFigure],
+                    measured: bool) -> None:
+    """4. node pairs: each node's best pair in its row, slow nodes and slow links named."""
+    if verdict.reference is None or verdict.floor is None:
+        return
+    reference, floor = verdict.reference, verdict.floor
+    if measured:
+        for rank, bw in verdict.best.items():
+            rows[rank].busbw_gbps = bw
+    for rank in verdict.slow_nodes:
+        rows[rank].verdict = "slow"
+        rows[rank].detail = (f"its best pair {verdict.best[rank]:.3g} GB/s is "
+                             f"{_pct(verdict.best[rank] / reference)} of the median pair")
+    for a, b in verdict.slow_links:
+        for rank, other in ((a, b), (b, a)):
+            if rows[rank].verdict == "ok":
+                rows[rank].verdict = "slow link"
+                rows[rank].detail = f"slow link to {names[other]}"
+    if verdict.slow_nodes:
+        record.problems.append(
+            f"slow node{'s' if len(verdict.slow_nodes) > 1 else ''}: " + ", ".join(
+                f"{names[n]} (best pair {verdict.best[n]:.3g} GB/s, {PAIR_SLOW_FRACTION:.0%} "
+                f"of the median pair is {floor:.3g})" for n in verdict.slow_nodes))
+        _add_fix(record, SLOW_NODE_FIX)
+    if verdict.slow_links:
+        record.problems.append(
+            "slow link" + ("s" if len(verdict.slow_links) > 1 else "") + ": " + ", ".join(
+                f"{names[a]} <-> {names[b]} ({pairs[(a, b)].busbw_gbps:.3g} GB/s, below "
+                f"{floor:.3g})" for a, b in verdict.slow_links))
+        _add_fix(record, SLOW_LINK_FIX)
+
+
+def _add_fix(record: GateRecord, text: str) -> None:
+    if text not in record.fixes:
+        record.fixes.append(text)
+
+
+def _add_diagnosis(record: GateRecord, names: dict[int, str], lines: dict[str, list[str]],
+                   code: int) -> None:
+    """The known failure signatures in the output (NCCL WARN lines, connection errors, ...)
+    as fixes."""
+    from provision.job.diagnose import diagnose
+
+    prefixed = [f"[{name}] {line}" for name in names.values() for line in lines[name]]
+    for d in diagnose(prefixed):
+        _add_fix(record, f"{d.fix} (seen on {', '.join(d.nodes) or 'a node'}: {d.line[:160]})")
+    if code != 0 and not record.fixes:
+        _add_fix(record, "run `mgpu-cloud check NAME --bandwidth` and read the output of the "
+                         "nodes")
+
+
+def _pct(fraction: float) -> str:
+    """45%, 7.5%, 0.3%: small fractions keep a digit (a throttled link is 0.3%, not 0%)."""
+    return f"{fraction:.0%}" if fraction >= 0.1 else f"{fraction:.1%}"
+
+
+# ------------------------------------------------------------------------------- showing
+def table_rows(record: GateRecord) -> list[tuple[str, str, str, str, str]]:
+    """Header + one row per node: node, transport, busbw, expected, verdict."""
+    expected_t = record.expected_transport or "any"
+    if record.pair_reference_gbps is not None:
+        expect_bw = f">= {PAIR_SLOW_FRACTION * record.pair_reference_gbps:.3g} (1/2 median pair)"
+    elif record.threshold_gbps is not None:
+        expect_bw = f">= {record.threshold_gbps:.3g}"
+    else:
+        expect_bw = "-"
+    rows = [("node", "transport", "busbw GB/s", "expected", "verdict")]
+    for n in record.nodes:
+        bw = f"{n.busbw_gbps:.3g}" if n.busbw_gbps is not None else "-"
+        verdict = n.verdict + (f": {n.detail}" if n.detail else "")
+        rows.append((n.node, n.transport, bw, f"{expected_t}, {expect_bw}", verdict))
+    return rows
+
+
+def render_table(record: GateRecord) -> str:
+    """The gate's table and, for a failure, the problems and likely fixes, as plain text."""
+    rows = table_rows(record)
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    out = [f"fabric gate: {record.verdict.upper()}"
+           + (f" (busbw {record.busbw_gbps:.3g} GB/s" if record.busbw_gbps is not None else " (")
+           + (f", expected {record.expected_busbw_gbps:g}" if record.expected_busbw_gbps else "")
+           + f", {record.rounds} pairwise rounds, {record.seconds:.1f} s)"]
+    for r in rows:
+        out.append(("  " + "  ".join(cell.ljust(w) for cell, w in zip(r, widths, strict=True)))
+                   .rstrip())
+    out += [f"  problem: {p}" for p in record.problems]
+    out += [f"  note: {n}" for n in record.notes]
+    out += [f"  likely fix: {f}" for f in record.fixes]
+    return "\n".join(out)
+
+
+def check_fabric(name: str, *, store: InventoryStore | None = None,
+                 log: Log = print) -> GateRecord:
+    """`check NAME --fabric`: the gate now, as `--fabric-check on` would run it before a job
+    (the job's defaults: every slot, port 29500, no image); the result is kept."""
+    from provision.model.errors import UserInputError
+
+    store = store or InventoryStore()
+    with store.lock(name):
+        inv = store.load(name)
+        run, why = should_run(inv, "on")
+        if not run:
+            raise UserInputError(f"no fabric gate for cluster {name!r}: {why}")
+        record = run_gate(inv, None, mode="on", log=log)
+        inv.fabric_gate = record
+        store.save(inv)
+    return record

@@ -1,0 +1,238 @@
+"""Jobs on the nodes: start, follow, refresh, cancel, and their logs copied here.
+
+On each node a job runs under `remote.pyz job start` (remote/jobs.py) in the folder
+RemoteLayout.job_dir(ID): merged output in node.log, the exit status in `exit`. An attached
+launch is `start --attach` (start + follow in one channel, cancelled when the channel closes);
+a detached one returns at once and anyone may `follow` it later (logs --follow, a watcher).
+The records are provision.model.jobstore's; `refresh` asks the nodes (one command per node)
+and, the first time a job is seen ended, copies its logs here. Nothing here prints: callers log.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime as dt
+import json
+import os
+import shlex
+from collections.abc import Callable, Iterable
+from typing import TYPE_CHECKING, Any, TextIO
+
+from provision.job.launch import Detach, PrefixWriter, node_command
+from provision.model.errors import LaunchError
+from provision.model.inventory import Inventory, NodeRecord
+from provision.model.jobstore import (
+    LOST_CODE,
+    JobRecord,
+    JobStore,
+    NodeJob,
+    is_current,
+    now_iso,
+)
+from provision.nodes import GroupResult, NodeConnection, NodeGroup
+
+if TYPE_CHECKING:
+    from provision.model.spec import JobSpec
+
+Log = Callable[[str], None]
+
+
+def begin(inv: Inventory, job: JobSpec, nodes: list[NodeRecord], *, detached: bool,
+          self_stop: str | None = None, program: list[str] | None = None,
+          store: JobStore | None = None) -> JobRecord:
+    """Record a job about to start on `nodes`; returns it with its new id."""
+    what = " ".join(program) if program is not None else shlex.join(
+        [job.script_in_workdir, *job.args])
+    return (store or JobStore()).new({
+        "cluster": inv.name, "cluster_created_at": inv.created_at, "command": what,
+        "launcher": job.launcher, "nodes": {n.name: NodeJob(rank=n.rank) for n in nodes},
+        "detached": detached, "self_stop": self_stop,
+    })
+
+
+# --- on the nodes -----------------------------------------------------------------------------
+def refuse_if_busy(inv: Inventory, group: NodeGroup, store: JobStore | None = None) -> None:
+    """LaunchError if a job of this cluster still runs (asks the nodes only when a record
+    says it might). One job at a time: two would fight over the GPUs and the master port."""
+    store = store or JobStore()
+    open_recs = [r for r in store.all(inv.name) if is_current(r, inv) and not r.final]
+    if not open_recs:
+        return
+    running = [r for r in refresh(inv, open_recs, group, store=store) if r.state == "running"]
+    if running:
+        rec = running[-1]
+        raise LaunchError(
+            f"job {rec.id} ({rec.command}) is still running on cluster {inv.name!r}",
+            hint=f"follow it: mgpu-cloud logs {inv.name} {rec.id} --follow; or stop it: "
+                 f"mgpu-cloud cancel {inv.name} {rec.id}",
+        )
+
+
+def start_detached(inv: Inventory, job: JobSpec, rec: JobRecord, group: NodeGroup,
+                   detach: Detach, store: JobStore | None = None) -> None:
+    """Start `rec` on its nodes and return once every node runs it. A node that could not start
+    it fails the whole start: the others are cancelled and LaunchError names every failure."""
+    store = store or JobStore()
+    nodes = [n for n in group.nodes if n.name in rec.nodes]
+    results = group.run(lambda n: node_command(inv, job, n, job_id=rec.id, detach=detach),
+                        nodes=nodes)
+    if results.failed:
+        cancel(rec, group, grace=5.0)
+        for r in results.failed:
+            rec.nodes[r.node.name].set("lost", LOST_CODE)
+        rec.state, rec.ended_at = "failed", now_iso()
+        store.save(rec)
+        results.raise_for(f"starting job {rec.id}", LaunchError)
+
+
+def cancel(rec: JobRecord, group: NodeGroup, grace: float = 10.0) -> None:
+    """Stop the job's process group on every node it runs on (idempotent)."""
+    layout = group.layout
+    nodes = [n for n in group.nodes if n.name in rec.nodes]
+    group.run(layout.remote_command("job", "cancel", "--dir", layout.job_dir(rec.id),
+                                    "--grace", f"{grace:g}"), nodes=nodes, timeout=grace + 10)
+
+
+def _combine(rec: JobRecord) -> str:
+    states = [n.state for n in rec.nodes.values()]
+    if "running" in states:
+        return "running"
+    if "unreachable" in states:
+        return "unknown"
+    if "cancelled" in states:
+        return "cancelled"
+    if "lost" in states:
+        return "lost"
+    return "failed" if any(n.exit_code for n in rec.nodes.values()) else "succeeded"
+
+
+def refresh(inv: Inventory, recs: Iterable[JobRecord], group: NodeGroup, *,
+            store: JobStore | None = None) -> list[JobRecord]:
+    """Ask the nodes (one command each) how the records' jobs are; save what changed; copy
+    the logs of a job seen ended for the first time. Records of other clusters of that name
+    and finished ones are left as they are. Returns the records, updated."""
+    store = store or JobStore()
+    recs = list(recs)
+    todo = [r for r in recs if is_current(r, inv) and (not r.final or not r.logs_saved)]
+    if not todo:
+        return recs
+    wanted = {name for r in todo for name in r.nodes}
+    layout = group.layout
+    nodes = [n for n in group.nodes if n.name in wanted]
+    results = group.run(layout.remote_command("job", "status", "--jobs", layout.jobs),
+                        nodes=nodes, timeout=30)
+    seen: dict[str, dict[str, Any] | None] = {}
+    for name, res in results.items():
+        seen[name] = None
+        if res.ok and res.value is not None:
+            with contextlib.suppress(ValueError):
+                seen[name] = json.loads(res.value.stdout or "{}")
+    for rec in todo:
+        if not rec.final:
+            ended: list[float] = []
+            for name in rec.nodes:
+                report = seen.get(name)
+                if report is None:
+                    rec.nodes[name].set("unreachable")
+                    continue
+                one = report.get(rec.id)
+                if one is None:
+                    rec.nodes[name].set("lost", LOST_CODE)
+                else:
+                    state = str(one.get("state", "lost"))
+                    code = one.get("exit_code")
+                    rec.nodes[name].set(state, LOST_CODE if state == "lost" else code)
+                    if isinstance(one.get("ended"), int | float):
+                        ended.append(float(one["ended"]))
+            rec.state = _combine(rec)
+            if rec.final:  # when the last node's part ended (the nodes' clocks), else now
+                rec.ended_at = (dt.datetime.fromtimestamp(max(ended), dt.UTC)
+                                .isoformat(timespec="seconds") if ended else now_iso())
+        if rec.final and not rec.logs_saved:
+            save_logs(rec, group, store=store)
+        store.save(rec)
+    return recs
+
+
+def save_logs(rec: JobRecord, group: NodeGroup, *, store: JobStore | None = None) -> list[str]:
+    """Copy every node's log of `rec` here (replacing older copies); returns the nodes whose
+    log could not be copied. Marks the record's logs saved when all were."""
+    store = store or JobStore()
+    layout = group.layout
+    nodes = [n for n in group.nodes if n.name in rec.nodes]
+
+    def get(conn: NodeConnection, node: NodeRecord) -> None:
+        target = store.log_path(rec, node.name)
+        part = target.with_suffix(".part")
+        conn.get(layout.job_log(rec.id), part)
+        os.replace(part, target)
+
+    results = group.each(get, nodes)
+    failed = [r.node.name for r in results.failed]
+    if not failed:
+        rec.logs_saved = True
+        store.save(rec)
+    return failed
+
+
+def follow(rec: JobRecord, group: NodeGroup, out: TextIO,
+           nodes: list[NodeRecord] | None = None, *, wait: bool = True) -> GroupResult[int]:
+    """Stream the job's log from every node (`[node-R] ` prefixed) from its start, until
+    the job has ended there (with `wait`). One result per node: the node's exit code, or why
+    it could not be followed."""
+    import threading
+
+    layout = group.layout
+    targets = nodes if nodes is not None else [n for n in group.nodes if n.name in rec.nodes]
+    lock = threading.Lock()
+    extra = [] if wait else ["--no-wait"]
+
+    def one(conn: NodeConnection, node: NodeRecord) -> int:
+        writer = PrefixWriter(node.name, out, lock)
+        try:
+            return conn.run(layout.remote_command("job", "follow", "--dir",
+                                                  layout.job_dir(rec.id), *extra),
+                            out=writer).exit_code
+        finally:
+            writer.finish()
+
+    return group.each(one, targets, streaming=True)
+
+
+def print_saved_logs(rec: JobRecord, out: TextIO, nodes: list[str] | None = None,
+                     store: JobStore | None = None) -> list[str]:
+    """Print the copies kept here, node by node, `[node-R] ` prefixed. Returns the nodes
+    that have no copy."""
+    store = store or JobStore()
+    missing = []
+    for name in nodes if nodes is not None else list(rec.nodes):
+        path = store.log_path(rec, name)
+        if not path.exists():
+            missing.append(name)
+            continue
+        with path.open(errors="replace") as fh:
+            for line in fh:
+                out.write(f"[{name}] {line.rstrip(chr(10))}\n")
+    out.flush()
+    return missing
+
+
+def before_teardown(inv: Inventory, log: Log, store: JobStore | None = None) -> None:
+    """Copy here the logs of this cluster's jobs that are not here yet; a job still running
+    is recorded as "removed" (it ends with its nodes). Best effort: a node that cannot be
+    reached never stops teardown."""
+    store = store or JobStore()
+    recs = [r for r in store.all(inv.name) if is_current(r, inv) and not r.logs_saved]
+    if not recs or inv.status != "ready":
+        return
+    try:
+        with NodeGroup(inv) as group:
+            refresh(inv, recs, group, store=store)
+            for rec in recs:
+                if rec.state == "running":
+                    rec.state, rec.ended_at = "removed", now_iso()
+                if not rec.logs_saved and save_logs(rec, group, store=store):
+                    log(f"job {rec.id}: some nodes' logs could not be copied before teardown")
+                store.save(rec)
+    except Exception as exc:  # noqa: BLE001 - never in the way of teardown
+        log(f"could not copy job logs before teardown: {exc}")

@@ -1,0 +1,377 @@
+"""Start a job on every node at once and supervise it.
+
+`node_command` turns (JobSpec, inventory, node) into ONE shell command line (every value
+quoted); the launcher (provision/job/launchers/) decides the launcher's own argv. `run_job` runs
+the commands together through the NodeGroup, streams each node's output with a `[node-R]`
+prefix, and returns one exit code. When a node fails, or the user presses Ctrl-C, the other
+nodes' process groups are stopped (`remote.pyz stop`); the job runs under
+`remote.pyz job start --attach` (provision/job/jobs.py: the node keeps the job's log; end of stdin
+stops it), so even a controller that dies takes its job with it.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import secrets
+import sys
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from concurrent.futures import FIRST_COMPLETED, Future, wait
+from dataclasses import dataclass
+from typing import Protocol, TextIO
+
+from provision.job.launchers import LaunchContext, get_launcher
+from provision.model.errors import LaunchError
+from provision.model.inventory import Inventory, NodeRecord
+from provision.model.spec import JobSpec
+from provision.nodes import (
+    CONTAINER_ROOT,
+    HomePath,
+    NodeConnection,
+    NodeGroup,
+    RemoteLayout,
+    layout_of,
+)
+from provision.nodes.bootstrap import Workdir
+from provision.nodes.container import container_name, container_run_argv
+from provision.nodes.shell import assign, words
+
+Log = Callable[[str], None]
+SESSION_LOST = -1  # a node's exit code when its session ended without one (node gone?)
+STOPPED = 143  # run_job's code when a monitor stopped the job
+
+
+@dataclass(frozen=True)
+class Detach:
+    """A detached start. `then`: a shell line each node runs `then_after_s` seconds after its
+    part of the job ended (e.g. the provider's self-stop for `run --detach`)."""
+
+    then: str | None = None
+    then_after_s: float = 0.0
+
+
+def supervisor_words(home: RemoteLayout, job_id: str, detach: Detach | None,
+                     preempt: tuple[str, str, str] | None = None,
+                     container: str | None = None) -> list[str]:
+    """The words that run a job's command line under remote.pyz on a node (`home`: the
+    remote folder as the node's shell sees it). Attached: start + follow, stopped when the
+    controller's channel closes; detached: returns as soon as the job runs. `preempt`:
+    (protocol, url, signal) of the node's preemption watcher (remote/preempt.py); `container`:
+    the job runs in that container (signals reach its processes through `docker exec`)."""
+    words = ["python3", home.pyz, "job", "start", "--dir", home.job_dir(job_id),
+             "--pidfile", home.pidfile, "--cwd", home.work]
+    if preempt is not None:
+        words += ["--preempt", *preempt]
+    if container is not None:
+        words += ["--container", container]
+    if detach is None:
+        words.append("--attach")
+    elif detach.then:
+        words += ["--then", detach.then, "--then-after", f"{detach.then_after_s:g}"]
+    return [*words, "--"]
+
+
+def adhoc_job_id() -> str:
+    """An id for a job nobody records (e.g. `check --bandwidth`'s all-reduce)."""
+    return f"adhoc-{dt.datetime.now(dt.UTC):%Y%m%d-%H%M%S}-{secrets.token_hex(2)}"
+
+
+def job_env(inv: Inventory, job: JobSpec, layout: RemoteLayout,
+            restart_count: int = 0) -> dict[str, str]:
+    """Variables every process of the job sees: provider NCCL preset < the tool's < user's.
+
+    MGPU_CHECKPOINT_DIR is kept safe off the nodes while the job runs and put back before a
+    restart (provision/job/recovery.py); MGPU_RESTART_COUNT says which attempt this is. The
+    tool's sitecustomize (faulthandler on SIGUSR2, for stack dumps of a hang) comes first on
+    PYTHONPATH unless the job sets PYTHONPATH itself."""
+    env = dict(inv.nccl_env)
+    if job.nccl_debug:
+        env.update({"NCCL_DEBUG": "INFO", "NCCL_DEBUG_SUBSYS": "INIT,NET"})
+    env.update({
+        "MGPU_CLUSTER": inv.name,
+        "MGPU_OUTPUT_DIR": layout.outputs,
+        "MGPU_CHECKPOINT_DIR": layout.checkpoints,
+        "MGPU_RESTART_COUNT": str(restart_count),
+        "PYTHONPATH": layout.python_path,
+        "PYTHONUNBUFFERED": "1",
+    })
+    env.update(job.env)
+    return env
+
+
+def _context(inv: Inventory, job: JobSpec, entry: list[str] | None = None) -> LaunchContext:
+    image = job.image or inv.container_image
+    root: str = CONTAINER_ROOT if image else HomePath(inv.remote_root)
+    layout = RemoteLayout(root)
+    return LaunchContext(inv=inv, job=job, layout=layout, in_container=bool(image),
+                         entry=tuple(_in_root(layout, entry or [])))
+
+
+def _in_root(layout: RemoteLayout, words: list[str]) -> list[str]:
+    """Words starting with "@root/" are paths in the node's remote folder."""
+    return [layout.path(w[len("@root/"):]) if w.startswith("@root/") else w for w in words]
+
+
+def launcher_argv(
+    inv: Inventory, job: JobSpec, node: NodeRecord, root: str, program: list[str] | None = None
+) -> list[str]:
+    """The launcher's argv on `node` (paths under `root`, the remote folder as the job sees
+    it). `program` replaces the job's script and arguments (e.g. remote.pyz allreduce)."""
+    ctx = LaunchContext(inv=inv, job=job, layout=RemoteLayout(root), in_container=False)
+    return get_launcher(job.launcher).argv(ctx, node, program)
+
+
+def job_container(inv: Inventory, job: JobSpec) -> str | None:
+    """The Docker container the job runs in on each node (container mode), or None (no
+    container, or a runtime like Apptainer whose processes stay the supervisor's own)."""
+    in_docker = (job.image or inv.container_image) and inv.container_runtime == "docker"
+    return container_name(inv) if in_docker else None
+
+
+def workdir_of(inv: Inventory, job: JobSpec) -> Workdir:
+    """What `job` places on every node: its folder and its launcher's files."""
+    files = get_launcher(job.launcher).files(job, layout_of(inv), inv.wait_for_gpu)
+    return Workdir(job.local_workdir, list(job.excludes), files)
+
+
+def launching_nodes(inv: Inventory, job: JobSpec) -> list[NodeRecord]:
+    """Where the launcher starts: every node, or node 0 for a runner that fans out itself."""
+    return get_launcher(job.launcher).starting_nodes(_context(inv, job))
+
+
+def node_command(
+    inv: Inventory, job: JobSpec, node: NodeRecord, program: list[str] | None = None, *,
+    job_id: str | None = None, detach: Detach | None = None, restart_count: int = 0,
+    entry: list[str] | None = None,
+) -> str:
+    """The full shell command line run on `node` (every value quoted). `program` words
+    starting with "@root/" are paths in the node's remote folder. The job runs under
+    `remote.pyz job start` (provision/job/jobs.py): its log is kept on the node under `job_id`;
+    attached (the default) it streams and stops with the controller, `detach` returns.
+    `entry` (words, "@root/" as in `program`) runs before the job's script in the launcher's
+    processes (the in-job fabric gate); they learn their node as $MGPU_NODE_RANK."""
+    home = RemoteLayout(HomePath(inv.remote_root))
+    ctx = _context(inv, job, entry)
+    preempt = None
+    if inv.preemption is not None:
+        preempt = (inv.preemption.protocol, inv.preemption.url, job.preempt_signal)
+    supervise = supervisor_words(home, job_id or adhoc_job_id(), detach, preempt,
+                                 job_container(inv, job))
+    env = job_env(inv, job, ctx.layout, restart_count)
+    if entry:
+        env["MGPU_NODE_RANK"] = str(node.rank)
+    if program is not None:
+        program = _in_root(ctx.layout, program)
+    launcher = get_launcher(job.launcher)
+    argv = launcher.argv(ctx, node, program)
+    prefix, container_extra = launcher.prepare(ctx, env)
+    if ctx.in_container:
+        image = job.image or inv.container_image or ""
+        docker = container_run_argv(inv, image, env, mount=home.root, extra=container_extra)
+        return prefix + words(supervise + docker + argv)
+    assignments = " ".join(assign(k, v) for k, v in env.items())
+    return f"{prefix}env {assignments} {words(supervise + argv)}"
+
+
+class JobMonitor(Protocol):
+    """Watches a running job for run_job (provision/job/recovery.py implements it)."""
+
+    def line(self, node: NodeRecord, text: str) -> None:
+        """Every output line of every node, as it arrives (any thread)."""
+        ...
+
+    def poll(self) -> str | None:
+        """Called every half second: a reason to stop the job on every node now, or None."""
+        ...
+
+    def finished(self, node: NodeRecord, code: int) -> None:
+        """A node's launcher ended with `code` (-1: its session dropped)."""
+        ...
+
+
+class JobGate(Protocol):
+    """The fabric gate inside the job's launch (provision/job/gate_injob.py InJobGate)."""
+
+    entry: list[str]  # words before the job's script in its launcher ("@root/" paths)
+
+    def attach(self, nodes: list[str], print_line: Callable[[str, str], None]) -> None:
+        """The nodes run_job starts, and how it prints a line of a node."""
+        ...
+
+    def take(self, node: str, line: str) -> bool:
+        """Whether the line is the gate's (kept, not printed)."""
+        ...
+
+    def stopped(self, node: str) -> bool:
+        """Whether the node's processes ended because the gate failed."""
+        ...
+
+
+class PrefixWriter:
+    """File-like sink: splits a node's output into lines and prints `[node-R] line`. `take`
+    may consume a line instead (the in-job fabric gate keeps its own lines)."""
+
+    def __init__(self, node: str, out: TextIO, lock: threading.Lock, keep: int = 4000,
+                 on_line: Callable[[str], None] | None = None,
+                 take: Callable[[str], bool] | None = None) -> None:
+        self.prefix = f"[{node}] "
+        self.out = out
+        self.lock = lock
+        self.buf = ""
+        self.lines: deque[str] = deque(maxlen=keep)
+        self.on_line = on_line
+        self.take = take
+
+    def write(self, data: str) -> int:
+        self.buf += data.replace("\r\n", "\n")
+        *complete, self.buf = self.buf.split("\n")
+        if complete:
+            self.show([line for line in complete if self.take is None or not self.take(line)])
+            if self.on_line is not None:
+                for line in complete:
+                    self.on_line(line)
+        return len(data)
+
+    def show(self, lines: list[str]) -> None:
+        """Print `lines` with the node's prefix (and keep them for the diagnosis)."""
+        if not lines:
+            return
+        with self.lock:
+            for line in lines:
+                self.lines.append(line)
+                self.out.write(self.prefix + line + "\n")
+            self.out.flush()
+
+    def flush(self) -> None:
+        """Called by Fabric between chunks: a partial line waits for the rest."""
+
+    def finish(self) -> None:
+        if self.buf:
+            self.write("\n")
+
+
+def stop_job(group: NodeGroup, nodes: list[NodeRecord] | None = None,
+             grace: float = 10.0) -> None:
+    """Stop the job's process group on `nodes` (default: the group's). Idempotent and best
+    effort: a node that is gone already is not an error."""
+    layout = group.layout
+    group.run(layout.remote_command("stop", "--pidfile", layout.pidfile, "--grace", str(grace)),
+              nodes=nodes, timeout=grace + 5)
+
+
+def run_job(
+    inv: Inventory,
+    job: JobSpec,
+    *,
+    log: Log = print,
+    out: TextIO | None = None,
+    program: list[str] | None = None,
+    group: NodeGroup | None = None,
+    job_id: str | None = None,
+    monitor: JobMonitor | None = None,
+    restart_count: int = 0,
+    gate: JobGate | None = None,
+) -> int:
+    """Run `job` on the cluster; returns 0 or the first failing node's exit code (STOPPED when
+    `monitor.poll()` asked to stop it). `gate`: the fabric gate runs first in the job's own
+    processes (provision/gate_injob.py; the caller asks it for the verdict afterwards).
+
+    `program` (words; a leading "@root/" means the node's remote folder) replaces the job's
+    script: `check --bandwidth` runs `@root/remote.pyz allreduce` this way. Each node keeps
+    the job's log under `job_id` (provision/job/jobs.py; default: an unrecorded ad hoc id)."""
+    out = out or sys.stdout
+    job_id = job_id or adhoc_job_id()
+    own_group = group is None
+    group = group or NodeGroup(inv)
+    nodes = launching_nodes(inv, job)
+    # Stopping runs on connections of their own: the launch connections are busy streaming.
+    stopper = NodeGroup(inv, connector=group.connector)
+    lock = threading.Lock()
+
+    def listener(node: NodeRecord) -> Callable[[str], None] | None:
+        if monitor is None:
+            return None
+        return lambda text: monitor.line(node, text)
+
+    def taker(node: NodeRecord) -> Callable[[str], bool] | None:
+        if gate is None:
+            return None
+        return lambda text: gate.take(node.name, text)
+
+    writers = {n.name: PrefixWriter(n.name, out, lock, on_line=listener(n), take=taker(n))
+               for n in nodes}
+    if gate is not None:
+        gate.attach([n.name for n in nodes], lambda node, line: writers[node].show([line]))
+    cancelled = threading.Event()
+
+    def one(conn: NodeConnection, node: NodeRecord) -> int:
+        w = writers[node.name]
+        try:
+            command = node_command(inv, job, node, program, job_id=job_id,
+                                   restart_count=restart_count,
+                                   entry=gate.entry if gate is not None else None)
+            code = conn.run(command, out=w).exit_code
+        except Exception as exc:
+            if cancelled.is_set():
+                return 143
+            raise LaunchError(f"{node.name}: could not run the job: {exc}") from exc
+        finally:
+            w.finish()
+        if monitor is not None:
+            monitor.finished(node, code)
+        return code
+
+    what = " ".join(program) if program is not None else job.script_in_workdir
+    log(f"launching {job.launcher} on {len(nodes)} node(s): {what}"
+        + (" (the fabric gate first, in the same processes)" if gate is not None else ""))
+
+    def gate_stopped(node: NodeRecord) -> bool:  # a failed gate: every node ends by itself
+        return gate is not None and gate.stopped(node.name)
+    t0 = time.monotonic()
+    futures: dict[Future[int], NodeRecord] = group.submit(one, nodes)
+    code = 0
+    try:
+        pending = set(futures)
+        while pending:
+            done, pending = wait(pending, timeout=0.5, return_when=FIRST_COMPLETED)
+            for fut in done:
+                node_code = fut.result()
+                if node_code != 0 and code == 0:
+                    code = node_code
+                    if gate_stopped(futures[fut]):
+                        continue
+                    why = ("its SSH session dropped" if node_code == SESSION_LOST
+                           else f"exited with {node_code}")
+                    log(f"{futures[fut].name} {why}; stopping the other nodes")
+                    stop_job(stopper, [futures[f] for f in pending])
+            reason = monitor.poll() if monitor is not None and pending and code == 0 else None
+            if reason is not None:
+                code = STOPPED
+                log(f"{reason}; stopping the job on every node")
+                cancelled.set()
+                stop_job(stopper, [futures[f] for f in pending])
+    except BaseException:
+        cancelled.set()
+        log("stopping the job on every node ...")
+        stop_job(stopper, nodes, grace=5.0)
+        raise
+    finally:
+        stopper.close()
+        if own_group:
+            group.close()
+    elapsed = time.monotonic() - t0
+    if code == 0:
+        log(f"job finished on all {len(nodes)} node(s) in {elapsed:.1f} s")
+    elif not (gate is not None and gate.stopped(nodes[0].name)):
+        _report_failure(writers, log)
+    return code
+
+
+def _report_failure(writers: dict[str, PrefixWriter], log: Log) -> None:
+    from provision.job.diagnose import diagnose
+
+    lines = [w.prefix + line for w in writers.values() for line in w.lines]
+    for d in diagnose(lines):
+        log(f"likely cause ({d.node or 'a node'}): {d.cause}\n  fix: {d.fix}")

@@ -1,0 +1,105 @@
+"""Launchers: how a job's processes start on the nodes. One module per launcher.
+
+    torchrun.py    torchrun on every node (static ranks, or c10d rendezvous)
+    deepspeed.py   the DeepSpeed runner: pdsh from node 0, or no_ssh on every node
+    accelerate.py  accelerate launch on every node
+
+A launcher builds the argv on one node (`argv`), says which nodes it starts from
+(`starting_nodes`), what files it needs beside the workdir (`files`), and how its environment
+reaches every rank (`prepare`). provision/job/launch.py wraps that into the node's command line;
+nothing outside this package branches on a launcher's name. A new launcher is one module
+here plus one line in provision.model.registry.LAUNCHERS.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import cache
+from typing import TYPE_CHECKING, Protocol
+
+from provision.model.errors import UserInputError
+from provision.model.registry import LAUNCHERS, load_ref
+from provision.nodes.layout import Files
+
+if TYPE_CHECKING:
+    from provision.model.inventory import Inventory, NodeRecord
+    from provision.model.spec import JobSpec
+    from provision.nodes import RemoteLayout
+
+
+
+@dataclass(frozen=True)
+class LaunchContext:
+    """What a launcher needs to build one node's command. `layout` is the tool's remote
+    folder as the job sees it (home-relative on the host, or the mount in a container)."""
+
+    inv: Inventory
+    job: JobSpec
+    layout: RemoteLayout
+    in_container: bool
+    entry: tuple[str, ...] = ()  # words run before the job's script (the in-job fabric gate)
+
+    @property
+    def master_address(self) -> str:
+        return self.inv.master.private_address
+
+    @property
+    def nnodes(self) -> int:
+        return len(self.inv.nodes)
+
+    def script(self, program: list[str] | None) -> list[str]:
+        """The program: `program` when given (e.g. remote.pyz allreduce), else the job's
+        script and arguments, after `entry` (e.g. `remote.pyz injob ... --`)."""
+        if program is not None:
+            return program
+        return [*self.entry, self.job.script_in_workdir, *self.job.args]
+
+    def nproc(self, node: NodeRecord) -> str:
+        """Processes on `node`: --nproc-per-node, else the node's slots."""
+        if self.job.nproc_per_node is None:
+            return str(node.slots)
+        return str(self.job.nproc_per_node)
+
+
+class Launcher(Protocol):
+    name: str
+
+    def argv(self, ctx: LaunchContext, node: NodeRecord, program: list[str] | None) -> list[str]:
+        """The launcher's command on `node`. `program` replaces the job's script and args."""
+        ...
+
+    def starting_nodes(self, ctx: LaunchContext) -> list[NodeRecord]:
+        """Where the launcher is started (every node, or node 0 for a runner that fans out)."""
+        ...
+
+    def files(self, job: JobSpec, layout: RemoteLayout, gpus: bool) -> Files:
+        """Extra files placed on every node with the workdir (`layout`: home-relative)."""
+        ...
+
+    def prepare(self, ctx: LaunchContext, env: dict[str, str]) -> tuple[str, list[str]]:
+        """(shell prefix run before the launcher, extra `docker run` arguments): how `env`
+        reaches every rank when the launcher starts processes itself on other nodes."""
+        ...
+
+
+class BaseLauncher:
+    """Defaults: start on every node, no extra files, env passed on the command line."""
+
+    name = ""
+
+    def starting_nodes(self, ctx: LaunchContext) -> list[NodeRecord]:
+        return sorted(ctx.inv.nodes, key=lambda n: n.rank)
+
+    def files(self, job: JobSpec, layout: RemoteLayout, gpus: bool) -> Files:
+        return {}
+
+    def prepare(self, ctx: LaunchContext, env: dict[str, str]) -> tuple[str, list[str]]:
+        return "", []
+
+
+@cache
+def get_launcher(name: str) -> Launcher:
+    if name not in LAUNCHERS:
+        raise UserInputError(f"unknown launcher {name!r}; choose one of: {', '.join(LAUNCHERS)}")
+    launcher: Launcher = load_ref(LAUNCHERS[name])()
+    return launcher

@@ -1,0 +1,22 @@
+"""torchrun on every node: static ranks (--node_rank, --master_addr node-0), or c10d
+rendezvous (--rdzv) where ranks are assigned as nodes join."""
+
+from __future__ import annotations
+
+from provision.job.launchers import BaseLauncher, LaunchContext
+from provision.model.inventory import NodeRecord
+
+
+class Torchrun(BaseLauncher):
+    name = "torchrun"
+
+    def argv(self, ctx: LaunchContext, node: NodeRecord, program: list[str] | None) -> list[str]:
+        job, port = ctx.job, str(ctx.job.master_port)
+        argv = ["torchrun", "--nnodes", str(ctx.nnodes), "--nproc_per_node", ctx.nproc(node)]
+        if job.rdzv:
+            argv += ["--rdzv_backend", "c10d", "--rdzv_endpoint",
+                     f"{ctx.master_address}:{port}", "--rdzv_id", f"{ctx.inv.name}-job"]
+        else:
+            argv += ["--node_rank", str(node.rank), "--master_addr", ctx.master_address,
+                     "--master_port", port]
+        return argv + ctx.script(program)

@@ -1,0 +1,256 @@
+"""A job's life on a cluster, in order; each step is a call into the module that owns it:
+
+    refuse if busy   job.jobs        one job at a time, asked before any node is touched
+    sync             nodes.bootstrap the script's folder (+ the launcher's files) on every node
+    gate             job.gate        the network between the nodes proven first (multi-node)
+    start, follow    job.launch      every node at once, `[node-R]` output, stop on failure
+      keep checkpoints  job.checkpoints   $MGPU_CHECKPOINT_DIR copied off the nodes as it changes
+      detect         job.recovery    node lost / rank crash / hang / preemption (a Watcher)
+      recover        job.recovery    replace only what failed, restore, start again
+    record           job.jobs        every attempt is a job record of its own
+    fetch            job.collect     rank 0's outputs back
+
+    launch(name, job)   the life above on an existing cluster (lock held); its exit code
+    run(spec, job)      cluster.pipeline.create_cluster + the life above + destroy_cluster
+    down(name)          the jobs' logs kept, then the cluster destroyed
+
+A job's life takes what it needs as arguments (`JobRun`: inventory, provider, stores, log
+sink) and never reads the terminal: the same code can supervise a job from elsewhere.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TextIO
+
+from provision.cluster.pipeline import (
+    Confirm,
+    create_cluster,
+    destroy_cluster,
+    plan_cluster,
+    sigterm_raises,
+)
+from provision.cluster.pipeline import down as destroy_by_name
+from provision.cluster.providers import get_provider
+from provision.cluster.providers.contract import AnyProvider
+from provision.job import jobs
+from provision.job.checkpoints import CheckpointKeeper, local_checkpoint_dir
+from provision.job.gate_injob import InJobGate
+from provision.job.launch import SESSION_LOST, launching_nodes, run_job, workdir_of
+from provision.job.recovery import (
+    CANCELLED,
+    FAILURE_EVENTS,
+    OnEvent,
+    Outcome,
+    Recovery,
+    Watcher,
+    classify,
+    give_up_message,
+)
+from provision.model.errors import LaunchError, MgpuError
+from provision.model.inventory import Inventory, InventoryStore
+from provision.model.jobstore import JobRecord, JobStore
+from provision.model.spec import ClusterSpec, JobSpec
+from provision.nodes import NodeGroup, borrowed
+
+Log = Callable[[str], None]
+
+
+def _stderr(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
+
+
+@dataclass
+class JobRun:
+    """Everything one job's life needs, passed in (never read from the environment)."""
+
+    inv: Inventory
+    provider: AnyProvider
+    store: InventoryStore
+    job: JobSpec
+    log: Log
+    records: JobStore = field(default_factory=JobStore)
+    outputs: Path | None = None  # where rank 0's outputs go (default ./mgpu-outputs/NAME)
+    # a managed run's sinks (provision/job/managed/; None: an attached run, as always):
+    keeper: CheckpointKeeper | None = None  # where checkpoints go (the store)
+    out: TextIO | None = None  # the nodes' [node-R] output (the store's log)
+    on_event: OnEvent | None = None  # every state change: started, node_lost, replaced ...
+    stop: Callable[[], bool] | None = None  # True: end the job for good (a cancel)
+    # each attempt's fabric gate in the job's own processes (job/gate_injob.py; set by live)
+    gate: Callable[[], InJobGate] | None = None
+
+    def event(self, event: str, message: str, nodes: list[str] | None = None) -> None:
+        if self.on_event is not None:
+            self.on_event(event, message, nodes or [])
+
+
+def ready_inventory(store: InventoryStore, name: str) -> Inventory:
+    """The inventory of cluster `name`, which must be ready for a job."""
+    inv = store.load(name)
+    if inv.status != "ready":
+        raise MgpuError(f"cluster {name!r} is {inv.status}, not ready")
+    return inv
+
+
+# --- the job's life -----------------------------------------------------------------------------
+def live(run: JobRun, *, sync: bool = True) -> int:
+    """The job's whole life on a ready cluster whose lock the caller holds. Returns its exit
+    code (0, or the last failure's); raises LaunchError (e.g. the gate failed: exit 8)."""
+    from provision.job.collect import fetch_outputs
+    from provision.job.gate_injob import gate_step
+    from provision.nodes.bootstrap import sync_workdir
+
+    with NodeGroup(run.inv) as group:
+        jobs.refuse_if_busy(run.inv, group, store=run.records)
+        if sync:
+            sync_workdir(run.inv, workdir_of(run.inv, run.job), log=run.log, group=group)
+        run.gate = gate_step(run.inv, run.job, store=run.store, log=run.log, group=group)
+        code = supervise(run, group)
+    outputs = run.outputs or Path("mgpu-outputs") / run.inv.name
+    try:
+        fetch_outputs(run.inv, outputs, log=run.log)
+    except MgpuError as exc:
+        if code == 0:
+            raise
+        run.log(f"could not copy the outputs back: {exc.message}")  # the failure matters more
+    return code
+
+
+def supervise(run: JobRun, group: NodeGroup) -> int:
+    """start -> follow (checkpoints kept, failures detected) -> record; on a failure, recover
+    and start again, at most job.max_restarts times. Each attempt is a job of its own."""
+    keeper = run.keeper or _default_keeper(run)
+    recovery = Recovery(run.provider, run.inv, run.store, run.job, run.log, keeper,
+                        run.on_event)
+    restarts = 0
+    nodes: NodeGroup | None = group
+    while True:
+        with borrowed(run.inv, nodes) as current:
+            rec = _begin(run, current)
+            run.event("resumed" if restarts else "started",
+                      f"restart {restarts} of {run.job.max_restarts}: running again" if restarts
+                      else f"running on {len(run.inv.nodes)} node(s): {run.job.script_in_workdir}")
+            gate = run.gate() if run.gate is not None else None
+            outcome = attempt(run, current, keeper, rec, restarts, gate)
+        with NodeGroup(run.inv) as fresh:  # the nodes may have changed: fresh connections
+            jobs.refresh(run.inv, [rec], fresh, store=run.records)  # exit codes, logs here
+        nodes = None
+        if gate is not None and (gate.record is not None or outcome.code == 0):
+            gate.finish(outcome.code)  # FabricGateError when the gate kept the job from starting
+        if outcome.code == 0:
+            return 0
+        if outcome.watcher.reason == "cancelled":
+            return CANCELLED
+        failure = classify(outcome, run.provider, run.inv)
+        if gate is not None and gate.record is None and failure.kind != "node lost":
+            gate.finish(outcome.code)  # the gate never finished (a lost node is recovered)
+        if outcome.launch_error is not None and failure.kind != "node lost":
+            raise outcome.launch_error  # e.g. the nodes cannot run the image: no restart
+        run.log(f"failure: {failure.describe()}")
+        run.event(FAILURE_EVENTS[failure.kind], failure.describe(),
+                  [n.name for n in failure.nodes])
+        if restarts >= run.job.max_restarts:
+            if outcome.launch_error is not None:
+                raise outcome.launch_error
+            run.log(give_up_message(failure, restarts, run.job.max_restarts))
+            return outcome.code
+        restarts += 1
+        run.log(f"restart {restarts} of {run.job.max_restarts}: recovering from "
+                f"{failure.describe()}")
+        recovery.bring_back(failure)
+
+
+def _default_keeper(run: JobRun) -> CheckpointKeeper:
+    """Checkpoints kept here (./mgpu-outputs/NAME/checkpoints), or, when the cluster has a
+    store, pushed by the nodes straight to it (issue 18)."""
+    store = run.inv.spec.store if run.inv.spec is not None else None
+    if store:
+        from provision.job.managed.checks import store_env
+        from provision.job.managed.keeper import StoreKeeper
+        from remote.store import parse_url
+
+        return StoreKeeper(run.inv, parse_url(store).child(run.inv.name, "checkpoints"),
+                           store_env(), log=run.log)
+    return CheckpointKeeper(run.inv, local_checkpoint_dir(run.inv), log=run.log)
+
+
+def attempt(run: JobRun, group: NodeGroup, keeper: CheckpointKeeper, rec: JobRecord,
+            restarts: int, gate: InJobGate | None = None) -> Outcome:
+    """One start of the job on every node, followed to its end, its checkpoints kept and a
+    Watcher looking for hangs and preemption notices. `gate`: the fabric gate first, in the
+    job's own processes."""
+    watcher = Watcher(run.inv, run.job, keeper, run.log, stop=run.stop)
+    keeper.start()
+    try:
+        code = run_job(run.inv, run.job, log=run.log, group=group, monitor=watcher,
+                       restart_count=restarts, job_id=rec.id, out=run.out, gate=gate)
+        return Outcome(code, watcher)
+    except LaunchError as exc:
+        return Outcome(SESSION_LOST, watcher, launch_error=exc)
+    finally:
+        keeper.stop()
+
+
+def _begin(run: JobRun, group: NodeGroup) -> JobRecord:
+    """The attempt's record (its id names its log on the nodes and here)."""
+    rec = jobs.begin(run.inv, run.job, launching_nodes(run.inv, run.job), detached=False,
+                     store=run.records)
+    run.log(f"job {rec.id} (its log: mgpu-cloud logs {run.inv.name} {rec.id})")
+    return rec
+
+
+# --- the commands -------------------------------------------------------------------------------
+def launch(
+    name: str, job: JobSpec, *, store: InventoryStore | None = None, log: Log = _stderr
+) -> int:
+    """Run `job` on an existing cluster; copies rank 0's outputs back. Returns the exit code."""
+    store = store or InventoryStore()
+    with store.lock(name), sigterm_raises():
+        inv = ready_inventory(store, name)
+        return live(JobRun(inv, get_provider(inv.provider), store, job, log))
+
+
+def run(
+    spec: ClusterSpec,
+    job: JobSpec,
+    *,
+    confirm: Confirm,
+    keep: bool = False,
+    store: InventoryStore | None = None,
+    log: Log = _stderr,
+) -> int:
+    """create + the job's life + destroy; destroy in every case unless `keep`."""
+    store = store or InventoryStore()
+    provider, plan = plan_cluster(spec, store)
+    if not confirm(plan):
+        return 1
+    provider.creatable(plan)  # an unresolved plan is refused before anything is written
+    with store.lock(spec.name), sigterm_raises():
+        inv = create_cluster(provider, spec, plan, store, bootstrap=True,
+                             workdir=lambda inv: workdir_of(inv, job), log=log)
+        try:
+            # bootstrap already placed the workdir
+            return live(JobRun(inv, provider, store, job, log), sync=False)
+        finally:
+            if keep:
+                log(f"--keep: cluster {spec.name!r} left running; remove it with "
+                    f"`mgpu-cloud down {spec.name}`")
+            else:
+                with sigterm_raises():
+                    destroy_cluster(provider, inv, store, log, before=keep_job_logs(log))
+                from provision.cluster.cost import describe
+
+                log(describe(inv.hourly_cost_usd, inv.created_at, None, spec.spot))
+
+
+def keep_job_logs(log: Log) -> Callable[[Inventory], None]:
+    """The `before` hook of a destroy: job logs not copied yet come here (best effort)."""
+    return lambda inv: jobs.before_teardown(inv, log)
+
+
+def down(name: str, *, store: InventoryStore | None = None, log: Log = _stderr) -> None:
+    """`mgpu-cloud down`: the jobs' logs kept, then everything the inventory recorded deleted."""
+    destroy_by_name(name, store=store, log=log, before=keep_job_logs(log))

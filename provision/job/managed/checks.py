@@ -1,0 +1,127 @@
+"""Plan-time checks of a managed run: refused before anything is created.
+
+    the store URL parses                       (spec.py already; repeated for `attach --store`)
+    the provider's nodes can reach it          file:// only where every node mounts the folder
+                                               (docker: a host folder bind-mounted); an endpoint
+                                               on this machine's loopback is not reachable
+                                               from docker nodes, nor anything private from
+                                               cloud nodes
+    it exists and we may write there           a probe object written, read and deleted
+    --notify is http(s)                        spec.py
+The SDKs' errors are classified once here, by error code (botocore's Error.Code, the HTTP
+status of google.api_core), never by message text.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import os
+import secrets
+from urllib.parse import urlparse
+
+from provision.model.errors import MgpuError, ProviderUnavailableError, UserInputError
+from remote.store import StoreURL, open_store, parse_url
+
+# What reaches a store from a node or the controller (remote/store.py --env-stdin). The SDKs'
+# own variable names: credentials (where no instance role is used) and endpoints.
+STORE_ENV = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN",
+             "AWS_DEFAULT_REGION", "AWS_REGION", "AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3",
+             "STORAGE_EMULATOR_HOST", "GOOGLE_CLOUD_PROJECT")
+FILE_STORE_PROVIDERS = ("docker", "ssh", "slurm")  # nodes that can share a folder with us
+NO_WRITE = {"AccessDenied", "AllAccessDisabled", "AccountProblem", "403"}
+NO_BUCKET = {"NoSuchBucket", "404"}
+
+
+def store_env(env: dict[str, str] | None = None) -> dict[str, str]:
+    source = os.environ if env is None else env
+    return {k: source[k] for k in STORE_ENV if source.get(k)}
+
+
+def endpoint_of(url: StoreURL, env: dict[str, str]) -> str | None:
+    if url.scheme == "s3":
+        return env.get("AWS_ENDPOINT_URL_S3") or env.get("AWS_ENDPOINT_URL")
+    if url.scheme == "gs":
+        return env.get("STORAGE_EMULATOR_HOST")
+    return None
+
+
+def check_reach(provider: str, url: StoreURL, env: dict[str, str]) -> None:
+    """UserInputError when the provider's nodes cannot reach the store."""
+    if url.scheme == "file":
+        if provider not in FILE_STORE_PROVIDERS:
+            raise UserInputError(
+                f"--store {url}: {provider} nodes cannot mount a folder of this machine",
+                hint="use an s3:// or gs:// store, or a file:// path on a filesystem the "
+                     "nodes mount (docker, ssh, slurm)")
+        if not os.path.isdir(url.prefix):
+            raise UserInputError(f"--store {url}: {url.prefix} is not a folder here",
+                                 hint=f"create it first: mkdir -p {url.prefix}")
+        return
+    endpoint = endpoint_of(url, env)
+    if not endpoint:
+        return
+    host = urlparse(endpoint if "://" in endpoint else f"http://{endpoint}").hostname or ""
+    try:
+        addr = ipaddress.ip_address(host)
+    except ValueError:
+        return  # a name: resolved where it is used
+    if addr.is_loopback:
+        raise UserInputError(
+            f"--store {url}: its endpoint {endpoint} is this machine's loopback, which the "
+            f"{provider} nodes cannot reach",
+            hint="serve it on an address the nodes reach (docker: the docker0 bridge's "
+                 "address, e.g. 172.17.0.1)")
+    if addr.is_private and provider in ("aws", "gcp"):
+        raise UserInputError(f"--store {url}: endpoint {endpoint} is a private address "
+                             f"that {provider} nodes cannot reach")
+
+
+def check_writable(url: StoreURL) -> None:
+    """Write, read and delete a probe object; a clear error when any of it fails."""
+    key = f".mgpu-probe-{secrets.token_hex(4)}"
+    try:
+        store = open_store(url)
+        store.put_bytes(key, b"probe")
+        if store.get_bytes(key) != b"probe":
+            raise MgpuError(f"--store {url}: a probe object written there cannot be read back")
+        store.delete(key)
+    except MgpuError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - classified below, by code
+        raise _classify(url, exc) from exc
+
+
+def _code(exc: BaseException) -> str:
+    response = getattr(exc, "response", None)
+    if isinstance(response, dict):  # botocore.exceptions.ClientError
+        return str(response.get("Error", {}).get("Code", ""))
+    status = getattr(exc, "code", None)  # google.api_core.exceptions.GoogleAPICallError
+    return str(status) if isinstance(status, int) else ""
+
+
+def _classify(url: StoreURL, exc: Exception) -> MgpuError:
+    code = _code(exc)
+    if isinstance(exc, PermissionError) or code in NO_WRITE:
+        return UserInputError(
+            f"--store {url}: no permission to write there ({code or exc})",
+            hint="grant this identity s3:PutObject/GetObject/DeleteObject/ListBucket (GCS: "
+                 "roles/storage.objectAdmin) on that bucket and prefix")
+    if isinstance(exc, FileNotFoundError) or code in NO_BUCKET:
+        return UserInputError(f"--store {url}: the bucket {url.bucket or url.prefix!r} does not "
+                              "exist", hint="create it first, or fix the URL")
+    return ProviderUnavailableError(
+        f"--store {url}: the store cannot be reached ({type(exc).__name__}: {exc})",
+        hint="check the endpoint (AWS_ENDPOINT_URL_S3 / STORAGE_EMULATOR_HOST), the network "
+             "and the credentials")
+
+
+def check_store(provider: str, store_url: str, env: dict[str, str] | None = None) -> StoreURL:
+    """Everything about `--store` that can be checked before anything is created."""
+    try:
+        url = parse_url(store_url)
+    except ValueError as exc:
+        raise UserInputError(f"--store: {exc}") from None
+    env = store_env() if env is None else env
+    check_reach(provider, url, env)
+    check_writable(url)
+    return url

@@ -1,0 +1,267 @@
+"""The user's side of a managed run: make the controller, give it the job, return once it runs.
+
+    run --detach --store URL    plan + store/webhook checks (before anything is made) -> up ->
+                                fabric gate -> hand_off(teardown=True) -> the job id
+    launch --detach (a cluster with a store)   workdir sync -> hand_off(teardown=False)
+
+hand_off: the controller is created the first time (Supervising.create_controller, recorded
+in the inventory), gets ONE upload (the tool's code as installed here, the inventory, the
+cluster key, the job's workdir and spec, the store's environment 0600), and starts
+`provision.job.managed.supervisor` under the node-side job supervisor (remote.pyz job start),
+detached. The CLI then waits for the job's `started` record in the store (or a failure) and
+returns: from then on nothing runs on this machine.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from provision.cluster.providers.contract import AnyProvider, Supervising
+from provision.job.managed.records import JobView, job_ids, next_job_id
+from provision.model.errors import LaunchError, MgpuError, UserInputError
+from provision.model.inventory import Inventory, InventoryStore
+from provision.model.spec import ClusterSpec, JobSpec
+from provision.nodes import HomePath, NodeGroup, RemoteLayout
+from remote.store import StoreURL, open_store, parse_url
+
+Log = Callable[[str], None]
+Confirm = Callable[..., bool]
+CONTROLLER_DIR = "controller"  # under the controller's remote folder
+START_DEADLINE_S = 600.0
+
+
+def controller_layout(inv: Inventory) -> RemoteLayout:
+    return RemoteLayout(f"{inv.remote_root}/{CONTROLLER_DIR}")
+
+
+def controller_inventory(inv: Inventory, store: InventoryStore) -> Inventory:
+    """An inventory whose only node is the controller (for NodeGroup), host key pinned in a
+    known_hosts of its own."""
+    from provision.model.keys import known_hosts_line, write_known_hosts
+
+    ctl = inv.controller
+    if ctl is None:
+        raise MgpuError(f"cluster {inv.name!r} has no controller")
+    path = store.keys_dir(inv.name) / "controller_known_hosts"
+    write_known_hosts(path, [known_hosts_line([ctl.address], ctl.port, ctl.host_key or "")])
+    return inv.model_copy(update={"nodes": [ctl], "known_hosts_path": str(path)})
+
+
+def _tree_files(name: str, root: Path) -> dict[str, tuple[bytes, int]]:
+    """Every file under `root` as archive entries under `name` (no caches)."""
+    return {f"{name}/{p.relative_to(root)}": (p.read_bytes(), 0o644) for p in root.rglob("*")
+            if p.is_file() and "__pycache__" not in p.parts and p.suffix != ".pyc"}
+
+
+def controller_payload(inv: Inventory, job: JobSpec, job_id: str, env: dict[str, str],
+                       layout: RemoteLayout) -> bytes:
+    """One archive: the tool's code, its state for this cluster, the job."""
+    import provision
+    from provision.model.assets import templates_dir
+    from provision.nodes.bootstrap import files_tar, remote_zipapp, workdir_tar
+
+    lib = Path(provision.__file__).resolve().parent
+    keys = Path(inv.key_path or "").parent
+    spec = job.model_dump(mode="json")
+    spec.update(script=job.script_in_workdir, workdir=None)
+    if job.deepspeed_config:
+        spec["deepspeed_config"] = Path(job.deepspeed_config).name
+    work = f"{layout.root}/jobs/{job_id}/work"
+    entries = {
+        f"{inv.remote_root}/remote.pyz": (remote_zipapp(), 0o644),
+        f"{layout.root}/home/clusters/{inv.name}.yaml": (
+            _inventory_yaml(inv).encode(), 0o600),
+        f"{layout.root}/home/store-env.json": (json.dumps(env).encode(), 0o600),
+        f"{layout.root}/jobs/{job_id}/job.json": (json.dumps(spec).encode(), 0o600),
+    }
+    for key in (p for p in keys.iterdir() if p.is_file() and p.name.startswith("id_")):
+        entries[f"{layout.root}/home/keys/{inv.name}/{key.name}"] = (key.read_bytes(), 0o600)
+    if job.deepspeed_config:
+        entries[f"{work}/{Path(job.deepspeed_config).name}"] = (
+            Path(job.deepspeed_config).read_bytes(), 0o644)
+    for name, root in ((f"{layout.root}/lib/provision", lib),
+                       (f"{layout.root}/lib/remote", lib.parent / "remote"),
+                       (f"{layout.root}/lib/templates", templates_dir())):
+        entries.update(_tree_files(name, root))
+    return files_tar(entries, workdir_tar(job.local_workdir, job.excludes), work)
+
+
+def _inventory_yaml(inv: Inventory) -> str:
+    import yaml
+
+    return yaml.safe_dump(inv.model_dump(mode="json"), sort_keys=False)
+
+
+def start_line(inv: Inventory, job_id: str, url: StoreURL, teardown: bool) -> str:
+    """The controller's command line: the supervisor under `remote.pyz job start`."""
+    home = RemoteLayout(HomePath(inv.remote_root))
+    ctl = RemoteLayout(HomePath(f"{inv.remote_root}/{CONTROLLER_DIR}"))
+    from provision.nodes.shell import word
+
+    inner = ["env", f"PYTHONPATH={ctl.path('lib')}", f"MGPU_CLOUD_HOME={ctl.path('home')}",
+             "python3", "-m", "provision.job.managed.supervisor", "--cluster", inv.name,
+             "--job", job_id, "--store", str(url),
+             "--job-file", ctl.path("jobs", job_id, "job.json"),
+             "--env-file", ctl.path("home", "store-env.json"),
+             "--workdir", ctl.path("jobs", job_id, "work")]
+    if teardown:
+        inner.append("--teardown")
+    outer = ["python3", home.pyz, "job", "start", "--dir", ctl.path("jobs", job_id, "run"),
+             "--", *inner]
+    # HomePath words keep $HOME live; `env` words carry it inside the assignment
+    return " ".join(word(w) if not w.startswith(("PYTHONPATH=", "MGPU_CLOUD_HOME="))
+                    else _assign(w) for w in outer)
+
+
+def _assign(pair: str) -> str:
+    key, _, value = pair.partition("=")
+    return f'{key}="$HOME"/{shlex.quote(value)}'
+
+
+def ensure_controller(provider: AnyProvider, inv: Inventory, store: InventoryStore,
+                      log: Log) -> None:
+    if inv.controller is not None:
+        return
+    if not isinstance(provider, Supervising):
+        raise UserInputError(
+            f"provider {inv.provider!r} cannot make a controller for managed runs yet",
+            hint="run attached (without --detach), or use --provider docker")
+    log(f"creating the controller of {inv.name!r} ...")
+    inv.controller = provider.create_controller(inv, store)
+    store.save(inv)
+
+
+def hand_off(provider: AnyProvider, inv: Inventory, store: InventoryStore, job: JobSpec,
+             env: dict[str, str], *, teardown: bool, log: Log) -> str:
+    """Give `job` to the cluster's controller; return its id once it runs (LaunchError when
+    the controller reports a failure first, or nothing within START_DEADLINE_S)."""
+    url = parse_url(inv.spec.store if inv.spec and inv.spec.store else "")
+    ensure_controller(provider, inv, store, log)
+    objects = open_store(url)
+    job_id = next_job_id(objects, inv.name)
+    ctl_inv = controller_inventory(inv, store)
+    layout = controller_layout(inv)
+    archive = controller_payload(inv, job, job_id, env, layout)
+    q = shlex.quote
+    with NodeGroup(ctl_inv) as group:
+        group.wait_until_reachable().raise_for("reaching the controller", LaunchError)
+        group.upload(archive, [f"rm -rf {q(layout.path('lib'))}",
+                               f"mkdir -p {q(layout.root)}",
+                               "tar -xzf - -C ~ --no-same-owner"]).raise_for(
+            "preparing the controller", LaunchError)
+        spec = job.model_dump(mode="json")
+        objects.put_bytes(f"{inv.name}/jobs/{job_id}/spec.json", json.dumps(spec).encode())
+        group.run(start_line(inv, job_id, url, teardown)).raise_for(
+            "starting the controller", LaunchError)
+        log(f"job {job_id} handed to the controller; waiting for it to start ...")
+        wait_started(JobView(objects, inv.name, job_id), group, layout, job_id, log)
+    return job_id
+
+
+def wait_started(view: JobView, group: NodeGroup, layout: RemoteLayout, job_id: str,
+                 log: Log, deadline_s: float = START_DEADLINE_S) -> None:
+    """Until the job's `started` record; LaunchError on a failure record or a controller
+    that ended without one (its own log's tail in the message)."""
+    end = time.monotonic() + deadline_s
+    seen = 0
+    while time.monotonic() < end:
+        for rec in view.records(after=seen):
+            seen = rec.seq
+            log(f"controller: {rec.event}: {rec.message}")
+            if rec.event == "started":
+                return
+            if rec.event in ("failed", "cancelled"):
+                raise LaunchError(f"job {job_id}: {rec.message}")
+        status = group.run(layout.remote_command("job", "status", "--jobs",
+                                                 layout.path("jobs", job_id)))
+        res = next(iter(status.values()))
+        if res.ok and res.value is not None and '"exited"' in res.value.stdout:
+            tail = group.run(f"tail -n 20 {shlex.quote(layout.path('jobs', job_id, 'run', 'node.log'))}")
+            text = next(iter(tail.values())).value
+            raise LaunchError(f"the controller ended before job {job_id} started:\n"
+                              + (text.stdout if text is not None else ""))
+        time.sleep(0.5)
+    raise LaunchError(f"job {job_id} did not start within {deadline_s:.0f} s")
+
+
+def refuse_if_running(inv: Inventory) -> None:
+    """One managed job at a time per cluster (like attached jobs)."""
+    if not inv.spec or not inv.spec.store:
+        return
+    objects = open_store(inv.spec.store)
+    ids = job_ids(objects, inv.name)
+    if not ids:
+        return
+    records = JobView(objects, inv.name, ids[-1]).records()
+    if records and records[-1].state not in ("succeeded", "failed", "cancelled"):
+        raise LaunchError(f"managed job {ids[-1]} is still {records[-1].state} on "
+                          f"{inv.name!r}", hint=f"mgpu-cloud cancel {inv.name} {ids[-1]}")
+
+
+# --- the commands ----------------------------------------------------------------------------
+def run_managed(spec: ClusterSpec, job: JobSpec, *, confirm: Confirm, log: Log,
+                store: InventoryStore | None = None) -> str | None:
+    """`run --detach --store`: None when the plan was declined. If the hand-off fails, the
+    cluster is removed before the error is raised."""
+    from provision.cluster.pipeline import (
+        create_cluster,
+        destroy_cluster,
+        plan_cluster,
+        sigterm_raises,
+    )
+    from provision.job.gate import gate_before_job
+    from provision.job.launch import workdir_of
+    from provision.job.lifecycle import keep_job_logs
+    from provision.job.managed.checks import check_store, store_env
+
+    store = store or InventoryStore()
+    env = store_env()
+    provider, plan = plan_cluster(spec, store)
+    check_store(spec.provider, spec.store or "", env)  # before anything is created
+    if not isinstance(provider, Supervising):
+        raise UserInputError(f"provider {spec.provider!r} cannot make a controller for "
+                             "managed runs yet", hint="run without --detach (attached)")
+    if not confirm(plan):
+        return None
+    provider.creatable(plan)  # an unresolved plan is refused before anything is written
+    with store.lock(spec.name), sigterm_raises():
+        inv = create_cluster(provider, spec, plan, store, bootstrap=True,
+                             workdir=lambda inv: workdir_of(inv, job), log=log)
+        try:
+            gate_before_job(inv, job, store=store, log=log)
+            job_id = hand_off(provider, inv, store, job, env, teardown=True, log=log)
+        except BaseException:
+            log("the job could not be handed to the controller; removing the cluster ...")
+            destroy_cluster(provider, inv, store, log, before=keep_job_logs(log))
+            raise
+    from provision.job.managed.client import remember
+
+    remember(spec.name, spec.store or "")
+    return job_id
+
+
+def launch_managed(name: str, job: JobSpec, *, log: Log,
+                   store: InventoryStore | None = None) -> str:
+    """`launch --detach` on a cluster with a store: the controller supervises the job."""
+    from provision.cluster.pipeline import sigterm_raises
+    from provision.cluster.providers import get_provider
+    from provision.job.launch import workdir_of
+    from provision.job.managed.checks import check_store, store_env
+    from provision.nodes.bootstrap import sync_workdir
+
+    store = store or InventoryStore()
+    with store.lock(name), sigterm_raises():
+        inv = store.load(name)
+        if inv.status != "ready":
+            raise MgpuError(f"cluster {name!r} is {inv.status}, not ready")
+        env = store_env()
+        check_store(inv.provider, inv.spec.store if inv.spec and inv.spec.store else "", env)
+        refuse_if_running(inv)
+        with NodeGroup(inv) as group:
+            sync_workdir(inv, workdir_of(inv, job), log=log, group=group)
+        return hand_off(get_provider(inv.provider), inv, store, job, env, teardown=False,
+                        log=log)

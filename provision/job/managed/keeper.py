@@ -1,0 +1,67 @@
+"""Checkpoints of a managed run: from the nodes straight to the store, and back.
+
+StoreKeeper is recovery's CheckpointKeeper with the copy done ON the nodes: the keeper still
+decides when (a node's files changed and then stayed still, provision/checkpoints.py), but
+instead of pulling files through the supervisor it runs `remote.pyz store push` on that node
+(parallel, multipart, the node's own SDK client), and before a restart `remote.pyz store pull`
+on every node at once, replacements included. The store's credentials and endpoint go to each
+command on stdin (remote/store.py --env-stdin); nothing is written on the nodes.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+
+from provision.job.checkpoints import CheckpointKeeper
+from provision.model.errors import BootstrapError
+from provision.model.inventory import Inventory, NodeRecord
+from provision.nodes import Connector, NodeGroup
+from remote.store import StoreURL
+
+Log = Callable[[str], None]
+
+
+class StoreKeeper(CheckpointKeeper):
+    def __init__(self, inv: Inventory, url: StoreURL, env: dict[str, str], *, log: Log,
+                 connector: Connector | None = None) -> None:
+        from pathlib import Path
+
+        super().__init__(inv, Path("/nonexistent"), log=log, connector=connector)
+        self.url = url
+        self.env = json.dumps(env).encode()
+        self.where = f"{url}/"
+
+    def _copy(self, group: NodeGroup, node: NodeRecord, files: list[str]) -> None:
+        layout = group.layout
+        command = layout.remote_command("store", "push", "--url", str(self.url), "--root",
+                                        layout.checkpoints, "--env-stdin", *files)
+        res = group.connection(node).run(command, stdin=self.env)
+        if not res.ok:
+            raise BootstrapError(f"{node.name}: pushing checkpoints to {self.url} failed: "
+                                 f"{res.tail()}")
+
+    def restore(self, group: NodeGroup) -> int:
+        """Every node of `group` pulls the store's checkpoints in parallel (its folder is
+        replaced). Returns the number of files on each node."""
+        layout = group.layout
+        command = layout.remote_command("store", "pull", "--url", str(self.url), "--root",
+                                        layout.checkpoints, "--env-stdin")
+        results = group.run(command, stdin=self.env, timeout=3600)
+        results.raise_for(f"restoring the checkpoint from {self.url}", BootstrapError)
+        self.mark_synced(group)
+        counts = [json.loads(r.value.stdout.strip().splitlines()[-1]).get("files", 0)
+                  for r in results.values() if r.value is not None and r.value.stdout.strip()]
+        return int(max(counts, default=0))
+
+
+def push_outputs(group: NodeGroup, node: NodeRecord, url: StoreURL, env: dict[str, str]) -> str:
+    """Node `node` pushes its whole $MGPU_OUTPUT_DIR to `url`; '' or why it failed."""
+    layout = group.layout
+    command = layout.remote_command("store", "push", "--url", str(url), "--root",
+                                    layout.outputs, "--env-stdin")
+    try:
+        res = group.connection(node).run(command, stdin=json.dumps(env).encode())
+    except Exception as exc:  # noqa: BLE001 - reported, never fatal
+        return str(exc)
+    return "" if res.ok else res.tail()

@@ -1,0 +1,183 @@
+"""A managed job's records and log in its store: one object per state change, read in order.
+
+    CLUSTER/jobs/ID/events/SEQ.json   a Record (SEQ: 6 digits; the controller is the only writer)
+    CLUSTER/jobs/ID/log/SEQ.log       the job's output, `[node-R] `-prefixed, one object per flush
+    CLUSTER/jobs/ID/spec.json         the JobSpec as started
+    CLUSTER/jobs/ID/control/cancel    present once someone asked the job to stop
+
+An object store cannot append: "appending" a record is writing the next numbered object, and a
+reader lists the folder and reads in order. JobLog writes (controller side); JobView reads
+(`jobs`, `logs`, `attach`, from any machine with the store URL and credentials).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import threading
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from remote.store import Store
+
+EVENTS = ("submitted", "started", "node_lost", "preempted", "hang", "crashed", "replaced",
+          "resumed", "finished", "failed", "cancelled", "torn_down")
+FINAL_STATES = ("succeeded", "failed", "cancelled")
+STATE_OF = {"submitted": "starting", "started": "running", "node_lost": "recovering",
+            "preempted": "recovering", "hang": "recovering", "crashed": "recovering",
+            "replaced": "recovering", "resumed": "running", "finished": "succeeded",
+            "failed": "failed", "cancelled": "cancelled"}
+FLUSH_S = 2.0
+
+
+def now_iso() -> str:
+    return dt.datetime.now(dt.UTC).isoformat(timespec="seconds")
+
+
+@dataclass
+class Record:
+    """One state change of a job (the stream `jobs`, `logs`, the notifier read)."""
+
+    seq: int
+    cluster: str
+    job: str
+    event: str
+    state: str
+    message: str
+    at: str = field(default_factory=now_iso)
+    nodes: list[str] = field(default_factory=list)
+    restarts: int = 0
+    exit_code: int | None = None
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), sort_keys=True)
+
+
+def job_prefix(cluster: str, job_id: str) -> str:
+    return f"{cluster}/jobs/{job_id}"
+
+
+class JobLog:
+    """The controller's writer of one job's records and output. Thread-safe. A failed write
+    to the store is retried at the next flush (output) or raised (records: the caller logs)."""
+
+    def __init__(self, store: Store, cluster: str, job_id: str,
+                 on_record: Callable[[Record], None] | None = None) -> None:
+        self.store, self.cluster, self.job_id = store, cluster, job_id
+        self.prefix = job_prefix(cluster, job_id)
+        self.on_record = on_record
+        self.restarts = 0
+        self.state = "starting"
+        self._lock = threading.Lock()
+        self._seq = len(store.list(f"{self.prefix}/events"))
+        self._log_seq = len(store.list(f"{self.prefix}/log"))
+        self._pending: list[str] = []
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def record(self, event: str, message: str, *, nodes: list[str] | None = None,
+               exit_code: int | None = None, state: str | None = None) -> Record:
+        with self._lock:
+            self._seq += 1
+            self.state = state or STATE_OF.get(event, self.state)
+            rec = Record(seq=self._seq, cluster=self.cluster, job=self.job_id, event=event,
+                         state=self.state, message=message, nodes=nodes or [],
+                         restarts=self.restarts, exit_code=exit_code)
+            self.store.put_bytes(f"{self.prefix}/events/{rec.seq:06d}.json",
+                                 rec.to_json().encode())
+        self.line(f"[mgpu-cloud] {event}: {message}")
+        if self.on_record is not None:
+            self.on_record(rec)
+        return rec
+
+    # --- output -------------------------------------------------------------------------
+    def line(self, text: str) -> None:
+        with self._lock:
+            self._pending.append(text)
+
+    def write(self, data: str) -> int:
+        """File-like: launch.PrefixWriter's output lands here ([node-R] lines)."""
+        with self._lock:
+            self._pending.append(data.rstrip("\n"))
+        return len(data)
+
+    def flush(self) -> None:
+        with self._lock:
+            if not self._pending:
+                return
+            text = "\n".join(self._pending) + "\n"
+            self._log_seq += 1
+            key = f"{self.prefix}/log/{self._log_seq:06d}.log"
+            try:
+                self.store.put_bytes(key, text.encode())
+            except Exception:
+                self._log_seq -= 1  # kept for the next flush
+                raise
+            self._pending.clear()
+
+    def start(self) -> None:
+        def loop() -> None:
+            while not self._stop.wait(FLUSH_S):
+                try:
+                    self.flush()
+                except Exception:  # noqa: BLE001, S110 - the next flush retries
+                    pass
+
+        self._thread = threading.Thread(target=loop, daemon=True)
+        self._thread.start()
+
+    def close(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=10)
+        self.flush()
+
+    def cancel_requested(self) -> bool:
+        return self.store.get_bytes(f"{self.prefix}/control/cancel") is not None
+
+
+class JobView:
+    """A job as its store shows it, from any machine."""
+
+    def __init__(self, store: Store, cluster: str, job_id: str) -> None:
+        self.store, self.cluster, self.job_id = store, cluster, job_id
+        self.prefix = job_prefix(cluster, job_id)
+
+    def records(self, after: int = 0) -> list[Record]:
+        out = []
+        for key in self.store.list(f"{self.prefix}/events"):
+            seq = int(key.rsplit("/", 1)[-1].split(".")[0])
+            if seq > after:
+                data = self.store.get_bytes(key)
+                if data is not None:
+                    out.append(Record(**json.loads(data)))
+        return sorted(out, key=lambda r: r.seq)
+
+    def log_chunks(self, after: int = 0) -> list[tuple[int, str]]:
+        """(seq, text) of every log object after `after`, in order."""
+        out = []
+        for key in self.store.list(f"{self.prefix}/log"):
+            seq = int(key.rsplit("/", 1)[-1].split(".")[0])
+            if seq > after:
+                data = self.store.get_bytes(key)
+                if data is not None:
+                    out.append((seq, data.decode(errors="replace")))
+        return out
+
+    def spec(self) -> dict[str, Any] | None:
+        data = self.store.get_bytes(f"{self.prefix}/spec.json")
+        return json.loads(data) if data else None
+
+    def request_cancel(self) -> None:
+        self.store.put_bytes(f"{self.prefix}/control/cancel", now_iso().encode())
+
+
+def job_ids(store: Store, cluster: str) -> list[str]:
+    ids = {k.split("/")[2] for k in store.list(f"{cluster}/jobs") if k.count("/") >= 3}
+    return sorted(ids, key=lambda i: (len(i), i))
+
+
+def next_job_id(store: Store, cluster: str) -> str:
+    ids = [int(i) for i in job_ids(store, cluster) if i.isdigit()]
+    return str(max(ids, default=0) + 1)

@@ -1,0 +1,235 @@
+"""The controller's side of a managed run: the same lifecycle as an attached run, unattended.
+
+    python3 -m provision.job.managed.supervisor --cluster NAME --job ID --store URL [--teardown]
+
+runs ON the cluster's controller (docs/ARCHITECTURE.md, managed runs) with MGPU_CLOUD_HOME set to the
+controller's own state folder (the inventory and the cluster key, uploaded by handoff.py).
+`supervise` is the job lifecycle's `supervise` (provision/job/lifecycle.py) with everything it
+needs given as arguments (JobRun): the inventory and its store, the provider, the durable
+store's sinks (checkpoints through StoreKeeper, records and output through JobLog, a cancel
+asked through the store), the webhook. The controller reaches the nodes at their
+private addresses (it sits in the cluster's network), so node records are seen from there.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, TextIO, cast
+
+from provision.cluster.providers.contract import AnyProvider, Recoverable, Supervising
+from provision.job.managed.keeper import StoreKeeper, push_outputs
+from provision.job.managed.records import JobLog, Record
+from provision.model.errors import MgpuError
+from provision.model.inventory import Inventory, InventoryStore, NodeRecord, ResourceRecord
+from provision.model.spec import ClusterSpec, JobSpec
+from remote.store import StoreURL, open_store, parse_url
+
+CANCEL_POLL_S = 2.0
+
+
+def inside_view(node: NodeRecord) -> NodeRecord:
+    """`node` as the controller reaches it: its private address, port 22, no jump host."""
+    return node.model_copy(update={"address": node.private_address, "port": 22,
+                                   "proxy_jump": None})
+
+
+def localize(inv: Inventory, store: InventoryStore) -> None:
+    """Make an inventory uploaded from the user's machine usable here: key paths under this
+    home, nodes seen from inside the cluster's network, known_hosts rewritten for that."""
+    from provision.nodes.sshconn import write_cluster_known_hosts
+
+    keys = store.keys_dir(inv.name)
+    inv.key_path = str(keys / Path(inv.key_path or "id_ed25519").name)
+    inv.known_hosts_path = str(keys / "known_hosts")
+    inv.nodes = [inside_view(n) for n in inv.nodes]
+    store.save(inv)
+    write_cluster_known_hosts(inv, store)
+
+
+class InsideProvider(Recoverable[Any]):
+    """A Recoverable provider seen from inside the cluster: its replacements come back at
+    their private addresses. Everything else is the inner provider's (its own error
+    boundary included)."""
+
+    def __init__(self, inner: Recoverable[Any]) -> None:
+        self.inner = inner
+        self.name = inner.name  # type: ignore[misc]
+
+    def plan_class(self) -> type[Any]:
+        return self.inner.plan_class()
+
+    def _plan(self, spec: ClusterSpec) -> Any:
+        return self.inner.plan(spec)
+
+    def _create(self, spec: ClusterSpec, plan: Any, inv: Inventory,
+                store: InventoryStore) -> None:
+        self.inner.create(spec, plan, inv, store)
+
+    def _destroy(self, inv: Inventory, store: InventoryStore) -> None:
+        self.inner.destroy(inv, store)
+
+    def _orphans(self, spec: ClusterSpec, known: set[str]) -> list[ResourceRecord]:
+        return self.inner.orphans(spec, known)
+
+    def _delete_orphans(self, spec: ClusterSpec, resources: list[ResourceRecord]) -> None:
+        self.inner.delete_orphans(spec, resources)
+
+    def _node_alive(self, inv: Inventory, node: NodeRecord) -> bool:
+        return self.inner.node_alive(inv, node)
+
+    def _replace(self, inv: Inventory, store: InventoryStore, node: NodeRecord) -> NodeRecord:
+        from provision.nodes.sshconn import write_cluster_known_hosts
+
+        new = inside_view(self.inner.replace(inv, store, node))
+        inv.nodes = [new if n.rank == new.rank else n for n in inv.nodes]
+        store.save(inv)
+        write_cluster_known_hosts(inv, store)
+        return new
+
+
+def _throttled(check: Callable[[], bool], every_s: float) -> Callable[[], bool]:
+    last = [0.0, False]
+
+    def ask() -> bool:
+        if not last[1] and time.monotonic() - float(last[0]) >= every_s:
+            last[0] = time.monotonic()
+            try:
+                last[1] = check()
+            except Exception:  # noqa: BLE001 - the store blinked: ask again later
+                last[1] = False
+        return bool(last[1])
+
+    return ask
+
+
+def supervise(provider: AnyProvider, inv: Inventory, istore: InventoryStore, job: JobSpec,
+              *, url: StoreURL, job_id: str, env: dict[str, str], teardown: bool,
+              say: Callable[[str], None] = print) -> int:
+    """Run `job` under recovery with its state in the store; returns the job's exit code.
+    With `teardown`, the whole cluster (this controller last) is removed at the end."""
+    from provision.job.lifecycle import JobRun
+    from provision.job.lifecycle import supervise as job_life
+    from provision.job.managed.notify import Notifier
+    from provision.job.recovery import CANCELLED
+    from provision.model.jobstore import JobStore
+    from provision.nodes import NodeGroup
+
+    store = open_store(url)
+    notifier = Notifier(job.notify, say) if job.notify else None
+    jlog = JobLog(store, inv.name, job_id, on_record=notifier.send if notifier else None)
+    jlog.start()
+
+    def log(msg: str) -> None:
+        say(msg)
+        jlog.line(f"[controller] {msg}")
+
+    def record(event: str, message: str, nodes: list[str] | None = None,
+               code: int | None = None) -> Record | None:
+        try:
+            return jlog.record(event, message, nodes=nodes, exit_code=code)
+        except Exception as exc:  # noqa: BLE001 - the store blinked: the job goes on
+            say(f"could not write the {event} record: {exc}")
+            return None
+
+    record("submitted", f"controller supervises job {job_id} (max {job.max_restarts} "
+                        f"restart(s), store {url})")
+    keeper = StoreKeeper(inv, url.child(inv.name, "checkpoints"), env, log=log)
+    inside: AnyProvider = (InsideProvider(provider) if isinstance(provider, Recoverable)
+                           else provider)
+
+    def on_event(event: str, message: str, nodes: list[str]) -> None:
+        if event == "resumed":
+            jlog.restarts += 1
+        record(event, message, nodes)
+
+    run = JobRun(inv, inside, istore, job, log, records=JobStore(istore.home), keeper=keeper,
+                 out=cast(TextIO, jlog), on_event=on_event,
+                 stop=_throttled(jlog.cancel_requested, CANCEL_POLL_S))
+    try:
+        with NodeGroup(inv) as group:
+            code = job_life(run, group)
+        why = ""
+    except MgpuError as exc:
+        code, why = 1, exc.message
+    except Exception as exc:  # noqa: BLE001 - recorded: nobody else would see it
+        code, why = 1, f"{type(exc).__name__}: {exc}"
+    with NodeGroup(inv) as group:
+        failed = push_outputs(group, inv.master, url.child(inv.name, "jobs", job_id, "outputs"),
+                              env)
+    if failed:
+        log(f"could not push node-0's outputs to the store: {failed}")
+    jlog.flush()
+    if code == 0:
+        record("finished", "job finished on every node", code=0)
+    elif code == CANCELLED:
+        record("cancelled", "cancelled on request", code=code)
+    else:
+        record("failed", why or f"job failed (exit code {code})", code=code)
+    try:
+        jlog.flush()  # the end is in the log before anyone following it stops reading
+    except Exception as exc:  # noqa: BLE001 - the close below retries
+        say(f"could not write the log: {exc}")
+    if teardown:
+        _tear_down(provider, inv, istore, record, log,
+                   fresh_store=lambda: setattr(jlog, "store", open_store(url)))
+    if notifier is not None:
+        notifier.close()
+    jlog.close()
+    if teardown and isinstance(provider, Supervising):
+        provider.remove_controller_from_inside(inv)
+    return code
+
+
+def _tear_down(provider: AnyProvider, inv: Inventory, istore: InventoryStore,
+               record: Callable[..., Record | None], log: Callable[[str], None],
+               fresh_store: Callable[[], None]) -> None:
+    """The cluster removed but this controller. `fresh_store` then replaces the store client:
+    the controller may have changed networks, and a pooled connection over the old one would
+    hang until its timeout (seen with google-cloud-storage: minutes)."""
+    if not isinstance(provider, Supervising):
+        log(f"provider {inv.provider!r} cannot remove the cluster from its controller")
+        return
+    try:
+        provider.teardown_from_controller(inv, istore)
+        fresh_store()
+        record("torn_down", f"cluster {inv.name!r} removed (nodes, network; the controller "
+                            "last)")
+    except Exception as exc:  # noqa: BLE001 - recorded, so `down` can be run from anywhere
+        record("failed", f"removing the cluster failed: {exc}; run `mgpu-cloud down "
+                         f"{inv.name}`", code=1)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="provision.job.managed.supervisor")
+    parser.add_argument("--cluster", required=True)
+    parser.add_argument("--job", required=True)
+    parser.add_argument("--store", required=True)
+    parser.add_argument("--job-file", required=True)
+    parser.add_argument("--env-file", required=True)
+    parser.add_argument("--workdir", required=True)
+    parser.add_argument("--teardown", action="store_true")
+    args = parser.parse_args(argv)
+    from provision.cluster.providers import get_provider
+
+    env = json.loads(Path(args.env_file).read_text())
+    os.environ.update(env)  # this process's own store client (same variables as the nodes)
+    istore = InventoryStore()
+    inv = istore.load(args.cluster)
+    localize(inv, istore)
+    fields = json.loads(Path(args.job_file).read_text())
+    fields.update(workdir=args.workdir, deepspeed_config=None if not fields.get(
+        "deepspeed_config") else str(Path(args.workdir) / Path(fields["deepspeed_config"]).name))
+    job = JobSpec.model_validate(fields)
+    return supervise(get_provider(inv.provider), inv, istore, job, url=parse_url(args.store),
+                     job_id=args.job, env=env, teardown=args.teardown,
+                     say=lambda m: print(f"{time.strftime('%H:%M:%S')} {m}", flush=True))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

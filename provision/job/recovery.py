@@ -1,0 +1,280 @@
+"""Supervise a running job; on a failure replace only what failed and resume from the last
+checkpoint.
+
+Detection (a Watcher is the launch.JobMonitor of the run):
+    node lost    a node's session dropped or the job could not start there, and the node is
+                 gone: the provider says so (contract.Recoverable.node_alive), or, for a
+                 provider that cannot tell, a fresh SSH login fails
+    rank crash   a launcher exited non-zero (launch has run the diagnosis on its output)
+    hang         no output line from any node and no checkpoint change for --stall-timeout s;
+                 every rank's Python stack is dumped into the run's output first
+    preemption   a node's supervisor saw a notice (remote/preempt.py) and signalled its ranks;
+                 the other nodes' ranks get the same signal, the save is copied, then stop
+Recovery (the loop is provision/job/lifecycle.supervise), at most --max-restarts times:
+    keep the last checkpoint -> lost / preempted nodes: replace (Recoverable.replace), or wait
+    for the same hosts (--on-node-loss restart), or stop (fail) -> bootstrap the new nodes and
+    update the others -> restore the checkpoint on every node -> launch again with
+    MGPU_RESTART_COUNT + 1. Every replacement is recorded in the inventory.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from provision.cluster.providers.contract import AnyProvider, Recoverable
+from provision.job.checkpoints import CheckpointKeeper
+from provision.job.launch import job_container
+from provision.model.errors import LaunchError, MgpuError
+from provision.model.inventory import Inventory, InventoryStore, NodeRecord, Replacement
+from provision.model.spec import JobSpec
+from provision.nodes import NodeGroup
+
+Log = Callable[[str], None]
+# A managed run's record sink (provision/job/managed/): (event, message, node names).
+OnEvent = Callable[[str, str, list[str]], None]
+FAILURE_EVENTS = {"node lost": "node_lost", "preemption": "preempted", "hang": "hang",
+                  "rank crash": "crashed"}
+CANCELLED = 130  # lifecycle.supervise's code when JobRun.stop asked for the job to end
+EVENT_PREFIX = "MGPU-EVENT "  # remote/supervise.py prints events with this prefix
+PREEMPT_SAVE_DEADLINE_S = 90.0  # AWS gives ~120 s, GCP ~30 s: what a save may take at most
+REACHABLE_DEADLINE_S = 10.0  # a fresh login to a node said to be alive
+RETURN_DEADLINE_S = 600.0  # --on-node-loss restart: how long to wait for the same host
+
+
+@dataclass
+class Failure:
+    kind: str  # "node lost" | "preemption" | "hang" | "rank crash"
+    nodes: list[NodeRecord]
+    code: int
+
+    def describe(self) -> str:
+        where = ", ".join(n.name for n in self.nodes)
+        return f"{self.kind} ({where})" if where else self.kind
+
+
+@dataclass
+class Watcher:
+    """launch.JobMonitor: hang and preemption detection, per-node exit codes."""
+
+    inv: Inventory
+    job: JobSpec
+    keeper: CheckpointKeeper
+    log: Log
+    codes: dict[str, int] = field(default_factory=dict)
+    first_failed: list[str] = field(default_factory=list)  # the node that failed first
+    preempted: dict[str, dict[str, str]] = field(default_factory=dict)
+    reason: str | None = None
+    last_output: float = field(default_factory=time.monotonic)
+    notice_at: float = 0.0
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    stop: Callable[[], bool] | None = None  # True: stop the job for good (a managed cancel)
+
+    def line(self, node: NodeRecord, text: str) -> None:
+        self.last_output = time.monotonic()
+        if text.startswith(EVENT_PREFIX):
+            try:
+                event = json.loads(text[len(EVENT_PREFIX):])
+            except json.JSONDecodeError:
+                return
+            if event.get("event") == "preemption":
+                with self.lock:
+                    self.preempted.setdefault(node.name, event)
+                    self.notice_at = self.notice_at or time.monotonic()
+            elif event.get("event") in ("maintenance-scheduled", "maintenance-cleared"):
+                self.log(maintenance_message(node, event))
+
+    def finished(self, node: NodeRecord, code: int) -> None:
+        with self.lock:
+            self.codes[node.name] = code
+            if code != 0 and not self.first_failed and self.reason is None:
+                self.first_failed.append(node.name)
+
+    def poll(self) -> str | None:
+        if self.stop is not None and self.reason is None and self.stop():
+            self.reason = "cancelled"
+            return "cancelled"
+        if self.preempted and self.reason is None:
+            self.reason = "preemption"
+            return self._preemption()
+        timeout = self.job.stall_timeout
+        if timeout is not None and self.reason is None:
+            quiet = time.monotonic() - max(self.last_output, self.keeper.last_change)
+            if quiet > timeout:
+                self.reason = "hang"
+                self.log(f"no output and no checkpoint for {quiet:.0f} s (--stall-timeout "
+                         f"{timeout:g}): the job looks hung; dumping every rank's stack")
+                dump_stacks(self.inv, self.job, self.log)
+                return f"hang: no progress for {quiet:.0f} s"
+        return None
+
+    def _preemption(self) -> str:
+        names = sorted(self.preempted)
+        first = self.preempted[names[0]]
+        signame = self.job.preempt_signal
+        self.log(f"{', '.join(names)}: preemption notice ({first.get('action', '?')}"
+                 f"{' at ' + first['time'] if first.get('time') else ''}); every rank is asked "
+                 f"to save now ({signame}); waiting for the checkpoint")
+        with NodeGroup(self.inv) as group:  # the notified nodes signalled their own ranks
+            others = [n for n in self.inv.nodes if n.name not in self.preempted]
+            layout = group.layout
+            group.run(layout.remote_command("signal", "--pidfile", layout.pidfile,
+                                            "--signal", signame,
+                                            *_container_words(self.inv, self.job)),
+                      nodes=others, timeout=60)
+        if self.keeper.wait_for_copy(after=self.notice_at, deadline_s=PREEMPT_SAVE_DEADLINE_S):
+            self.log("the checkpoint saved after the notice is kept")
+        else:
+            self.log(f"no checkpoint was saved within {PREEMPT_SAVE_DEADLINE_S:.0f} s of the "
+                     "notice; the last one kept will be used")
+        return f"preemption notice on {', '.join(names)}"
+
+
+def maintenance_message(node: NodeRecord, event: dict[str, Any]) -> str:
+    """What the controller says about a maintenance notice a node announced ahead of its
+    deadline (remote/supervise.py): nothing is stopped now; the node saves, then it is
+    replaced, close to the deadline."""
+    if event.get("event") == "maintenance-cleared":
+        return f"{node.name}: the scheduled host maintenance was withdrawn; training goes on"
+    try:
+        deadline, save = float(event["deadline"]), float(event["save_at"])
+    except (KeyError, TypeError, ValueError):
+        return f"{node.name}: host maintenance scheduled ({event.get('source', '?')})"
+    stamp = time.strftime("%H:%M:%SZ", time.gmtime(deadline))
+    return (f"{node.name}: host maintenance stops this VM at {stamp} (in "
+            f"{max(0.0, deadline - time.time()) / 60:.0f} min); training goes on until "
+            f"{max(0.0, deadline - save) / 60:.0f} min before, then every rank saves and the "
+            "node is replaced")
+
+
+def _container_words(inv: Inventory, job: JobSpec) -> list[str]:
+    container = job_container(inv, job)
+    return ["--container", container] if container else []
+
+
+def dump_stacks(inv: Inventory, job: JobSpec, log: Log) -> None:
+    """Every rank's Python stack: py-spy output comes back here; faulthandler's goes to the
+    job's own output (already streamed with its [node-R] prefix)."""
+    with NodeGroup(inv) as group:
+        layout = group.layout
+        res = group.run(layout.remote_command("stacks", "--pidfile", layout.pidfile,
+                                              *_container_words(inv, job)), timeout=150)
+    for name, r in res.items():
+        text = r.value.stdout if r.value is not None else r.why()
+        for line in text.splitlines():
+            log(f"[{name}] {line}")
+
+
+def _alive(provider: AnyProvider, inv: Inventory, node: NodeRecord) -> bool:
+    if isinstance(provider, Recoverable):
+        try:
+            if not provider.node_alive(inv, node):
+                return False
+        except MgpuError:
+            pass  # cannot tell: try to log in
+    with NodeGroup(inv, [node]) as group:
+        return group.wait_until_reachable(REACHABLE_DEADLINE_S)[node.name].ok
+
+
+@dataclass
+class Outcome:
+    """How one attempt ended: its exit code (SESSION_LOST when it could not even start on a
+    node: `launch_error`), and what its Watcher saw."""
+
+    code: int
+    watcher: Watcher
+    launch_error: LaunchError | None = None
+
+
+def classify(outcome: Outcome, provider: AnyProvider, inv: Inventory) -> Failure:
+    """What went wrong, once the job has stopped everywhere (outcome.code != 0)."""
+    code, watcher = outcome.code, outcome.watcher
+    if watcher.reason == "preemption":
+        nodes = [n for n in inv.nodes if n.name in watcher.preempted]
+        return Failure("preemption", nodes, code)
+    lost = [n for n in inv.nodes if not _alive(provider, inv, n)]
+    if lost:
+        return Failure("node lost", lost, code)
+    if watcher.reason == "hang":
+        return Failure("hang", [], code)
+    # the node that failed first; the others were stopped because of it
+    return Failure("rank crash", [n for n in inv.nodes if n.name in watcher.first_failed], code)
+
+
+@dataclass
+class Recovery:
+    provider: AnyProvider
+    inv: Inventory
+    store: InventoryStore
+    job: JobSpec
+    log: Log
+    keeper: CheckpointKeeper
+    on_event: OnEvent | None = None
+
+    def bring_back(self, failure: Failure) -> None:
+        """Make the cluster whole again for a restart (replaced nodes bootstrapped, the
+        others told about them, the checkpoint on every node). Raises MgpuError if not."""
+        t0 = time.monotonic()
+        nodes = failure.nodes if failure.kind in ("node lost", "preemption") else []
+        replaced: list[NodeRecord] = []
+        if nodes:
+            mode = self.job.on_node_loss
+            if mode == "fail":
+                raise MgpuError(f"{failure.describe()}: --on-node-loss fail")
+            if mode == "replace":
+                replaced = self._replace(nodes, failure.kind)
+            else:
+                self._wait_for(nodes)
+        t1 = time.monotonic()
+        if replaced:
+            from provision.job.launch import workdir_of
+            from provision.nodes.bootstrap import bootstrap_cluster, refresh_peers
+
+            with NodeGroup(self.inv, replaced) as group:
+                bootstrap_cluster(self.inv, self.store, workdir=workdir_of(self.inv, self.job),
+                                  log=self.log, group=group)
+            others = [n for n in self.inv.nodes if n not in replaced]
+            with NodeGroup(self.inv, others) as group:
+                refresh_peers(self.inv, self.store, group)
+        t2 = time.monotonic()
+        with NodeGroup(self.inv) as group:
+            restored = self.keeper.restore(group)
+        t3 = time.monotonic()
+        self.log(f"ready to restart in {t3 - t0:.1f} s: replacement {t1 - t0:.1f} s, "
+                 f"bootstrap {t2 - t1:.1f} s, restore {t3 - t2:.1f} s "
+                 f"({restored} checkpoint file(s) on every node)")
+
+    def _replace(self, nodes: list[NodeRecord], why: str) -> list[NodeRecord]:
+        if not isinstance(self.provider, Recoverable):
+            raise MgpuError(
+                f"provider {self.inv.provider!r} cannot replace nodes ({', '.join(n.name for n in nodes)})",
+                hint="restart on the same machines with --on-node-loss restart, or stop with "
+                "--on-node-loss fail",
+            )
+        new_nodes = []
+        for node in nodes:
+            self.log(f"replacing {node.name} ({why}) ...")
+            new = self.provider.replace(self.inv, self.store, node)
+            self.inv.replacements.append(Replacement(rank=node.rank, old=node.resource_id,
+                                                     new=new.resource_id, reason=why))
+            self.store.save(self.inv)
+            new_nodes.append(new)
+            if self.on_event is not None:
+                self.on_event("replaced", f"{node.name} replaced ({why})", [node.name])
+        return new_nodes
+
+    def _wait_for(self, nodes: list[NodeRecord]) -> None:
+        self.log(f"waiting up to {RETURN_DEADLINE_S:.0f} s for {', '.join(n.name for n in nodes)}"
+                 " to come back (--on-node-loss restart)")
+        with NodeGroup(self.inv, nodes) as group:
+            group.wait_until_reachable(RETURN_DEADLINE_S).raise_for("waiting for the nodes")
+
+
+def give_up_message(failure: Failure, restarts: int, max_restarts: int) -> str:
+    if not max_restarts:
+        return f"not restarting: {failure.describe()} (use --max-restarts N to recover)"
+    return f"giving up: {failure.describe()}; {restarts} of {max_restarts} restart(s) used"

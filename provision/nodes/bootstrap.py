@@ -1,0 +1,309 @@
+"""Prepare every node at once through the NodeGroup, reporting every failing node.
+
+Per node, in one step each: wait for SSH (backoff, deadline) -> wait for the GPU driver (cloud
+nodes) -> ONE upload of a tar (remote.pyz, hostfile, node-to-node SSH files, the workdir, the
+launcher's files) unpacked by ONE command -> pull the training container (when set).
+Paths on the node come from nodes.RemoteLayout.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import io
+import os
+import shlex
+import tarfile
+import tempfile
+import time
+import zipapp
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from functools import cache
+from pathlib import Path
+
+from provision.model.assets import remote_package_dir, templates_dir
+from provision.model.errors import BootstrapError, LaunchError
+from provision.model.inventory import Inventory, InventoryStore, NodeRecord, state_home
+from provision.model.render import render
+from provision.nodes import (
+    GroupResult,
+    NodeConnection,
+    NodeGroup,
+    NodeStepError,
+    RemoteLayout,
+    borrowed,
+    layout_of,
+    poll,
+    retry_open,
+)
+from provision.nodes.layout import Files
+from provision.nodes.sshconn import write_cluster_known_hosts
+
+Log = Callable[[str], None]
+SSH_DEADLINE_S = float(os.environ.get("MGPU_CLOUD_SSH_DEADLINE", "180"))
+GPU_DEADLINE_S = float(os.environ.get("MGPU_CLOUD_GPU_DEADLINE", "600"))
+
+
+@dataclass(frozen=True)
+class Workdir:
+    """What a job brings to every node: its local folder (without the `excludes` patterns),
+    placed as the node's work/ folder, and extra home-relative files (its launcher's)."""
+
+    local: Path
+    excludes: list[str] = field(default_factory=list)
+    files: Files = field(default_factory=dict)
+
+
+@cache
+def remote_zipapp() -> bytes:
+    """The `remote` package as a zipapp (`python3 remote.pyz COMMAND`)."""
+    src = remote_package_dir()
+    with tempfile.TemporaryDirectory() as tmp:
+        stage = Path(tmp) / "stage"
+        (stage / "remote").mkdir(parents=True)
+        for f in src.glob("*.py"):
+            (stage / "remote" / f.name).write_bytes(f.read_bytes())
+        (stage / "__main__.py").write_text("from remote.cli import main\nraise SystemExit(main())\n")
+        out = Path(tmp) / "remote.pyz"
+        zipapp.create_archive(stage, out)
+        return out.read_bytes()
+
+
+def workdir_tar(root: Path, excludes: list[str], skip: Iterable[Path] = ()) -> bytes:
+    """A gzip tar of `root` without paths whose any component matches an exclude pattern,
+    and without the files and folders `skip` names (absolute; symlinks resolved)."""
+    skipped = {os.path.realpath(p) for p in skip}
+
+    def excluded(rel: str) -> bool:
+        return (any(fnmatch.fnmatch(part, pat) for part in rel.split("/") for pat in excludes)
+                or os.path.realpath(os.path.join(root, rel)) in skipped)
+
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w:gz", compresslevel=1) as tar:
+        for dirpath, dirnames, filenames in os.walk(root):
+            rel_dir = os.path.relpath(dirpath, root)
+            dirnames[:] = sorted(d for d in dirnames
+                                 if not excluded(os.path.normpath(os.path.join(rel_dir, d))))
+            for name in sorted(filenames):
+                rel = os.path.normpath(os.path.join(rel_dir, name))
+                if not excluded(rel):
+                    tar.add(os.path.join(dirpath, name), arcname=rel, recursive=False)
+    return buf.getvalue()
+
+
+def never_synced(inv: Inventory) -> list[Path]:
+    """What no workdir sync ships, wherever it lies: the tool's state folder (keys, every
+    cluster's inventory, history, job logs) and the key files this cluster uses."""
+    paths = [state_home()]
+    if inv.key_path:
+        key = Path(inv.key_path).expanduser()
+        paths += [key, key.with_suffix(".pub")]
+    others = [inv.known_hosts_path, *(n.identity_file for n in inv.nodes)]
+    return paths + [Path(p).expanduser() for p in others if p]
+
+
+def files_tar(files: Files, workdir: bytes | None, work: str) -> bytes:
+    """One gzip tar of home-relative files (+ the workdir's files under `work`)."""
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w:gz", compresslevel=1) as tar:
+        for path, (data, mode) in files.items():
+            info = tarfile.TarInfo(path)
+            info.size, info.mode = len(data), mode
+            tar.addfile(info, io.BytesIO(data))
+        if workdir is not None:
+            with tarfile.open(fileobj=io.BytesIO(workdir), mode="r:gz") as src:
+                for member in src.getmembers():
+                    fh = src.extractfile(member) if member.isfile() else None
+                    member.name = f"{work}/{member.name}"
+                    tar.addfile(member, fh)
+    return buf.getvalue()
+
+
+def _managed_block_sed(cluster: str) -> str:
+    """sed expression deleting the block this tool wrote for `cluster` (cluster names are
+    [a-z0-9-], so they need no regex escaping)."""
+    return f"/^# >>> mgpu-cloud {cluster} >>>$/,/^# <<< mgpu-cloud {cluster} <<<$/d"
+
+
+def _ssh_trust_files(inv: Inventory, layout: RemoteLayout) -> tuple[Files, str]:
+    """Files (home-relative path -> (data, mode)) and the shell line that make nodes reach
+    each other by name with the cluster key and pinned host keys (DeepSpeed/pdsh)."""
+    q = shlex.quote
+    hosts: list[str] = []
+    known: list[str] = []
+    for n in inv.nodes:
+        names = [n.name] if n.name == n.private_address else [n.name, n.private_address]
+        hosts.extend(names)
+        if n.host_key:
+            known.append(f"{','.join(names)} {n.host_key}")
+    block = render("ssh_config.j2", cluster=inv.name, hosts=hosts)
+    staged = layout.path("ssh_config")
+    files = {
+        f".ssh/mgpu-cloud_{inv.name}_ed25519": (Path(inv.key_path or "").read_bytes(), 0o600),
+        f".ssh/mgpu-cloud_{inv.name}_known_hosts": (("\n".join(known) + "\n").encode(), 0o600),
+        staged: (block.encode(), 0o600),
+    }
+    pub = Path(inv.key_path or "").with_suffix(".pub").read_text().strip()
+    # Our block goes first in ~/.ssh/config (first match wins), replacing an older one; the
+    # cluster key is authorized for node-to-node logins.
+    script = (
+        f"touch ~/.ssh/config ~/.ssh/authorized_keys && "
+        f"chmod 600 ~/.ssh/config ~/.ssh/authorized_keys && "
+        f"sed -e {q(_managed_block_sed(inv.name))} ~/.ssh/config > ~/.ssh/config.mgpu && "
+        f"cat {q(staged)} ~/.ssh/config.mgpu > ~/.ssh/config && "
+        f"rm -f ~/.ssh/config.mgpu && "
+        f"(grep -qxF {q(pub)} ~/.ssh/authorized_keys || echo {q(pub)} >> ~/.ssh/authorized_keys)"
+    )
+    return files, script
+
+
+def _etc_hosts_files(inv: Inventory, layout: RemoteLayout) -> tuple[Files, str]:
+    q = shlex.quote
+    lines = "".join(f"{n.private_address} {n.name}\n" for n in inv.nodes)
+    block = f"# >>> mgpu-cloud {inv.name} >>>\n{lines}# <<< mgpu-cloud {inv.name} <<<\n"
+    staged = layout.path("hosts_block")
+    inner = f"sed -i {q(_managed_block_sed(inv.name))} /etc/hosts && cat {q(staged)} >> /etc/hosts"
+    return {staged: (block.encode(), 0o644)}, f"sudo -n sh -c {q(inner)}"
+
+
+def _peer_pieces(inv: Inventory, layout: RemoteLayout) -> tuple[Files, list[str]]:
+    """What makes nodes know each other: node-to-node SSH (cluster key, pinned host keys)
+    and names in /etc/hosts, where the inventory asks for them."""
+    files: Files = {}
+    lines: list[str] = []
+    for enabled, builder in ((inv.inter_node_ssh, _ssh_trust_files),
+                             (inv.manage_etc_hosts, _etc_hosts_files)):
+        if enabled:
+            more, line = builder(inv, layout)
+            files.update(more)
+            lines.append(line)
+    return files, lines
+
+
+def refresh_peers(inv: Inventory, store: InventoryStore, group: NodeGroup) -> None:
+    """After nodes were replaced: the group's nodes learn the new host keys and addresses
+    (node-to-node SSH, /etc/hosts). BootstrapError names every node where it failed."""
+    write_cluster_known_hosts(inv, store)
+    layout = layout_of(inv)
+    files, lines = _peer_pieces(inv, layout)
+    if not lines:
+        return
+    steps = ["mkdir -p ~/.ssh", "chmod 700 ~/.ssh", "tar -xzf - -C ~ --no-same-owner", *lines]
+    group.upload(files_tar(files, None, layout.work), steps).raise_for(
+        "updating the other nodes", BootstrapError)
+
+
+def payload(inv: Inventory, files: Files, workdir: Workdir | None) -> tuple[bytes, list[str]]:
+    """One archive (files + the job's workdir and its extra files) and the shell steps that
+    unpack it on a node, replacing the previous workdir. Used by bootstrap and launch."""
+    q = shlex.quote
+    layout = layout_of(inv)
+    files = dict(files)
+    tree = None
+    if workdir is not None:
+        files.update(workdir.files)
+        tree = workdir_tar(workdir.local, workdir.excludes, never_synced(inv))
+    archive = files_tar(files, tree, layout.work)
+    steps = [f"rm -rf {q(layout.work)}",
+             f"mkdir -p {q(layout.outputs)} {q(layout.work)} {q(layout.checkpoints)} ~/.ssh",
+             "chmod 700 ~/.ssh",
+             "tar -xzf - -C ~ --no-same-owner"]  # the archive, on stdin
+    return archive, steps
+
+
+EGRESS_TIMEOUT_S = 10
+
+
+def registry_of(image: str) -> str:
+    """The registry host an image is pulled from ("nvcr.io/nvidia/pytorch:x" -> nvcr.io;
+    "ubuntu:22.04" -> Docker Hub)."""
+    first = image.split("/", 1)[0]
+    if "/" in image and ("." in first or ":" in first or first == "localhost"):
+        return first.split(":", 1)[0]
+    return "registry-1.docker.io"
+
+
+def egress_probe(image: str) -> str:
+    """A shell line that succeeds only when this node resolves and reaches the image's
+    registry on 443 within EGRESS_TIMEOUT_S (no curl needed: bash's /dev/tcp)."""
+    host = shlex.quote(registry_of(image))
+    return (f"getent hosts {host} >/dev/null && timeout {EGRESS_TIMEOUT_S} "
+            f"bash -c {shlex.quote(f'exec 3<>/dev/tcp/{registry_of(image)}/443')}")
+
+
+def _checked(res: object, what: str) -> None:
+    from provision.nodes import CommandResult
+
+    if isinstance(res, CommandResult) and not res.ok:
+        raise NodeStepError(f"{what} failed (exit {res.exit_code}): {res.tail()}")
+
+
+def bootstrap_cluster(
+    inv: Inventory, store: InventoryStore, *, workdir: Workdir | None = None, log: Log = print,
+    group: NodeGroup | None = None,
+) -> GroupResult[None]:
+    """Prepare every node: per node ONE upload (a tar of everything) and ONE command, after
+    SSH answers (and the GPU driver, on GPU nodes). BootstrapError names every failing node."""
+    write_cluster_known_hosts(inv, store)
+    q = shlex.quote
+    layout = layout_of(inv)
+    files: Files = {
+        layout.pyz: (remote_zipapp(), 0o644),
+        layout.hostfile: (render("hostfile.j2", nodes=inv.nodes).encode(), 0o644),
+        f"{layout.python_path}/sitecustomize.py": (
+            (templates_dir() / "node" / "sitecustomize.py").read_bytes(), 0o644),
+    }
+    peer_files, extra = _peer_pieces(inv, layout)
+    files.update(peer_files)
+    archive, steps = payload(inv, files, workdir)
+    command = " && ".join(steps + extra)
+
+    def step(conn: NodeConnection, node: NodeRecord) -> None:
+        retry_open(conn, SSH_DEADLINE_S)
+        if inv.wait_for_gpu and not poll(lambda: conn.run("nvidia-smi -L").ok, GPU_DEADLINE_S):
+            raise NodeStepError(f"nvidia-smi did not answer within {GPU_DEADLINE_S:.0f} s")
+        _checked(conn.run(command, stdin=archive), "unpacking the uploaded files")
+        if inv.container_image:
+            # A node without a way out (no public address, no NAT) is named here, before a
+            # pull that would fail or hang on it.
+            if not conn.run(egress_probe(inv.container_image)).ok:
+                raise NodeStepError(
+                    f"no path to the internet: {registry_of(inv.container_image)}:443 cannot "
+                    f"be reached within {EGRESS_TIMEOUT_S} s (needed to pull "
+                    f"{inv.container_image}; see docs/clouds.md)")
+            _checked(conn.run(f"sudo -n docker pull {q(inv.container_image)}"),
+                     "pulling the container")
+
+    t0 = time.monotonic()
+    with borrowed(inv, group) as nodes:
+        results = nodes.each(step)
+    results.raise_for("bootstrap", BootstrapError)
+    inv.bootstrapped = True
+    store.save(inv)
+    log(f"bootstrapped {len(results)} node(s) in {time.monotonic() - t0:.1f} s")
+    return results
+
+
+JOB_RUNNING = 75  # `remote.pyz job idle`: a job still runs on the node (remote/jobs.py BUSY)
+
+
+def sync_workdir(inv: Inventory, workdir: Workdir, *, log: Log = print,
+                 group: NodeGroup | None = None) -> None:
+    """Copy the job's workdir (and its launcher's files) to every node, replacing the
+    previous one. Each node first checks that no job runs there (whoever started it): files
+    are never replaced under a running job; LaunchError names the busy nodes, and nothing is
+    replaced on them. BootstrapError names every other node where it failed."""
+    layout = layout_of(inv)
+    archive, steps = payload(inv, {}, workdir)
+    guard = layout.remote_command("job", "idle", "--pidfile", layout.pidfile)
+    with borrowed(inv, group) as nodes:
+        results = nodes.upload(archive, [guard, *steps])
+    busy = [r.node.name for r in results.failed
+            if r.value is not None and r.value.exit_code == JOB_RUNNING]
+    if busy:
+        raise LaunchError(
+            f"a job is still running on {', '.join(busy)}: its workdir was not replaced",
+            hint=f"`mgpu-cloud jobs {inv.name}` lists the jobs; wait for it, or stop it with "
+                 f"`mgpu-cloud cancel {inv.name} ID`")
+    results.raise_for("workdir sync", BootstrapError)
+    log(f"synced {workdir.local} ({len(archive) / 1024:.0f} KiB) to {len(inv.nodes)} node(s)")

@@ -1,0 +1,78 @@
+"""Rows for `mgpu-cloud status` (plain data; the CLI formats them)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from provision.model.inventory import Inventory
+
+
+def status_rows(invs: list[Inventory]) -> list[dict[str, Any]]:
+    return [
+        {
+            "name": inv.name,
+            "provider": inv.provider,
+            "status": inv.status,
+            "created_at": inv.created_at,
+            "hourly_cost_usd": inv.hourly_cost_usd,
+            "price_known": not inv.unpriced,
+            "resources": len(inv.resources),
+            "nodes": [
+                {"name": n.name, "rank": n.rank, "address": n.address, "port": n.port,
+                 "private_address": n.private_address, "user": n.user, "slots": n.slots}
+                for n in sorted(inv.nodes, key=lambda n: n.rank)
+            ],
+        }
+        for inv in invs
+    ]
+
+
+def text_table(rows: Sequence[Sequence[str]], right: set[int] | None = None) -> list[str]:
+    """Rows (the first is the header) as aligned lines, columns two spaces apart; columns in
+    `right` are right-aligned. Nothing is ever cut: a long cell widens its column."""
+    right = right or set()
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    return ["  ".join(c.rjust(w) if i in right else c.ljust(w)
+                      for i, (c, w) in enumerate(zip(row, widths, strict=True))).rstrip()
+            for row in rows]
+
+
+def when(iso: str | None) -> str:
+    """'2025-01-02T03:04:05+00:00' -> '2025-01-02 03:04Z' (17 columns, never cut)."""
+    import datetime as dt
+
+    if not iso:
+        return "-"
+    try:
+        t = dt.datetime.fromisoformat(iso).astimezone(dt.UTC)
+    except ValueError:
+        return iso
+    return t.strftime("%Y-%m-%d %H:%MZ")
+
+
+def _price(row: dict[str, Any]) -> str:
+    """The cluster's $/hour; "+?" when part of it has no known price."""
+    return f"{row['hourly_cost_usd']:.2f}" + ("" if row.get("price_known", True) else "+?")
+
+
+def status_text(rows: list[dict[str, Any]], notes: dict[str, str] | None = None) -> str:
+    """Plain lines that fit 80 columns for names up to 30 characters: one line per cluster,
+    then one per node (address and port never cut, unlike a table squeezed to the terminal),
+    then the cluster's note if any (e.g. the fabric gate's last result)."""
+    if not rows:
+        return "no clusters (create one: mgpu-cloud up)"
+    head = ("CLUSTER", "PROVIDER", "STATUS", "NODES", "CREATED", "$/HOUR")
+    table = [head] + [(r["name"], r["provider"], r["status"], str(len(r["nodes"])),
+                       when(r["created_at"]), _price(r)) for r in rows]
+    lines = text_table(table, right={3, 5})
+    out = [lines[0]]
+    for r, cells in zip(rows, lines[1:], strict=True):
+        out.append(cells)
+        for n in r["nodes"]:
+            private = "" if n["private_address"] == n["address"] else \
+                f"  private {n['private_address']}"
+            out.append(f"  {n['name']}  {n['user']}@{n['address']}:{n['port']}{private}")
+        if notes and r["name"] in notes:
+            out.append(f"  {notes[r['name']]}")
+    return "\n".join(out)

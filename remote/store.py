@@ -1,0 +1,341 @@
+"""`store`: the durable store of a managed run (s3://, gs://, file://), from a node or anywhere.
+
+    remote.pyz store push --url URL --root DIR [--env-stdin] [--threads N] [REL...]
+    remote.pyz store pull --url URL --root DIR [--env-stdin] [--threads N]
+
+`push` uploads DIR/REL for every REL (default: every file in DIR) to URL/REL; `pull` replaces DIR with everything under URL.
+Both work on many files at once (a thread each, up to --threads) and a large file in parts
+(S3 multipart through boto3's TransferConfig; GCS chunked uploads), and print one JSON line
+{"files": N, "bytes": B, "seconds": S}. `--env-stdin`: a JSON object of environment
+variables (credentials, endpoints) is read from stdin first, so credentials never appear on
+a command line or in a file on the node.
+
+The same classes are used by the tool itself (provision/managed/): one client code for the
+nodes, the controller and the user's machine. Standard library only at import: boto3 and
+google-cloud-storage are imported when an s3:// or gs:// store is opened. Endpoints are the
+SDKs' own settings (AWS_ENDPOINT_URL_S3 / AWS_ENDPOINT_URL for boto3, STORAGE_EMULATOR_HOST
+for google-cloud-storage), so a local S3 or GCS stand-in is reached by the same code.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+PART_BYTES = 8 * 1024 * 1024  # multipart part / GCS chunk size
+THREADS = 8
+SCHEMES = ("s3", "gs", "file")
+
+
+class StoreError(Exception):
+    """A store operation failed; the message says which and why."""
+
+
+@dataclass(frozen=True)
+class StoreURL:
+    scheme: str  # s3 | gs | file
+    bucket: str  # "" for file://
+    prefix: str  # no leading or trailing "/" (file://: the absolute folder, leading "/")
+
+    def __str__(self) -> str:
+        if self.scheme == "file":
+            return f"file://{self.prefix}"
+        return f"{self.scheme}://{self.bucket}/{self.prefix}".rstrip("/")
+
+    def child(self, *parts: str) -> StoreURL:
+        joined = "/".join(p.strip("/") for p in (self.prefix, *parts) if p.strip("/"))
+        if self.scheme == "file":
+            joined = "/" + joined
+        return StoreURL(self.scheme, self.bucket, joined)
+
+
+def parse_url(url: str) -> StoreURL:
+    """s3://bucket[/prefix], gs://bucket[/prefix], file:///absolute/folder. ValueError saying
+    what a valid one looks like otherwise."""
+    scheme, sep, rest = url.partition("://")
+    if not sep or scheme not in SCHEMES:
+        raise ValueError(f"{url!r} is not a store URL: use s3://BUCKET/PREFIX, "
+                         "gs://BUCKET/PREFIX or file:///ABSOLUTE/FOLDER")
+    if scheme == "file":
+        if not rest.startswith("/") or rest.strip("/") == "":
+            raise ValueError(f"{url!r}: a file:// store needs an absolute folder other than /, "
+                             "e.g. file:///mnt/shared/mgpu")
+        return StoreURL("file", "", "/" + rest.strip("/"))
+    bucket, _, prefix = rest.partition("/")
+    if not bucket or any(c in bucket for c in " :?#"):
+        raise ValueError(f"{url!r}: no valid bucket name after {scheme}://")
+    return StoreURL(scheme, bucket, prefix.strip("/"))
+
+
+class Store(Protocol):
+    """A folder of objects. Keys are "/"-separated and relative to the store's URL."""
+
+    url: StoreURL
+
+    def put_bytes(self, key: str, data: bytes) -> None: ...
+
+    def get_bytes(self, key: str) -> bytes | None:
+        """None when there is no such object."""
+        ...
+
+    def list(self, prefix: str = "") -> list[str]:
+        """Every key under `prefix` (sorted)."""
+        ...
+
+    def delete(self, key: str) -> None:
+        """Idempotent."""
+        ...
+
+    def upload_file(self, path: str, key: str) -> None: ...
+
+    def download_file(self, key: str, path: str) -> None: ...
+
+
+def _join(url: StoreURL, key: str) -> str:
+    return "/".join(p for p in (url.prefix, key.strip("/")) if p)
+
+
+def _folder(url: StoreURL, prefix: str) -> str:
+    """The object-name prefix of a "folder" of the store ("" for the bucket's root)."""
+    full = _join(url, prefix)
+    return full + "/" if full else ""
+
+
+class FileStore:
+    """A folder on a filesystem every node mounts. Writes are atomic (temp file + rename)."""
+
+    def __init__(self, url: StoreURL) -> None:
+        self.url = url
+
+    def _path(self, key: str) -> str:
+        return os.path.join(self.url.prefix, key.strip("/"))
+
+    def _write(self, key: str, fill: Callable[[str], None]) -> None:
+        target = self._path(key)
+        os.makedirs(os.path.dirname(target), exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=os.path.dirname(target), prefix=".part-")
+        os.close(fd)
+        try:
+            fill(tmp)
+            os.replace(tmp, target)
+        except BaseException:
+            if os.path.exists(tmp):
+                os.unlink(tmp)
+            raise
+
+    def put_bytes(self, key: str, data: bytes) -> None:
+        def fill(tmp: str) -> None:
+            with open(tmp, "wb") as fh:
+                fh.write(data)
+
+        self._write(key, fill)
+
+    def get_bytes(self, key: str) -> bytes | None:
+        try:
+            with open(self._path(key), "rb") as fh:
+                return fh.read()
+        except FileNotFoundError:
+            return None
+
+    def list(self, prefix: str = "") -> list[str]:
+        root = self.url.prefix
+        out = []
+        for dirpath, _, names in os.walk(self._path(prefix) if prefix else root):
+            for name in names:
+                if not name.startswith(".part-"):
+                    out.append(os.path.relpath(os.path.join(dirpath, name), root))
+        return sorted(out)
+
+    def delete(self, key: str) -> None:
+        try:
+            os.unlink(self._path(key))
+        except FileNotFoundError:
+            pass
+
+    def upload_file(self, path: str, key: str) -> None:
+        def fill(tmp: str) -> None:
+            shutil.copyfile(path, tmp)
+
+        self._write(key, fill)
+
+    def download_file(self, key: str, path: str) -> None:
+        shutil.copyfile(self._path(key), path)
+
+
+class S3Store:
+    """boto3; large files in parallel parts (TransferConfig)."""
+
+    def __init__(self, url: StoreURL) -> None:
+        import boto3
+        from boto3.s3.transfer import TransferConfig
+
+        self.url = url
+        self.client = boto3.client("s3")  # endpoint: AWS_ENDPOINT_URL_S3 / AWS_ENDPOINT_URL
+        self.transfer = TransferConfig(multipart_threshold=PART_BYTES,
+                                       multipart_chunksize=PART_BYTES, max_concurrency=THREADS)
+
+    def put_bytes(self, key: str, data: bytes) -> None:
+        self.client.put_object(Bucket=self.url.bucket, Key=_join(self.url, key), Body=data)
+
+    def get_bytes(self, key: str) -> bytes | None:
+        try:
+            obj = self.client.get_object(Bucket=self.url.bucket, Key=_join(self.url, key))
+        except self.client.exceptions.NoSuchKey:
+            return None
+        return bytes(obj["Body"].read())
+
+    def list(self, prefix: str = "") -> list[str]:
+        start = len(self.url.prefix) + 1 if self.url.prefix else 0
+        out = []
+        pages = self.client.get_paginator("list_objects_v2").paginate(
+            Bucket=self.url.bucket, Prefix=_folder(self.url, prefix))
+        for page in pages:
+            out += [str(obj["Key"])[start:] for obj in page.get("Contents", [])]
+        return sorted(out)
+
+    def delete(self, key: str) -> None:
+        self.client.delete_object(Bucket=self.url.bucket, Key=_join(self.url, key))
+
+    def upload_file(self, path: str, key: str) -> None:
+        self.client.upload_file(path, self.url.bucket, _join(self.url, key),
+                                Config=self.transfer)
+
+    def download_file(self, key: str, path: str) -> None:
+        self.client.download_file(self.url.bucket, _join(self.url, key), path,
+                                  Config=self.transfer)
+
+
+class GcsStore:
+    """google-cloud-storage; STORAGE_EMULATOR_HOST reaches a local fake without credentials."""
+
+    def __init__(self, url: StoreURL) -> None:
+        from google.cloud import storage  # type: ignore[attr-defined]
+
+        self.url = url
+        if os.environ.get("STORAGE_EMULATOR_HOST"):
+            from google.auth.credentials import AnonymousCredentials
+
+            client = storage.Client(project=os.environ.get("GOOGLE_CLOUD_PROJECT", "mgpu-test"),
+                                    credentials=AnonymousCredentials())  # type: ignore[no-untyped-call]
+        else:
+            client = storage.Client()
+        self.bucket = client.bucket(url.bucket)
+
+    def _blob(self, key: str) -> Any:
+        return self.bucket.blob(_join(self.url, key), chunk_size=PART_BYTES)
+
+    def put_bytes(self, key: str, data: bytes) -> None:
+        self._blob(key).upload_from_string(data)
+
+    def get_bytes(self, key: str) -> bytes | None:
+        from google.api_core.exceptions import NotFound
+
+        try:
+            return bytes(self._blob(key).download_as_bytes())
+        except NotFound:
+            return None
+
+    def list(self, prefix: str = "") -> list[str]:
+        start = len(self.url.prefix) + 1 if self.url.prefix else 0
+        blobs = self.bucket.list_blobs(prefix=_folder(self.url, prefix) or None)
+        return sorted(str(b.name)[start:] for b in blobs)
+
+    def delete(self, key: str) -> None:
+        from google.api_core.exceptions import NotFound
+
+        try:
+            self._blob(key).delete()
+        except NotFound:
+            pass
+
+    def upload_file(self, path: str, key: str) -> None:
+        self._blob(key).upload_from_filename(path)
+
+    def download_file(self, key: str, path: str) -> None:
+        self._blob(key).download_to_filename(path)
+
+
+def open_store(url: str | StoreURL) -> Store:
+    parsed = parse_url(url) if isinstance(url, str) else url
+    if parsed.scheme == "file":
+        return FileStore(parsed)
+    if parsed.scheme == "s3":
+        return S3Store(parsed)
+    return GcsStore(parsed)
+
+
+# --- many files at once ---------------------------------------------------------------------
+def push(store: Store, root: str, rels: Iterable[str], threads: int = THREADS) -> dict[str, Any]:
+    """Upload root/REL -> REL for every REL in parallel. Returns files, bytes, seconds."""
+    rels = sorted(set(rels))
+    t0 = time.monotonic()
+    sizes = [os.path.getsize(os.path.join(root, r)) for r in rels]
+    with ThreadPoolExecutor(max_workers=max(1, min(threads, len(rels) or 1))) as pool:
+        list(pool.map(lambda r: store.upload_file(os.path.join(root, r), r), rels))
+    return {"files": len(rels), "bytes": sum(sizes), "seconds": round(time.monotonic() - t0, 3)}
+
+
+def pull(store: Store, root: str, threads: int = THREADS) -> dict[str, Any]:
+    """Replace `root` with everything in the store (downloaded in parallel into a sibling
+    folder, then swapped in, so a half-done pull never looks like a checkpoint)."""
+    t0 = time.monotonic()
+    keys = store.list()
+    parent = os.path.dirname(os.path.abspath(root)) or "."
+    os.makedirs(parent, exist_ok=True)
+    stage = tempfile.mkdtemp(dir=parent, prefix=".pull-")
+
+    def one(key: str) -> int:
+        target = os.path.join(stage, key)
+        os.makedirs(os.path.dirname(target), exist_ok=True)
+        store.download_file(key, target)
+        return os.path.getsize(target)
+
+    try:
+        with ThreadPoolExecutor(max_workers=max(1, min(threads, len(keys) or 1))) as pool:
+            sizes = list(pool.map(one, keys))
+    except BaseException:
+        shutil.rmtree(stage, ignore_errors=True)
+        raise
+    shutil.rmtree(root, ignore_errors=True)
+    os.replace(stage, root)
+    return {"files": len(keys), "bytes": sum(sizes), "seconds": round(time.monotonic() - t0, 3)}
+
+
+def _every_file(root: str) -> list[str]:
+    return [os.path.relpath(os.path.join(d, n), root) for d, _, names in os.walk(root)
+            for n in names]
+
+
+def main(command: str, argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog=f"remote.pyz {command}")
+    parser.add_argument("action", choices=("push", "pull"))
+    parser.add_argument("--url", required=True)
+    parser.add_argument("--root", required=True)
+    parser.add_argument("--env-stdin", action="store_true")
+    parser.add_argument("--threads", type=int, default=THREADS)
+    parser.add_argument("files", nargs="*")
+    args = parser.parse_intermixed_args(argv)
+    if args.env_stdin:
+        env = json.loads(sys.stdin.read() or "{}")
+        os.environ.update({str(k): str(v) for k, v in env.items()})
+    root = os.path.expanduser(args.root)
+    try:
+        store = open_store(args.url)
+        if args.action == "push":
+            result = push(store, root, args.files or _every_file(root), args.threads)
+        else:
+            result = pull(store, root, args.threads)
+    except Exception as exc:  # noqa: BLE001 - reported as one line for the controller
+        print(f"store {args.action} {args.url}: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return 1
+    print(json.dumps(result))
+    return 0

@@ -1,0 +1,58 @@
+"""Rules for the controller's IAM policy (issue 18): it reaches only its own cluster.
+
+Sources: "Actions, resources, and condition keys for Amazon EC2" (Service Authorization
+Reference): EC2's Describe* actions support no resource-level permissions (Resource "*" is the
+only form), every other action used here takes instance/volume/... ARNs and the
+aws:ResourceTag / aws:RequestTag / aws:TagKeys / ec2:CreateAction condition keys;
+"Actions, resources, and condition keys for Amazon S3": object actions on
+arn:aws:s3:::BUCKET/KEY, ListBucket on the bucket with the s3:prefix condition key;
+"IAM JSON policy elements: Action" (a wildcard action "*" or "service:*" grants everything).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+TAG = "mgpu-cloud-cluster"
+TAG_CONDITIONS = (f"aws:ResourceTag/{TAG}", f"aws:RequestTag/{TAG}")
+
+
+def _list(value: Any) -> list[Any]:
+    return value if isinstance(value, list) else [value]
+
+
+def check_policy(cluster: str, document: dict[str, Any], store_folder: str | None) -> list[str]:
+    """Violations of "nothing outside cluster `cluster`" in one policy document."""
+    out = []
+    for i, st in enumerate(document.get("Statement", [])):
+        where = f"statement {st.get('Sid', i)}"
+        if st.get("Effect") != "Allow":
+            continue
+        actions = _list(st.get("Action", []))
+        resources = _list(st.get("Resource", []))
+        conditions = st.get("Condition", {})
+        flat = {k: v for op in conditions.values() for k, v in op.items()}
+        for action in actions:
+            if action == "*" or action.endswith(":*"):
+                out.append(f"{where}: wildcard action {action!r}")
+        if "*" in resources and any(not a.startswith("ec2:Describe") for a in actions):
+            out.append(f"{where}: Resource '*' for {actions} (only Describe* may)")
+        ec2_writes = [a for a in actions if a.startswith("ec2:") and not a.startswith(
+            "ec2:Describe")]
+        if ec2_writes:
+            public_images = all(":image/" in r for r in resources)
+            tagged = any(_list(flat.get(k)) == [cluster] for k in TAG_CONDITIONS)
+            on_create = "ec2:CreateAction" in flat and actions == ["ec2:CreateTags"]
+            if not (tagged or on_create or public_images):
+                out.append(f"{where}: {ec2_writes} not limited to resources tagged {cluster}")
+        for r in resources:
+            if r.startswith("arn:aws:s3:::"):
+                path = r[len("arn:aws:s3:::"):]
+                if "/" in path:
+                    if store_folder is None or not path.split("/", 1)[1].startswith(
+                            store_folder + "/"):
+                        out.append(f"{where}: S3 objects {r} outside the store's folder")
+                elif not any(str(p).startswith(f"{store_folder}/")
+                             for p in _list(flat.get("s3:prefix", []))):
+                    out.append(f"{where}: ListBucket on {r} without an s3:prefix of the store")
+    return out

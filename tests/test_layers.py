@@ -1,0 +1,148 @@
+"""The architecture, checked: each layer imports only the layers below it, and no module
+imports itself back through others (docs/ARCHITECTURE.md, "Layers").
+
+Every `import` counts: at module level, inside functions, and under `if TYPE_CHECKING:` (a
+type-only import is still a dependency for the reader). The registries of
+provision/model/registry.py name providers and launchers by dotted path and load them on first
+use; a string is not an import.
+"""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Iterable
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+# top to bottom; a module may import its own layer and the layers below it
+LAYERS = ("cli", "operations", "job", "cluster", "nodes", "model")
+
+
+def module_name(path: Path, root: Path) -> str:
+    parts = list(path.relative_to(root).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def imports_of(path: Path, name: str, known: set[str]) -> set[str]:
+    """The project modules `path` (module `name`) imports, resolved to known module names."""
+    tree = ast.parse(path.read_text(), filename=str(path))
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    found: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found.update(a.name for a in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = package.split(".")[: len(package.split(".")) - node.level + 1]
+                base = ".".join([*anchor, base] if base else anchor)
+            for alias in node.names:
+                sub = f"{base}.{alias.name}"
+                found.add(sub if sub in known else base)
+    return {m for m in found if m in known}
+
+
+def import_graph(root: Path, packages: Iterable[str]) -> dict[str, set[str]]:
+    files = {module_name(p, root): p for pkg in packages for p in (root / pkg).rglob("*.py")}
+    known = set(files)
+    return {name: imports_of(path, name, known) - {name} for name, path in files.items()}
+
+
+def layer_of(module: str) -> str | None:
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 and parts[0] == "provision" and parts[1] in LAYERS else None
+
+
+def upward_imports(graph: dict[str, set[str]]) -> list[str]:
+    """Every import of a higher layer (or of remote/ into provision/ and back)."""
+    bad = []
+    for module, deps in sorted(graph.items()):
+        mine = layer_of(module)
+        for dep in sorted(deps):
+            if module.startswith("remote") and dep.startswith("provision"):
+                bad.append(f"{module} -> {dep} (remote/ must not import provision/)")
+            theirs = layer_of(dep)
+            if mine and theirs and LAYERS.index(theirs) < LAYERS.index(mine):
+                bad.append(f"{module} ({mine}) -> {dep} ({theirs})")
+    return bad
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components of more than one module (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in graph.get(v, ()):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                found.append(sorted(comp))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return found
+
+
+GRAPH = import_graph(ROOT, ["provision", "remote"])
+
+
+def test_top_level_packages_are_the_layers() -> None:
+    tops = {p.name for p in (ROOT / "provision").iterdir()
+            if p.is_dir() and (p / "__init__.py").exists()}
+    assert tops == set(LAYERS)
+    loose = sorted(p.name for p in (ROOT / "provision").glob("*.py") if p.name != "__init__.py")
+    assert loose == [], "every module belongs to a layer's package"
+
+
+def test_each_layer_imports_only_layers_below_it() -> None:
+    assert upward_imports(GRAPH) == []
+
+
+def test_no_import_circles() -> None:
+    assert cycles(GRAPH) == []
+
+
+def test_the_checks_can_fail() -> None:
+    """A wrong-direction import and a circle are reported (so the two tests above can fail)."""
+    graph = {k: set(v) for k, v in GRAPH.items()}
+    graph["provision.model.spec"].add("provision.cluster.providers")
+    assert upward_imports(graph) == [
+        "provision.model.spec (model) -> provision.cluster.providers (cluster)"]
+    graph["provision.nodes.layout"].add("provision.nodes.group")
+    assert ["provision.nodes.group", "provision.nodes.layout"] in cycles(graph)
+
+
+def test_an_added_wrong_import_is_found(tmp_path: Path) -> None:
+    """The same check over real files: a model module importing the job layer fails it."""
+    pkg = tmp_path / "provision"
+    for layer in ("model", "job"):
+        (pkg / layer).mkdir(parents=True)
+        (pkg / layer / "__init__.py").write_text("")
+    (pkg / "__init__.py").write_text("")
+    (pkg / "job" / "launch.py").write_text("from provision.model import spec\n")
+    (pkg / "model" / "spec.py").write_text(
+        "def f() -> None:\n    from provision.job.launch import x  # noqa\n")
+    graph = import_graph(tmp_path, ["provision"])
+    assert upward_imports(graph) == ["provision.model.spec (model) -> provision.job.launch (job)"]
+    assert cycles(graph) == [["provision.job.launch", "provision.model.spec"]]
