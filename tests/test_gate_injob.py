@@ -152,3 +152,23 @@ def test_a_gate_that_never_finished_stops_with_its_error(store: InventoryStore) 
     with pytest.raises(FabricGateError) as err:
         gate.finish(code)
     assert "did not finish (RuntimeError: Connection closed by peer)" in err.value.message
+
+
+def test_in_a_container_the_entry_is_the_mounted_copy_and_the_node_rank_is_passed() -> None:
+    """Container mode (docker and apptainer): the launcher inside the image runs the tool's
+    folder as mounted there (/mgpu), and each node's rank reaches its processes."""
+    import shlex
+
+    from provision.job.launch import node_command
+
+    job = build_job_spec({}, {"script": EXAMPLE, "fabric_check": "on"})
+    for runtime in ("docker", "apptainer"):
+        inv = inventory(2).model_copy(update={"container_image": "img:1",
+                                              "container_runtime": runtime})
+        words = shlex.split(node_command(inv, job, inv.nodes[1], entry=entry_words(inv, job))
+                            .replace('"$HOME"', "/h"))
+        after = words[words.index("torchrun"):]
+        entry = after.index("/mgpu/remote.pyz")
+        assert after[entry + 1] == "injob" and after[after.index("--", entry) + 1] == \
+            "train_ddp.py"
+        assert "MGPU_NODE_RANK=1" in words
