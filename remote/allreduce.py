@@ -42,16 +42,20 @@ import argparse
 import json
 import os
 import socket
-import statistics
 import sys
 import time
+from dataclasses import dataclass, field
 from typing import Any
+
+from remote.gatejudge import pair_reference
 
 _UNITS = {"": 1, "K": 2**10, "M": 2**20, "G": 2**30}
 # --gate sizes per backend (min, max, factor): large enough on GPUs to approach the fabric's
 # peak (nccl-tests' published figures are at 1-2 GB), small enough on CPU/gloo that a link
 # throttled to 20 Mbit/s still finishes the first size in about a second.
-GATE_SIZES = {"nccl": (64 * 2**20, 2**30, 4), "gloo": (256 * 2**10, 16 * 2**20, 4)}
+# (gloo x8: 256 KiB, 2 MiB, 16 MiB; three sizes keep a CPU gate short, the budget still stops
+# a throttled link after the first.)
+GATE_SIZES = {"nccl": (64 * 2**20, 2**30, 4), "gloo": (256 * 2**10, 16 * 2**20, 8)}
 GATE_DEFAULTS = {"iters": 4, "warmup": 1, "budget_s": 4.0, "timeout_s": 120}
 DEFAULTS = {"iters": 20, "warmup": 5, "factor": 2, "timeout_s": 600}
 
@@ -107,17 +111,6 @@ def round_robin(n: int, max_rounds: int | None = None) -> list[list[tuple[int, i
 Pair = tuple[int, int]
 
 
-def pair_reference(pairs: dict[Pair, float]) -> float:
-    """The typical healthy pair: the median over nodes of each node's best pair. (The median
-    of the pairs themselves would not do: with 3 nodes and one slow, 2 of the 3 pairs are
-    slow.) 0.0 without pairs."""
-    best: dict[int, float] = {}
-    for (a, b), bw in pairs.items():
-        for n in (a, b):
-            best[n] = max(best.get(n, 0.0), bw)
-    return statistics.median(best.values()) if best else 0.0
-
-
 def slow_pairs(pairs: dict[Pair, float], fraction: float) -> list[Pair]:
     """Pairs below `fraction` of pair_reference, in order."""
     limit = fraction * pair_reference(pairs)
@@ -137,11 +130,11 @@ def disjoint_rounds(pairs: list[Pair]) -> list[list[Pair]]:
     return rounds
 
 
-def _emit(record: dict[str, Any]) -> None:
+def emit(record: dict[str, Any]) -> None:
     print(json.dumps(record, sort_keys=True), flush=True)
 
 
-def _resolve(args: argparse.Namespace, backend: str) -> None:
+def resolve(args: argparse.Namespace, backend: str) -> None:
     """Fill the options left unset: the gate's bounded defaults, or the sweep's."""
     if args.gate:
         low, high, factor = GATE_SIZES[backend]
@@ -156,7 +149,123 @@ def _resolve(args: argparse.Namespace, backend: str) -> None:
     sizes(args.min_bytes, args.max_bytes, args.factor)  # ValueError when they do not fit
 
 
+@dataclass
+class Mesh:
+    """This process in the all-reduce: torch, its ranks, device, and which ranks measure
+    (`measuring`: every rank, or one per node; `group`: theirs, None = the default group)."""
+
+    torch: Any
+    dist: Any
+    rank: int
+    node: int  # this process's node rank
+    backend: str
+    device: Any
+    node_of_rank: list[int] = field(default_factory=list)
+    hosts: list[str] = field(default_factory=list)
+    measuring: list[int] = field(default_factory=list)
+    group: Any = None
+
+    def sync(self) -> None:
+        if self.backend == "nccl":
+            self.torch.cuda.synchronize(self.device)
+
+    def gather_places(self) -> None:
+        """Every rank's host and node (a collective of the default group)."""
+        where: list[Any] = [None] * self.dist.get_world_size()
+        self.dist.all_gather_object(where, (socket.gethostname(), self.node))
+        self.hosts = [str(h) for h, _ in where]
+        self.node_of_rank = [int(n) for _, n in where]
+
+
+def sweep(args: argparse.Namespace, mesh: Mesh, group: Any,
+          members: int) -> list[dict[str, Any]]:
+    """One record per size over `group` (None: every rank); every member gets them."""
+    torch, dist = mesh.torch, mesh.dist
+    records: list[dict[str, Any]] = []
+    spent = 0.0
+    for size in sizes(args.min_bytes, args.max_bytes, args.factor):
+        tensor = torch.ones(size // 4, dtype=torch.float32, device=mesh.device)
+        for _ in range(args.warmup):
+            dist.all_reduce(tensor, group=group)
+        mesh.sync()
+        dist.barrier(group=group)
+        calls: list[float] = []  # the gate times each call (see best_busbw_gbps)
+        start = last = time.perf_counter()
+        for _ in range(args.iters):
+            dist.all_reduce(tensor, group=group)
+            if args.gate:
+                mesh.sync()
+                now = time.perf_counter()
+                calls.append(now - last)
+                last = now
+        mesh.sync()
+        mine = (time.perf_counter() - start) / args.iters
+        gathered: list[Any] = [None] * members
+        dist.all_gather_object(gathered, (mine, calls), group=group)
+        del tensor
+        times = [float(t) for t, _ in gathered]
+        slowest = max(times)
+        algbw = size / slowest / 1e9
+        record: dict[str, Any] = {
+            "size_bytes": size, "count": size // 4, "dtype": "float32",
+            "backend": mesh.backend, "world_size": members,
+            "time_us": round(slowest * 1e6, 2), "algbw_gbps": round(algbw, 6),
+            "busbw_gbps": round(bus_bandwidth(algbw, members), 6),
+            "rank_time_us": [round(t * 1e6, 2) for t in times],
+        }
+        if args.gate:
+            # The best call (each call as slow as its slowest rank): a busy CPU or a burst of
+            # other traffic only ever slows a call down, so the best one is what the link can
+            # do. Pairs are judged by it; the whole-cluster figure stays the average, as
+            # nccl-tests (and the published figures) measure.
+            per_call = [max(float(c[i]) for _, c in gathered) for i in range(args.iters)]
+            record["best_busbw_gbps"] = round(
+                bus_bandwidth(size / min(per_call) / 1e9, members), 6)
+        records.append(record)
+        spent += slowest * (args.iters + args.warmup)
+        if args.budget_s is not None and spent + slowest * args.factor * (
+                args.iters + args.warmup) > args.budget_s:
+            break  # the same decision on every member: it comes from gathered times
+    return records
+
+
+def gate_measure(args: argparse.Namespace, mesh: Mesh) -> tuple[dict[str, Any],
+                                                                 list[tuple[Pair, float]]]:
+    """The sweep over the measuring ranks (rank 0 prints a record per size and the summary),
+    then, when due, the pairwise rounds. Every rank of the default group must call it (the
+    non-measuring ones take part in the group set-up and the gathers). Returns (the summary,
+    every pair measurement: first ones and confirmations), the same on every rank."""
+    t0 = time.perf_counter()
+    records: list[dict[str, Any]] = []
+    if mesh.rank in mesh.measuring:
+        records = sweep(args, mesh, mesh.group, len(mesh.measuring))
+    shared: list[Any] = [records]
+    mesh.dist.broadcast_object_list(shared, src=mesh.measuring[0])
+    records = shared[0]
+    busbws = [r["busbw_gbps"] for r in records]
+    peak = max(busbws, default=0.0)
+    nodes = sorted(set(mesh.node_of_rank))
+    pairwise = args.pairwise_below is not None and len(nodes) > 1 \
+        and peak < args.pairwise_below
+    summary = {
+        "summary": True, "backend": mesh.backend, "world_size": len(mesh.measuring),
+        "hosts": [mesh.hosts[r] for r in mesh.measuring],
+        "node_ranks": [mesh.node_of_rank[r] for r in mesh.measuring],
+        "sizes": len(busbws),
+        "avg_busbw_gbps": round(sum(busbws) / len(busbws), 6) if busbws else 0.0,
+        "max_busbw_gbps": round(peak, 6), "seconds": round(time.perf_counter() - t0, 3),
+        "pairwise": pairwise,
+    }
+    if mesh.rank == 0:
+        for record in records:
+            emit(record)
+        emit(summary)
+    measured = _pairwise(args, mesh, nodes) if pairwise else []
+    return summary, measured
+
+
 def run(args: argparse.Namespace) -> int:
+    """The standalone command: every rank torchrun started measures."""
     import datetime
 
     import torch
@@ -165,10 +274,9 @@ def run(args: argparse.Namespace) -> int:
     rank = int(os.environ.get("RANK", "0"))
     world = int(os.environ.get("WORLD_SIZE", "1"))
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
-    node = int(os.environ.get("GROUP_RANK", "0"))
     use_cuda = torch.cuda.is_available() and args.backend != "gloo"
     backend = "nccl" if use_cuda else "gloo"
-    _resolve(args, backend)
+    resolve(args, backend)
     device = torch.device("cuda", local_rank) if use_cuda else torch.device("cpu")
     if use_cuda:
         torch.cuda.set_device(device)
@@ -176,157 +284,74 @@ def run(args: argparse.Namespace) -> int:
         backend, timeout=datetime.timedelta(seconds=args.timeout_s), rank=rank, world_size=world
     )
     try:
-        where: list[Any] = [None] * world
-        dist.all_gather_object(where, (socket.gethostname(), node))
-        hosts = [str(h) for h, _ in where]
-        node_of_rank = [int(n) for _, n in where]
-
-        def sync() -> None:
-            if use_cuda:
-                torch.cuda.synchronize(device)
-
-        def sweep(group: Any, members: int) -> list[dict[str, Any]]:
-            """One record per size over `group` (None: every rank); every member gets them."""
-            records: list[dict[str, Any]] = []
-            spent = 0.0
-            for size in sizes(args.min_bytes, args.max_bytes, args.factor):
-                tensor = torch.ones(size // 4, dtype=torch.float32, device=device)
-                for _ in range(args.warmup):
-                    dist.all_reduce(tensor, group=group)
-                sync()
-                dist.barrier(group=group)
-                calls: list[float] = []  # the gate times each call (see best_busbw_gbps)
-                start = last = time.perf_counter()
-                for _ in range(args.iters):
-                    dist.all_reduce(tensor, group=group)
-                    if args.gate:
-                        sync()
-                        now = time.perf_counter()
-                        calls.append(now - last)
-                        last = now
-                sync()
-                mine = (time.perf_counter() - start) / args.iters
-                gathered: list[Any] = [None] * members
-                dist.all_gather_object(gathered, (mine, calls), group=group)
-                del tensor
-                times = [float(t) for t, _ in gathered]
-                slowest = max(times)
-                algbw = size / slowest / 1e9
-                record: dict[str, Any] = {
-                    "size_bytes": size,
-                    "count": size // 4,
-                    "dtype": "float32",
-                    "backend": backend,
-                    "world_size": members,
-                    "time_us": round(slowest * 1e6, 2),
-                    "algbw_gbps": round(algbw, 6),
-                    "busbw_gbps": round(bus_bandwidth(algbw, members), 6),
-                    "rank_time_us": [round(t * 1e6, 2) for t in times],
-                }
-                if args.gate:
-                    # The best call (each call as slow as its slowest rank): a busy CPU or a
-                    # burst of other traffic only ever slows a call down, so the best one is
-                    # what the link can do. Pairs are judged by it; the whole-cluster figure
-                    # stays the average, as nccl-tests (and the published figures) measure.
-                    per_call = [max(float(c[i]) for _, c in gathered) for i in range(args.iters)]
-                    record["best_busbw_gbps"] = round(
-                        bus_bandwidth(size / min(per_call) / 1e9, members), 6)
-                records.append(record)
-                spent += slowest * (args.iters + args.warmup)
-                if args.budget_s is not None and spent + slowest * args.factor * (
-                        args.iters + args.warmup) > args.budget_s:
-                    break  # the same decision on every member: it comes from gathered times
-            return records
-
-        t0 = time.perf_counter()
-        records = sweep(None, world)
-        busbws = [r["busbw_gbps"] for r in records]
-        peak = max(busbws, default=0.0)
-        nodes = sorted(set(node_of_rank))
-        pairwise = args.pairwise_below is not None and len(nodes) > 1 \
-            and peak < args.pairwise_below
-        if rank == 0:
-            for record in records:
-                _emit(record)
-            _emit({
-                "summary": True,
-                "backend": backend,
-                "world_size": world,
-                "hosts": hosts,
-                "node_ranks": node_of_rank,
-                "sizes": len(busbws),
-                "avg_busbw_gbps": round(sum(busbws) / len(busbws), 6) if busbws else 0.0,
-                "max_busbw_gbps": round(peak, 6),
-                "seconds": round(time.perf_counter() - t0, 3),
-                "pairwise": pairwise,
-            })
-        if pairwise:
-            _pairwise(args, dist, sweep, rank, node, nodes, node_of_rank, hosts)
+        mesh = Mesh(torch, dist, rank, int(os.environ.get("GROUP_RANK", "0")), backend, device,
+                    measuring=list(range(world)))
+        mesh.gather_places()
+        _, measured = gate_measure(args, mesh)
+        if measured:
             dist.barrier()  # node 0 hosts the rendezvous store: nobody leaves before the rest
     finally:
         dist.destroy_process_group()
     return 0
 
 
-def _pairwise(args: argparse.Namespace, dist: Any, sweep: Any, rank: int, node: int,
-              nodes: list[int], node_of_rank: list[int], hosts: list[str]) -> None:
+def _pairwise(args: argparse.Namespace, mesh: Mesh, nodes: list[int]) -> list[tuple[Pair, float]]:
     """Each round: this node's pair (if it has one this round) all-reduces in a subgroup of
-    both nodes' ranks. Pairs of a round run at the same time. Then every rank learns every pair's figure
-    and the pairs below --pair-fraction of the reference are measured once more (a busy
-    moment on a shared link or CPU must not condemn a pair); the controller keeps the better
-    of the two figures."""
+    both nodes' measuring ranks. Pairs of a round run at the same time. Then every rank
+    learns every pair's figure and the pairs below --pair-fraction of the reference are
+    measured once more (a busy moment on a shared link or CPU must not condemn a pair); the
+    judge keeps the better of the two figures. Returns every measurement, on every rank."""
     schedule = [[(nodes[a], nodes[b]) for a, b in pairs]
                 for pairs in round_robin(len(nodes), args.pair_rounds)]
-    mine = _measure_pairs(dist, sweep, rank, node, node_of_rank, hosts, schedule, confirm=False)
-    everyone: list[Any] = [None] * len(node_of_rank)
-    dist.all_gather_object(everyone, mine)
-    measured: dict[Pair, float] = {(int(p[0]), int(p[1])): float(bw)
-                                   for part in everyone for p, bw in part}
-    suspects = slow_pairs(measured, args.pair_fraction)
-    if suspects:
-        _measure_pairs(dist, sweep, rank, node, node_of_rank, hosts,
-                       disjoint_rounds(suspects), confirm=True)
+    first = _gathered(mesh, _measure_pairs(args, mesh, schedule, confirm=False))
+    suspects = slow_pairs(dict(first), args.pair_fraction)
+    again = _gathered(mesh, _measure_pairs(args, mesh, disjoint_rounds(suspects), confirm=True)
+                      ) if suspects else []
+    return first + again
 
 
-def _measure_pairs(dist: Any, sweep: Any, rank: int, node: int, node_of_rank: list[int],
-                   hosts: list[str], schedule: list[list[Pair]],
+def _gathered(mesh: Mesh, mine: list[tuple[Pair, float]]) -> list[tuple[Pair, float]]:
+    """Every rank's pair figures, on every rank."""
+    everyone: list[Any] = [None] * mesh.dist.get_world_size()
+    mesh.dist.all_gather_object(everyone, mine)
+    return [((int(p[0]), int(p[1])), float(bw)) for part in everyone for p, bw in part]
+
+
+def _measure_pairs(args: argparse.Namespace, mesh: Mesh, schedule: list[list[Pair]],
                    confirm: bool) -> list[tuple[Pair, float]]:
     """This node's pairs of `schedule`, in order; returns (pair, busbw) for the pairs whose
-    lowest rank this is (and prints them).
+    lowest measuring rank this is (and prints them).
 
     Every rank creates every pair's subgroup, in schedule order (torch's collective
     new_group): the groups get unique names, so a pair measured again gets a fresh group.
     (With use_local_synchronization the name is a hash of the ranks, and a second group of
     the same ranks would meet the first one's stale rendezvous keys.) This also keeps the
     rounds apart: round r + 1 starts when every pair of round r has its group."""
+    dist = mesh.dist
     results: list[tuple[Pair, float]] = []
     for number, pairs in enumerate(schedule):
         mine: tuple[Pair, list[int], Any] | None = None
         for pair in pairs:
-            members = [r for r, n in enumerate(node_of_rank) if n in pair]
+            members = [r for r in mesh.measuring if mesh.node_of_rank[r] in pair]
             group = dist.new_group(members)
-            if node in pair:
+            if mesh.rank in members:
                 mine = (pair, members, group)
         if mine is None:
-            continue  # this node sits this round out
+            continue  # this process sits this round out
         pair, members, group = mine
         t0 = time.perf_counter()
-        records = sweep(group, len(members))
+        records = sweep(args, mesh, group, len(members))
         dist.destroy_process_group(group)
-        if rank == members[0]:
+        if mesh.rank == members[0]:
             busbw = round(max((r.get("best_busbw_gbps", r["busbw_gbps"]) for r in records),
                               default=0.0), 6)
             results.append((pair, busbw))
-            _emit({
-                "pair": list(pair),
-                "round": number,
-                "confirm": confirm,
-                "hosts": [hosts[members[0]], hosts[members[-1]]],
-                "world_size": len(members),
-                "sizes": len(records),
+            emit({
+                "pair": list(pair), "round": number, "confirm": confirm,
+                "hosts": [mesh.hosts[members[0]], mesh.hosts[members[-1]]],
+                "world_size": len(members), "sizes": len(records),
                 "largest_bytes": records[-1]["size_bytes"] if records else 0,
-                "busbw_gbps": busbw,
-                "seconds": round(time.perf_counter() - t0, 3),
+                "busbw_gbps": busbw, "seconds": round(time.perf_counter() - t0, 3),
             })
     return results
 
@@ -367,7 +392,7 @@ def main(cmd: str, argv: list[str]) -> int:
     except Exception as exc:  # report, on rank 0's stdout as JSON, why the sweep stopped
         record = {"error": f"{type(exc).__name__}: {exc}", "rank": os.environ.get("RANK")}
         if os.environ.get("RANK", "0") == "0":
-            _emit(record)
+            emit(record)
         else:
             print(json.dumps(record), file=sys.stderr, flush=True)
         return 1

@@ -19,11 +19,19 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "monitor": ("remote.monitor", "GPU/CPU/memory/load samples, one JSON line each"),
     "job": ("remote.jobs", "start / follow / status / cancel a job that outlives its session"),
     "store": ("remote.store", "push files to / pull a folder from a durable store (s3, gs, file)"),
+    "injob": ("remote.injob", "the fabric gate in the job's own processes, then its script"),
 }
 
 
 def main(argv: list[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
+    # A launcher that runs `python PROGRAM --local_rank=N ARGS` (DeepSpeed's) puts its words
+    # before the command: `injob` hands them to the job's script, in the same place.
+    lead = []
+    while args and args[0].startswith("--local_rank=") and "injob" in args:
+        lead.append(args.pop(0))
+    if lead and args[0] == "injob":
+        args[1:1] = lead
     if not args or args[0] in ("-h", "--help") or args[0] not in COMMANDS:
         width = max(len(c) for c in COMMANDS)
         print("usage: remote.pyz COMMAND [ARGS]\n")

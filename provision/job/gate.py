@@ -36,14 +36,14 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from provision.job.fabric import UNKNOWN, Transport, fix_for, matches, transport_of
+from provision.job.fabric import UNKNOWN, Transport, fix_for, transport_of
 from provision.job.programs import json_lines, run_remote_program
 from provision.model.errors import LaunchError
 from provision.model.gate_record import GateNode, GatePair, GateRecord
 from provision.model.inventory import Inventory, InventoryStore
 from provision.model.spec import DEFAULT_MASTER_PORT, JobSpec
 from provision.nodes import NodeGroup, borrowed
-from remote.allreduce import pair_reference
+from remote.gatejudge import Judgement, Pair, PairFigure, judge, merge_pairs
 
 Log = Callable[[str], None]
 
@@ -210,42 +210,32 @@ def split_output(output: str, names: list[str]) -> dict[str, list[str]]:
     return lines
 
 
-def _pairs_by_name(records: list[dict[str, Any]], name_of: dict[int, str]) -> list[GatePair]:
-    """Pair lines (first measurement and confirmations) -> one GatePair per pair, keeping
-    the better figure."""
-    merged: dict[tuple[int, int], GatePair] = {}
+def _pair_figures(records: list[dict[str, Any]], names: dict[int, str]
+                  ) -> tuple[dict[Pair, PairFigure], dict[Pair, int]]:
+    """Pair lines (first measurements and confirmations, node ranks) -> each pair's better
+    figure, and the round it was first measured in. Pairs of unknown nodes are dropped."""
+    measured: list[tuple[Pair, float]] = []
+    first_round: dict[Pair, int] = {}
     for r in records:
         a, b = (int(x) for x in r["pair"])
-        if a not in name_of or b not in name_of:
-            continue
-        bw = float(r.get("busbw_gbps", 0.0))
-        seen = merged.get((a, b))
-        if seen is None:
-            merged[(a, b)] = GatePair(nodes=(name_of[a], name_of[b]), round=int(r["round"]),
-                                      busbw_gbps=bw)
-        else:
-            seen.measurements += 1
-            seen.busbw_gbps = max(seen.busbw_gbps, bw)
-    return [merged[k] for k in sorted(merged)]
+        if a in names and b in names:
+            measured.append(((a, b), float(r.get("busbw_gbps", 0.0))))
+            first_round.setdefault((a, b), int(r["round"]))
+    return merge_pairs(measured), first_round
 
 
 def evaluate(inv: Inventory, output: str, code: int, *, mode: str,
              seconds: float = 0.0) -> GateRecord:
     """Judge the gate's output (every node's `[node] `-prefixed lines, as run_job streams
-    them) and exit code. Pure; the same function judges a live run and a captured log."""
-    from provision.job.diagnose import diagnose
-
+    them) and exit code. Pure; the same function judges a live run and a captured log, and
+    the verdict is remote.gatejudge's, as on the nodes of an in-job gate."""
     ordered = sorted(inv.nodes, key=lambda n: n.rank)
-    names = [n.name for n in ordered]
-    name_of = {n.rank: n.name for n in ordered}
-    lines = split_output(output, names)
-    master = json_lines(output, inv.master.name)
-    summary = next((r for r in master if r.get("summary")), None)
-    records = [r for name in names for r in json_lines(output, name)]
-    errors = [str(r["error"]) for r in records if "error" in r]
-    fabric = inv.fabric
+    names = {n.rank: n.name for n in ordered}
+    lines = split_output(output, list(names.values()))
+    summary = next((r for r in json_lines(output, inv.master.name) if r.get("summary")), None)
+    records = [r for name in names.values() for r in json_lines(output, name)]
+    fabric, limit = inv.fabric, threshold_gbps(inv)
     backend = str(summary.get("backend")) if summary else None
-    limit = threshold_gbps(inv)
     record = GateRecord(
         verdict="pass", mode=mode, seconds=round(seconds, 2), backend=backend,
         world_size=int(summary["world_size"]) if summary else None,
@@ -253,113 +243,125 @@ def evaluate(inv: Inventory, output: str, code: int, *, mode: str,
         busbw_gbps=float(summary["max_busbw_gbps"]) if summary else None,
         expected_transport=fabric.transport if fabric else None,
         expected_busbw_gbps=fabric.busbw_gbps if fabric else None, threshold_gbps=limit)
-    problems, fixes, notes = record.problems, record.fixes, record.notes
-
-    def add_fix(text: str) -> None:
-        if text not in fixes:
-            fixes.append(text)
-
-    rows = {name: GateNode(node=name, transport=UNKNOWN) for name in names}
-    for name in names:
+    rows = {rank: GateNode(node=name, transport=UNKNOWN, busbw_gbps=record.busbw_gbps)
+            for rank, name in names.items()}
+    for row in rows.values():
         found = (Transport("socket", "gloo backend: CPU tensors over TCP (no GPU / NCCL)")
-                 if backend == "gloo" else transport_of(lines[name]))
-        rows[name].transport, rows[name].evidence = found.name, found.evidence[-200:]
-        rows[name].busbw_gbps = record.busbw_gbps
+                 if backend == "gloo" else transport_of(lines[row.node]))
+        row.transport, row.evidence = found.name, found.evidence[-200:]
+    pairs, first_round = _pair_figures([r for r in records if "pair" in r], names)
+    verdict = judge(
+        finished=code == 0 and summary is not None, peak_gbps=record.busbw_gbps,
+        threshold_gbps=limit, expected_transport=fabric.transport if fabric else None,
+        transports={rank: row.transport for rank, row in rows.items()} if summary else {},
+        pairs=pairs, fraction=PAIR_SLOW_FRACTION)
+    _describe(record, verdict, rows, names, pairs,
+              (fabric.nominal or fabric.transport) if fabric else "", code, summary,
+              [str(r["error"]) for r in records if "error" in r])
+    record.pairs = [GatePair(nodes=(names[a], names[b]), round=first_round[(a, b)],
+                             busbw_gbps=f.busbw_gbps, measurements=f.measurements,
+                             verdict="slow" if (a, b) in verdict.slow_pairs else "ok")
+                    for (a, b), f in sorted(pairs.items())]
+    record.rounds = len(set(first_round.values()))
+    if verdict.reference is not None:
+        record.pair_reference_gbps = round(verdict.reference, 6)
+    elif summary is not None and summary.get("pairwise"):
+        record.notes.append("the pairwise rounds printed nothing")
+    if len(names) == 2 and pairs:
+        record.notes.append("with 2 nodes there is one pair: a slow node cannot be told from "
+                            "its partner")
+    if record.problems:
+        _add_diagnosis(record, names, lines, code)
+    record.nodes = [rows[rank] for rank in names]
+    record.verdict = "pass" if verdict.passed else "fail"
+    return record
 
-    # 1. did it run at all?
-    if code != 0 or summary is None:
+
+def _describe(record: GateRecord, verdict: Judgement, rows: dict[int, GateNode],
+              names: dict[int, str], pairs: dict[Pair, PairFigure], nominal: str, code: int,
+              summary: dict[str, Any] | None, errors: list[str]) -> None:
+    """The rows' verdicts, the problems and the fixes, in words, from `verdict`."""
+    problems, notes, fabric = record.problems, record.notes, record.expected_transport
+    if not verdict.finished:  # 1. did it run at all?
         why = errors[0][:200] if errors else f"exit {code}"
         problems.append(f"the gate's all-reduce did not finish ({why})")
         if summary is None:
             for row in rows.values():
                 row.verdict, row.busbw_gbps = "not measured", None
-    # 2. the transport each node's NCCL chose
-    if fabric is not None and summary is not None:
-        wrong = [r for r in rows.values() if r.transport != UNKNOWN
-                 and not matches(fabric.transport, r.transport)]
-        for row in wrong:
-            row.verdict = "wrong transport"
-            row.detail = f"NCCL used {row.transport}, not {fabric.transport}"
-        if wrong:
-            problems.append(f"NCCL used {wrong[0].transport} instead of {fabric.transport} on "
-                            + ", ".join(r.node for r in wrong))
-            add_fix(fix_for(fabric.transport, wrong[0].transport))
-        for row in rows.values():
-            if row.transport == UNKNOWN and fabric.transport != "socket":
-                row.verdict = "unknown transport"
-                notes.append(f"{row.node}: no NCCL line named the network in use")
-    # 3. the whole cluster's bandwidth against the published figure
-    if limit is not None and record.busbw_gbps is not None and record.busbw_gbps < limit:
-        assert fabric is not None and fabric.busbw_gbps is not None
+    for rank in verdict.wrong_transport:  # 2. the transport each node's NCCL chose
+        rows[rank].verdict = "wrong transport"
+        rows[rank].detail = f"NCCL used {rows[rank].transport}, not {fabric}"
+    if verdict.wrong_transport and fabric is not None:
+        first = rows[verdict.wrong_transport[0]].transport
+        problems.append(f"NCCL used {first} instead of {fabric} on "
+                        + ", ".join(names[r] for r in verdict.wrong_transport))
+        _add_fix(record, fix_for(fabric, first))
+    for rank in verdict.unknown_transport:
+        rows[rank].verdict = "unknown transport"
+        notes.append(f"{names[rank]}: no NCCL line named the network in use")
+    if verdict.below_threshold:  # 3. the cluster's bandwidth against the published figure
+        assert record.busbw_gbps is not None and record.expected_busbw_gbps is not None
         problems.append(
             f"all-reduce busbw {record.busbw_gbps:.3g} GB/s is "
-            f"{_pct(record.busbw_gbps / fabric.busbw_gbps)} of the {fabric.busbw_gbps:g} GB/s "
-            f"published for {fabric.nominal or fabric.transport} (fails below "
-            f"{BUSBW_FAIL_FRACTION:.0%})")
-    # 4. node pairs
-    pairs = _pairs_by_name([r for r in records if "pair" in r], name_of)
-    record.pairs = pairs
-    record.rounds = len({p.round for p in pairs})
-    if pairs:
-        by_index = {(names.index(p.nodes[0]), names.index(p.nodes[1])): p.busbw_gbps
-                    for p in pairs}
-        reference = pair_reference(by_index)
-        record.pair_reference_gbps = round(reference, 6)
-        floor = PAIR_SLOW_FRACTION * reference
-        best = {name: max((p.busbw_gbps for p in pairs if name in p.nodes), default=None)
-                for name in names}
-        for name, bw in best.items():
-            if bw is not None and summary is not None:
-                rows[name].busbw_gbps = bw
-        # Slow = below the line in BOTH measurements: the nodes measure again every pair that
-        # was below it the first time (a pair measured once was above it then).
-        for pair in pairs:
-            if pair.busbw_gbps < floor and pair.measurements > 1:
-                pair.verdict = "slow"
-        slow_nodes = [n for n in names if best[n] is not None
-                      and all(p.verdict == "slow" for p in pairs if n in p.nodes)]
-        for name in slow_nodes:
-            rows[name].verdict = "slow"
-            rows[name].detail = (f"its best pair {best[name]:.3g} GB/s is "
-                                 f"{_pct((best[name] or 0) / reference)} of the median pair")
-        links = [p for p in pairs if p.verdict == "slow"
-                 and not set(p.nodes) & set(slow_nodes)]
-        for p in links:
-            for name in p.nodes:
-                if rows[name].verdict == "ok":
-                    rows[name].verdict = "slow link"
-                    other = p.nodes[1] if name == p.nodes[0] else p.nodes[0]
-                    rows[name].detail = f"slow link to {other}"
-        if slow_nodes:
-            problems.append(
-                f"slow node{'s' if len(slow_nodes) > 1 else ''}: " + ", ".join(
-                    f"{n} (best pair {best[n]:.3g} GB/s, {PAIR_SLOW_FRACTION:.0%} of the "
-                    f"median pair is {floor:.3g})" for n in slow_nodes))
-            add_fix(SLOW_NODE_FIX)
-        if links:
-            problems.append("slow link" + ("s" if len(links) > 1 else "") + ": " + ", ".join(
-                f"{a} <-> {b} ({p.busbw_gbps:.3g} GB/s, below {floor:.3g})"
-                for p in links for a, b in [p.nodes]))
-            add_fix(SLOW_LINK_FIX)
-        if len(names) == 2:
-            notes.append("with 2 nodes there is one pair: a slow node cannot be told from its "
-                         "partner")
-    elif summary is not None and summary.get("pairwise"):
-        notes.append("the pairwise rounds printed nothing")
-    if limit is not None and record.busbw_gbps is not None and record.busbw_gbps < limit \
-            and not any(r.verdict in ("slow", "slow link", "wrong transport")
-                        for r in rows.values()):
-        add_fix(SLOW_FABRIC_FIX)
-    # the known failure signatures in the output (NCCL WARN lines, connection errors, ...)
-    if problems:
-        prefixed = [f"[{name}] {line}" for name in names for line in lines[name]]
-        for d in diagnose(prefixed):
-            add_fix(f"{d.fix} (seen on {', '.join(d.nodes) or 'a node'}: {d.line[:160]})")
-        if code != 0 and not fixes:
-            add_fix("run `mgpu-cloud check NAME --bandwidth` and read the output of the nodes")
-    record.nodes = [rows[name] for name in names]
-    record.verdict = "fail" if problems else "pass"
-    return record
+            f"{_pct(record.busbw_gbps / record.expected_busbw_gbps)} of the "
+            f"{record.expected_busbw_gbps:g} GB/s published for {nominal} (fails "
+            f"below {BUSBW_FAIL_FRACTION:.0%})")
+    _describe_pairs(record, verdict, rows, names, pairs, summary is not None)
+    if verdict.below_threshold and not any(
+            r.verdict in ("slow", "slow link", "wrong transport") for r in rows.values()):
+        _add_fix(record, SLOW_FABRIC_FIX)
+
+
+def _describe_pairs(record: GateRecord, verdict: Judgement, rows: dict[int, GateNode],
+                    names: dict[int, str], pairs: dict[Pair, PairFigure],
+                    measured: bool) -> None:
+    """4. node pairs: each node's best pair in its row, slow nodes and slow links named."""
+    if verdict.reference is None or verdict.floor is None:
+        return
+    reference, floor = verdict.reference, verdict.floor
+    if measured:
+        for rank, bw in verdict.best.items():
+            rows[rank].busbw_gbps = bw
+    for rank in verdict.slow_nodes:
+        rows[rank].verdict = "slow"
+        rows[rank].detail = (f"its best pair {verdict.best[rank]:.3g} GB/s is "
+                             f"{_pct(verdict.best[rank] / reference)} of the median pair")
+    for a, b in verdict.slow_links:
+        for rank, other in ((a, b), (b, a)):
+            if rows[rank].verdict == "ok":
+                rows[rank].verdict = "slow link"
+                rows[rank].detail = f"slow link to {names[other]}"
+    if verdict.slow_nodes:
+        record.problems.append(
+            f"slow node{'s' if len(verdict.slow_nodes) > 1 else ''}: " + ", ".join(
+                f"{names[n]} (best pair {verdict.best[n]:.3g} GB/s, {PAIR_SLOW_FRACTION:.0%} "
+                f"of the median pair is {floor:.3g})" for n in verdict.slow_nodes))
+        _add_fix(record, SLOW_NODE_FIX)
+    if verdict.slow_links:
+        record.problems.append(
+            "slow link" + ("s" if len(verdict.slow_links) > 1 else "") + ": " + ", ".join(
+                f"{names[a]} <-> {names[b]} ({pairs[(a, b)].busbw_gbps:.3g} GB/s, below "
+                f"{floor:.3g})" for a, b in verdict.slow_links))
+        _add_fix(record, SLOW_LINK_FIX)
+
+
+def _add_fix(record: GateRecord, text: str) -> None:
+    if text not in record.fixes:
+        record.fixes.append(text)
+
+
+def _add_diagnosis(record: GateRecord, names: dict[int, str], lines: dict[str, list[str]],
+                   code: int) -> None:
+    """The known failure signatures in the output (NCCL WARN lines, connection errors, ...)
+    as fixes."""
+    from provision.job.diagnose import diagnose
+
+    prefixed = [f"[{name}] {line}" for name in names.values() for line in lines[name]]
+    for d in diagnose(prefixed):
+        _add_fix(record, f"{d.fix} (seen on {', '.join(d.nodes) or 'a node'}: {d.line[:160]})")
+    if code != 0 and not record.fixes:
+        _add_fix(record, "run `mgpu-cloud check NAME --bandwidth` and read the output of the "
+                         "nodes")
 
 
 def _pct(fraction: float) -> str:

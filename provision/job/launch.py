@@ -101,10 +101,17 @@ def job_env(inv: Inventory, job: JobSpec, layout: RemoteLayout,
     return env
 
 
-def _context(inv: Inventory, job: JobSpec) -> LaunchContext:
+def _context(inv: Inventory, job: JobSpec, entry: list[str] | None = None) -> LaunchContext:
     image = job.image or inv.container_image
     root: str = CONTAINER_ROOT if image else HomePath(inv.remote_root)
-    return LaunchContext(inv=inv, job=job, layout=RemoteLayout(root), in_container=bool(image))
+    layout = RemoteLayout(root)
+    return LaunchContext(inv=inv, job=job, layout=layout, in_container=bool(image),
+                         entry=tuple(_in_root(layout, entry or [])))
+
+
+def _in_root(layout: RemoteLayout, words: list[str]) -> list[str]:
+    """Words starting with "@root/" are paths in the node's remote folder."""
+    return [layout.path(w[len("@root/"):]) if w.startswith("@root/") else w for w in words]
 
 
 def launcher_argv(
@@ -137,22 +144,26 @@ def launching_nodes(inv: Inventory, job: JobSpec) -> list[NodeRecord]:
 def node_command(
     inv: Inventory, job: JobSpec, node: NodeRecord, program: list[str] | None = None, *,
     job_id: str | None = None, detach: Detach | None = None, restart_count: int = 0,
+    entry: list[str] | None = None,
 ) -> str:
     """The full shell command line run on `node` (every value quoted). `program` words
     starting with "@root/" are paths in the node's remote folder. The job runs under
     `remote.pyz job start` (provision/job/jobs.py): its log is kept on the node under `job_id`;
-    attached (the default) it streams and stops with the controller, `detach` returns."""
+    attached (the default) it streams and stops with the controller, `detach` returns.
+    `entry` (words, "@root/" as in `program`) runs before the job's script in the launcher's
+    processes (the in-job fabric gate); they learn their node as $MGPU_NODE_RANK."""
     home = RemoteLayout(HomePath(inv.remote_root))
-    ctx = _context(inv, job)
+    ctx = _context(inv, job, entry)
     preempt = None
     if inv.preemption is not None:
         preempt = (inv.preemption.protocol, inv.preemption.url, job.preempt_signal)
     supervise = supervisor_words(home, job_id or adhoc_job_id(), detach, preempt,
                                  job_container(inv, job))
     env = job_env(inv, job, ctx.layout, restart_count)
+    if entry:
+        env["MGPU_NODE_RANK"] = str(node.rank)
     if program is not None:
-        program = [ctx.layout.path(p[len("@root/"):]) if p.startswith("@root/") else p
-                   for p in program]
+        program = _in_root(ctx.layout, program)
     launcher = get_launcher(job.launcher)
     argv = launcher.argv(ctx, node, program)
     prefix, container_extra = launcher.prepare(ctx, env)
@@ -180,31 +191,58 @@ class JobMonitor(Protocol):
         ...
 
 
+class JobGate(Protocol):
+    """The fabric gate inside the job's launch (provision/job/gate_injob.py InJobGate)."""
+
+    entry: list[str]  # words before the job's script in its launcher ("@root/" paths)
+
+    def attach(self, nodes: list[str], print_line: Callable[[str, str], None]) -> None:
+        """The nodes run_job starts, and how it prints a line of a node."""
+        ...
+
+    def take(self, node: str, line: str) -> bool:
+        """Whether the line is the gate's (kept, not printed)."""
+        ...
+
+    def stopped(self, node: str) -> bool:
+        """Whether the node's processes ended because the gate failed."""
+        ...
+
+
 class PrefixWriter:
-    """File-like sink: splits a node's output into lines and prints `[node-R] line`."""
+    """File-like sink: splits a node's output into lines and prints `[node-R] line`. `take`
+    may consume a line instead (the in-job fabric gate keeps its own lines)."""
 
     def __init__(self, node: str, out: TextIO, lock: threading.Lock, keep: int = 4000,
-                 on_line: Callable[[str], None] | None = None) -> None:
+                 on_line: Callable[[str], None] | None = None,
+                 take: Callable[[str], bool] | None = None) -> None:
         self.prefix = f"[{node}] "
         self.out = out
         self.lock = lock
         self.buf = ""
         self.lines: deque[str] = deque(maxlen=keep)
         self.on_line = on_line
+        self.take = take
 
     def write(self, data: str) -> int:
         self.buf += data.replace("\r\n", "\n")
         *complete, self.buf = self.buf.split("\n")
         if complete:
-            with self.lock:
-                for line in complete:
-                    self.lines.append(line)
-                    self.out.write(self.prefix + line + "\n")
-                self.out.flush()
+            self.show([line for line in complete if self.take is None or not self.take(line)])
             if self.on_line is not None:
                 for line in complete:
                     self.on_line(line)
         return len(data)
+
+    def show(self, lines: list[str]) -> None:
+        """Print `lines` with the node's prefix (and keep them for the diagnosis)."""
+        if not lines:
+            return
+        with self.lock:
+            for line in lines:
+                self.lines.append(line)
+                self.out.write(self.prefix + line + "\n")
+            self.out.flush()
 
     def flush(self) -> None:
         """Called by Fabric between chunks: a partial line waits for the rest."""
@@ -234,9 +272,11 @@ def run_job(
     job_id: str | None = None,
     monitor: JobMonitor | None = None,
     restart_count: int = 0,
+    gate: JobGate | None = None,
 ) -> int:
     """Run `job` on the cluster; returns 0 or the first failing node's exit code (STOPPED when
-    `monitor.poll()` asked to stop it).
+    `monitor.poll()` asked to stop it). `gate`: the fabric gate runs first in the job's own
+    processes (provision/gate_injob.py; the caller asks it for the verdict afterwards).
 
     `program` (words; a leading "@root/" means the node's remote folder) replaces the job's
     script: `check --bandwidth` runs `@root/remote.pyz allreduce` this way. Each node keeps
@@ -255,14 +295,23 @@ def run_job(
             return None
         return lambda text: monitor.line(node, text)
 
-    writers = {n.name: PrefixWriter(n.name, out, lock, on_line=listener(n)) for n in nodes}
+    def taker(node: NodeRecord) -> Callable[[str], bool] | None:
+        if gate is None:
+            return None
+        return lambda text: gate.take(node.name, text)
+
+    writers = {n.name: PrefixWriter(n.name, out, lock, on_line=listener(n), take=taker(n))
+               for n in nodes}
+    if gate is not None:
+        gate.attach([n.name for n in nodes], lambda node, line: writers[node].show([line]))
     cancelled = threading.Event()
 
     def one(conn: NodeConnection, node: NodeRecord) -> int:
         w = writers[node.name]
         try:
             command = node_command(inv, job, node, program, job_id=job_id,
-                                   restart_count=restart_count)
+                                   restart_count=restart_count,
+                                   entry=gate.entry if gate is not None else None)
             code = conn.run(command, out=w).exit_code
         except Exception as exc:
             if cancelled.is_set():
@@ -275,7 +324,11 @@ def run_job(
         return code
 
     what = " ".join(program) if program is not None else job.script_in_workdir
-    log(f"launching {job.launcher} on {len(nodes)} node(s): {what}")
+    log(f"launching {job.launcher} on {len(nodes)} node(s): {what}"
+        + (" (the fabric gate first, in the same processes)" if gate is not None else ""))
+
+    def gate_stopped(node: NodeRecord) -> bool:  # a failed gate: every node ends by itself
+        return gate is not None and gate.stopped(node.name)
     t0 = time.monotonic()
     futures: dict[Future[int], NodeRecord] = group.submit(one, nodes)
     code = 0
@@ -287,6 +340,8 @@ def run_job(
                 node_code = fut.result()
                 if node_code != 0 and code == 0:
                     code = node_code
+                    if gate_stopped(futures[fut]):
+                        continue
                     why = ("its SSH session dropped" if node_code == SESSION_LOST
                            else f"exited with {node_code}")
                     log(f"{futures[fut].name} {why}; stopping the other nodes")
@@ -309,7 +364,7 @@ def run_job(
     elapsed = time.monotonic() - t0
     if code == 0:
         log(f"job finished on all {len(nodes)} node(s) in {elapsed:.1f} s")
-    else:
+    elif not (gate is not None and gate.stopped(nodes[0].name)):
         _report_failure(writers, log)
     return code
 

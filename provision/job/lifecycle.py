@@ -38,6 +38,7 @@ from provision.cluster.providers import get_provider
 from provision.cluster.providers.contract import AnyProvider
 from provision.job import jobs
 from provision.job.checkpoints import CheckpointKeeper, local_checkpoint_dir
+from provision.job.gate_injob import InJobGate
 from provision.job.launch import SESSION_LOST, launching_nodes, run_job, workdir_of
 from provision.job.recovery import (
     CANCELLED,
@@ -78,6 +79,8 @@ class JobRun:
     out: TextIO | None = None  # the nodes' [node-R] output (the store's log)
     on_event: OnEvent | None = None  # every state change: started, node_lost, replaced ...
     stop: Callable[[], bool] | None = None  # True: end the job for good (a cancel)
+    # each attempt's fabric gate in the job's own processes (job/gate_injob.py; set by live)
+    gate: Callable[[], InJobGate] | None = None
 
     def event(self, event: str, message: str, nodes: list[str] | None = None) -> None:
         if self.on_event is not None:
@@ -97,14 +100,14 @@ def live(run: JobRun, *, sync: bool = True) -> int:
     """The job's whole life on a ready cluster whose lock the caller holds. Returns its exit
     code (0, or the last failure's); raises LaunchError (e.g. the gate failed: exit 8)."""
     from provision.job.collect import fetch_outputs
-    from provision.job.gate import gate_before_job
+    from provision.job.gate_injob import gate_step
     from provision.nodes.bootstrap import sync_workdir
 
     with NodeGroup(run.inv) as group:
         jobs.refuse_if_busy(run.inv, group, store=run.records)
         if sync:
             sync_workdir(run.inv, workdir_of(run.inv, run.job), log=run.log, group=group)
-        gate_before_job(run.inv, run.job, store=run.store, log=run.log, group=group)
+        run.gate = gate_step(run.inv, run.job, store=run.store, log=run.log, group=group)
         code = supervise(run, group)
     outputs = run.outputs or Path("mgpu-outputs") / run.inv.name
     try:
@@ -130,15 +133,20 @@ def supervise(run: JobRun, group: NodeGroup) -> int:
             run.event("resumed" if restarts else "started",
                       f"restart {restarts} of {run.job.max_restarts}: running again" if restarts
                       else f"running on {len(run.inv.nodes)} node(s): {run.job.script_in_workdir}")
-            outcome = attempt(run, current, keeper, rec, restarts)
+            gate = run.gate() if run.gate is not None else None
+            outcome = attempt(run, current, keeper, rec, restarts, gate)
         with NodeGroup(run.inv) as fresh:  # the nodes may have changed: fresh connections
             jobs.refresh(run.inv, [rec], fresh, store=run.records)  # exit codes, logs here
         nodes = None
+        if gate is not None and (gate.record is not None or outcome.code == 0):
+            gate.finish(outcome.code)  # FabricGateError when the gate kept the job from starting
         if outcome.code == 0:
             return 0
         if outcome.watcher.reason == "cancelled":
             return CANCELLED
         failure = classify(outcome, run.provider, run.inv)
+        if gate is not None and gate.record is None and failure.kind != "node lost":
+            gate.finish(outcome.code)  # the gate never finished (a lost node is recovered)
         if outcome.launch_error is not None and failure.kind != "node lost":
             raise outcome.launch_error  # e.g. the nodes cannot run the image: no restart
         run.log(f"failure: {failure.describe()}")
@@ -170,14 +178,15 @@ def _default_keeper(run: JobRun) -> CheckpointKeeper:
 
 
 def attempt(run: JobRun, group: NodeGroup, keeper: CheckpointKeeper, rec: JobRecord,
-            restarts: int) -> Outcome:
+            restarts: int, gate: InJobGate | None = None) -> Outcome:
     """One start of the job on every node, followed to its end, its checkpoints kept and a
-    Watcher looking for hangs and preemption notices."""
+    Watcher looking for hangs and preemption notices. `gate`: the fabric gate first, in the
+    job's own processes."""
     watcher = Watcher(run.inv, run.job, keeper, run.log, stop=run.stop)
     keeper.start()
     try:
         code = run_job(run.inv, run.job, log=run.log, group=group, monitor=watcher,
-                       restart_count=restarts, job_id=rec.id, out=run.out)
+                       restart_count=restarts, job_id=rec.id, out=run.out, gate=gate)
         return Outcome(code, watcher)
     except LaunchError as exc:
         return Outcome(SESSION_LOST, watcher, launch_error=exc)

@@ -124,16 +124,24 @@ def test_allow_slow_network_runs_anyway_with_a_warning(cluster: Path, job: Path)
     assert gate["verdict"] == "fail" and gate["overridden"] is True
 
 
-def test_run_gates_before_its_job(tmp_path: Path, job: Path, traffic_control: None) -> None:
+def test_run_gates_in_the_job_processes_before_its_script(tmp_path: Path, job: Path,
+                                                         traffic_control: None) -> None:
+    """`run`: the gate runs in the processes torchrun starts for the job; its verdict is
+    said before any line of the job (one stream: stderr into stdout, in the order written)."""
     home = tmp_path / "home"
     name = "it-gate-run"
     try:
-        res = cli("run", "--nodes", "2", "--name", name, "--fabric-check", "on",
-                  "--nproc-per-node", "1", str(job), home=home, cwd=job.parent)
-        assert res.returncode == 0, res.stderr
-        # the gate ran between bootstrap and the job's launch
-        assert res.stderr.index("fabric gate: pass") < res.stderr.index(
-            "launching torchrun on 2 node(s): job.py")
-        assert res.stdout.count("job ran") == 2
+        res = subprocess.run(
+            [sys.executable, "-m", "provision.cli", "run", "--nodes", "2", "--name", name,
+             "--fabric-check", "on", "--nproc-per-node", "1", str(job)],
+            cwd=job.parent, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+            timeout=600, env={**os.environ, "MGPU_CLOUD_HOME": str(home)})
+        out = res.stdout
+        assert res.returncode == 0, out
+        launching = out.index("launching torchrun on 2 node(s): job.py (the fabric gate "
+                              "first, in the same processes)")
+        assert launching < out.index("fabric gate: pass") < out.index("job ran")
+        assert out.count("job ran") == 2
+        assert "MGPU-GATE" not in out and '"summary": true' not in out  # the gate's lines
     finally:
         cli("down", name, home=home)

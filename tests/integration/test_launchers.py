@@ -47,25 +47,39 @@ def ranks_seen(out: str, world: int) -> None:
     assert not re.search(r"rank \d+/1 on", out), "a process ran alone (world size 1)"
 
 
+GATED = ["--fabric-check", "on"]
+IN_JOB = "(the fabric gate first, in the same processes)"
+
+
 @pytest.mark.parametrize(
-    "args,script",
+    "args,script,gate",
     [
-        (["--launcher", "torchrun"], "train_ddp.py"),
-        (["--launcher", "torchrun", "--rdzv", "--master-port", "29511"], "train_ddp.py"),
-        (["--launcher", "accelerate", "--master-port", "29512"], "train_accelerate.py"),
-        (["--launcher", "deepspeed", "--master-port", "29513"], "train_deepspeed.py"),
-        (["--launcher", "deepspeed", "--deepspeed-launcher", "no_ssh", "--master-port", "29514"],
-         "train_deepspeed.py"),
+        (["--launcher", "torchrun"], "train_ddp.py", None),
+        (["--launcher", "torchrun", "--rdzv", "--master-port", "29511", *GATED], "train_ddp.py",
+         IN_JOB),
+        (["--launcher", "accelerate", "--master-port", "29512", *GATED], "train_accelerate.py",
+         IN_JOB),
+        (["--launcher", "deepspeed", "--master-port", "29513", *GATED], "train_deepspeed.py",
+         "fabric gate: a run of its own before the job (DeepSpeed's pdsh mode"),
+        (["--launcher", "deepspeed", "--deepspeed-launcher", "no_ssh", "--master-port", "29514",
+          *GATED], "train_deepspeed.py", IN_JOB),
     ],
-    ids=["torchrun-static", "torchrun-c10d", "accelerate", "deepspeed-pdsh", "deepspeed-no_ssh"],
+    ids=["torchrun-static", "torchrun-c10d-gated", "accelerate-gated", "deepspeed-pdsh-gated",
+         "deepspeed-no_ssh-gated"],
 )
 def test_launcher_trains_with_every_rank(cluster: Path, tmp_path: Path, args: list[str],
-                                         script: str) -> None:
+                                         script: str, gate: str | None) -> None:
+    """Gated (--fabric-check on): the gate runs first, in the processes the launcher starts
+    for the job where it can (then the script's own init_process_group must still see the
+    whole world), as a run of its own for DeepSpeed's pdsh mode."""
     res = cli("launch", NAME, *args, "--", str(ROOT / "examples" / script), "--steps", "6",
               home=cluster, cwd=tmp_path)
     out = res.stdout + res.stderr
     assert res.returncode == 0, out
     ranks_seen(out, 4)
+    if gate is not None:
+        assert gate in res.stderr and "fabric gate: pass" in res.stderr, res.stderr
+        assert "MGPU-GATE" not in res.stdout  # the gate's own lines are not the job's output
     assert "done: world_size=4" in out
     fetched = [p for p in (tmp_path / "mgpu-outputs" / NAME).rglob("*") if p.is_file()]
     assert fetched, "rank 0's outputs were not copied back"

@@ -132,7 +132,7 @@ def test_gate_mode_measures_every_pair_across_three_torchrun_agents(tmp_path: Pa
         subprocess.Popen(
             [sys.executable, "-m", "torch.distributed.run", "--nnodes", "3", "--node_rank",
              str(rank), "--nproc_per_node", "1", "--master_addr", "127.0.0.1", "--master_port",
-             port, "-m", "remote", "allreduce", "--gate", "--max-bytes", "1M",
+             port, "-m", "remote", "allreduce", "--gate", "--max-bytes", "2M",
              "--pairwise-below", "inf", "--pair-fraction", "2"],
             env=env, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         for rank in range(3)
@@ -146,7 +146,7 @@ def test_gate_mode_measures_every_pair_across_three_torchrun_agents(tmp_path: Pa
                if line.startswith("{")]
     summary = next(r for r in records if r.get("summary"))
     assert summary["pairwise"] is True and summary["node_ranks"] == [0, 1, 2]
-    assert [r["size_bytes"] for r in records if "size_bytes" in r] == [262144, 1048576]
+    assert [r["size_bytes"] for r in records if "size_bytes" in r] == [262144, 2097152]
     first = sorted(tuple(r["pair"]) for r in records if "pair" in r and not r["confirm"])
     again = sorted(tuple(r["pair"]) for r in records if "pair" in r and r["confirm"])
     assert first == again == [(0, 1), (0, 2), (1, 2)]

@@ -37,6 +37,7 @@ class LaunchContext:
     job: JobSpec
     layout: RemoteLayout
     in_container: bool
+    entry: tuple[str, ...] = ()  # words run before the job's script (the in-job fabric gate)
 
     @property
     def master_address(self) -> str:
@@ -47,10 +48,11 @@ class LaunchContext:
         return len(self.inv.nodes)
 
     def script(self, program: list[str] | None) -> list[str]:
-        """The program: `program` when given (e.g. remote.pyz allreduce), else the job's."""
+        """The program: `program` when given (e.g. remote.pyz allreduce), else the job's
+        script and arguments, after `entry` (e.g. `remote.pyz injob ... --`)."""
         if program is not None:
             return program
-        return [self.job.script_in_workdir, *self.job.args]
+        return [*self.entry, self.job.script_in_workdir, *self.job.args]
 
     def nproc(self, node: NodeRecord) -> str:
         """Processes on `node`: --nproc-per-node, else the node's slots."""
