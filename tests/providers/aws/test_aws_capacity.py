@@ -44,7 +44,7 @@ def test_dry_run_of_a_capacity_block_shows_offering_price_and_start(fakes):
     assert result.exit_code == 0, result.output
     out = result.output
     assert offer["CapacityBlockOfferingId"] in out and "1,510.27" in out
-    assert offer["StartDate"].isoformat(timespec="minutes") in out and "us-east-2a" in out
+    assert offer["StartDate"].isoformat(timespec="seconds") in out and "us-east-2a" in out
     assert "PurchaseCapacityBlock" not in fakes.operations() and fakes.writes() == []
 
 

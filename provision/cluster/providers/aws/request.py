@@ -3,6 +3,8 @@ plan.py from read-only calls, rendered for people by plan_text.py, never parsed 
 
 from __future__ import annotations
 
+from typing import Literal
+
 from pydantic import Field
 
 from provision.cluster.providers.aws.catalog import interface_count
@@ -88,6 +90,9 @@ class AwsLaunch(StrictModel):
     fallback: list[Site] = Field(default_factory=list)
     block: CapacityBlock | None = None
     reservation: Reservation | None = None
+    # How the nodes are bought as asked (--capacity-block / --reservation), also when the plan
+    # could not look the block or reservation up (offline): the market it shows then.
+    reserved: Literal["capacity-block", "reservation"] | None = None
 
     @property
     def market(self) -> str:
@@ -95,6 +100,8 @@ class AwsLaunch(StrictModel):
             return "capacity-block"
         if self.reservation is not None:
             return "reservation"
+        if self.reserved is not None:
+            return self.reserved
         return "spot" if self.spot else "on-demand"
 
     @property
