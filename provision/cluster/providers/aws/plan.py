@@ -128,12 +128,9 @@ def build_plan(spec: ClusterSpec) -> AwsPlan:
 def _image(spec: ClusterSpec, info: InstanceTypeInfo) -> str:
     """--image (refused when it is a known NGC release too old for the GPUs), else the
     default training image of the GPUs' architecture (provision/nodes/container.py)."""
-    from provision.nodes.container import check_image, default_image
+    from provision.nodes.container import training_image
 
-    if spec.image:
-        check_image(spec.image, info.gpu_model, info.name)
-        return spec.image
-    return default_image(info.gpu_model)
+    return training_image(spec.image, info.gpu_model, info.name)
 
 
 def _launch(spec: ClusterSpec, opts: AwsOptions, info: InstanceTypeInfo, site: Site, *,
@@ -148,7 +145,8 @@ def _launch(spec: ClusterSpec, opts: AwsOptions, info: InstanceTypeInfo, site: S
     return AwsLaunch(
         region=site.region, instance_type=info.name, zones=site.zones, vpc_id=site.vpc_id,
         ami=site.ami, ami_name=site.ami_name, root_device=site.root_device,
-        gpus=info.gpu_summary(), image=_image(spec, info), spot=spec.spot,
+        gpus=info.gpu_summary(), gpu_model=info.gpu_model, image=_image(spec, info),
+        spot=spec.spot,
         spot_fallback=spec.spot and opts.spot_fallback, efa_cards=list(info.efa_cards),
         device_rdma=info.device_rdma, disk_gb=opts.disk_gb,
         max_hours=max_hours, ssh_cidrs=site.ssh_cidrs,

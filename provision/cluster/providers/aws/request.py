@@ -77,6 +77,7 @@ class AwsLaunch(StrictModel):
     ami_name: str
     root_device: str | None  # the AMI's RootDeviceName: where disk_gb applies
     gpus: str  # e.g. "8 x NVIDIA A100 40 GiB", for people
+    gpu_model: str = ""  # e.g. "NVIDIA A100" (catalog): recorded for the job image check
     image: str  # the training image: --image, or the default for the GPUs' architecture
     spot: bool
     spot_fallback: bool
