@@ -79,7 +79,7 @@ class Plan(BaseModel):
     def _upfront_lines(self) -> list[str]:
         """The cost of a plan paid up front: that price is the cost (it is paid whatever the
         nodes run), plus what runs by the hour on top."""
-        lines = [f"  cost: ${self.upfront_usd:,.2f} paid up front when `up` starts, not "
+        lines = [f"  cost: ${self.upfront_usd:,.2f} paid up front by `up`, not "
                  "refundable (whatever the nodes then run)"]
         rest = self.hourly_cost_usd - (self.upfront_usd / self.max_hours if self.max_hours
                                        else 0.0)

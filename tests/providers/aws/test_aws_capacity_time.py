@@ -39,7 +39,7 @@ def test_the_plan_of_a_block_shows_its_up_front_price_as_the_cost(fakes):
     fakes.capacity.offer(P5E_REGION, "p5e.48xlarge", "us-east-2a", hours=24, count=2,
                          fee=1510.27)
     out = _dry_run()
-    assert "cost: $1,510.27 paid up front when `up` starts, not refundable" in out
+    assert "cost: $1,510.27 paid up front by `up`, not refundable" in out
     assert re.search(r"in all at most \$1,510\.(2[7-9]|[3-9]\d) \(23\.4\d h of nodes", out), out
     assert "$503.50" not in out and "/hour for the whole cluster" not in out
 
