@@ -185,3 +185,70 @@ def test_a_login_refused_until_the_user_exists_is_waited_for(tmp_path: Path,
     worker.join(timeout=120)
     assert outcome == {"ok": True}
     conn.close()
+
+
+# --- the two bounds, on a scripted connection and an injected clock (no sshd, no sleeping) ----
+class _Clock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+    def sleep(self, seconds: float) -> None:
+        self.now += seconds
+
+
+class _ScriptedNode:
+    """open() fails as scripted by the clock: connection refused (sshd not started) until
+    `sshd_up_at`, then the login refused until `user_at` (the guest agent's user), then OK."""
+
+    def __init__(self, clock: _Clock, sshd_up_at: float, user_at: float) -> None:
+        self.clock, self.sshd_up_at, self.user_at = clock, sshd_up_at, user_at
+        self.opened = False
+
+    def open(self) -> None:
+        import paramiko
+
+        self.clock.now += 0.05  # one attempt's own time
+        if self.clock.now < self.sshd_up_at:
+            raise ConnectionRefusedError(111, "Connection refused")
+        if self.clock.now < self.user_at:
+            raise paramiko.AuthenticationException("Authentication failed.")
+        self.opened = True
+
+
+def test_the_key_settle_time_counts_from_sshds_first_answer(monkeypatch) -> None:
+    """sshd answers only after 40 s (a slow boot), the user appears 30 s after that: with a
+    45 s settle time counted from the first attempt the login would be given up at 45 s;
+    counted from sshd's first answer it is waited for (and the overall deadline still holds)."""
+    from provision.nodes import transport
+
+    monkeypatch.setattr(transport, "KEY_SETTLE_S", 45.0)
+    clock = _Clock()
+    node = _ScriptedNode(clock, sshd_up_at=40.0, user_at=70.0)
+    retry_open(node, deadline_s=180, clock=clock, sleep=clock.sleep)  # type: ignore[arg-type]
+    assert node.opened and 70.0 <= clock.now < 72.0
+
+
+def test_a_login_never_accepted_is_given_up_settle_seconds_after_sshd_answered(
+        monkeypatch) -> None:
+    from provision.nodes import transport
+
+    monkeypatch.setattr(transport, "KEY_SETTLE_S", 45.0)
+    clock = _Clock()
+    node = _ScriptedNode(clock, sshd_up_at=40.0, user_at=10_000.0)
+    with pytest.raises(FirstConnectionError, match="the login was refused"):
+        retry_open(node, deadline_s=180, clock=clock, sleep=clock.sleep)  # type: ignore[arg-type]
+    assert 85.0 <= clock.now < 87.0 and not node.opened
+
+
+def test_the_overall_deadline_bounds_a_settle_time_that_would_run_past_it(monkeypatch) -> None:
+    from provision.nodes import transport
+
+    monkeypatch.setattr(transport, "KEY_SETTLE_S", 45.0)
+    clock = _Clock()
+    node = _ScriptedNode(clock, sshd_up_at=170.0, user_at=10_000.0)
+    with pytest.raises(FirstConnectionError, match="the login was refused for 180 s"):
+        retry_open(node, deadline_s=180, clock=clock, sleep=clock.sleep)  # type: ignore[arg-type]
+    assert 180.0 <= clock.now < 181.0

@@ -51,3 +51,58 @@ def test_an_ngc_image_older_than_cuda_12_8_is_refused_on_blackwell():
     check_image("nvcr.io/nvidia/pytorch:25.01-py3", "NVIDIA B200", "p6-b200.48xlarge")
     check_image("nvcr.io/nvidia/pytorch:24.06-py3", "NVIDIA H100", "p5.48xlarge")
     check_image("my.registry/custom:1", "NVIDIA B200", "p6-b200.48xlarge")  # unknown: passes
+
+
+# --- a job's own --image (`launch`, `run`) against the cluster's GPUs -------------------------
+def _cluster(gpu_model: str | None):
+    from provision.model.inventory import Inventory, NodeRecord
+
+    nodes = [NodeRecord(name=f"node-{i}", rank=i, address=f"10.0.0.{i + 1}",
+                        private_address=f"10.0.0.{i + 1}", slots=8) for i in range(2)]
+    return Inventory(name="b200", provider="aws", nodes=nodes, gpu_model=gpu_model,
+                     container_image=BLACKWELL_TRAINING_IMAGE)
+
+
+def _job(image: str | None):
+    from provision.model.spec import build_job_spec
+
+    return build_job_spec({}, {"script": __file__, **({"image": image} if image else {})})
+
+
+def test_a_jobs_image_too_old_for_the_clusters_gpus_is_refused_before_anything_starts():
+    from provision.job.launch import launching_nodes, node_command
+
+    inv = _cluster("NVIDIA B200")
+    with pytest.raises(UserInputError, match="need CUDA 12.8 or newer") as err:
+        launching_nodes(inv, _job("nvcr.io/nvidia/pytorch:24.06-py3"))  # the job's first step
+    assert "cluster 'b200'" in err.value.message and BLACKWELL_TRAINING_IMAGE in err.value.hint
+    with pytest.raises(UserInputError):
+        node_command(inv, _job("nvcr.io/nvidia/pytorch:24.12-py3"), inv.nodes[0])
+    # a new enough image, no image of its own (the cluster's), or GPUs not known: it runs
+    assert "25.09-py3" in node_command(inv, _job("nvcr.io/nvidia/pytorch:25.09-py3"),
+                                       inv.nodes[0])
+    assert BLACKWELL_TRAINING_IMAGE in node_command(inv, _job(None), inv.nodes[0])
+    node_command(_cluster(None), _job("nvcr.io/nvidia/pytorch:24.06-py3"), inv.nodes[0])
+
+
+def test_launch_refuses_it_before_the_workdir_is_synced(tmp_path, monkeypatch):
+    """Through the job lifecycle on fake nodes: nothing is uploaded, nothing is started."""
+    from fake_nodes import FakeConnector
+
+    from provision.job import lifecycle
+    from provision.model.inventory import InventoryStore
+    from provision.nodes import group
+
+    fake = FakeConnector()
+    monkeypatch.setattr(group, "default_connector", lambda inv: fake)
+    monkeypatch.setenv("MGPU_CLOUD_HOME", str(tmp_path / "home"))
+    store = InventoryStore(tmp_path / "home")
+    inv = _cluster("NVIDIA B200")
+    inv.status = "ready"
+    store.create(inv)
+    job = _job("nvcr.io/nvidia/pytorch:24.06-py3")
+    with pytest.raises(UserInputError, match="need CUDA 12.8 or newer"):
+        lifecycle.launch("b200", job, store=store, log=lambda m: None)
+    for node in ("node-0", "node-1"):
+        assert fake.stdin(node) == []  # no workdir upload
+        assert not any("job start" in c for c in fake.commands(node))

@@ -12,6 +12,7 @@ from provision.cli.options import (
     CLUSTER_OPTIONS,
     GC_OPTIONS,
     JOB_OPTIONS,
+    UP_OPTIONS,
     cluster_spec,
     confirmer,
     job_spec,
@@ -35,7 +36,7 @@ def _progress() -> Iterator[Any]:
 # --------------------------------------------------------------------------------------------
 @app.command()
 @guard
-@with_options(CLUSTER_OPTIONS, "opts")
+@with_options(UP_OPTIONS, "opts")
 def up(
     no_bootstrap: Annotated[bool, typer.Option("--no-bootstrap", help="create the nodes only; skip SSH set-up")] = False,
     opts: dict[str, Any] = {},  # noqa: B006 - filled by _with_options

@@ -72,6 +72,10 @@ def provider_flag_options(select: Callable[[Flag], bool] = lambda f: True) -> li
 
 
 CLUSTER_OPTIONS = _CORE_CLUSTER_OPTIONS + provider_flag_options() + _PLAN_OPTIONS
+# `up` only: in `run`, --image is the job's (JOB_OPTIONS), which runs in it on any cluster.
+UP_OPTIONS = CLUSTER_OPTIONS + [
+    Opt("image", str | None, typer.Option(None, "--image", help="training container the nodes pull and jobs run in (default: one for the GPUs' architecture; checked against them)"), ("image",)),
+]
 GC_OPTIONS = provider_flag_options(lambda f: f.gc)
 
 
@@ -110,7 +114,7 @@ def cluster_spec(opts: dict[str, Any]) -> tuple[Any, dict[str, Any]]:
 
     file_values = load_config_file(opts["config"]) if opts.get("config") else {}
     provider = opts.get("provider") or file_values.get("provider") or DEFAULT_PROVIDER
-    nested = to_nested(opts, CLUSTER_OPTIONS, provider)
+    nested = to_nested(opts, UP_OPTIONS, provider)  # `run` has no cluster --image
     return build_cluster_spec(file_values, nested), file_values
 
 

@@ -35,7 +35,7 @@ from provision.nodes import (
     layout_of,
 )
 from provision.nodes.bootstrap import Workdir
-from provision.nodes.container import container_name, container_run_argv
+from provision.nodes.container import check_job_image, container_name, container_run_argv
 from provision.nodes.shell import assign, words
 
 Log = Callable[[str], None]
@@ -101,8 +101,16 @@ def job_env(inv: Inventory, job: JobSpec, layout: RemoteLayout,
     return env
 
 
+def job_image(inv: Inventory, job: JobSpec) -> str | None:
+    """The image `job` runs in (its own --image, else the cluster's; None: no container). Its
+    own is checked against the cluster's GPUs here (UserInputError for a known NGC release
+    too old for them): before its workdir is synced and before any node command is made."""
+    check_job_image(inv, job.image)
+    return job.image or inv.container_image
+
+
 def _context(inv: Inventory, job: JobSpec, entry: list[str] | None = None) -> LaunchContext:
-    image = job.image or inv.container_image
+    image = job_image(inv, job)
     root: str = CONTAINER_ROOT if image else HomePath(inv.remote_root)
     layout = RemoteLayout(root)
     return LaunchContext(inv=inv, job=job, layout=layout, in_container=bool(image),
@@ -126,12 +134,14 @@ def launcher_argv(
 def job_container(inv: Inventory, job: JobSpec) -> str | None:
     """The Docker container the job runs in on each node (container mode), or None (no
     container, or a runtime like Apptainer whose processes stay the supervisor's own)."""
-    in_docker = (job.image or inv.container_image) and inv.container_runtime == "docker"
+    in_docker = job_image(inv, job) and inv.container_runtime == "docker"
     return container_name(inv) if in_docker else None
 
 
 def workdir_of(inv: Inventory, job: JobSpec) -> Workdir:
-    """What `job` places on every node: its folder and its launcher's files."""
+    """What `job` places on every node: its folder and its launcher's files (the first
+    thing every launch path asks of a job, so its image is checked here first)."""
+    job_image(inv, job)
     files = get_launcher(job.launcher).files(job, layout_of(inv), inv.wait_for_gpu)
     return Workdir(job.local_workdir, list(job.excludes), files)
 
@@ -168,7 +178,7 @@ def node_command(
     argv = launcher.argv(ctx, node, program)
     prefix, container_extra = launcher.prepare(ctx, env)
     if ctx.in_container:
-        image = job.image or inv.container_image or ""
+        image = job_image(inv, job) or ""
         docker = container_run_argv(inv, image, env, mount=home.root, extra=container_extra)
         return prefix + words(supervise + docker + argv)
     assignments = " ".join(assign(k, v) for k, v in env.items())

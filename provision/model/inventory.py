@@ -143,6 +143,9 @@ class Inventory(BaseModel):
     remote_root: str = ".mgpu-cloud"
     nccl_env: dict[str, str] = Field(default_factory=dict)
     container_image: str | None = Field(None, description="jobs run inside this image when set")
+    gpu_model: str | None = Field(None, description="the nodes' GPUs as the provider's catalog "
+                                  "names them (e.g. 'NVIDIA B200', 'nvidia-b200'); a job's "
+                                  "--image is checked against them; None: unknown")
     container_args: list[str] = Field(
         default_factory=list,
         description="extra `docker run` words the provider's fabric needs (devices, mounts, env)",

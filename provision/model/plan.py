@@ -38,6 +38,10 @@ class Plan(BaseModel):
     slots_per_node: int
     resources: list[PlannedResource] = Field(default_factory=list)
     hourly_cost_usd: float = 0.0
+    upfront_usd: float = Field(
+        0.0, description="the part of the cost paid at once when `up` creates the cluster, "
+        "whatever the nodes then run, not refundable (an AWS Capacity Block); hourly_cost_usd "
+        "includes it spread over max_hours")
     max_hours: float | None = None
     price_source: str | None = None
     notes: list[str] = Field(default_factory=list)
@@ -72,6 +76,22 @@ class Plan(BaseModel):
             return None
         return round(self.hourly_cost_usd * self.max_hours, 2)
 
+    def _upfront_lines(self) -> list[str]:
+        """The cost of a plan paid up front: that price is the cost (it is paid whatever the
+        nodes run), plus what runs by the hour on top."""
+        lines = [f"  cost: ${self.upfront_usd:,.2f} paid up front by `up`, not "
+                 "refundable (whatever the nodes then run)"]
+        rest = self.hourly_cost_usd - (self.upfront_usd / self.max_hours if self.max_hours
+                                       else 0.0)
+        if rest >= 0.005:
+            lines.append(f"  plus ${rest:,.2f}/hour while the nodes run")
+        if self.max_cost_usd is not None:
+            lines.append(f"  in all at most ${max(self.max_cost_usd, self.upfront_usd):,.2f} "
+                         f"({self.max_hours:g} h of nodes, then they shut themselves down)")
+        if self.price_source:
+            lines.append(f"  prices: {self.price_source}")
+        return lines
+
     def render(self) -> str:
         lines = [
             f"Plan for cluster {self.cluster!r} on {self.provider}: "
@@ -86,6 +106,8 @@ class Plan(BaseModel):
                 lines.append(f"  known part: ${self.hourly_cost_usd:,.2f}/hour")
             if self.price_source:
                 lines.append(f"  prices: {self.price_source}")
+        elif self.upfront_usd:
+            lines.extend(self._upfront_lines())
         elif self.hourly_cost_usd:
             lines.append(f"  cost: ${self.hourly_cost_usd:,.2f}/hour for the whole cluster")
             if self.max_cost_usd is not None:

@@ -109,6 +109,24 @@ def check_image(image: str, gpu_model: str, machine: str) -> None:
              "omit --image for the default of this GPU")
 
 
+def training_image(image: str | None, gpu_model: str | None, machine: str) -> str:
+    """The image the nodes pull and jobs run in: `image` (--image / the YAML's `image:`),
+    refused when it is a known NGC release too old for the GPUs (check_image), else the
+    default of the GPUs' architecture. Every cloud provider's plan calls this."""
+    if image:
+        if gpu_model:
+            check_image(image, gpu_model, machine)
+        return image
+    return default_image(gpu_model)
+
+
+def check_job_image(inv: Inventory, image: str | None) -> None:
+    """A job's own --image (`launch`, `run`) against the cluster's GPUs (Inventory.gpu_model),
+    before anything starts: UserInputError for a known NGC release too old for them."""
+    if image and inv.gpu_model:
+        check_image(image, inv.gpu_model, f"cluster {inv.name!r}")
+
+
 RUN_FLAGS = [
     "--gpus", "all", "--network", "host", "--ipc", "host",
     "--ulimit", "memlock=-1", "--ulimit", "stack=67108864",

@@ -180,7 +180,9 @@ def _not_yet(exc: BaseException, deadline_s: float) -> FirstConnectionError | No
     return None
 
 
-def retry_open(conn: NodeConnection, deadline_s: float) -> None:
+def retry_open(conn: NodeConnection, deadline_s: float, *,
+               clock: Callable[[], float] = time.monotonic,
+               sleep: Callable[[float], None] = time.sleep) -> None:
     """Open a node's first connection, retrying with short exponential backoff until
     `deadline_s`. Retried: refused, reset or timed-out connections (sshd starting), AND a host
     key that is not the pinned one, AND a refused login: a fresh cloud VM may answer with its
@@ -191,26 +193,31 @@ def retry_open(conn: NodeConnection, deadline_s: float) -> None:
     authentication, so nothing is sent to a node, and no command runs on it, until the PINNED
     key answers; a key that is not pinned is never accepted, only waited past. When the
     deadline passes: FirstConnectionError saying what the node presented (the group names the
-    node), or the last connection error."""
+    node), or the last connection error.
+
+    Two bounds: `deadline_s` for the whole first connection, counted from the first attempt;
+    KEY_SETTLE_S for a wrong key or a refused login, counted from sshd's FIRST ANSWER (the
+    first such failure), so that a slow-starting sshd does not use up the time the guest
+    agent gets to load the keys and make the user. `clock` / `sleep`: for tests."""
     import paramiko
-    from tenacity import (
-        Retrying,
-        retry_if_exception,
-        stop_after_delay,
-        wait_exponential,
-        wait_random,
-    )
+    from tenacity import Retrying, retry_if_exception, wait_exponential, wait_random
 
     from provision.nodes.sshconn import UnknownHostKeyError
 
-    start = time.monotonic()
+    start = clock()
     settle = min(deadline_s, KEY_SETTLE_S)
+    answered: list[float] = []  # when sshd first answered with a wrong key or a refusal
 
     def transient(exc: BaseException) -> bool:
         if isinstance(exc, paramiko.BadHostKeyException | paramiko.AuthenticationException
                       | UnknownHostKeyError):
-            return time.monotonic() - start < settle  # a key or login that never comes right
+            if not answered:
+                answered.append(clock())
+            return clock() - answered[0] < settle  # a key or login that never comes right
         return isinstance(exc, OSError | paramiko.SSHException | EOFError)
+
+    def past_deadline(state: object) -> bool:
+        return clock() - start >= deadline_s
 
     try:
         for attempt in Retrying(
@@ -218,13 +225,14 @@ def retry_open(conn: NodeConnection, deadline_s: float) -> None:
             # Short waits: sshd in a fresh node answers within a second or two, and every
             # oversleep here adds to `up` directly.
             wait=wait_exponential(multiplier=0.05, max=0.5) + wait_random(0, 0.05),
-            stop=stop_after_delay(deadline_s),
+            stop=past_deadline,
+            sleep=sleep,
             reraise=True,
         ):
             with attempt:
                 conn.open()
     except Exception as exc:
-        final = _not_yet(exc, min(time.monotonic() - start, deadline_s))
+        final = _not_yet(exc, min(clock() - start, deadline_s))
         if final is not None:
             raise final from exc
         raise

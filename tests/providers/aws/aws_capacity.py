@@ -32,6 +32,7 @@ from __future__ import annotations
 import copy
 import datetime as dt
 import itertools
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -56,11 +57,14 @@ class CapacityFake:
     forced_state: dict[str, str] = field(default_factory=dict)  # reservation id -> state
     members: dict[str, list[str]] = field(default_factory=dict)  # reservation -> instances
     live: Any = None  # (region, instance ids) -> how many still run (set by conftest)
+    # what time it is for EC2: a test moving time on (a block starting in hours) sets the
+    # same clock here and in capacity.CLOCK
+    clock: Callable[[], dt.datetime] = _now
 
     # --- scripting -------------------------------------------------------------------------
     def offer(self, region: str, instance_type: str, zone: str, *, start_in_h: float = 0,
               hours: int = 24, count: int = 2, fee: float | None = None) -> dict[str, Any]:
-        start = _now() + dt.timedelta(hours=start_in_h)
+        start = self.clock().replace(microsecond=0) + dt.timedelta(hours=start_in_h)
         item = {
             "CapacityBlockOfferingId": f"cb-{next(_ids):017x}", "InstanceType": instance_type,
             "AvailabilityZone": zone, "InstanceCount": count, "StartDate": start,
@@ -168,7 +172,7 @@ class CapacityFake:
         self.polls[rid] = self.polls.get(rid, 0) + 1
         if self.polls[rid] <= self.pending_polls:
             return "payment-pending"
-        now = _now()
+        now = self.clock()
         if now < item["StartDate"]:
             return "scheduled"
         return "active" if now < item["EndDate"] else "expired"
@@ -212,7 +216,7 @@ class CapacityFake:
         if params.get("InstanceType") != item["InstanceType"]:
             return self._refuse("InvalidParameterValue", f"{rid} reserves {item['InstanceType']}")
         state = self._state(item) if block else item["State"]
-        if block and state == "active" and _now() > item["EndDate"] - TERMINATION_LEAD:
+        if block and state == "active" and self.clock() > item["EndDate"] - TERMINATION_LEAD:
             state = "ending"
         if state != "active":
             return self._refuse("InvalidCapacityReservationId.State", f"{rid} is {state}")

@@ -33,6 +33,17 @@ def test_p5e_without_a_block_or_reservation_is_refused_at_plan_time(fakes, spec_
     assert fakes.writes() == []
 
 
+def test_p5en_is_sold_on_demand_as_aws_price_list_has_it():
+    """Issue 19 planned p5e/p5en as capacity-block-only; AWS's price list sells p5en on demand
+    and as spot (catalog.yaml names the sources): only p5e is restricted."""
+    from provision.cluster.providers.aws.catalog import hourly_price, markets_of
+
+    assert {"on-demand", "spot", "capacity-block", "reservation"} <= set(
+        markets_of("p5en.48xlarge"))
+    assert hourly_price("p5en.48xlarge", "us-east-1").usd_per_hour == 63.296
+    assert "on-demand" not in markets_of("p5e.48xlarge")
+
+
 def test_dry_run_of_a_capacity_block_shows_offering_price_and_start(fakes):
     """The issue's done-check: `up --provider aws --instance-type p5e.48xlarge --nodes 2
     --capacity-block --dry-run` shows the offering, its price and start; nothing is bought."""
@@ -44,7 +55,7 @@ def test_dry_run_of_a_capacity_block_shows_offering_price_and_start(fakes):
     assert result.exit_code == 0, result.output
     out = result.output
     assert offer["CapacityBlockOfferingId"] in out and "1,510.27" in out
-    assert offer["StartDate"].isoformat(timespec="minutes") in out and "us-east-2a" in out
+    assert offer["StartDate"].isoformat(timespec="seconds") in out and "us-east-2a" in out
     assert "PurchaseCapacityBlock" not in fakes.operations() and fakes.writes() == []
 
 

@@ -212,3 +212,21 @@ def test_an_image_too_old_for_blackwell_is_refused_at_plan_time(fakes, spec_for)
         get_provider("aws").plan(spec_for(instance_type="p6-b200.48xlarge",
                                           image="nvcr.io/nvidia/pytorch:24.06-py3"))
     assert fakes.writes() == []
+
+
+def test_up_takes_image_on_the_command_line_and_checks_it(fakes):
+    """`up --image` (the YAML's `image:` before) is the nodes' training container, checked
+    against the GPUs at plan time; in `run`, --image stays the job's own."""
+    from typer.testing import CliRunner
+
+    from provision.cli.app import app
+
+    args = ["up", "--provider", "aws", "--instance-type", "p6-b200.48xlarge", "--nodes", "1",
+            "--dry-run", "--image"]
+    old = CliRunner().invoke(app, [*args, "nvcr.io/nvidia/pytorch:24.06-py3"])
+    assert old.exit_code != 0 and "need CUDA 12.8 or newer" in old.output
+    ok = CliRunner().invoke(app, [*args, "nvcr.io/nvidia/pytorch:25.09-py3"])
+    assert ok.exit_code == 0, ok.output
+    assert "image=nvcr.io/nvidia/pytorch:25.09-py3" in ok.output and fakes.writes() == []
+    plain = CliRunner().invoke(app, args[:-1])
+    assert "image=nvcr.io/nvidia/pytorch:25.01-py3" in plain.output  # without: the default

@@ -26,6 +26,8 @@ DEFAULT_MACHINE_TYPES: dict[str, dict[str, Any]] = {
     "a3-highgpu-8g": {"guestCpus": 208, "accelerators": _gpus(H100, 8)},
     "a3-megagpu-8g": {"guestCpus": 208, "accelerators": _gpus("nvidia-h100-mega-80gb", 8)},
     "a3-ultragpu-8g": {"guestCpus": 224, "accelerators": _gpus("nvidia-h200-141gb", 8)},
+    # A4: 8 x B200 (Blackwell), not in the shipped catalog: its GPUs come from Compute
+    "a4-highgpu-8g": {"guestCpus": 224, "accelerators": _gpus("nvidia-b200", 8)},
     "g2-standard-4": {"guestCpus": 4, "accelerators": _gpus("nvidia-l4", 1)},
     "g2-standard-8": {"guestCpus": 8, "accelerators": _gpus("nvidia-l4", 1)},
     "n1-standard-4": {"guestCpus": 4},

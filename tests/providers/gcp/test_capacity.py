@@ -127,6 +127,21 @@ def test_no_capacity_in_the_first_region_fails_over_to_the_next(
     assert fake.all_resources() == []
 
 
+def test_a_region_wide_shortage_moves_to_the_next_region_with_regions(
+        fake: FakeCompute, make_spec: MakeSpec, up: Up, store: InventoryStore) -> None:
+    """REGION_RESOURCE_POOL_EXHAUSTED in the first zone: the region's other zones are not
+    tried (the shortage is region-wide), the next --regions region is."""
+    fake.fail_operation("POST", r"zones/us-central1-a/instances/c1-node-0$",
+                        "REGION_RESOURCE_POOL_EXHAUSTED", http_status=503)
+    inv = up(make_spec(gcp={"regions": "europe-west4"}))
+    assert {n.zone for n in inv.nodes} == {"europe-west4-a"}
+    assert fake.sent("POST", r"zones/us-central1-[cf]/instances/bulkInsert$") == []
+    assert len(fake.sent("POST", r"zones/europe-west4-a/instances/bulkInsert$")) == 1
+    assert {r.region for r in store.load("c1").resources if r.region} == {"europe-west4"}
+    pipeline.down("c1", store=store, log=lambda m: None)
+    assert fake.all_resources() == []
+
+
 def test_gpudirect_subnets_follow_the_region(fake: FakeCompute, make_spec: MakeSpec, up: Up,
                                              store: InventoryStore) -> None:
     fake.zones["europe-west4-a"].append("a3-highgpu-8g")

@@ -18,6 +18,10 @@ API_CapacityBlockOffering, API_PurchaseCapacityBlock, EC2 API Reference):
   30 minutes before the block ends ("Forty minutes before your Capacity Block reservation ends
   ... will begin to terminate in 10 minutes"): the nodes power themselves off 35 minutes
   before the end (lifetime_s), so a job's own shutdown path runs first.
+  The block is paid up front for all its hours ("you pay ... up front", "Capacity Blocks
+  pricing and billing"), so without --max-hours the block's end governs (node_hours): the
+  nodes run to it. An explicit shorter --max-hours is kept, and the plan says the paid hours
+  it gives up.
 On-Demand Capacity Reservations ("Launch instances into an existing Capacity Reservation"):
 an instance goes into a reservation that has matching attributes (type, platform, zone,
 tenancy), enough available capacity and is `active`; targeted by id, in its zone, and into
@@ -37,6 +41,7 @@ from provision.cluster.providers.aws.catalog import InstanceTypeInfo, markets_of
 from provision.cluster.providers.aws.options import AwsOptions
 from provision.cluster.providers.aws.request import AwsLaunch, CapacityBlock, Reservation
 from provision.model.errors import ProvisionError, UserInputError
+from provision.model.inventory import Inventory
 from provision.model.spec import ClusterSpec
 
 MAX_BLOCK_INSTANCES = 64
@@ -93,7 +98,7 @@ def check_choice(spec: ClusterSpec, info: InstanceTypeInfo, regions: list[str]) 
 # --- plan: find an offering / a reservation (read-only) ---------------------------------------
 def _iso(value: Any) -> str:
     if isinstance(value, dt.datetime):
-        return value.astimezone(dt.UTC).isoformat(timespec="minutes")
+        return value.astimezone(dt.UTC).isoformat(timespec="seconds")
     return str(value)
 
 
@@ -103,8 +108,8 @@ def find_block(ec2s: list[Ec2], spec: ClusterSpec, info: InstanceTypeInfo, *,
     """The offering to buy: across `ec2s`' regions (in order), in `zone` when given, the one
     starting first, then the cheapest. UserInputError when none is offered in the next 8
     weeks."""
-    now = now or dt.datetime.now(dt.UTC)
-    hours = block_hours(spec.max_hours or 8.0)
+    now = now or CLOCK.now()
+    hours = block_hours(spec.max_hours or 24.0)  # no --max-hours: the shortest block, 1 day
     found: list[tuple[dt.datetime, float, int, str, CapacityBlock]] = []
     for order, ec2 in enumerate(ec2s):
         offers = ec2.get(
@@ -219,13 +224,30 @@ def tagged_reservations(ec2: Ec2, cluster: str) -> list[dict[str, Any]]:
     return found
 
 
+class Clock:
+    """Time as this module sees it: a test injects its own (`CLOCK`), so that a block that
+    starts in hours is waited for without sleeping, and the fake EC2 sees the same time."""
+
+    def now(self) -> dt.datetime:
+        return dt.datetime.now(dt.UTC)
+
+    def sleep(self, seconds: float) -> None:
+        time.sleep(seconds)
+
+
+CLOCK = Clock()
+MAX_SCHEDULED_PAUSE_S = 600.0  # a `scheduled` block is looked at again at least this often
+
+
 def wait_active(ec2: Ec2, reservation_id: str, start: str) -> None:
     """Until the reservation is `active`; bounded by its start time plus the launch timeout.
-    ProvisionError when it fails (payment failed, cancelled, expired...) or takes longer."""
+    While it is `scheduled` it sleeps towards the start (at most MAX_SCHEDULED_PAUSE_S at a
+    time: a block can start weeks later, and a cancelled one must be noticed), otherwise every
+    poll interval. ProvisionError when it fails (payment failed, cancelled, expired...) or
+    takes longer."""
     p = retry.policy()
-    starts = dt.datetime.fromisoformat(start)
-    wait_s = max(0.0, (starts - dt.datetime.now(dt.UTC)).total_seconds())
-    deadline = time.monotonic() + wait_s + p.launch_timeout_s
+    starts = _when(start)
+    deadline = max(starts, CLOCK.now()) + dt.timedelta(seconds=p.launch_timeout_s)
     while True:
         (item,) = ec2.get("describe_capacity_reservations", "CapacityReservations",
                           CapacityReservationIds=[reservation_id])
@@ -235,10 +257,14 @@ def wait_active(ec2: Ec2, reservation_id: str, start: str) -> None:
         if state in BLOCK_DEAD_STATES or state not in BLOCK_WAIT_STATES:
             raise ProvisionError(f"Capacity Block {reservation_id} is {state}",
                                  hint="see it in the EC2 console (Capacity Reservations)")
-        if time.monotonic() > deadline:
+        now = CLOCK.now()
+        if now > deadline:
             raise ProvisionError(f"Capacity Block {reservation_id} still {state} after its "
                                  f"start ({start})")
-        time.sleep(p.poll_interval_s)
+        pause = p.poll_interval_s
+        if state == "scheduled":  # towards the start; past it, EC2 is about to turn it active
+            pause = max(pause, min(MAX_SCHEDULED_PAUSE_S, (starts - now).total_seconds()), 1.0)
+        CLOCK.sleep(pause)
 
 
 def market_params(launch: AwsLaunch, reservation_id: str | None) -> dict[str, Any]:
@@ -265,6 +291,57 @@ def lifetime_s(launch: AwsLaunch, now: dt.datetime | None = None) -> int:
     seconds = int(launch.max_hours * 3600)
     end = capacity_end(launch)
     if end is not None:
-        left = (dt.datetime.fromisoformat(end) - (now or dt.datetime.now(dt.UTC))).total_seconds()
+        left = (_when(end) - (now or CLOCK.now())).total_seconds()
         seconds = min(seconds, int(left) - END_MARGIN_S)
     return seconds
+
+
+def _when(iso: str) -> dt.datetime:
+    when = dt.datetime.fromisoformat(iso)
+    return when if when.tzinfo else when.replace(tzinfo=dt.UTC)
+
+
+def usable_hours(block: CapacityBlock | None, reservation: Reservation | None,
+                 now: dt.datetime | None = None) -> float | None:
+    """Hours nodes can run in the reserved capacity: from the block's start (or now, when
+    later) until END_MARGIN_S before its end; None when the capacity has no end."""
+    now = now or CLOCK.now()
+    if block is not None:
+        start, end = max(_when(block.start), now), _when(block.end)
+    elif reservation is not None and reservation.end:
+        start, end = now, _when(reservation.end)
+    else:
+        return None
+    return max(0.0, (end - start).total_seconds() - END_MARGIN_S) / 3600
+
+
+def is_block(block: CapacityBlock | None, reservation: Reservation | None) -> bool:
+    return block is not None or (reservation is not None and reservation.capacity_block)
+
+
+def node_hours(max_hours: float | None, default: float, block: CapacityBlock | None,
+               reservation: Reservation | None, now: dt.datetime | None = None) -> float:
+    """How long the nodes run (AwsLaunch.max_hours): --max-hours, cut to END_MARGIN_S before
+    reserved capacity ends. Without --max-hours a Capacity Block's end governs (it is paid to
+    the end; `default` would throw the rest away); any other market gets `default`."""
+    usable = usable_hours(block, reservation, now)
+    if max_hours is None:
+        max_hours = usable if usable is not None and is_block(block, reservation) else default
+    if usable is not None:
+        max_hours = min(max_hours, usable)
+    return math.floor(max_hours * 100) / 100
+
+
+def cluster_max_hours(inv: Inventory, max_hours: float | None, default: float,
+                      now: dt.datetime | None = None) -> float:
+    """The lifetime of an existing cluster, counted from its creation (replace.py): its
+    --max-hours; without it, for nodes in a Capacity Block (recorded on its instances), until
+    END_MARGIN_S before the block's end; else `default`."""
+    if max_hours is not None:
+        return max_hours
+    ends = [r.extra["capacity_end"] for r in inv.resources_of("instance")
+            if r.extra.get("market") == "capacity-block" and r.extra.get("capacity_end")]
+    if not ends:
+        return default
+    created = _when(inv.created_at)
+    return max(0.0, (_when(ends[0]) - created).total_seconds() - END_MARGIN_S) / 3600

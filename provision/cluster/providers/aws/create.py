@@ -382,6 +382,7 @@ class Creator:
         self.inv.wait_for_gpu = True
         self.inv.manage_etc_hosts = True
         self.inv.container_image = self.s.image
+        self.inv.gpu_model = self.s.gpu_model or None
         self.inv.container_args = efa.container_args(self.s.efa_interfaces)
         self.inv.container_library_path = efa.library_path(self.s.efa_interfaces)
         preset = "nccl/aws-efa.env.j2" if self.s.efa_interfaces else "nccl/tcp.env.j2"

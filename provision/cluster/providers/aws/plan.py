@@ -128,37 +128,45 @@ def build_plan(spec: ClusterSpec) -> AwsPlan:
 def _image(spec: ClusterSpec, info: InstanceTypeInfo) -> str:
     """--image (refused when it is a known NGC release too old for the GPUs), else the
     default training image of the GPUs' architecture (provision/nodes/container.py)."""
-    from provision.nodes.container import check_image, default_image
+    from provision.nodes.container import training_image
 
-    if spec.image:
-        check_image(spec.image, info.gpu_model, info.name)
-        return spec.image
-    return default_image(info.gpu_model)
+    return training_image(spec.image, info.gpu_model, info.name)
 
 
 def _launch(spec: ClusterSpec, opts: AwsOptions, info: InstanceTypeInfo, site: Site, *,
             fallback: list[Site], block: CapacityBlock | None = None,
             reservation: Reservation | None = None) -> AwsLaunch:
+    reserved = "capacity-block" if opts.capacity_block else (
+        "reservation" if opts.reservation else None)
+    if reserved == "capacity-block" and block is None:  # offline: the block asked for
+        max_hours = spec.max_hours or capacity.block_hours(24.0) - capacity.END_MARGIN_S / 3600
+    else:
+        max_hours = capacity.node_hours(spec.max_hours, DEFAULT_MAX_HOURS, block, reservation)
     return AwsLaunch(
         region=site.region, instance_type=info.name, zones=site.zones, vpc_id=site.vpc_id,
         ami=site.ami, ami_name=site.ami_name, root_device=site.root_device,
-        gpus=info.gpu_summary(), image=_image(spec, info), spot=spec.spot,
+        gpus=info.gpu_summary(), gpu_model=info.gpu_model, image=_image(spec, info),
+        spot=spec.spot,
         spot_fallback=spec.spot and opts.spot_fallback, efa_cards=list(info.efa_cards),
         device_rdma=info.device_rdma, disk_gb=opts.disk_gb,
-        max_hours=spec.max_hours or DEFAULT_MAX_HOURS, ssh_cidrs=site.ssh_cidrs,
+        max_hours=max_hours, ssh_cidrs=site.ssh_cidrs,
         private_ips=opts.private_ips, egress=site.egress, fallback=fallback, block=block,
-        reservation=reservation,
+        reservation=reservation, reserved=reserved,
     )
 
 
 def _cost(spec: ClusterSpec, launch: AwsLaunch) -> tuple[float | None, str]:
     """(USD per hour for the nodes, where the figure comes from). A Capacity Block is paid up
-    front: its price spread over its hours."""
+    front (Plan.upfront_usd): here spread over the hours the nodes run, so that the plan's
+    total and `cost` come to the price paid."""
     if launch.block is not None:
         b = launch.block
-        return (b.upfront_usd / max(1, b.hours),
+        return (b.upfront_usd / max(0.01, launch.max_hours),
                 f"Capacity Block offering {b.offering_id}: {b.currency} {b.upfront_usd:,.2f} "
                 f"up front for {b.hours} h (DescribeCapacityBlockOfferings)")
+    if launch.reserved == "capacity-block":  # offline: the offering is not known
+        return None, ("the Capacity Block's price, paid up front: from its offering "
+                      f"(DescribeCapacityBlockOfferings, {NO_CREDENTIALS})")
     price = hourly_price(launch.instance_type, launch.region)
     nodes = None if price.usd_per_hour is None else price.usd_per_hour * spec.nodes
     return nodes, f"{launch.instance_type}: {price.source}"
@@ -177,6 +185,7 @@ def _plan(spec: ClusterSpec, launch: AwsLaunch, gpus: int, unresolved: list[str]
         slots_per_node=spec.gpus_per_node or gpus,
         resources=planned_resources(spec.name, spec.nodes, launch),
         hourly_cost_usd=round((nodes_cost or 0.0) + launch.egress.hourly_usd, 4),
+        upfront_usd=launch.block.upfront_usd if launch.block is not None else 0.0,
         max_hours=launch.max_hours,
         price_source=f"{source}; network: {network_prices()['source']}",
         notes=notes,
@@ -235,12 +244,14 @@ def _offline_plan(spec: ClusterSpec, opts: AwsOptions, session: Any) -> AwsPlan:
         unresolved.append(f"Elastic IP quota: {found[0].egress.elastic_ips} needed, not "
                           f"checked ({why})")
     if opts.capacity_block:
-        hours = capacity.block_hours(spec.max_hours or DEFAULT_MAX_HOURS)
+        hours = capacity.block_hours(spec.max_hours or 24.0)
         unresolved.append(
             f"Capacity Block offering for {spec.nodes} x {info.name} for {hours} h: its zone, "
             f"start and price come from DescribeCapacityBlockOfferings ({why}); nothing is "
             "bought before a plan with credentials shows them and you confirm")
     if opts.reservation:
-        unresolved.append(f"capacity reservation {opts.reservation} ({why})")
+        unresolved.append(f"capacity reservation {opts.reservation}: its zone, end, free "
+                          "instances and placement group (if it has one, the nodes go into "
+                          f"it; none is made) come from DescribeCapacityReservations ({why})")
     launch = _launch(spec, opts, info, found[0], fallback=found[1:])
     return _plan(spec, launch, info.gpu_count, unresolved, [])

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from provision.cluster.providers.aws import capacity
 from provision.cluster.providers.aws.catalog import network_prices
 from provision.model.plan import PlannedResource
 
@@ -89,6 +90,8 @@ def _placement(name: str, launch: AwsLaunch) -> list[PlannedResource]:
         return [PlannedResource(kind="placement-group", name=group,
                                 details={"strategy": "cluster", "owner": "the reservation's "
                                          "(used, not made)"})] if group else []
+    if launch.reserved == "reservation":
+        return []  # offline: the reservation's own group, if any, is used (unresolved)
     return [PlannedResource(kind="placement-group", name=name, details={"strategy": "cluster"})]
 
 
@@ -128,8 +131,7 @@ def plan_notes(nodes: int, launch: AwsLaunch, *, max_hours_defaulted: bool) -> l
     net = network_prices()
     egress = launch.egress
     notes = [
-        f"nodes shut down and terminate themselves after {launch.max_hours:g} h"
-        + (" (default; change with --max-hours)" if max_hours_defaulted else ""),
+        lifetime_note(launch, max_hours_defaulted),
         "zones tried in order on capacity errors: "
         + (", ".join(z.zone for z in launch.zones) or "(unresolved)"),
         f"internet: {egress.describe(nodes)}; ${egress.hourly_usd:,.3f}/h for the cluster, "
@@ -151,9 +153,36 @@ def plan_notes(nodes: int, launch: AwsLaunch, *, max_hours_defaulted: bool) -> l
         notes.append(
             f"Capacity Block: {b.instance_count} x {launch.instance_type} in {b.zone} from "
             f"{b.start} to {b.end} for {b.currency} {b.upfront_usd:,.2f}, paid up front when "
-            "`up` buys it (it cannot be cancelled); `up` then waits for the start, and the "
-            "nodes power off 35 min before the end (EC2 terminates them from 30 min before)")
+            "`up` buys it (it cannot be cancelled, and is paid whatever the nodes run); `up` "
+            "then waits for the start, and launches the nodes into it")
     elif launch.reservation is not None:
         notes.append(f"launched into capacity reservation {launch.reservation.id} in "
                      f"{launch.reservation.zone} (no zone failover)")
     return notes
+
+
+def lifetime_note(launch: AwsLaunch, defaulted: bool) -> str:
+    """How long the nodes live, as it will happen: after --max-hours, or, in a Capacity Block,
+    35 min before its end (capacity.node_hours), with the paid hours a shorter --max-hours
+    gives up."""
+    hours = f"{launch.max_hours:g} h"
+    plain = f"nodes shut down and terminate themselves after {hours}" + (
+        " (default; change with --max-hours)" if defaulted else "")
+    if launch.market != "capacity-block":
+        return plain
+    ec2 = "EC2 terminates a block's instances from 30 min before its end"
+    end = capacity.capacity_end(launch)
+    if end is None:  # offline: the block is not known yet
+        return (f"nodes power off 35 min before the Capacity Block ends ({ec2}); "
+                + ("--max-hours defaults to the block" if defaulted
+                   else f"or after --max-hours {hours}, whichever is first"))
+    usable = capacity.usable_hours(launch.block, launch.reservation) or 0.0
+    given_up = usable - launch.max_hours
+    if defaulted or given_up < 0.1:
+        return (f"nodes power off 35 min before the Capacity Block ends ({end}), after up to "
+                f"{hours} ({ec2})" + ("; --max-hours defaults to the block" if defaulted
+                                      else ""))
+    return (f"nodes shut down and terminate themselves after {hours} (--max-hours), "
+            f"{given_up:.1f} h before they would have to (35 min before the Capacity Block "
+            f"ends, {end}): those {given_up:.1f} paid hours of the block are given up (leave "
+            "out --max-hours to use the block to its end)")

@@ -195,11 +195,12 @@ class Replacer:
             self.store.forget(self.inv, rec.kind, rec.id)
 
     def run(self) -> NodeRecord:
-        max_hours = self.spec.max_hours or DEFAULT_MAX_HOURS
+        # without --max-hours, nodes in a Capacity Block live until its end (capacity.py)
+        max_hours = capacity.cluster_max_hours(self.inv, self.spec.max_hours, DEFAULT_MAX_HOURS)
         left = remaining_seconds(self.inv, max_hours)
         if left < MIN_REMAINING_S:
             raise ProvisionError(
-                f"not replacing {self.node.name}: the cluster's --max-hours {max_hours:g} ends "
+                f"not replacing {self.node.name}: the cluster's lifetime ({max_hours:g} h) ends "
                 f"in {max(0, left)} s",
                 hint="start a new cluster for the rest of the run")
         sg = next((r.id for r in self.inv.resources_of("security-group")), None)

@@ -3,6 +3,8 @@ plan.py from read-only calls, rendered for people by plan_text.py, never parsed 
 
 from __future__ import annotations
 
+from typing import Literal
+
 from pydantic import Field
 
 from provision.cluster.providers.aws.catalog import interface_count
@@ -75,6 +77,7 @@ class AwsLaunch(StrictModel):
     ami_name: str
     root_device: str | None  # the AMI's RootDeviceName: where disk_gb applies
     gpus: str  # e.g. "8 x NVIDIA A100 40 GiB", for people
+    gpu_model: str = ""  # e.g. "NVIDIA A100" (catalog): recorded for the job image check
     image: str  # the training image: --image, or the default for the GPUs' architecture
     spot: bool
     spot_fallback: bool
@@ -88,6 +91,9 @@ class AwsLaunch(StrictModel):
     fallback: list[Site] = Field(default_factory=list)
     block: CapacityBlock | None = None
     reservation: Reservation | None = None
+    # How the nodes are bought as asked (--capacity-block / --reservation), also when the plan
+    # could not look the block or reservation up (offline): the market it shows then.
+    reserved: Literal["capacity-block", "reservation"] | None = None
 
     @property
     def market(self) -> str:
@@ -95,6 +101,8 @@ class AwsLaunch(StrictModel):
             return "capacity-block"
         if self.reservation is not None:
             return "reservation"
+        if self.reserved is not None:
+            return self.reserved
         return "spot" if self.spot else "on-demand"
 
     @property

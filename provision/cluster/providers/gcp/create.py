@@ -22,7 +22,6 @@ from provision.model.inventory import Inventory, InventoryStore, NodeRecord, Pre
 from provision.model.keys import ensure_cluster_key
 from provision.model.render import parse_env_file, render
 from provision.model.spec import ClusterSpec
-from provision.nodes.container import DEFAULT_TRAINING_IMAGE
 
 LOGIN_USER = bodies.LOGIN_USER
 # Where a node reads preemption and maintenance notices (remote/preempt.py "gcp").
@@ -84,7 +83,8 @@ def nccl_env(layout: Layout) -> dict[str, str]:
 def _node_side(inv: Inventory, spec: ClusterSpec, layout: Layout) -> None:
     inv.wait_for_gpu = True
     inv.manage_etc_hosts = True
-    inv.container_image = spec.image or DEFAULT_TRAINING_IMAGE
+    inv.container_image = layout.training_image  # checked against the GPUs by `plan`
+    inv.gpu_model = layout.gpu_model
     inv.nccl_env = nccl_env(layout)  # saved with the first record
     inv.container_args = gpudirect.container_args(layout.gpu_direct)
     inv.container_library_path = gpudirect.library_path(layout.gpu_direct)

@@ -26,6 +26,7 @@ from typing import Any
 
 from provision.cluster.providers.gcp.clients import Clients
 from provision.model.errors import ProviderUnavailableError, UserInputError
+from provision.model.spec import ClusterSpec
 
 DEFAULT_IMAGE_PROJECT = "deeplearning-platform-release"
 DEFAULT_IMAGE_FAMILIES = (
@@ -97,3 +98,14 @@ def resolve_image(clients: Clients, family: str | None, project: str | None) -> 
         f"no usable boot image in project {image_project!r}; tried: " + "; ".join(tried),
         hint=hint,
     )
+
+
+def training_image_of(spec: ClusterSpec, gpu_model: str | None,
+                      machine_type: str) -> dict[str, Any]:
+    """The Layout's GPU model and training container: --image (refused at plan time when it
+    is a known NGC release too old for the GPUs), else the default of their architecture
+    (provision/nodes/container.py, the same rule as AWS)."""
+    from provision.nodes.container import training_image
+
+    return {"gpu_model": gpu_model,
+            "training_image": training_image(spec.image, gpu_model, machine_type)}

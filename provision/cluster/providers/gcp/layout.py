@@ -31,6 +31,7 @@ import re
 from provision.cluster.providers.gcp.gpudirect import DataNetwork, Stack, data_networks, stack_for
 from provision.model.base import StrictModel
 from provision.model.errors import UserInputError
+from provision.nodes.container import DEFAULT_TRAINING_IMAGE
 
 DEFAULT_ZONE = "us-central1-a"
 DEFAULT_MAX_HOURS = 8.0
@@ -114,8 +115,13 @@ class Layout(StrictModel):
     gpus: int  # GPUs per VM (bundled or guest)
     accelerator_type: str | None  # guest accelerator; None when the machine type bundles GPUs
     slots: int
-    image: str  # image self link; UNRESOLVED in an offline plan
+    image: str  # boot image self link; UNRESOLVED in an offline plan
     image_family: str
+    # The GPUs as Compute names them (e.g. nvidia-b200), and the training container the nodes
+    # pull and jobs run in: --image, or the default of the GPUs' architecture
+    # (provision/nodes/container.py training_image)
+    gpu_model: str | None = None
+    training_image: str = DEFAULT_TRAINING_IMAGE
     image_tried: list[str] = []  # families skipped before image_family, and why
     disk_gb: int
     disk_type: str = "pd-balanced"

@@ -15,7 +15,7 @@ from provision.cluster.providers.gcp.catalog import (
     known_gpus,
 )
 from provision.cluster.providers.gcp.gpudirect import DATA_MTU
-from provision.cluster.providers.gcp.images import DEFAULT_IMAGE_FAMILIES
+from provision.cluster.providers.gcp.images import DEFAULT_IMAGE_FAMILIES, training_image_of
 from provision.cluster.providers.gcp.layout import (
     DEFAULT_MAX_HOURS,
     DEFAULT_ZONE,
@@ -61,7 +61,7 @@ def offline_layout(spec: ClusterSpec, project: str | None, ssh_cidr: str | None,
             "Compute Engine it cannot be looked up",
             hint=f"{why}; or use one of: {', '.join(gpu_machine_types())}",
         )
-    _bundled, gpus = facts
+    bundled, gpus = facts
     accelerator = None
     if not gpus:
         if not opts.accelerator_type:
@@ -92,6 +92,7 @@ def offline_layout(spec: ClusterSpec, project: str | None, ssh_cidr: str | None,
         image_family=family, disk_gb=opts.disk_gb, disk_type=disk_type_for(opts.machine_type),
         spot=spec.spot, flex_start=opts.flex_start, reservation=opts.reservation,
         max_hours=spec.max_hours or DEFAULT_MAX_HOURS, ssh_cidr=ssh_cidr or UNRESOLVED,
+        **training_image_of(spec, accelerator or bundled, opts.machine_type),
     )
     return layout, unresolved
 
@@ -131,6 +132,7 @@ def _instance_resources(l_: Layout) -> list[PlannedResource]:
         details = {
             "zone": l_.zones[0], "machine_type": l_.machine_type, "gpus": str(l_.gpus),
             "slots": str(l_.slots), "image": l_.image, "image_family": l_.image_family,
+            "training_image": l_.training_image,
             "disk_gb": str(l_.disk_gb), "disk_type": l_.disk_type,
             "provisioning": l_.provisioning_model,
             "max_run_hours": f"{l_.max_hours:g}", "external_ip": "yes (egress and SSH)",

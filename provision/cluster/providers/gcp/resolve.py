@@ -18,7 +18,7 @@ from typing import Any
 
 from provision.cluster.providers.gcp.catalog import cluster_cost
 from provision.cluster.providers.gcp.clients import Clients
-from provision.cluster.providers.gcp.images import resolve_image
+from provision.cluster.providers.gcp.images import resolve_image, training_image_of
 from provision.cluster.providers.gcp.layout import (
     DEFAULT_MAX_HOURS,
     DEFAULT_ZONE,
@@ -230,5 +230,8 @@ def resolve(spec: ClusterSpec, clients: Clients, ssh_cidr: str) -> Layout:
     if stack is not None:
         _check_networks_quota(clients, stack.nic_count, opts.machine_type)
     image = resolve_image(clients, opts.image_family, opts.image_project)
+    gpu_model = accelerator or next(
+        (str(a.guest_accelerator_type) for a in offered[zone].accelerators), None)
     return layout.model_copy(update={"image": image.self_link, "image_family": image.family,
-                                     "image_tried": image.tried})
+                                     "image_tried": image.tried,
+                                     **training_image_of(spec, gpu_model, opts.machine_type)})
