@@ -18,19 +18,12 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from kit import IN_CI, cli
 
 pytestmark = [pytest.mark.docker, pytest.mark.usefixtures("node_image")]
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = str(ROOT / "examples" / "train_ddp.py")
 NAME = "it14-day2"
-IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")  # as tests/conftest.py
-
-
-def cli(*args: str, home: Path, cwd: Path | None = None, timeout: float = 300,
-        stdin: str | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "provision.cli", *args], cwd=cwd or home,
-                          capture_output=True, text=True, timeout=timeout, input=stdin,
-                          env={**os.environ, "MGPU_CLOUD_HOME": str(home)})
 
 
 def jobs_json(home: Path, name: str = NAME) -> list[dict[str, object]]:
