@@ -32,6 +32,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from provision.cluster.providers.ssh.options import SshHostOptions, SshOptions
 from provision.model.errors import UserInputError
 from provision.model.spec import ClusterSpec
+from provision.model.yamltext import YAML_HINT, YamlProblem
 
 HOST_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")
 HOSTFILE_LINE_RE = re.compile(r"^(\S+)(?:\s+slots=(\d+))?$")
@@ -115,12 +116,10 @@ def read_inventory_file(path: str) -> tuple[InventoryFile, list[str]]:
         root = yaml.compose(text)
         data = yaml.safe_load(text)
     except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f":{mark.line + 1}" if mark else ""
-        raise UserInputError(
-            f"{path}{where}: not valid YAML: {getattr(exc, 'problem', exc)}",
-            hint="check indentation and that every `key: value` pair has a space after the colon",
-        ) from None
+        bad = YamlProblem.of(exc)
+        where = f":{bad.line}" if bad.line is not None else ""
+        raise UserInputError(f"{path}{where}: not valid YAML: {bad.problem}",
+                             hint=YAML_HINT) from None
     if not isinstance(data, dict):
         raise UserInputError(f"{path}: expected a mapping with a `hosts:` list",
                              hint="see inventories/onprem.example.yaml for the format")
