@@ -27,10 +27,16 @@ def cli(*args: str, home: Path | None = None, cwd: Path | None = None, timeout: 
     `mgpu_home` fixture's) and, unless `cwd` is given, its working folder once it exists
     (so a project file where pytest runs never leaks into a test); env: variables
     over the current environment (`home` wins for MGPU_CLOUD_HOME); stdin: text fed to it."""
+    return subprocess.run([sys.executable, "-m", "provision.cli", *args],
+                          cwd=cwd or (home if home and home.is_dir() else None),
+                          capture_output=True, text=True, timeout=timeout, input=stdin,
+                          env=cli_env(home, env))
+
+
+def cli_env(home: Path | None = None, env: dict[str, str] | None = None) -> dict[str, str]:
+    """The environment `cli` gives the CLI (for a test that starts it with Popen itself)."""
     path = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p)
     full = {**os.environ, "PYTHONPATH": path, **(env or {})}
     if home is not None:
         full["MGPU_CLOUD_HOME"] = str(home)
-    return subprocess.run([sys.executable, "-m", "provision.cli", *args],
-                          cwd=cwd or (home if home and home.is_dir() else None), capture_output=True, text=True, timeout=timeout,
-                          input=stdin, env=full)
+    return full
