@@ -33,6 +33,7 @@ from provision.model.base import StrictModel
 from provision.model.errors import UserInputError
 from provision.model.plan import Plan, PlannedResource
 from provision.model.spec import ClusterSpec
+from provision.model.sshhost import SshHostOptions
 
 PROBE_TIMEOUT_S = 60.0
 MIN_VERSION = (20, 11)  # srun --overlap
@@ -58,19 +59,16 @@ class SlurmPlan(Plan):
 # --------------------------------------------------------------------------- login target
 def resolve_target(opts: SlurmOptions) -> tuple[LoginTarget, list[str]]:
     """The login node (and jump host) with pinned host keys; notes about keys accepted now.
-    UserInputError / ProviderUnavailableError otherwise (the ssh provider's rules)."""
+    UserInputError / ProviderUnavailableError otherwise (the same rules as the ssh provider's
+    hosts: provision/nodes/sshhosts.py)."""
     from provision.cluster.providers.slurm.login import LoginError
-    from provision.cluster.providers.ssh.hosts import load_ssh_config, resolve_host
-    from provision.cluster.providers.ssh.options import SshHostOptions, SshOptions
-    from provision.nodes.hostkeys import (
-        Endpoint,
-        HostKeyProblem,
-        Jump,
-        Unreachable,
-        fingerprint,
-        load_known_hosts,
-        resolve_host_key,
-        user_known_hosts_path,
+    from provision.nodes.hostkeys import Endpoint, HostKeyProblem, Jump, Unreachable
+    from provision.nodes.sshhosts import (
+        HostDefaults,
+        HostKeys,
+        load_ssh_config,
+        resolve_host,
+        split_jump,
     )
 
     if not opts.login:
@@ -80,42 +78,29 @@ def resolve_target(opts: SlurmOptions) -> tuple[LoginTarget, list[str]]:
     entry: dict[str, object] = {"address": host, "user": user, "proxy_jump": opts.proxy_jump}
     if port is not None:
         entry["port"] = port
-    config = load_ssh_config()
     resolved = resolve_host(SshHostOptions.model_validate(entry), "--login",
-                            opts=SshOptions(identity_file=opts.identity_file),
-                            file_defaults=None, config=config, default_slots=None, base=None)
-    known_file = user_known_hosts_path()
-    known = load_known_hosts(known_file)
+                            defaults=[HostDefaults(identity_file=opts.identity_file)],
+                            config=load_ssh_config(), default_slots=None, base=None)
+    keys = HostKeys(opts.accept_new_host_keys)
     notes: list[str] = []
 
     def pin(endpoint: Endpoint, via: Jump | None, what: str) -> str:
         try:
-            key, how = resolve_host_key(endpoint, known, accept_new=opts.accept_new_host_keys,
-                                        known_hosts_file=known_file, jump=via)
+            key, how = keys.pin(endpoint, via)
         except HostKeyProblem as exc:
-            hint = ("check the fingerprint, then rerun with --accept-new-host-keys (pinned for "
-                    f"this cluster only), or add it to {known_file} (ssh-keyscan)"
-                    if exc.kind == "unknown" else
-                    "a CHANGED key means the machine was reinstalled or someone intercepts the "
-                    f"connection; only if you know it was reinstalled: ssh-keygen -R HOST -f "
-                    f"{known_file}")
-            raise UserInputError(f"{what}: {exc}", hint=hint) from None
+            raise UserInputError(f"{what}: {exc}", hint=keys.hint(exc.kind)) from None
         except Unreachable as exc:
-            raise LoginError(f"{what} unreachable: {exc}",
-                             hint="check --login/--proxy-jump and that sshd answers there") from None
+            raise LoginError(f"{what} unreachable: {exc}", hint=keys.hint("unreachable")) from None
         if how == "accepted":
-            notes.append(f"{what}: new host key {fingerprint(key)} will be pinned "
-                         "(--accept-new-host-keys)")
+            notes.append(keys.accepted(what, key))
         return key
 
     jump_hop: Hop | None = None
     jump: Jump | None = None
     if resolved.proxy_jump:
-        juser, _, jhostport = resolved.proxy_jump.rpartition("@")
-        jhost, _, jport = jhostport.partition(":")
-        jend = Endpoint(jhost, int(jport or 22))
+        juser, jend = split_jump(resolved.proxy_jump)
         jkey = pin(jend, None, f"jump host {resolved.proxy_jump}")
-        jump_hop = Hop(user=juser, address=jhost, port=jend.port, host_key=jkey)
+        jump_hop = Hop(user=juser, address=jend.address, port=jend.port, host_key=jkey)
         jump = Jump(jend, juser, resolved.identity_file, jkey)
     key = pin(Endpoint(resolved.address, resolved.port), jump, f"login node {resolved.target}")
     login = Hop(user=resolved.user, address=resolved.address, port=resolved.port, host_key=key)
