@@ -236,19 +236,9 @@ def _slurm_says(text: str) -> str:
     return "\n  ".join(line.strip() for line in text.strip().splitlines() if line.strip())
 
 
-def build_plan(spec: ClusterSpec, opts: SlurmOptions, target: LoginTarget, output: str,
-               notes: list[str]) -> SlurmPlan:
-    """The probe's output -> SlurmPlan. UserInputError, quoting Slurm, when Slurm (or a
-    partition limit) refuses the request."""
-    parts = sections(output)
-    version = parts.get("version", "").strip()
-    if _version(version) < MIN_VERSION:
-        raise UserInputError(f"{version or 'an unknown Slurm'} is too old: job steps sharing "
-                             "an allocation (srun --overlap) need Slurm 20.11 or newer")
-    user = parts.get("user", "").strip() or target.login.user
-    test_code, test_text = _exit_of(parts.get("test", ""))
-    partition = parse_partition(parts.get("partition", ""), parts.get("nodes", ""))
-    asked = opts.partition or (partition.name if partition else "")
+def _limit_problems(spec: ClusterSpec, asked: str, partition: Partition | None,
+                    gpus: int | None, most_gpus: int, req: AllocationRequest) -> list[str]:
+    """What the partition's own limits refuse (Slurm's --test-only verdict comes apart)."""
     problems: list[str] = []
     if partition is not None:
         if partition.max_nodes is not None and spec.nodes > partition.max_nodes:
@@ -257,35 +247,18 @@ def build_plan(spec: ClusterSpec, opts: SlurmOptions, target: LoginTarget, outpu
         elif partition.total_nodes is not None and spec.nodes > partition.total_nodes:
             problems.append(f"partition {asked} has {partition.total_nodes} node(s); --nodes "
                             f"{spec.nodes} asked")
-    site_gpus = partition.gpus_per_node() if partition else 0
-    most_gpus = partition.most_gpus() if partition else 0
-    gpus = (spec.gpus_per_node or site_gpus) if most_gpus else None
     if gpus and gpus > most_gpus:
         problems.append(f"partition {asked} has at most {most_gpus} GPU(s) per node; "
                         f"--gpus-per-node {gpus} asked")
-    req = request_for(spec, opts, gpus)
     if partition is not None and partition.max_minutes is not None \
             and req.time_minutes > partition.max_minutes:
         problems.append(f"partition {asked} allows at most {format_time(partition.max_minutes)} "
                         f"per job; --time {format_time(req.time_minutes)} asked (--max-hours)")
-    if test_code != 0:
-        problems.append(f"Slurm refused the request (sbatch --test-only):\n  "
-                        f"{_slurm_says(test_text)}")
-    if problems:
-        raise UserInputError(
-            "the allocation cannot be made: " + "\n".join(problems),
-            hint="`sinfo -s` on the login node lists the partitions; check --partition, "
-                 "--account, --qos, --constraint, --nodes and --max-hours")
-    if partition is None:  # Slurm accepted it, but `scontrol show partition` said nothing
-        raise UserInputError(f"cannot read the limits of partition {asked or '(default)'!r} "
-                             "on the login node", hint="pass --partition explicitly; `sinfo -s` "
-                             "lists the partitions")
-    assoc_code, assoc_text = _exit_of(parts.get("assoc", ""))
-    accounting = assoc_code == 0
-    runtimes = parts.get("runtime", "").split()
-    slots = spec.gpus_per_node or site_gpus or 1
-    counts = partition.state_counts()
-    limits = partition.limits
+    return problems
+
+
+def _request_details(spec: ClusterSpec, opts: SlurmOptions, req: AllocationRequest,
+                     gpus: int | None, partition: Partition, test_text: str) -> dict[str, str]:
     details = {
         "partition": partition.name, "nodes": str(spec.nodes),
         "time": format_time(req.time_minutes) + ("" if spec.max_hours else " (default)"),
@@ -299,46 +272,95 @@ def build_plan(spec: ClusterSpec, opts: SlurmOptions, target: LoginTarget, outpu
     start = next((line for line in test_text.splitlines() if " to start at " in line), "")
     if start:
         details["expected_start"] = start.split(" to start at ", 1)[1].split(" using ")[0]
+    return details
+
+
+def _associations(assoc_text: str) -> str:
+    rows = [r.split("|") for r in assoc_text.splitlines() if r.strip()]
+    shown = "; ".join(
+        f"account {r[0]}" + (f" partition {r[1]}" if r[1] else "")
+        + (f" QOS {r[2]}" if r[2] else "") + (f" MaxWall {r[3]}" if r[3] else "")
+        + (f" MaxNodes {r[4]}" if r[4] else "") + (f" GrpTRES {r[5]}" if r[5] else "")
+        for r in rows if len(r) >= 6)
+    return f"your associations: {shown or 'none listed'}"
+
+
+def _site_notes(spec: ClusterSpec, opts: SlurmOptions, partition: Partition, site_gpus: int,
+                req: AllocationRequest, accounting: str | None, runtimes: list[str]) -> list[str]:
+    """The plan's notes about the site (after the login line); accounting: the associations
+    text, None where accounting is off."""
+    counts, limits = partition.state_counts(), partition.limits
+    notes = [f"partition {partition.name}: {limits.get('State', '?')}, "
+             f"{len(partition.nodes)} node(s) ({counts['idle']} idle, "
+             f"{counts['allocated']} allocated, {counts['mixed']} mixed, "
+             f"{counts['other']} other), per job at most "
+             f"{limits.get('MaxNodes', '?')} node(s) and {limits.get('MaxTime', '?')}, "
+             f"{site_gpus} GPU(s) per node"]
+    tail = [_associations(accounting) if accounting is not None
+            else "accounting is off at this site: --account/--qos are not checked"]
+    if not spec.max_hours:
+        tail.append(f"--time {format_time(req.time_minutes)} by default; --max-hours sets "
+                    "it (the allocation, and every process in it, ends then)")
+    tail.append("node commands run as job steps through the login node (srun)"
+                if opts.node_access == "srun" else
+                "node commands run over SSH to the nodes through the login node "
+                "(checked at up)")
+    tail.append(container_note(runtimes))
+    tail.append("nothing is billed in dollars: the allocation counts against your "
+                "account/fair share while it runs; `down` cancels it")
+    if spec.gpus_per_node and not site_gpus:
+        tail.append(f"the partition has no GPUs: {spec.gpus_per_node} process(es) per "
+                    "node, no GPUs requested")
+    return notes + tail
+
+
+def build_plan(spec: ClusterSpec, opts: SlurmOptions, target: LoginTarget, output: str,
+               notes: list[str]) -> SlurmPlan:
+    """The probe's output -> SlurmPlan. UserInputError, quoting Slurm, when Slurm (or a
+    partition limit) refuses the request."""
+    parts = sections(output)
+    version = parts.get("version", "").strip()
+    if _version(version) < MIN_VERSION:
+        raise UserInputError(f"{version or 'an unknown Slurm'} is too old: job steps sharing "
+                             "an allocation (srun --overlap) need Slurm 20.11 or newer")
+    user = parts.get("user", "").strip() or target.login.user
+    test_code, test_text = _exit_of(parts.get("test", ""))
+    partition = parse_partition(parts.get("partition", ""), parts.get("nodes", ""))
+    asked = opts.partition or (partition.name if partition else "")
+    site_gpus = partition.gpus_per_node() if partition else 0
+    most_gpus = partition.most_gpus() if partition else 0
+    gpus = (spec.gpus_per_node or site_gpus) if most_gpus else None
+    req = request_for(spec, opts, gpus)
+    problems = _limit_problems(spec, asked, partition, gpus, most_gpus, req)
+    if test_code != 0:
+        problems.append(f"Slurm refused the request (sbatch --test-only):\n  "
+                        f"{_slurm_says(test_text)}")
+    if problems:
+        raise UserInputError(
+            "the allocation cannot be made: " + "\n".join(problems),
+            hint="`sinfo -s` on the login node lists the partitions; check --partition, "
+                 "--account, --qos, --constraint, --nodes and --max-hours")
+    if partition is None:  # Slurm accepted it, but `scontrol show partition` said nothing
+        raise UserInputError(f"cannot read the limits of partition {asked or '(default)'!r} "
+                             "on the login node", hint="pass --partition explicitly; `sinfo -s` "
+                             "lists the partitions")
+    assoc_code, assoc_text = _exit_of(parts.get("assoc", ""))
+    runtimes = parts.get("runtime", "").split()
     site = (f"Slurm {version.split()[-1]} at {target.login.text}"
             + (f" via {target.jump.text}" if target.jump else "") + f", user {user}")
-    part_line = (f"partition {partition.name}: {limits.get('State', '?')}, "
-                 f"{len(partition.nodes)} node(s) ({counts['idle']} idle, "
-                 f"{counts['allocated']} allocated, {counts['mixed']} mixed, "
-                 f"{counts['other']} other), per job at most "
-                 f"{limits.get('MaxNodes', '?')} node(s) and {limits.get('MaxTime', '?')}, "
-                 f"{site_gpus} GPU(s) per node")
-    plan_notes = [site, part_line, *notes]
-    if accounting:
-        rows = [r.split("|") for r in assoc_text.splitlines() if r.strip()]
-        shown = "; ".join(
-            f"account {r[0]}" + (f" partition {r[1]}" if r[1] else "")
-            + (f" QOS {r[2]}" if r[2] else "") + (f" MaxWall {r[3]}" if r[3] else "")
-            + (f" MaxNodes {r[4]}" if r[4] else "") + (f" GrpTRES {r[5]}" if r[5] else "")
-            for r in rows if len(r) >= 6)
-        plan_notes.append(f"your associations: {shown or 'none listed'}")
-    else:
-        plan_notes.append("accounting is off at this site: --account/--qos are not checked")
-    if not spec.max_hours:
-        plan_notes.append(f"--time {format_time(req.time_minutes)} by default; --max-hours sets "
-                          "it (the allocation, and every process in it, ends then)")
-    plan_notes.append("node commands run as job steps through the login node (srun)"
-                      if opts.node_access == "srun" else
-                      "node commands run over SSH to the nodes through the login node "
-                      "(checked at up)")
-    plan_notes.append(container_note(runtimes))
-    plan_notes.append("nothing is billed in dollars: the allocation counts against your "
-                      "account/fair share while it runs; `down` cancels it")
-    if spec.gpus_per_node and not site_gpus:
-        plan_notes.append(f"the partition has no GPUs: {spec.gpus_per_node} process(es) per "
-                          "node, no GPUs requested")
+    plan_notes = [site, *_site_notes(spec, opts, partition, site_gpus, req,
+                                     assoc_text if assoc_code == 0 else None, runtimes)]
+    plan_notes[2:2] = notes  # after the site and partition lines, as before
+    details = _request_details(spec, opts, req, gpus, partition, test_text)
     return SlurmPlan(
-        provider="slurm", cluster=spec.name, nodes=spec.nodes, slots_per_node=slots,
+        provider="slurm", cluster=spec.name, nodes=spec.nodes,
+        slots_per_node=spec.gpus_per_node or site_gpus or 1,
         resources=[PlannedResource(kind="slurm-allocation", name=req.job_name, details=details)],
         hourly_cost_usd=0.0, max_hours=req.time_minutes / 60, notes=plan_notes,
         target=target, request=req,
         site=SiteFacts(version=version, user=user, partition=partition.name,
                        gpus_per_node=site_gpus, container_runtimes=runtimes,
-                       accounting=accounting),
+                       accounting=assoc_code == 0),
     )
 
 
