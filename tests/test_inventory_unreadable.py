@@ -62,6 +62,15 @@ def test_scan_keeps_the_good_ones_and_names_the_bad_ones(mgpu_home: Path) -> Non
     assert [exc.cluster for exc in bad] == ["bad"]
 
 
+def test_a_file_not_named_after_a_cluster_is_named_too(mgpu_home: Path) -> None:
+    store = _homes(mgpu_home)
+    store.clusters_dir.joinpath("my copy.yaml").write_text("name: x\n")
+    good, bad = store.scan()
+    assert [inv.name for inv in good] == ["good"]
+    assert [exc.cluster for exc in bad] == ["bad", "my copy"]
+    assert "is not named after a cluster" in bad[1].message and "mv " in str(bad[1].hint)
+
+
 def test_listings_show_the_rest_and_name_the_bad_file(mgpu_home: Path) -> None:
     store = _homes(mgpu_home)
     path = str(store.path("bad"))

@@ -295,6 +295,13 @@ class InventoryStore:
                 continue  # removed while we listed
             except InventoryUnreadableError as exc:
                 bad.append(exc)
+            except UserInputError as exc:  # a file whose name is no cluster name
+                path = self.clusters_dir / f"{name}.yaml"
+                bad.append(InventoryUnreadableError(
+                    f"inventory {str(path)!r} is not named after a cluster ({exc.message})",
+                    hint=f"rename it to a valid NAME.yaml or move it away (mv "
+                         f"{shlex.quote(str(path))} {shlex.quote(str(path))}.broken)",
+                    path=str(path), cluster=name))
         return good, bad
 
     def all(self) -> list[Inventory]:
