@@ -1,8 +1,9 @@
 """Start-up time of `mgpu-cloud --help` (target < 0.25 s) beside `python -c pass`, same run.
 
-Uses the console script next to this interpreter (e.g. .venv/bin/mgpu-cloud), so no shell
-shim is measured. Also checks that --help imports no cloud SDK, fabric, paramiko or pydantic.
-Usage: python benchmarks/cli_start.py [--repeat 15]
+Runs `python -m provision.cli` of this tree (first on PYTHONPATH, so not whatever the venv's
+editable install points at); with `--against REV` also of git revision REV, interleaved, in
+the same run (benchmarks/revisions.py). Also checks that --help imports no cloud SDK, fabric,
+paramiko or pydantic. Usage: python benchmarks/cli_start.py [--repeat 15] [--against REV]
 """
 
 from __future__ import annotations
@@ -13,6 +14,9 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from revisions import Tree, interleaved, timed_command, trees  # noqa: E402
 
 HEAVY = ("boto3", "botocore", "google.cloud", "fabric", "paramiko", "docker", "pydantic", "rich",
          "starlette", "uvicorn")
@@ -27,28 +31,39 @@ def timed(argv: list[str], repeat: int) -> float:
     return statistics.median(runs)
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--repeat", type=int, default=15)
-    args = ap.parse_args()
-    script = Path(sys.executable).parent / "mgpu-cloud"
-    cli = [str(script)] if script.exists() else [sys.executable, "-m", "provision.cli"]
-    base = timed([sys.executable, "-c", "pass"], args.repeat)
-    help_ = timed([*cli, "--help"], args.repeat)
-    sub = timed([*cli, "run", "--help"], args.repeat)
+def heavy_modules(tree: Tree) -> str:
     loaded = subprocess.run(
         [sys.executable, "-c",
          "import sys; sys.argv=['mgpu-cloud','--help']\n"
          "import provision.cli as c\n"
          "try: c.app()\nexcept SystemExit: pass\n"
          f"print('HEAVY:', ' '.join(m for m in {HEAVY!r} if m in sys.modules))"],
-        capture_output=True, text=True, check=True).stdout.splitlines()
-    heavy = next(line for line in loaded if line.startswith("HEAVY:"))[6:].strip()
-    print(f"{'command':<28} {'median s':>9}")
-    print(f"{'python -c pass':<28} {base:>9.3f}")
-    print(f"{'mgpu-cloud --help':<28} {help_:>9.3f}")
-    print(f"{'mgpu-cloud run --help':<28} {sub:>9.3f}")
-    print(f"heavy modules imported by --help: {heavy or 'none'}")
+        capture_output=True, text=True, check=True, env=tree.env(), cwd=tree.path,
+    ).stdout.splitlines()
+    return next(line for line in loaded if line.startswith("HEAVY:"))[6:].strip() or "none"
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--repeat", type=int, default=15)
+    ap.add_argument("--against", metavar="REV", help="also time git revision REV (a temporary "
+                    "worktree), interleaved with this tree")
+    args = ap.parse_args()
+    with trees(args.against) as found:
+        base = timed([sys.executable, "-c", "pass"], args.repeat)
+        rows = [("python -c pass", base)]
+        for words in (["--help"], ["run", "--help"]):
+            medians = interleaved(found, args.repeat, lambda t, w=words: timed_command(
+                [*t.cli(), *w], env=t.env(), cwd=t.path))
+            rows += [(f"mgpu-cloud {' '.join(words)} [{t.label}]", medians[t.label])
+                     for t in found]
+        heavy = {t.label: heavy_modules(t) for t in found}
+    print(f"medians of {args.repeat} runs, trees interleaved; `python -m provision.cli`")
+    print(f"{'command':<40} {'median s':>9}")
+    for label, value in rows:
+        print(f"{label:<40} {value:>9.3f}")
+    for label, mods in heavy.items():
+        print(f"heavy modules imported by --help [{label}]: {mods}")
     print("target: mgpu-cloud --help < 0.25 s")
 
 

@@ -10,8 +10,10 @@
                spec/pydantic, inventory, docker SDK): the part of up(N) - floor(N) that does
                not depend on N and that the floor, which starts no Python, never pays.
 
-Targets: up(8)/up(1) <= 1.5 and up(N) <= 1.3 x floor(N).
-Usage: python benchmarks/up_time.py [--repeat 3] [--nodes 1 2 4 8]
+Targets: up(8)/up(1) <= 1.5 and up(N) <= 1.3 x floor(N). With `--against REV`, `up` of git
+revision REV (a temporary worktree, benchmarks/revisions.py) is timed too, interleaved with
+this tree's, against the same floor.
+Usage: python benchmarks/up_time.py [--repeat 3] [--nodes 1 2 4 8] [--against REV]
 """
 
 from __future__ import annotations
@@ -27,6 +29,8 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from revisions import Tree, current, interleaved, trees  # noqa: E402
 
 
 def node_image() -> str:
@@ -71,21 +75,20 @@ IMPORTS = ("import provision.cli, provision.cluster.pipeline, provision.cluster.
 
 def imports() -> float:
     start = time.perf_counter()
-    subprocess.run([sys.executable, "-c", IMPORTS], check=True)
+    subprocess.run([sys.executable, "-c", IMPORTS], check=True, env=current().env())
     return time.perf_counter() - start
 
 
-def up(n: int, home: str) -> float:
-    env = {**os.environ, "MGPU_CLOUD_HOME": home}
+def up(n: int, home: str, tree: Tree) -> float:
+    env = tree.env(MGPU_CLOUD_HOME=home)
     name = f"bench-up-{n}"
     start = time.perf_counter()
-    res = subprocess.run([sys.executable, "-m", "provision.cli", "up", "--nodes", str(n),
-                          "--name", name], capture_output=True, text=True, env=env)
+    res = subprocess.run([*tree.cli(), "up", "--nodes", str(n), "--name", name],
+                         capture_output=True, text=True, env=env, cwd=tree.path)
     elapsed = time.perf_counter() - start
-    subprocess.run([sys.executable, "-m", "provision.cli", "down", name], capture_output=True,
-                   env=env)
+    subprocess.run([*tree.cli(), "down", name], capture_output=True, env=env, cwd=tree.path)
     if res.returncode != 0:
-        raise SystemExit(f"up failed: {res.stderr}")
+        raise SystemExit(f"up failed [{tree.label}]: {res.stderr}")
     return elapsed
 
 
@@ -93,26 +96,32 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--nodes", type=int, nargs="+", default=[1, 2, 4, 8])
+    ap.add_argument("--against", metavar="REV", help="also time `up` of git revision REV (a "
+                    "temporary worktree), interleaved with this tree")
     args = ap.parse_args()
     image = node_image()
-    with tempfile.TemporaryDirectory() as tmp:
+    with tempfile.TemporaryDirectory() as tmp, trees(args.against) as found:
         subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f",
                         f"{tmp}/id_ed25519"], check=True)
         os.chmod(f"{tmp}/id_ed25519.pub", 0o644)
         rows = []
         for n in args.nodes:
             floors = [floor(n, image, Path(tmp)) for _ in range(args.repeat)]
-            ups = [up(n, f"{tmp}/home") for _ in range(args.repeat)]
-            rows.append((n, statistics.median(floors), statistics.median(ups)))
+            ups = interleaved(found, args.repeat,
+                              lambda t, n=n: up(n, f"{tmp}/home-{t.label.replace(' ', '-')}", t))
+            rows.append((n, statistics.median(floors), ups))
     fixed = statistics.median(imports() for _ in range(max(3, args.repeat)))
-    up1 = rows[0][2]
-    print(f"image {image}; medians of {args.repeat} runs; {os.cpu_count()} CPUs")
-    print(f"imports before the first engine call (fresh interpreter): {fixed:.2f} s")
-    print(f"{'N':>3} {'floor s':>8} {'up s':>7} {'up/floor':>9} {'up/up(1)':>9} "
+    labels = [t.label for t in found]
+    print(f"image {image}; medians of {args.repeat} runs; {os.cpu_count()} CPUs; "
+          f"trees interleaved: {', '.join(labels)}")
+    print(f"imports before the first engine call (fresh interpreter, this tree): {fixed:.2f} s")
+    print(f"{'N':>3} {'tree':>10} {'floor s':>8} {'up s':>7} {'up/floor':>9} {'up/up(1)':>9} "
           f"{'(up-imports)/floor':>19}")
-    for n, fl, u in rows:
-        print(f"{n:>3} {fl:>8.2f} {u:>7.2f} {u / fl:>9.2f} {u / up1:>9.2f} "
-              f"{(u - fixed) / fl:>19.2f}")
+    for n, fl, ups in rows:
+        for label in labels:
+            u, up1 = ups[label], rows[0][2][label]
+            print(f"{n:>3} {label:>10} {fl:>8.2f} {u:>7.2f} {u / fl:>9.2f} {u / up1:>9.2f} "
+                  f"{(u - fixed) / fl:>19.2f}")
     print("targets: up/floor <= 1.30, up(8)/up(1) <= 1.50")
 
 

@@ -44,6 +44,7 @@ from typing import Any, BinaryIO, NoReturn
 
 from remote.devices import SELECTOR, DeviceSelectionError
 from remote.devices import expand as expand_devices
+from remote.files import write_atomic
 from remote.supervise import become_subreaper, reap, stop_job, watch_preemption
 
 LOG = "node.log"  # provision.nodes.RemoteLayout.job_log spells the same name
@@ -59,12 +60,7 @@ POLL_S = 0.1
 
 # --- small file helpers ----------------------------------------------------------------------
 def _write_atomic(path: str, text: str) -> None:
-    tmp = f"{path}.tmp.{os.getpid()}"
-    with open(tmp, "w") as fh:
-        fh.write(text)
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(tmp, path)
+    write_atomic(path, text, mode=0o644)
 
 
 def _read_json(path: str) -> dict[str, Any] | None:

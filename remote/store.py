@@ -31,6 +31,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from remote.files import is_partial, replacing
+
 PART_BYTES = 8 * 1024 * 1024  # multipart part / GCS chunk size
 THREADS = 8
 SCHEMES = ("s3", "gs", "file")
@@ -122,15 +124,8 @@ class FileStore:
     def _write(self, key: str, fill: Callable[[str], None]) -> None:
         target = self._path(key)
         os.makedirs(os.path.dirname(target), exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=os.path.dirname(target), prefix=".part-")
-        os.close(fd)
-        try:
+        with replacing(target, fsync=False) as tmp:  # a checkpoint may be large: no fsync
             fill(tmp)
-            os.replace(tmp, target)
-        except BaseException:
-            if os.path.exists(tmp):
-                os.unlink(tmp)
-            raise
 
     def put_bytes(self, key: str, data: bytes) -> None:
         def fill(tmp: str) -> None:
@@ -151,7 +146,7 @@ class FileStore:
         out = []
         for dirpath, _, names in os.walk(self._path(prefix) if prefix else root):
             for name in names:
-                if not name.startswith(".part-"):
+                if not is_partial(name):
                     out.append(os.path.relpath(os.path.join(dirpath, name), root))
         return sorted(out)
 

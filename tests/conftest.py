@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -12,7 +11,8 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # tests/fake_nodes.py and friends
 
 ROOT = Path(__file__).resolve().parent.parent
-IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
+from kit import IN_CI  # noqa: E402 - after the sys.path line above
+
 pytest_plugins = ["storekit"]  # object stores and a webhook receiver (issue 18)
 
 

@@ -21,9 +21,6 @@ from provision.cluster.providers.gcp.catalog import fabric_expectation as gcp_fa
 from provision.job.fabric import FIXES
 from provision.job.gate import (
     BUSBW_FAIL_FRACTION,
-    SLOW_FABRIC_FIX,
-    SLOW_LINK_FIX,
-    SLOW_NODE_FIX,
     FabricGateError,
     evaluate,
     gate_before_job,
@@ -33,6 +30,7 @@ from provision.job.gate import (
     run_gate,
     should_run,
 )
+from provision.job.gate_words import SLOW_FABRIC_FIX, SLOW_LINK_FIX, SLOW_NODE_FIX
 from provision.model.inventory import FabricExpectation, Inventory, InventoryStore, NodeRecord
 from provision.model.keys import ensure_cluster_key
 from provision.model.spec import build_job_spec

@@ -69,6 +69,29 @@ def upward_imports(graph: dict[str, set[str]]) -> list[str]:
     return bad
 
 
+PROVIDERS = "provision.cluster.providers"
+
+
+def provider_of(module: str, folders: set[str]) -> str | None:
+    """The provider folder a module belongs to (None: not inside one)."""
+    parts = module.split(".")
+    inside = module.startswith(PROVIDERS + ".") and len(parts) > 3 and parts[3] in folders
+    return parts[3] if inside else None
+
+
+def cross_provider_imports(graph: dict[str, set[str]], folders: set[str]) -> list[str]:
+    """Every import of one provider's modules by another provider (what they share lives in
+    a neutral module: provision/cluster/providers/*.py, provision/nodes/, provision/model/)."""
+    bad = []
+    for module, deps in sorted(graph.items()):
+        mine = provider_of(module, folders)
+        for dep in sorted(deps):
+            theirs = provider_of(dep, folders)
+            if mine and theirs and theirs != mine:
+                bad.append(f"{module} ({mine}) -> {dep} ({theirs})")
+    return bad
+
+
 def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
     """Strongly connected components of more than one module (Tarjan)."""
     index: dict[str, int] = {}
@@ -105,6 +128,7 @@ def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
 
 
 GRAPH = import_graph(ROOT, ["provision", "remote"])
+FOLDERS = {p.parent.name for p in (ROOT / "provision/cluster/providers").glob("*/__init__.py")}
 
 
 def test_top_level_packages_are_the_layers() -> None:
@@ -119,6 +143,11 @@ def test_each_layer_imports_only_layers_below_it() -> None:
     assert upward_imports(GRAPH) == []
 
 
+def test_providers_import_no_other_provider_s_modules() -> None:
+    assert {"docker", "aws", "gcp", "ssh", "slurm"} <= FOLDERS
+    assert cross_provider_imports(GRAPH, FOLDERS) == []
+
+
 def test_no_import_circles() -> None:
     assert cycles(GRAPH) == []
 
@@ -131,6 +160,11 @@ def test_the_checks_can_fail() -> None:
         "provision.model.spec (model) -> provision.cluster.providers (cluster)"]
     graph["provision.nodes.layout"].add("provision.nodes.group")
     assert ["provision.nodes.group", "provision.nodes.layout"] in cycles(graph)
+    graph["provision.cluster.providers.slurm.plan"].add("provision.cluster.providers.ssh.hosts")
+    graph["provision.cluster.providers.slurm.plan"].add("provision.cluster.providers.contract")
+    assert cross_provider_imports(graph, FOLDERS) == [
+        "provision.cluster.providers.slurm.plan (slurm) -> provision.cluster.providers.ssh.hosts"
+        " (ssh)"]
 
 
 def test_an_added_wrong_import_is_found(tmp_path: Path) -> None:

@@ -2,15 +2,13 @@
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import pytest
+from kit import IN_CI
 
 from provision.model.errors import UserInputError
 from provision.operations.scale import SizeRun, analyse, parse_sizes, plot, table, throughput_in
-
-IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")  # as tests/conftest.py
 
 
 def test_sizes() -> None:

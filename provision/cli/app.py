@@ -49,6 +49,15 @@ def fail(exc: BaseException) -> None:
     raise exc
 
 
+def note_skipped(unreadable: list[Any], effect: str = "left out of this list") -> None:
+    """Name each inventory a command could not read (InventoryUnreadableError: path, line,
+    the fix) and what that meant for its output (`effect`), on stderr."""
+    for exc in unreadable:
+        typer.echo(f"warning: {exc.message}; cluster {exc.cluster!r} {effect}", err=True)
+        if exc.hint:
+            typer.echo(f"  hint: {exc.hint}", err=True)
+
+
 def guard(fn: Callable[..., Any]) -> Callable[..., Any]:
     """Turn MgpuError into a message + exit code; Ctrl-C into exit 130, SIGTERM into 143."""
 

@@ -7,7 +7,7 @@ from typing import Annotated, Any
 
 import typer
 
-from provision.cli.app import app, guard, with_options
+from provision.cli.app import app, guard, note_skipped, with_options
 from provision.cli.options import (
     CLUSTER_OPTIONS,
     GC_OPTIONS,
@@ -61,13 +61,21 @@ def up(
 def down(name: Annotated[str, typer.Argument(help="cluster name")]) -> None:
     """Delete every resource of a cluster (idempotent; works from the inventory alone)."""
     from provision.job import lifecycle
+    from provision.model.errors import InventoryUnreadableError
     from provision.model.inventory import InventoryStore
 
     store = InventoryStore()
     if not store.exists(name):
         typer.echo(f"no cluster named {name!r}: nothing to remove", err=True)
         return
-    lifecycle.down(name, store=store)
+    try:
+        lifecycle.down(name, store=store)
+    except InventoryUnreadableError as exc:  # nothing deleted: say what can still be done
+        raise InventoryUnreadableError(
+            f"cannot remove cluster {name!r}: {exc.message}. `down` deletes exactly the "
+            "resources the inventory recorded, so without it nothing was deleted (its "
+            "nodes may still be running and billed)", hint=exc.hint, path=exc.path,
+            cluster=name, provider=exc.provider) from None
 
 
 # launch NAME [options] -- SCRIPT ARGS: options may follow NAME, `--` ends them.
@@ -160,7 +168,8 @@ def status(
 
     store = InventoryStore()
     store.clean_stale_locks()
-    invs = [store.load(name)] if name else store.all()
+    invs, unreadable = ([store.load(name)], []) if name else store.scan()
+    note_skipped(unreadable)
     rows = status_rows(invs)
     gates = {inv.name: inv.fabric_gate for inv in invs}  # the fabric gate's last result
     if as_json:

@@ -9,7 +9,7 @@ from typing import Annotated, Any
 
 import typer
 
-from provision.cli.app import app, guard, with_options
+from provision.cli.app import app, guard, note_skipped, with_options
 from provision.cli.options import CLUSTER_OPTIONS, JOB_OPTIONS, cluster_spec, confirmer, job_spec
 
 
@@ -18,10 +18,15 @@ def _err(msg: str) -> None:
 
 
 def _inventory_or_none(name: str) -> Any:
+    from provision.model.errors import InventoryUnreadableError
     from provision.model.inventory import InventoryStore
 
     store = InventoryStore()
-    return store.load(name) if store.exists(name) else None
+    try:
+        return store.load(name) if store.exists(name) else None
+    except InventoryUnreadableError as exc:  # the job records are kept apart: still shown
+        note_skipped([exc], "unchecked: its jobs are shown as last recorded, not asked of its nodes")
+        return None
 
 
 def _record(name: str, job_id: str | None) -> Any:
@@ -279,9 +284,12 @@ def cost(
 ) -> None:
     """What every cluster made here cost (also removed ones), at the catalog price."""
     from provision.cluster.cost import report
+    from provision.model.inventory import InventoryStore
     from provision.operations.status import text_table, when
 
     rep = report(name)
+    note_skipped([exc for exc in InventoryStore().scan()[1]
+                  if name in (None, exc.cluster)])
     if as_json:
         import json
 

@@ -13,7 +13,6 @@ from __future__ import annotations
 import contextlib
 import importlib
 import signal
-import sys
 import threading
 from collections.abc import Callable, Iterator
 from types import FrameType
@@ -27,6 +26,7 @@ from provision.model.errors import (
     UserInputError,
 )
 from provision.model.inventory import Inventory, InventoryStore
+from provision.model.logsink import stderr_line
 from provision.model.plan import Plan
 from provision.model.spec import ClusterSpec
 
@@ -57,10 +57,6 @@ def sigterm_raises() -> Iterator[None]:
         yield
     finally:
         signal.signal(signal.SIGTERM, previous)
-
-
-def _stderr(msg: str) -> None:
-    print(msg, file=sys.stderr, flush=True)
 
 
 def plan_cluster(spec: ClusterSpec, store: InventoryStore) -> tuple[AnyProvider, Plan]:
@@ -169,7 +165,7 @@ def up(
     confirm: Confirm,
     store: InventoryStore | None = None,
     bootstrap: bool = True,
-    log: Log = _stderr,
+    log: Log = stderr_line,
 ) -> Inventory | None:
     """Create and bootstrap a cluster. Returns None when the user declined the plan."""
     store = store or InventoryStore()
@@ -183,7 +179,7 @@ def up(
         )
 
 
-def down(name: str, *, store: InventoryStore | None = None, log: Log = _stderr,
+def down(name: str, *, store: InventoryStore | None = None, log: Log = stderr_line,
          before: BeforeDestroy | None = None) -> None:
     """Destroy a cluster from its inventory alone. Idempotent on the provider side."""
     store = store or InventoryStore()

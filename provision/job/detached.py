@@ -14,7 +14,6 @@ whatever is left; a node that hangs is still bounded by --max-hours on the cloud
 from __future__ import annotations
 
 import math
-import sys
 from collections.abc import Callable
 
 from provision.cluster.pipeline import (
@@ -27,15 +26,12 @@ from provision.job import jobs
 from provision.job.launch import Detach, launching_nodes, workdir_of
 from provision.model.inventory import Inventory, InventoryStore
 from provision.model.jobstore import JobRecord
+from provision.model.logsink import stderr_line
 from provision.model.spec import ClusterSpec, JobSpec
 from provision.nodes import NodeGroup
 
 Log = Callable[[str], None]
 Confirm = Callable[..., bool]
-
-
-def _stderr(msg: str) -> None:
-    print(msg, file=sys.stderr, flush=True)
 
 
 def start(inv: Inventory, job: JobSpec, group: NodeGroup, detach: Detach, log: Log) -> JobRecord:
@@ -50,7 +46,7 @@ def start(inv: Inventory, job: JobSpec, group: NodeGroup, detach: Detach, log: L
 
 
 def launch_detached(name: str, job: JobSpec, *, store: InventoryStore | None = None,
-                    log: Log = _stderr) -> JobRecord:
+                    log: Log = stderr_line) -> JobRecord:
     """Sync the workdir and start `job` on an existing cluster; returns once it runs."""
     from provision.job.lifecycle import ready_inventory
     from provision.nodes.bootstrap import sync_workdir
@@ -65,7 +61,7 @@ def launch_detached(name: str, job: JobSpec, *, store: InventoryStore | None = N
 
 
 def run_detached(spec: ClusterSpec, job: JobSpec, *, confirm: Confirm, idle_minutes: float,
-                 store: InventoryStore | None = None, log: Log = _stderr) -> JobRecord | None:
+                 store: InventoryStore | None = None, log: Log = stderr_line) -> JobRecord | None:
     """up + a detached job whose nodes stop themselves after it (see the module doc).
     Returns None when the plan was declined. If the job cannot be started, the cluster is
     removed before the error is raised (nothing would ever stop it)."""

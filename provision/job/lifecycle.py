@@ -20,7 +20,6 @@ sink) and never reads the terminal: the same code can supervise a job from elsew
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -53,14 +52,11 @@ from provision.job.recovery import (
 from provision.model.errors import LaunchError, MgpuError
 from provision.model.inventory import Inventory, InventoryStore
 from provision.model.jobstore import JobRecord, JobStore
+from provision.model.logsink import stderr_line
 from provision.model.spec import ClusterSpec, JobSpec
 from provision.nodes import NodeGroup, borrowed
 
 Log = Callable[[str], None]
-
-
-def _stderr(msg: str) -> None:
-    print(msg, file=sys.stderr, flush=True)
 
 
 @dataclass
@@ -204,7 +200,7 @@ def _begin(run: JobRun, group: NodeGroup) -> JobRecord:
 
 # --- the commands -------------------------------------------------------------------------------
 def launch(
-    name: str, job: JobSpec, *, store: InventoryStore | None = None, log: Log = _stderr
+    name: str, job: JobSpec, *, store: InventoryStore | None = None, log: Log = stderr_line
 ) -> int:
     """Run `job` on an existing cluster; copies rank 0's outputs back. Returns the exit code."""
     store = store or InventoryStore()
@@ -220,7 +216,7 @@ def run(
     confirm: Confirm,
     keep: bool = False,
     store: InventoryStore | None = None,
-    log: Log = _stderr,
+    log: Log = stderr_line,
 ) -> int:
     """create + the job's life + destroy; destroy in every case unless `keep`."""
     store = store or InventoryStore()
@@ -251,6 +247,6 @@ def keep_job_logs(log: Log) -> Callable[[Inventory], None]:
     return lambda inv: jobs.before_teardown(inv, log)
 
 
-def down(name: str, *, store: InventoryStore | None = None, log: Log = _stderr) -> None:
+def down(name: str, *, store: InventoryStore | None = None, log: Log = stderr_line) -> None:
     """`mgpu-cloud down`: the jobs' logs kept, then everything the inventory recorded deleted."""
     destroy_by_name(name, store=store, log=log, before=keep_job_logs(log))

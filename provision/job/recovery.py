@@ -170,12 +170,10 @@ def dump_stacks(inv: Inventory, job: JobSpec, log: Log) -> None:
 
 
 def _alive(provider: AnyProvider, inv: Inventory, node: NodeRecord) -> bool:
-    if isinstance(provider, Recoverable):
-        try:
-            if not provider.node_alive(inv, node):
-                return False
-        except MgpuError:
-            pass  # cannot tell: try to log in
+    """Gone when the provider is sure (Recoverable.node_alive keeps the "cannot tell: alive"
+    rule); otherwise a fresh login decides."""
+    if isinstance(provider, Recoverable) and not provider.node_alive(inv, node):
+        return False
     with NodeGroup(inv, [node]) as group:
         return group.wait_until_reachable(REACHABLE_DEADLINE_S)[node.name].ok
 

@@ -5,6 +5,7 @@
     │   ├── SpecError                      a ClusterSpec/JobSpec that does not validate
     │   └── ClusterExistsError             `up` with a name that already has an inventory
     ├── ClusterNotFoundError     (exit 2)  no inventory with that name
+    ├── InventoryUnreadableError (exit 1)  an inventory file that cannot be read (path, line)
     ├── ClusterBusyError         (exit 3)  another mgpu-cloud command holds the cluster's lock
     ├── ProviderUnavailableError (exit 4)  Docker engine down, credentials missing, SDK not installed
     ├── ProvisionError           (exit 5)  a create step failed (after rollback)
@@ -51,6 +52,18 @@ class ClusterExistsError(UserInputError):
 
 class ClusterNotFoundError(MgpuError):
     exit_code = 2
+
+
+class InventoryUnreadableError(MgpuError):
+    """An inventory file that is not valid YAML, not an inventory, or not readable at all.
+    `.path` is the file (of cluster `.cluster`); listings skip it and name it, commands on
+    that cluster refuse."""
+
+    def __init__(self, message: str, hint: str | None = None, *, path: str = "",
+                 cluster: str = "", provider: str | None = None) -> None:
+        super().__init__(message, hint)
+        self.path, self.cluster = path, cluster
+        self.provider = provider  # as far as the damaged text tells (None: unknown)
 
 
 class ClusterBusyError(MgpuError):

@@ -20,8 +20,9 @@ import contextlib
 import datetime as dt
 import fcntl
 import os
+import re
+import shlex
 import shutil
-import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Literal
@@ -33,11 +34,13 @@ from provision.model.errors import (
     ClusterBusyError,
     ClusterExistsError,
     ClusterNotFoundError,
-    MgpuError,
+    InventoryUnreadableError,
     UserInputError,
 )
 from provision.model.gate_record import GateRecord
 from provision.model.spec import ClusterSpec, validate_cluster_name
+from provision.model.yamltext import YAML_HINT, YamlProblem
+from remote.files import write_atomic
 
 CLUSTER_TAG = "mgpu-cloud-cluster"
 # libyaml when PyYAML was built with it: a save is ~2 ms instead of ~8 (saved ~10x per `up`).
@@ -179,6 +182,19 @@ class Inventory(BaseModel):
         return min(self.nodes, key=lambda n: n.rank)
 
 
+def unreadable(path: Path, text: str, why: str) -> InventoryUnreadableError:
+    """The error for an inventory file that cannot be used, with what can be done about it."""
+    found = re.search(r"^provider:\s*['\"]?([a-z0-9_-]+)", text, re.MULTILINE)
+    provider = found.group(1) if found else None
+    gc = f"mgpu-cloud gc --provider {provider}" if provider else "mgpu-cloud gc --provider P"
+    return InventoryUnreadableError(
+        f"inventory {str(path)!r} {why}",
+        hint=f"fix the file (it is YAML: {YAML_HINT}), or move it away "
+             f"(mv {shlex.quote(str(path))} {shlex.quote(str(path))}.broken) and find what the "
+             f"cluster left with `{gc}`",
+        path=str(path), cluster=path.stem, provider=provider)
+
+
 class InventoryStore:
     """Inventories on disk. Every method is safe to call from several processes."""
 
@@ -239,31 +255,61 @@ class InventoryStore:
         return self.path(name).exists()
 
     def load(self, name: str) -> Inventory:
+        """The cluster's inventory. ClusterNotFoundError without one; InventoryUnreadableError
+        (path, line, how to fix it) when the file cannot be read, is not YAML or not an
+        inventory."""
         p = self.path(name)
         try:
-            data = yaml.load(p.read_text(), Loader=_Loader)  # noqa: S506 - a safe loader
+            text = p.read_text()
         except FileNotFoundError:
             known = ", ".join(self.names()) or "none"
             raise ClusterNotFoundError(
                 f"no cluster named {name!r} (known clusters: {known})",
                 hint="`mgpu-cloud status` lists them",
             ) from None
+        except (OSError, UnicodeDecodeError) as exc:
+            raise unreadable(p, "", f"cannot be read: {exc}") from None
+        try:
+            data = yaml.load(text, Loader=_Loader)  # noqa: S506 - a safe loader
+        except yaml.YAMLError as exc:
+            bad = YamlProblem.of(exc)
+            raise unreadable(p, text, f"is not valid YAML{bad.at()}: {bad.problem}") from None
         try:
             return Inventory.model_validate(data)
         except ValidationError as exc:
-            raise MgpuError(f"inventory {str(p)!r} is damaged: {exc}") from None
+            first = exc.errors()[0]
+            where = ".".join(str(part) for part in first["loc"]) or "the top level"
+            raise unreadable(p, text, f"is not an inventory ({where}: {first['msg']}; "
+                                      f"{exc.error_count()} problem(s))") from None
 
     def names(self) -> list[str]:
         if not self.clusters_dir.is_dir():
             return []
         return sorted(p.stem for p in self.clusters_dir.glob("*.yaml"))
 
-    def all(self) -> list[Inventory]:
-        out = []
+    def scan(self) -> tuple[list[Inventory], list[InventoryUnreadableError]]:
+        """Every inventory that can be read, and an error for each one that cannot: one bad
+        file never hides the others (listings show the rest and name the bad ones)."""
+        good, bad = [], []
         for name in self.names():
-            with contextlib.suppress(ClusterNotFoundError, MgpuError):
-                out.append(self.load(name))
-        return out
+            try:
+                good.append(self.load(name))
+            except ClusterNotFoundError:
+                continue  # removed while we listed
+            except InventoryUnreadableError as exc:
+                bad.append(exc)
+            except UserInputError as exc:  # a file whose name is no cluster name
+                path = self.clusters_dir / f"{name}.yaml"
+                bad.append(InventoryUnreadableError(
+                    f"inventory {str(path)!r} is not named after a cluster ({exc.message})",
+                    hint=f"rename it to a valid NAME.yaml or move it away (mv "
+                         f"{shlex.quote(str(path))} {shlex.quote(str(path))}.broken)",
+                    path=str(path), cluster=name))
+        return good, bad
+
+    def all(self) -> list[Inventory]:
+        """The readable inventories (`scan` also says which files were skipped)."""
+        return self.scan()[0]
 
     def create(self, inv: Inventory) -> None:
         """Write a new inventory; ClusterExistsError if one with that name exists."""
@@ -278,19 +324,8 @@ class InventoryStore:
         """Atomic: readers see the old file or the new one, never half of one."""
         self._ensure_dirs()
         target = self.path(inv.name)
-        text = yaml.dump(inv.model_dump(mode="json"), Dumper=_Dumper, sort_keys=False)
-        fd, tmp = tempfile.mkstemp(dir=self.clusters_dir, prefix=f".{inv.name}.", suffix=".tmp")
-        try:
-            with os.fdopen(fd, "w") as fh:
-                fh.write(text)
-                fh.flush()
-                os.fsync(fh.fileno())
-            os.chmod(tmp, 0o600)
-            os.replace(tmp, target)
-        except BaseException:
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(tmp)
-            raise
+        write_atomic(target, yaml.dump(inv.model_dump(mode="json"), Dumper=_Dumper,
+                                       sort_keys=False))
 
     def record(self, inv: Inventory, resource: ResourceRecord) -> None:
         """Add a resource and persist at once (call as soon as the cloud returns its id)."""

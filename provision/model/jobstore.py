@@ -13,8 +13,6 @@ from __future__ import annotations
 
 import contextlib
 import datetime as dt
-import os
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +20,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from provision.model.errors import UserInputError
 from provision.model.inventory import Inventory, checked_name, state_home
+from remote.files import write_atomic
 
 # "removed": the cluster was removed (`down`) while the job still ran.
 # "removed": the cluster was removed (`down`) while the job still ran.
@@ -125,15 +124,7 @@ class JobStore:
     def save(self, rec: JobRecord) -> None:
         d = self.job_dir(rec.cluster, rec.id)
         d.mkdir(parents=True, exist_ok=True, mode=0o700)
-        fd, tmp = tempfile.mkstemp(dir=d, prefix=".job.", suffix=".tmp")
-        try:
-            with os.fdopen(fd, "w") as fh:
-                fh.write(rec.model_dump_json(indent=2))
-            os.replace(tmp, d / "job.json")
-        except BaseException:
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(tmp)
-            raise
+        write_atomic(d / "job.json", rec.model_dump_json(indent=2))
 
     def load(self, cluster: str, job_id: str) -> JobRecord:
         path = self.job_dir(cluster, job_id) / "job.json"

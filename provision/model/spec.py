@@ -27,6 +27,7 @@ from provision.model.registry import (
     options_model,
     provider_names,
 )
+from provision.model.yamltext import YAML_HINT, YamlProblem
 
 T = TypeVar("T")
 DEFAULT_MASTER_PORT = 29500  # rendezvous port of rank 0 unless --master-port
@@ -279,12 +280,9 @@ def load_config_file(path: str | Path) -> dict[str, Any]:
     try:
         data = yaml.safe_load(p.read_text())
     except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
-        raise SpecError(
-            f"config file {str(p)!r} is not valid YAML{where}: {getattr(exc, 'problem', exc)}",
-            hint="check indentation and that every `key: value` pair has a space after the colon",
-        ) from None
+        bad = YamlProblem.of(exc)
+        raise SpecError(f"config file {str(p)!r} is not valid YAML{bad.at()}: {bad.problem}",
+                        hint=YAML_HINT) from None
     if data is None:
         return {}
     if not isinstance(data, dict):

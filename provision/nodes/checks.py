@@ -9,7 +9,7 @@ Severity: 'error' (the job will fail or be badly slow), 'warning' (worth a look)
 from __future__ import annotations
 
 import statistics
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -48,187 +48,159 @@ def _fmt_by_node(values: Mapping[str, Any]) -> str:
     return ", ".join(f"{node}={value}" for node, value in values.items())
 
 
+@dataclass(frozen=True)
+class Nodes:
+    """What every preflight rule reads: the reports of the nodes whose preflight ran (node
+    name -> report) and what the user asked for."""
+
+    reports: Mapping[str, Mapping[str, Any]]
+    expected_gpus: int | None
+    min_free_disk: int
+
+    def counts(self) -> dict[str, int]:
+        return {n: len(r.get("gpus") or []) for n, r in self.reports.items()}
+
+    def ports(self) -> dict[str, Mapping[str, Any]]:
+        return {n: p for n, r in self.reports.items() if (p := r.get("master_port") or {})}
+
+
+Rule = Callable[[Nodes], list[Finding]]
+
+
+def _one(severity: str, check: str, message: str, nodes: Sequence[str],
+         hint: str | None = None) -> list[Finding]:
+    return [Finding(severity, check, message, tuple(nodes), hint)]
+
+
+def no_torch(ns: Nodes) -> list[Finding]:
+    missing = [n for n, r in ns.reports.items() if not r.get("torch")]
+    return _one("error", "torch", "torch cannot be imported by the node's python", missing,
+                "install torch on these nodes (or run in the training image)") if missing else []
+
+
+def same_versions(ns: Nodes) -> list[Finding]:
+    out: list[Finding] = []
+    for key in ("torch", "CUDA", "NCCL", "driver"):
+        values = {n: v for n, r in ns.reports.items() if (v := _versions(r)[key]) is not None}
+        if len(set(values.values())) > 1:
+            out += _one("error", f"{key.lower()}-version",
+                        f"different {key} versions: {_fmt_by_node(values)}", list(values),
+                        "run every node from the same image / lockfile")
+    return out
+
+
+def one_gpu_model(ns: Nodes) -> list[Finding]:
+    models = {n: " + ".join(names) for n, r in ns.reports.items()
+              if (names := sorted({str(g.get("name")) for g in r.get("gpus") or []}))}
+    if len({m for names in models.values() for m in names.split(" + ")}) <= 1:
+        return []
+    return _one("error", "gpu-model", f"different GPU models in one job: {_fmt_by_node(models)}",
+                list(models), "use one instance type; the slowest GPU sets the pace and memory "
+                "limits differ")
+
+
+def gpu_count(ns: Nodes) -> list[Finding]:
+    counts, asked = ns.counts(), ns.expected_gpus
+    if asked:
+        short = {n: c for n, c in counts.items() if c < asked}
+        return _one("error", "gpu-count", f"fewer GPUs than the {asked} asked per node: "
+                    f"{_fmt_by_node(short)}", list(short), "check `nvidia-smi` on those nodes "
+                    "(driver, a failed GPU) or lower --gpus-per-node") if short else []
+    if len(set(counts.values())) > 1:
+        return _one("warning", "gpu-count", f"nodes have different GPU counts: "
+                    f"{_fmt_by_node(counts)}", list(counts), "set nproc-per-node to the smallest "
+                    "count")
+    return []
+
+
+def nvidia_smi_works(ns: Nodes) -> list[Finding]:
+    return [Finding("error", "nvidia-smi", str(error), (n,),
+                    "reboot or reinstall the NVIDIA driver on the node")
+            for n, r in ns.reports.items()
+            if (error := r.get("gpu_error")) and error != "nvidia-smi not found"]
+
+
+def no_gpu(ns: Nodes) -> list[Finding]:
+    none = [n for n, c in ns.counts().items() if c == 0 and not ns.expected_gpus]
+    return _one("info", "no-gpu", "no GPU: the job runs on CPU with gloo", none) if none else []
+
+
+def master_port_free(ns: Nodes) -> list[Finding]:
+    return [Finding("error", "master-port", f"port {p.get('port')} is already in use on the "
+                    "master", (n,), "pick another --master-port or stop the process holding it")
+            for n, p in ns.ports().items() if p.get("bindable") is False]
+
+
+def master_port_reachable(ns: Nodes) -> list[Finding]:
+    blocked = {n: p for n, p in ns.ports().items() if not p.get("reachable", True)}
+    if not blocked:
+        return []
+    some = next(iter(blocked.values()))
+    return _one("error", "master-port", f"master {some.get('addr')}:{some.get('port')} "
+                f"unreachable: {_fmt_by_node({n: p.get('status') for n, p in blocked.items()})}",
+                list(blocked), "open the port to the cluster's private subnet in the "
+                "security group/firewall, and use the master's private address")
+
+
+def one_topology(ns: Nodes) -> list[Finding]:
+    counts = ns.counts()
+    topologies = {n: t for n, r in ns.reports.items()
+                  if (t := (r.get("topology") or {}).get("summary")) and counts.get(n, 0) > 1}
+    if len(set(topologies.values())) <= 1:
+        return []
+    return _one("warning", "topology", f"different GPU interconnects: "
+                f"{_fmt_by_node(topologies)}", list(topologies),
+                "PCIe nodes will hold back NVLink nodes in every all-reduce")
+
+
+def disk_space(ns: Nodes) -> list[Finding]:
+    out = []
+    for n, r in ns.reports.items():
+        free = (r.get("disk") or {}).get("free_bytes")
+        if free is not None and free < LOW_DISK_ERROR:
+            out.append(Finding("error", "disk", f"{free / GiB:.1f} GiB free in the workdir",
+                               (n,), "free space or use a larger volume"))
+        elif free is not None and free < ns.min_free_disk:
+            out.append(Finding("warning", "disk", f"{free / GiB:.1f} GiB free in the workdir",
+                               (n,), "checkpoints may not fit"))
+    return out
+
+
+# Every rule over the nodes whose preflight ran, in the order their findings are listed
+# (within one severity). A rule is small, pure and independent of the others.
+PREFLIGHT_RULES: tuple[Rule, ...] = (
+    no_torch, same_versions, one_gpu_model, gpu_count, nvidia_smi_works, no_gpu,
+    master_port_free, master_port_reachable, one_topology, disk_space,
+)
+SEVERITY_ORDER = {"error": 0, "warning": 1, "info": 2}
+
+
 def compare_preflights(
     reports: Mapping[str, Mapping[str, Any]],
     expected_gpus_per_node: int | None,
     min_free_disk_bytes: int = LOW_DISK_WARN,
 ) -> list[Finding]:
-    """Findings over all nodes' preflight reports (node name -> report), errors first.
+    """Findings over all nodes' preflight reports (node name -> report), errors first: a
+    node whose preflight did not run, then every PREFLIGHT_RULES rule over the others (torch
+    missing, different torch/CUDA/NCCL/driver versions, mixed GPU models, fewer GPUs than
+    expected or different counts, nvidia-smi failing, no GPU at all (info: CPU with gloo), a
+    master port taken on the master or unreachable, mixed topologies, low disk)."""
+    findings = [Finding("error", "preflight", f"preflight did not run: {r['error']}", (n,),
+                        "check SSH to the node and that python3 exists there")
+                for n, r in reports.items() if r.get("error") and "gpus" not in r]
+    ran = {n: r for n, r in reports.items() if not (r.get("error") and "gpus" not in r)}
+    nodes = Nodes(ran, expected_gpus_per_node, min_free_disk_bytes)
+    for rule in PREFLIGHT_RULES:
+        findings += rule(nodes)
+    return sorted(findings, key=lambda f: SEVERITY_ORDER.get(f.severity, 3))
 
-    Flags: a node whose preflight failed, torch missing, different torch/CUDA/NCCL/driver
-    versions, mixed GPU models, fewer GPUs than expected (or different counts), GPUs present
-    but nvidia-smi failing, no GPU at all (info: the job runs on CPU with gloo), a master port
-    that cannot be reached, a taken master port on the master, mixed topologies, low disk.
-    """
-    findings: list[Finding] = []
-    healthy: dict[str, Mapping[str, Any]] = {}
-    for node, report in reports.items():
-        if report.get("error") and "gpus" not in report:
-            findings.append(
-                Finding(
-                    "error",
-                    "preflight",
-                    f"preflight did not run: {report['error']}",
-                    (node,),
-                    "check SSH to the node and that python3 exists there",
-                )
-            )
-        else:
-            healthy[node] = report
 
-    no_torch = [n for n, r in healthy.items() if not r.get("torch")]
-    if no_torch:
-        findings.append(
-            Finding(
-                "error",
-                "torch",
-                "torch cannot be imported by the node's python",
-                tuple(no_torch),
-                "install torch on these nodes (or run in the training image)",
-            )
-        )
-
-    for key in ("torch", "CUDA", "NCCL", "driver"):
-        values = {n: v for n, r in healthy.items() if (v := _versions(r)[key]) is not None}
-        if len(set(values.values())) > 1:
-            findings.append(
-                Finding(
-                    "error",
-                    f"{key.lower()}-version",
-                    f"different {key} versions: {_fmt_by_node(values)}",
-                    tuple(values),
-                    "run every node from the same image / lockfile",
-                )
-            )
-
-    models: dict[str, str] = {}
-    for node, report in healthy.items():
-        names = sorted({str(g.get("name")) for g in report.get("gpus") or []})
-        if names:
-            models[node] = " + ".join(names)
-    all_models = {m for names in models.values() for m in names.split(" + ")}
-    if len(all_models) > 1:
-        findings.append(
-            Finding(
-                "error",
-                "gpu-model",
-                f"different GPU models in one job: {_fmt_by_node(models)}",
-                tuple(models),
-                "use one instance type; the slowest GPU sets the pace and memory limits differ",
-            )
-        )
-
-    counts = {n: len(r.get("gpus") or []) for n, r in healthy.items()}
-    if expected_gpus_per_node:
-        short = {n: c for n, c in counts.items() if c < expected_gpus_per_node}
-        if short:
-            findings.append(
-                Finding(
-                    "error",
-                    "gpu-count",
-                    f"fewer GPUs than the {expected_gpus_per_node} asked per node: {_fmt_by_node(short)}",
-                    tuple(short),
-                    "check `nvidia-smi` on those nodes (driver, a failed GPU) "
-                    "or lower --gpus-per-node",
-                )
-            )
-    elif len(set(counts.values())) > 1:
-        findings.append(
-            Finding(
-                "warning",
-                "gpu-count",
-                f"nodes have different GPU counts: {_fmt_by_node(counts)}",
-                tuple(counts),
-                "set nproc-per-node to the smallest count",
-            )
-        )
-
-    for node, report in healthy.items():
-        error = report.get("gpu_error")
-        if error and error != "nvidia-smi not found":
-            findings.append(
-                Finding(
-                    "error",
-                    "nvidia-smi",
-                    str(error),
-                    (node,),
-                    "reboot or reinstall the NVIDIA driver on the node",
-                )
-            )
-    no_gpu = [n for n, c in counts.items() if c == 0 and not expected_gpus_per_node]
-    if no_gpu:
-        findings.append(
-            Finding("info", "no-gpu", "no GPU: the job runs on CPU with gloo", tuple(no_gpu))
-        )
-
-    unreachable = {}
-    for node, report in healthy.items():
-        port = report.get("master_port") or {}
-        if port and not port.get("reachable", True):
-            unreachable[node] = f"{port.get('status')}"
-        if port.get("bindable") is False:
-            findings.append(
-                Finding(
-                    "error",
-                    "master-port",
-                    f"port {port.get('port')} is already in use on the master",
-                    (node,),
-                    "pick another --master-port or stop the process holding it",
-                )
-            )
-    if unreachable:
-        some = next(r.get("master_port") or {} for n, r in healthy.items() if n in unreachable)
-        findings.append(
-            Finding(
-                "error",
-                "master-port",
-                f"master {some.get('addr')}:{some.get('port')} unreachable: {_fmt_by_node(unreachable)}",
-                tuple(unreachable),
-                "open the port to the cluster's private subnet in the "
-                "security group/firewall, and use the master's private address",
-            )
-        )
-
-    topologies = {n: (r.get("topology") or {}).get("summary") for n, r in healthy.items()}
-    topologies = {n: t for n, t in topologies.items() if t and counts.get(n, 0) > 1}
-    if len(set(topologies.values())) > 1:
-        findings.append(
-            Finding(
-                "warning",
-                "topology",
-                f"different GPU interconnects: {_fmt_by_node(topologies)}",
-                tuple(topologies),
-                "PCIe nodes will hold back NVLink nodes in every all-reduce",
-            )
-        )
-
-    for node, report in healthy.items():
-        free = (report.get("disk") or {}).get("free_bytes")
-        if free is None:
-            continue
-        if free < LOW_DISK_ERROR:
-            findings.append(
-                Finding(
-                    "error",
-                    "disk",
-                    f"{free / GiB:.1f} GiB free in the workdir",
-                    (node,),
-                    "free space or use a larger volume",
-                )
-            )
-        elif free < min_free_disk_bytes:
-            findings.append(
-                Finding(
-                    "warning",
-                    "disk",
-                    f"{free / GiB:.1f} GiB free in the workdir",
-                    (node,),
-                    "checkpoints may not fit",
-                )
-            )
-
-    rank = {"error": 0, "warning": 1, "info": 2}
-    return sorted(findings, key=lambda f: rank.get(f.severity, 3))
+def port_text(port: Mapping[str, Any]) -> str:
+    """The master port column: `refused` is the healthy state before a job (the master
+    answered, nothing listens there yet), so the table says so."""
+    status = str(port.get("status", "-"))
+    return {"refused": "refused (ok: reachable, free)",
+            "open": "open (something listens)"}.get(status, status)
 
 
 def preflight_rows(reports: Mapping[str, Mapping[str, Any]]) -> list[tuple[str, ...]]:
@@ -259,7 +231,7 @@ def preflight_rows(reports: Mapping[str, Mapping[str, Any]]) -> list[tuple[str, 
                 versions["NCCL"] or "-",
                 topo,
                 f"{free / GiB:.0f} GiB" if free is not None else "-",
-                str(port.get("status", "-")),
+                port_text(port),
             )
         )
     return rows
@@ -347,8 +319,7 @@ def summarize_bandwidth(
     hosts = [str(h) for h in summary.get("hosts", [])]
     findings: list[Finding] = []
     errors = [str(r["error"]) for r in results if "error" in r]
-    for error in errors:
-        findings.append(Finding("error", "bandwidth", f"benchmark failed: {error}"))
+    findings += [Finding("error", "bandwidth", f"benchmark failed: {error}") for error in errors]
     peak = max((float(r["busbw_gbps"]) for r in per_size), default=0.0)
 
     slow: dict[int, tuple[float, int]] = {}
@@ -367,17 +338,11 @@ def summarize_bandwidth(
     )
     for s in slow_ranks:
         where = f" on {s.host}" if s.host else ""
-        findings.append(
-            Finding(
-                "warning",
-                "slow-rank",
-                f"rank {s.rank}{where} took {s.ratio:.1f}x the median time at {s.sizes_slow} of "
-                f"{len(per_size)} sizes",
-                (s.host,) if s.host else (),
-                "compare that node's GPUs/links in `mgpu-cloud check NAME` (PCIe width, "
-                "a throttled GPU, another job on it)",
-            )
-        )
+        findings.append(Finding(
+            "warning", "slow-rank", f"rank {s.rank}{where} took {s.ratio:.1f}x the median time "
+            f"at {s.sizes_slow} of {len(per_size)} sizes", (s.host,) if s.host else (),
+            "compare that node's GPUs/links in `mgpu-cloud check NAME` (PCIe width, "
+            "a throttled GPU, another job on it)"))
 
     expected = REFERENCE_BUSBW_GBPS.get(interconnect)
     if expected is None or not per_size:
@@ -386,22 +351,13 @@ def summarize_bandwidth(
         fraction = round(peak / expected[0], 3)
         verdict = "ok" if fraction >= BANDWIDTH_OK_FRACTION else "slow"
         if verdict == "slow":
-            culprit = (
-                f"; slowest: rank {slow_ranks[0].rank} on {slow_ranks[0].host}"
-                if slow_ranks
-                else ""
-            )
-            findings.append(
-                Finding(
-                    "error",
-                    "bandwidth",
-                    f"peak busbw {peak:.1f} GB/s is {fraction:.0%} of the {expected[0]:g}-{expected[1]:g} "
-                    f"GB/s expected for {interconnect}{culprit}",
-                    tuple(hosts),
-                    "check NCCL_DEBUG=INFO for 'via NET/Socket' where IB/EFA was expected, "
-                    "NCCL_SOCKET_IFNAME, and the instance's network settings",
-                )
-            )
+            culprit = (f"; slowest: rank {slow_ranks[0].rank} on {slow_ranks[0].host}"
+                       if slow_ranks else "")
+            findings.append(Finding(
+                "error", "bandwidth", f"peak busbw {peak:.1f} GB/s is {fraction:.0%} of the "
+                f"{expected[0]:g}-{expected[1]:g} GB/s expected for {interconnect}{culprit}",
+                tuple(hosts), "check NCCL_DEBUG=INFO for 'via NET/Socket' where IB/EFA was "
+                "expected, NCCL_SOCKET_IFNAME, and the instance's network settings"))
     return BandwidthSummary(
         interconnect, peak, expected, fraction, verdict, slow_ranks, tuple(findings)
     )
@@ -410,19 +366,10 @@ def summarize_bandwidth(
 def bandwidth_rows(results: Sequence[Mapping[str, Any]]) -> list[tuple[str, ...]]:
     """nccl-tests-like rows: size, count, time (us), algbw, busbw (GB/s); header first."""
     rows: list[tuple[str, ...]] = [
-        ("size (B)", "count", "time (us)", "algbw (GB/s)", "busbw (GB/s)")
-    ]
-    for r in results:
-        if "busbw_gbps" in r:
-            rows.append(
-                (
-                    str(r["size_bytes"]),
-                    str(r["count"]),
-                    f"{float(r['time_us']):.1f}",
-                    f"{float(r['algbw_gbps']):.2f}",
-                    f"{float(r['busbw_gbps']):.2f}",
-                )
-            )
+        ("size (B)", "count", "time (us)", "algbw (GB/s)", "busbw (GB/s)")]
+    rows += [(str(r["size_bytes"]), str(r["count"]), f"{float(r['time_us']):.1f}",
+              f"{float(r['algbw_gbps']):.2f}", f"{float(r['busbw_gbps']):.2f}")
+             for r in results if "busbw_gbps" in r]
     return rows
 
 

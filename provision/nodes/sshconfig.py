@@ -16,12 +16,12 @@ from __future__ import annotations
 
 import os
 import shlex
-import tempfile
 from pathlib import Path
 
 from provision.model.errors import MgpuError
 from provision.model.inventory import Inventory, InventoryStore
 from provision.nodes.sshconn import node_identity
+from remote.files import write_atomic
 
 BEGIN = "# >>> mgpu-cloud >>>"
 END = "# <<< mgpu-cloud <<<"
@@ -76,11 +76,7 @@ def user_ssh_config() -> Path:
 
 def _write(path: Path, text: str, mode: int = 0o600) -> None:
     path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    with os.fdopen(fd, "w") as fh:
-        fh.write(text)
-    os.chmod(tmp, mode)
-    os.replace(tmp, path)
+    write_atomic(path, text, mode=mode)
 
 
 def install(inv: Inventory, store: InventoryStore, user_config: Path | None = None) -> Path:

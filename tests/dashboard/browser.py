@@ -12,8 +12,8 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import pytest
+from kit import IN_CI
 
-IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")  # as tests/conftest.py
 CHROMIUM = os.environ.get("MGPU_TEST_CHROMIUM", "/usr/bin/chromium")
 CHROMEDRIVER = os.environ.get("MGPU_TEST_CHROMEDRIVER", "/usr/bin/chromedriver")
 FLAGS = ["--headless=new", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",

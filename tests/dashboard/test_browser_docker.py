@@ -10,9 +10,7 @@ go to each test's tmp dir (and to $MGPU_DASHBOARD_DOCS when set: docs/dashboard/
 from __future__ import annotations
 
 import json
-import os
 import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -20,6 +18,7 @@ from typing import Any
 import pytest
 from browser import DOCS, browser_or_skip, js_errors, make_driver, screenshot, shot, wait_for
 from conftest import Served, serve
+from kit import cli
 
 pytestmark = [pytest.mark.docker, pytest.mark.usefixtures("node_image")]
 ROOT = Path(__file__).resolve().parents[2]
@@ -27,12 +26,6 @@ EXAMPLE = str(ROOT / "examples" / "train_ddp.py")
 NAME = "it22-dash"
 # Pictures for docs/ (MGPU_DASHBOARD_DOCS set) are taken once the charts hold more points.
 SAMPLES, LOSS_POINTS = (30, 30) if DOCS else (5, 8)
-
-
-def cli(*args: str, home: Path, timeout: float = 300) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "provision.cli", *args], cwd=home,
-                          capture_output=True, text=True, timeout=timeout,
-                          env={**os.environ, "MGPU_CLOUD_HOME": str(home)})
 
 
 def leftovers() -> list[str]:

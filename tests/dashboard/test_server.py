@@ -13,11 +13,7 @@ import urllib.request
 from pathlib import Path
 
 from conftest import serve
-
-
-def cli(*args: str, home: Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "provision.cli", *args], capture_output=True,
-                          text=True, timeout=60, env={**os.environ, "MGPU_CLOUD_HOME": str(home)})
+from kit import cli
 
 
 def get(url: str, headers: dict[str, str] | None = None) -> tuple[int, str]:

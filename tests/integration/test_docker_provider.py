@@ -15,19 +15,12 @@ import time
 from pathlib import Path
 
 import pytest
+from kit import cli
 
 ROOT = Path(__file__).resolve().parents[2]
 
 pytestmark = [pytest.mark.docker, pytest.mark.usefixtures("node_image")]
 EXAMPLE = str(ROOT / "examples" / "train_ddp.py")
-
-
-def cli(*args: str, cwd: Path | None = None, env: dict[str, str] | None = None,
-        timeout: float = 300) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "provision.cli", *args], cwd=cwd, capture_output=True, text=True,
-        timeout=timeout, env={**os.environ, **(env or {})},
-    )
 
 
 def popen_cli(*args: str, cwd: Path) -> subprocess.Popen[str]:

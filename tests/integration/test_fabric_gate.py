@@ -15,19 +15,12 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from kit import IN_CI, cli
 
 pytestmark = [pytest.mark.docker, pytest.mark.usefixtures("node_image")]
 NAME = "it-gate"
 THROTTLE = ["tbf", "rate", "20mbit", "burst", "32kbit", "latency", "400ms"]
-IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")  # as tests/conftest.py
 JOB = 'import os\nprint(f"job ran: rank {os.environ[\'RANK\']}", flush=True)\n'
-
-
-def cli(*args: str, home: Path, cwd: Path | None = None,
-        timeout: float = 600) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "provision.cli", *args], cwd=cwd,
-                          capture_output=True, text=True, timeout=timeout,
-                          env={**os.environ, "MGPU_CLOUD_HOME": str(home)})
 
 
 @pytest.fixture(scope="module")

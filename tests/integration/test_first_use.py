@@ -8,25 +8,17 @@ One 2-node cluster is shared by the tests of this file (they run in file order).
 from __future__ import annotations
 
 import json
-import os
 import re
 import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from kit import cli
 
 pytestmark = [pytest.mark.docker, pytest.mark.usefixtures("node_image")]
 NAME = "it23-user"
 SCRIPTS = Path(__file__).resolve().parents[1] / "data" / "scripts"
-
-
-def cli(*args: str, home: Path, cwd: Path | None = None, timeout: float = 300,
-        env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "provision.cli", *args], cwd=cwd or home,
-                          capture_output=True, text=True, timeout=timeout,
-                          env={**os.environ, "MGPU_CLOUD_HOME": str(home), **(env or {})})
 
 
 def force_remove(name: str) -> None:

@@ -7,25 +7,16 @@ alone unless told otherwise: exit codes alone would not catch it).
 from __future__ import annotations
 
 import json
-import os
 import re
-import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from kit import cli
 
 pytestmark = [pytest.mark.docker, pytest.mark.usefixtures("node_image")]
 ROOT = Path(__file__).resolve().parents[2]
 NAME = "it-launch"
-
-
-def cli(*args: str, home: Path, cwd: Path | None = None,
-        timeout: float = 600) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "provision.cli", *args], cwd=cwd,
-                          capture_output=True, text=True, timeout=timeout,
-                          env={**os.environ, "MGPU_CLOUD_HOME": str(home)})
 
 
 @pytest.fixture(scope="module")

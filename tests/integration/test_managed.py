@@ -12,11 +12,11 @@ import json
 import os
 import re
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
+from kit import cli
 from storekit import StoreServer, Webhook
 
 from remote.store import open_store
@@ -24,13 +24,6 @@ from remote.store import open_store
 pytestmark = [pytest.mark.docker, pytest.mark.usefixtures("node_image")]
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = str(ROOT / "examples" / "train_ddp.py")
-
-
-def cli(*args: str, home: Path, env: dict[str, str], timeout: float = 300
-        ) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "provision.cli", *args], cwd=home,
-                          capture_output=True, text=True, timeout=timeout,
-                          env={**os.environ, **env, "MGPU_CLOUD_HOME": str(home)})
 
 
 def leftovers(name: str) -> list[str]:

@@ -8,11 +8,12 @@ that started the run, the URL comes from the inventory or from `$MGPU_CLOUD_HOME
 
 from __future__ import annotations
 
+import contextlib
 import time
 from typing import Any, TextIO
 
 from provision.job.managed.records import FINAL_STATES, JobView, Record, job_ids
-from provision.model.errors import UserInputError
+from provision.model.errors import InventoryUnreadableError, UserInputError
 from provision.model.inventory import InventoryStore, checked_name, state_home
 from remote.store import Store, open_store
 
@@ -35,9 +36,10 @@ def store_url_for(name: str, given: str | None) -> str | None:
         return given
     istore = InventoryStore()
     if istore.exists(name):
-        inv = istore.load(name)
-        if inv.spec is not None and inv.spec.store:
-            return inv.spec.store
+        with contextlib.suppress(InventoryUnreadableError):  # the caller says so when it loads
+            inv = istore.load(name)
+            if inv.spec is not None and inv.spec.store:
+                return inv.spec.store
     path = _pointer(name)
     return path.read_text().strip() if path.exists() else None
 

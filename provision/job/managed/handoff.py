@@ -250,14 +250,13 @@ def launch_managed(name: str, job: JobSpec, *, log: Log,
     from provision.cluster.pipeline import sigterm_raises
     from provision.cluster.providers import get_provider
     from provision.job.launch import workdir_of
+    from provision.job.lifecycle import ready_inventory
     from provision.job.managed.checks import check_store, store_env
     from provision.nodes.bootstrap import sync_workdir
 
     store = store or InventoryStore()
     with store.lock(name), sigterm_raises():
-        inv = store.load(name)
-        if inv.status != "ready":
-            raise MgpuError(f"cluster {name!r} is {inv.status}, not ready")
+        inv = ready_inventory(store, name)
         env = store_env()
         check_store(inv.provider, inv.spec.store if inv.spec and inv.spec.store else "", env)
         refuse_if_running(inv)

@@ -8,7 +8,6 @@ import errno
 import json
 import secrets
 import socket
-import sys
 import threading
 import urllib.request
 from collections.abc import Callable
@@ -16,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from provision.model.errors import MgpuError, ProviderUnavailableError, UserInputError
+from provision.model.logsink import stderr_line
 
 DEFAULT_PORT = 8765
 
@@ -106,7 +106,7 @@ def serve(host: str = "127.0.0.1", port: int = DEFAULT_PORT, *, open_browser: bo
     config = uvicorn.Config(create_app(dash), log_level="warning", access_log=False,
                             lifespan="off", timeout_graceful_shutdown=2)
     server = uvicorn.Server(config)
-    (say or _stderr)(f"dashboard: {started.url}  (Ctrl-C to stop)")
+    (say or stderr_line)(f"dashboard: {started.url}  (Ctrl-C to stop)")
     if open_browser:
         import webbrowser
 
@@ -117,7 +117,3 @@ def serve(host: str = "127.0.0.1", port: int = DEFAULT_PORT, *, open_browser: bo
         live.close()
         with contextlib.suppress(OSError):
             started.sock.close()
-
-
-def _stderr(line: str) -> None:
-    print(line, file=sys.stderr, flush=True)

@@ -235,3 +235,20 @@ def test_gc_finds_only_clusters_without_an_inventory(engine: FakeEngine, mgpu_ho
     provider.delete_orphans(_spec(), found)
     assert {c["name"] for c in engine.containers.values()} == {"unit-node-0"}
     assert [n["Name"] for n in engine.networks.values()] == ["unit-net"]
+
+
+def test_replace_of_a_container_already_gone(engine: FakeEngine, mgpu_home: Path) -> None:
+    """SDK errors of replace are translated by the `errors` hook only (issue 20), so a lost
+    container that docker already removed (404) is simply replaced."""
+    store = InventoryStore()
+    inv = _up(_spec(2), store)
+    lost = inv.nodes[1]
+    del engine.containers[lost.resource_id or ""]
+    new = get_provider("docker").replace(inv, store, lost)
+    assert new.name == lost.name and new.resource_id != lost.resource_id
+    assert [r.id for r in store.load("unit").resources_of("container")] == [
+        inv.nodes[0].resource_id, new.resource_id]
+    engine.fail["remove_container"] = (500, "device or resource busy", "")
+    with pytest.raises(ProvisionError, match="replacing node-1 of cluster 'unit' failed: "
+                                             "device or resource busy"):
+        get_provider("docker").replace(inv, store, new)

@@ -14,7 +14,6 @@
 
 from __future__ import annotations
 
-import os
 import secrets
 import subprocess
 import sys
@@ -24,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from kit import cli as run_cli  # one runner for every test file
 
 sys.path.insert(0, str(Path(__file__).parent))
 
@@ -77,13 +77,6 @@ def slurm_user(slurm: SlurmSite, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
     monkeypatch.setenv("MGPU_CLOUD_SSH_KNOWN_HOSTS", str(known))
     monkeypatch.setenv("MGPU_CLOUD_SSH_CONFIG", str(config))
     return tmp_path
-
-
-def run_cli(*args: str, cwd: Path | None = None,
-            timeout: float = 300) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    return subprocess.run([sys.executable, "-m", "provision.cli", *args], cwd=cwd,
-                          capture_output=True, text=True, timeout=timeout, env=env)
 
 
 @pytest.fixture

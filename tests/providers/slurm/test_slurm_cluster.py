@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from kit import cli_env
 
 ROOT = Path(__file__).resolve().parents[3]
 EXAMPLE = str(ROOT / "examples" / "train_ddp.py")
@@ -70,29 +71,38 @@ def test_run_trains_on_the_allocation_and_cancels_it(slurm: Any, slurm_user: Pat
     assert cli("status", "--json").stdout.strip() == "[]"
 
 
-def _up_in_background(cli_args: list[str], marker: str) -> tuple[subprocess.Popen[str],
-                                                                  threading.Event, list[str]]:
-    """The CLI in the background; the event is set once a stderr line matches `marker`."""
-    import os
+class Background:
+    """The CLI in the background. ONE thread reads its stderr, to the end (`seen` is set once a
+    line matches `marker`); stdout goes to a file, so waiting never contends for a pipe."""
 
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    proc = subprocess.Popen([sys.executable, "-m", "provision.cli", *cli_args], env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    seen, lines = threading.Event(), []
+    def __init__(self, cli_args: list[str], marker: str, folder: Path) -> None:
+        self._out = (folder / "stdout").open("w+")
+        self.proc = subprocess.Popen([sys.executable, "-m", "provision.cli", *cli_args],
+                                     env=cli_env(), stdout=self._out, stderr=subprocess.PIPE,
+                                     text=True)
+        self.seen, self.lines = threading.Event(), []  # type: threading.Event, list[str]
+        self._reader = threading.Thread(target=self._read, args=(marker,), daemon=True)
+        self._reader.start()
 
-    def read() -> None:
-        assert proc.stderr is not None
-        for line in proc.stderr:
-            lines.append(line)
-            if re.search(marker, line):
-                seen.set()
+    def _read(self, marker: str) -> None:
+        assert self.proc.stderr is not None
+        with self.proc.stderr:
+            for line in self.proc.stderr:
+                self.lines.append(line)
+                if re.search(marker, line):
+                    self.seen.set()
 
-    threading.Thread(target=read, daemon=True).start()
-    return proc, seen, lines
+    def finish(self, timeout: float) -> tuple[str, str]:
+        """Wait for the exit; (stdout, every stderr line) once the reader has read them all."""
+        self.proc.wait(timeout)
+        self._reader.join(timeout)
+        with self._out:
+            self._out.seek(0)
+            return self._out.read(), "".join(self.lines)
 
 
 def test_pending_allocation_shows_its_reason_then_up_exec_down(slurm: Any, slurm_user: Path,
-                                                               cli: Any) -> None:
+                                                               cli: Any, tmp_path: Path) -> None:
     """user (shared home) with --node-access ssh: the allocation waits behind another job and
     says why; `down` cancels it and leaves the user's other files, even in ~/.mgpu-cloud."""
     slurm.sh("mkdir -p ~/.mgpu-cloud && echo other > ~/.mgpu-cloud/other.txt "
@@ -101,18 +111,17 @@ def test_pending_allocation_shows_its_reason_then_up_exec_down(slurm: Any, slurm
                        user="user").stdout.strip()
     try:
         slurm.sh(f"until [ \"$(squeue -h -j {blocker} -o %T)\" = RUNNING ]; do sleep 0.2; done")
-        proc, pending, lines = _up_in_background(
+        up = Background(
             ["up", "--provider", "slurm", "--login", slurm.login("user"), "--nodes", "2",
              "--name", "slurm-pend", "--max-hours", "0.25", "--node-access", "ssh"],
-            r"PENDING \((Resources|Priority)\)")
-        if not pending.wait(60):
-            proc.kill()  # its rollback cannot run: the fixture's cluster goes away anyway
-            pytest.fail("no pending reason shown:\n" + "".join(lines))
+            r"PENDING \((Resources|Priority)\)", tmp_path)
+        if not up.seen.wait(60):
+            up.proc.kill()  # its rollback cannot run: the fixture's cluster goes away anyway
+            pytest.fail("no pending reason shown:\n" + "".join(up.lines))
     finally:
         slurm.sh(f"scancel {blocker}", user="user")
-    stdout, _ = proc.communicate(timeout=120)
-    err = "".join(lines)
-    assert proc.returncode == 0, err
+    stdout, err = up.finish(timeout=120)
+    assert up.proc.returncode == 0, err
     assert stdout.strip() == "slurm-pend"
     job = job_id_of(err)
     assert re.search(rf"allocation {job}: PENDING \((Resources|Priority)\)", err), err

@@ -13,10 +13,8 @@
 from __future__ import annotations
 
 import io
-import os
 import secrets
 import subprocess
-import sys
 import tarfile
 import time
 from collections.abc import Iterator
@@ -25,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from kit import cli as run_cli  # one runner for every test file
 
 from provision.model.keys import KeyPair, generate_ed25519, host_key_only, write_private_key
 
@@ -165,14 +164,6 @@ def ssh_user(lab: Lab, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> UserS
     monkeypatch.setenv("MGPU_CLOUD_SSH_KNOWN_HOSTS", str(known))
     monkeypatch.setenv("MGPU_CLOUD_SSH_CONFIG", str(config))
     return UserSide(lab.user_key, known, config)
-
-
-def run_cli(*args: str, cwd: Path | None = None,
-            timeout: float = 240) -> subprocess.CompletedProcess[str]:
-    """`python -m provision.cli ARGS` as a separate process (real exit codes, real env)."""
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    return subprocess.run([sys.executable, "-m", "provision.cli", *args], cwd=cwd,
-                          capture_output=True, text=True, timeout=timeout, env=env)
 
 
 @pytest.fixture

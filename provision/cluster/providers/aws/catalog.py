@@ -8,6 +8,7 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
+from provision.cluster.providers.catalogs import expectation_in
 from provision.model.errors import UserInputError
 from provision.model.inventory import FabricExpectation
 
@@ -205,7 +206,5 @@ FABRIC: dict[str, FabricExpectation] = {
 
 
 def fabric_expectation(machine_type: str) -> FabricExpectation | None:
-    """The table's row for a type (a copy), or None for a type without a fabric worth gating
-    (single-GPU shapes, unknown types)."""
-    row = FABRIC.get(machine_type)
-    return row.model_copy() if row is not None else None
+    """FABRIC's row for a type, or None (catalogs.expectation_in)."""
+    return expectation_in(FABRIC, machine_type)

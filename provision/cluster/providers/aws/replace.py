@@ -25,7 +25,6 @@ sibling.
 from __future__ import annotations
 
 import contextlib
-import datetime as dt
 import logging
 from typing import Any
 
@@ -45,6 +44,7 @@ from provision.cluster.providers.aws.request import (
     ZoneSubnet,
 )
 from provision.cluster.providers.aws.sites import ami_of
+from provision.cluster.providers.lifetime import remaining_seconds
 from provision.model.errors import CapacityError, MgpuError, ProvisionError
 from provision.model.inventory import Inventory, InventoryStore, NodeRecord, ResourceRecord
 
@@ -54,16 +54,6 @@ GONE_STATES = frozenset({"shutting-down", "terminated", "stopping", "stopped"})
 # could boot, bootstrap and train a little.
 MIN_REMAINING_S = 600
 LAUNCH_FACTS = ("ami", "subnet", "market")
-
-
-def remaining_seconds(inv: Inventory, max_hours: float, now: dt.datetime | None = None) -> int:
-    """Seconds left of the cluster's lifetime, counted from the inventory's creation (the
-    cluster's first nodes booted after it, so a replacement never outlives them)."""
-    created = dt.datetime.fromisoformat(inv.created_at)
-    if created.tzinfo is None:
-        created = created.replace(tzinfo=dt.UTC)
-    end = created + dt.timedelta(hours=max_hours)
-    return int((end - (now or dt.datetime.now(dt.UTC))).total_seconds())
 
 
 def node_alive(ec2: Ec2, node: NodeRecord) -> bool:

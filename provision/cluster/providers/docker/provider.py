@@ -142,13 +142,11 @@ class DockerProvider(Recoverable[DockerPlan], Supervising[DockerPlan]):
         api = docker_client().api
         old = next((r for r in inv.resources_of("container") if r.id == node.resource_id), None)
         image = (old.extra.get("image") if old else None) or ""
-        if not image:
-            with map_errors(f"looking up the image of {node.name}"):
-                image = api.inspect_container(node.resource_id or "")["Config"]["Image"]
+        if not image:  # SDK errors here and below: the `errors` hook ("replacing NODE ...")
+            image = api.inspect_container(node.resource_id or "")["Config"]["Image"]
         if node.resource_id:
-            with contextlib.suppress(docker.errors.NotFound):
-                with map_errors(f"removing the lost container of {node.name}"):
-                    api.remove_container(node.resource_id, force=True)
+            with contextlib.suppress(docker.errors.NotFound):  # already gone: fine
+                api.remove_container(node.resource_id, force=True)
             store.forget(inv, "container", node.resource_id)
         request = _request_of(inv, node)
         _, public_key = ensure_cluster_key(store.keys_dir(inv.name))
@@ -259,7 +257,9 @@ def _request_of(inv: Inventory, node: NodeRecord) -> DockerRequest:
 def _start_container(api: Any, inv: Inventory, request: DockerRequest, image: str,
                      node: DockerNode, host_key: KeyPair, public_key: str,
                      record: Callable[[str, str, str], None]) -> NodeRecord:
-    """Create and start `node`'s container (recorded before it starts); its NodeRecord."""
+    """Create and start `node`'s container (recorded before it starts); its NodeRecord.
+    Translates its own SDK errors (not only the `errors` hook): several containers start in
+    parallel, and the message must name the one that failed."""
     from provision.model.keys import host_key_only
 
     name, rank, opts = node.container, node.rank, request.node_image

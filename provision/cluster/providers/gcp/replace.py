@@ -18,8 +18,6 @@ replace     the old VM is deleted FIRST and waited for: the cluster's COLLOCATED
 
 from __future__ import annotations
 
-import datetime as dt
-
 from provision.cluster.providers.gcp import hostkeys, teardown
 from provision.cluster.providers.gcp.clients import Clients
 from provision.cluster.providers.gcp.create import node_record
@@ -32,6 +30,7 @@ from provision.cluster.providers.gcp.layout import (
 )
 from provision.cluster.providers.gcp.options import GcpOptions
 from provision.cluster.providers.gcp.placement import insert_in_zone
+from provision.cluster.providers.lifetime import remaining_seconds
 from provision.model.errors import CapacityError, MgpuError, ProvisionError
 from provision.model.inventory import Inventory, InventoryStore, NodeRecord, ResourceRecord
 from provision.model.keys import ensure_cluster_key
@@ -41,16 +40,6 @@ GONE_STATUSES = frozenset({"STOPPING", "PENDING_STOP", "STOPPED", "SUSPENDING", 
 # Replacing a node is pointless when the cluster's --max-hours ends sooner than a new node
 # could boot, bootstrap and train a little (and maxRunDuration must be >= 30 s).
 MIN_REMAINING_S = 600
-
-
-def remaining_seconds(inv: Inventory, max_hours: float, now: dt.datetime | None = None) -> int:
-    """Seconds left of the cluster's lifetime, counted from the inventory's creation (before
-    its first VMs were made, so a replacement never outlives them)."""
-    created = dt.datetime.fromisoformat(inv.created_at)
-    if created.tzinfo is None:
-        created = created.replace(tzinfo=dt.UTC)
-    end = created + dt.timedelta(hours=max_hours)
-    return int((end - (now or dt.datetime.now(dt.UTC))).total_seconds())
 
 
 def _record_of(inv: Inventory, node: NodeRecord) -> ResourceRecord | None:

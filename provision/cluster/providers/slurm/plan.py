@@ -33,6 +33,7 @@ from provision.model.base import StrictModel
 from provision.model.errors import UserInputError
 from provision.model.plan import Plan, PlannedResource
 from provision.model.spec import ClusterSpec
+from provision.model.sshhost import SshHostOptions
 
 PROBE_TIMEOUT_S = 60.0
 MIN_VERSION = (20, 11)  # srun --overlap
@@ -58,19 +59,16 @@ class SlurmPlan(Plan):
 # --------------------------------------------------------------------------- login target
 def resolve_target(opts: SlurmOptions) -> tuple[LoginTarget, list[str]]:
     """The login node (and jump host) with pinned host keys; notes about keys accepted now.
-    UserInputError / ProviderUnavailableError otherwise (the ssh provider's rules)."""
+    UserInputError / ProviderUnavailableError otherwise (the same rules as the ssh provider's
+    hosts: provision/nodes/sshhosts.py)."""
     from provision.cluster.providers.slurm.login import LoginError
-    from provision.cluster.providers.ssh.hosts import load_ssh_config, resolve_host
-    from provision.cluster.providers.ssh.options import SshHostOptions, SshOptions
-    from provision.nodes.hostkeys import (
-        Endpoint,
-        HostKeyProblem,
-        Jump,
-        Unreachable,
-        fingerprint,
-        load_known_hosts,
-        resolve_host_key,
-        user_known_hosts_path,
+    from provision.nodes.hostkeys import Endpoint, HostKeyProblem, Jump, Unreachable
+    from provision.nodes.sshhosts import (
+        HostDefaults,
+        HostKeys,
+        load_ssh_config,
+        resolve_host,
+        split_jump,
     )
 
     if not opts.login:
@@ -80,42 +78,29 @@ def resolve_target(opts: SlurmOptions) -> tuple[LoginTarget, list[str]]:
     entry: dict[str, object] = {"address": host, "user": user, "proxy_jump": opts.proxy_jump}
     if port is not None:
         entry["port"] = port
-    config = load_ssh_config()
     resolved = resolve_host(SshHostOptions.model_validate(entry), "--login",
-                            opts=SshOptions(identity_file=opts.identity_file),
-                            file_defaults=None, config=config, default_slots=None, base=None)
-    known_file = user_known_hosts_path()
-    known = load_known_hosts(known_file)
+                            defaults=[HostDefaults(identity_file=opts.identity_file)],
+                            config=load_ssh_config(), default_slots=None, base=None)
+    keys = HostKeys(opts.accept_new_host_keys)
     notes: list[str] = []
 
     def pin(endpoint: Endpoint, via: Jump | None, what: str) -> str:
         try:
-            key, how = resolve_host_key(endpoint, known, accept_new=opts.accept_new_host_keys,
-                                        known_hosts_file=known_file, jump=via)
+            key, how = keys.pin(endpoint, via)
         except HostKeyProblem as exc:
-            hint = ("check the fingerprint, then rerun with --accept-new-host-keys (pinned for "
-                    f"this cluster only), or add it to {known_file} (ssh-keyscan)"
-                    if exc.kind == "unknown" else
-                    "a CHANGED key means the machine was reinstalled or someone intercepts the "
-                    f"connection; only if you know it was reinstalled: ssh-keygen -R HOST -f "
-                    f"{known_file}")
-            raise UserInputError(f"{what}: {exc}", hint=hint) from None
+            raise UserInputError(f"{what}: {exc}", hint=keys.hint(exc.kind)) from None
         except Unreachable as exc:
-            raise LoginError(f"{what} unreachable: {exc}",
-                             hint="check --login/--proxy-jump and that sshd answers there") from None
+            raise LoginError(f"{what} unreachable: {exc}", hint=keys.hint("unreachable")) from None
         if how == "accepted":
-            notes.append(f"{what}: new host key {fingerprint(key)} will be pinned "
-                         "(--accept-new-host-keys)")
+            notes.append(keys.accepted(what, key))
         return key
 
     jump_hop: Hop | None = None
     jump: Jump | None = None
     if resolved.proxy_jump:
-        juser, _, jhostport = resolved.proxy_jump.rpartition("@")
-        jhost, _, jport = jhostport.partition(":")
-        jend = Endpoint(jhost, int(jport or 22))
+        juser, jend = split_jump(resolved.proxy_jump)
         jkey = pin(jend, None, f"jump host {resolved.proxy_jump}")
-        jump_hop = Hop(user=juser, address=jhost, port=jend.port, host_key=jkey)
+        jump_hop = Hop(user=juser, address=jend.address, port=jend.port, host_key=jkey)
         jump = Jump(jend, juser, resolved.identity_file, jkey)
     key = pin(Endpoint(resolved.address, resolved.port), jump, f"login node {resolved.target}")
     login = Hop(user=resolved.user, address=resolved.address, port=resolved.port, host_key=key)
@@ -251,19 +236,9 @@ def _slurm_says(text: str) -> str:
     return "\n  ".join(line.strip() for line in text.strip().splitlines() if line.strip())
 
 
-def build_plan(spec: ClusterSpec, opts: SlurmOptions, target: LoginTarget, output: str,
-               notes: list[str]) -> SlurmPlan:
-    """The probe's output -> SlurmPlan. UserInputError, quoting Slurm, when Slurm (or a
-    partition limit) refuses the request."""
-    parts = sections(output)
-    version = parts.get("version", "").strip()
-    if _version(version) < MIN_VERSION:
-        raise UserInputError(f"{version or 'an unknown Slurm'} is too old: job steps sharing "
-                             "an allocation (srun --overlap) need Slurm 20.11 or newer")
-    user = parts.get("user", "").strip() or target.login.user
-    test_code, test_text = _exit_of(parts.get("test", ""))
-    partition = parse_partition(parts.get("partition", ""), parts.get("nodes", ""))
-    asked = opts.partition or (partition.name if partition else "")
+def _limit_problems(spec: ClusterSpec, asked: str, partition: Partition | None,
+                    gpus: int | None, most_gpus: int, req: AllocationRequest) -> list[str]:
+    """What the partition's own limits refuse (Slurm's --test-only verdict comes apart)."""
     problems: list[str] = []
     if partition is not None:
         if partition.max_nodes is not None and spec.nodes > partition.max_nodes:
@@ -272,35 +247,18 @@ def build_plan(spec: ClusterSpec, opts: SlurmOptions, target: LoginTarget, outpu
         elif partition.total_nodes is not None and spec.nodes > partition.total_nodes:
             problems.append(f"partition {asked} has {partition.total_nodes} node(s); --nodes "
                             f"{spec.nodes} asked")
-    site_gpus = partition.gpus_per_node() if partition else 0
-    most_gpus = partition.most_gpus() if partition else 0
-    gpus = (spec.gpus_per_node or site_gpus) if most_gpus else None
     if gpus and gpus > most_gpus:
         problems.append(f"partition {asked} has at most {most_gpus} GPU(s) per node; "
                         f"--gpus-per-node {gpus} asked")
-    req = request_for(spec, opts, gpus)
     if partition is not None and partition.max_minutes is not None \
             and req.time_minutes > partition.max_minutes:
         problems.append(f"partition {asked} allows at most {format_time(partition.max_minutes)} "
                         f"per job; --time {format_time(req.time_minutes)} asked (--max-hours)")
-    if test_code != 0:
-        problems.append(f"Slurm refused the request (sbatch --test-only):\n  "
-                        f"{_slurm_says(test_text)}")
-    if problems:
-        raise UserInputError(
-            "the allocation cannot be made: " + "\n".join(problems),
-            hint="`sinfo -s` on the login node lists the partitions; check --partition, "
-                 "--account, --qos, --constraint, --nodes and --max-hours")
-    if partition is None:  # Slurm accepted it, but `scontrol show partition` said nothing
-        raise UserInputError(f"cannot read the limits of partition {asked or '(default)'!r} "
-                             "on the login node", hint="pass --partition explicitly; `sinfo -s` "
-                             "lists the partitions")
-    assoc_code, assoc_text = _exit_of(parts.get("assoc", ""))
-    accounting = assoc_code == 0
-    runtimes = parts.get("runtime", "").split()
-    slots = spec.gpus_per_node or site_gpus or 1
-    counts = partition.state_counts()
-    limits = partition.limits
+    return problems
+
+
+def _request_details(spec: ClusterSpec, opts: SlurmOptions, req: AllocationRequest,
+                     gpus: int | None, partition: Partition, test_text: str) -> dict[str, str]:
     details = {
         "partition": partition.name, "nodes": str(spec.nodes),
         "time": format_time(req.time_minutes) + ("" if spec.max_hours else " (default)"),
@@ -314,46 +272,95 @@ def build_plan(spec: ClusterSpec, opts: SlurmOptions, target: LoginTarget, outpu
     start = next((line for line in test_text.splitlines() if " to start at " in line), "")
     if start:
         details["expected_start"] = start.split(" to start at ", 1)[1].split(" using ")[0]
+    return details
+
+
+def _associations(assoc_text: str) -> str:
+    rows = [r.split("|") for r in assoc_text.splitlines() if r.strip()]
+    shown = "; ".join(
+        f"account {r[0]}" + (f" partition {r[1]}" if r[1] else "")
+        + (f" QOS {r[2]}" if r[2] else "") + (f" MaxWall {r[3]}" if r[3] else "")
+        + (f" MaxNodes {r[4]}" if r[4] else "") + (f" GrpTRES {r[5]}" if r[5] else "")
+        for r in rows if len(r) >= 6)
+    return f"your associations: {shown or 'none listed'}"
+
+
+def _site_notes(spec: ClusterSpec, opts: SlurmOptions, partition: Partition, site_gpus: int,
+                req: AllocationRequest, accounting: str | None, runtimes: list[str]) -> list[str]:
+    """The plan's notes about the site (after the login line); accounting: the associations
+    text, None where accounting is off."""
+    counts, limits = partition.state_counts(), partition.limits
+    notes = [f"partition {partition.name}: {limits.get('State', '?')}, "
+             f"{len(partition.nodes)} node(s) ({counts['idle']} idle, "
+             f"{counts['allocated']} allocated, {counts['mixed']} mixed, "
+             f"{counts['other']} other), per job at most "
+             f"{limits.get('MaxNodes', '?')} node(s) and {limits.get('MaxTime', '?')}, "
+             f"{site_gpus} GPU(s) per node"]
+    tail = [_associations(accounting) if accounting is not None
+            else "accounting is off at this site: --account/--qos are not checked"]
+    if not spec.max_hours:
+        tail.append(f"--time {format_time(req.time_minutes)} by default; --max-hours sets "
+                    "it (the allocation, and every process in it, ends then)")
+    tail.append("node commands run as job steps through the login node (srun)"
+                if opts.node_access == "srun" else
+                "node commands run over SSH to the nodes through the login node "
+                "(checked at up)")
+    tail.append(container_note(runtimes))
+    tail.append("nothing is billed in dollars: the allocation counts against your "
+                "account/fair share while it runs; `down` cancels it")
+    if spec.gpus_per_node and not site_gpus:
+        tail.append(f"the partition has no GPUs: {spec.gpus_per_node} process(es) per "
+                    "node, no GPUs requested")
+    return notes + tail
+
+
+def build_plan(spec: ClusterSpec, opts: SlurmOptions, target: LoginTarget, output: str,
+               notes: list[str]) -> SlurmPlan:
+    """The probe's output -> SlurmPlan. UserInputError, quoting Slurm, when Slurm (or a
+    partition limit) refuses the request."""
+    parts = sections(output)
+    version = parts.get("version", "").strip()
+    if _version(version) < MIN_VERSION:
+        raise UserInputError(f"{version or 'an unknown Slurm'} is too old: job steps sharing "
+                             "an allocation (srun --overlap) need Slurm 20.11 or newer")
+    user = parts.get("user", "").strip() or target.login.user
+    test_code, test_text = _exit_of(parts.get("test", ""))
+    partition = parse_partition(parts.get("partition", ""), parts.get("nodes", ""))
+    asked = opts.partition or (partition.name if partition else "")
+    site_gpus = partition.gpus_per_node() if partition else 0
+    most_gpus = partition.most_gpus() if partition else 0
+    gpus = (spec.gpus_per_node or site_gpus) if most_gpus else None
+    req = request_for(spec, opts, gpus)
+    problems = _limit_problems(spec, asked, partition, gpus, most_gpus, req)
+    if test_code != 0:
+        problems.append(f"Slurm refused the request (sbatch --test-only):\n  "
+                        f"{_slurm_says(test_text)}")
+    if problems:
+        raise UserInputError(
+            "the allocation cannot be made: " + "\n".join(problems),
+            hint="`sinfo -s` on the login node lists the partitions; check --partition, "
+                 "--account, --qos, --constraint, --nodes and --max-hours")
+    if partition is None:  # Slurm accepted it, but `scontrol show partition` said nothing
+        raise UserInputError(f"cannot read the limits of partition {asked or '(default)'!r} "
+                             "on the login node", hint="pass --partition explicitly; `sinfo -s` "
+                             "lists the partitions")
+    assoc_code, assoc_text = _exit_of(parts.get("assoc", ""))
+    runtimes = parts.get("runtime", "").split()
     site = (f"Slurm {version.split()[-1]} at {target.login.text}"
             + (f" via {target.jump.text}" if target.jump else "") + f", user {user}")
-    part_line = (f"partition {partition.name}: {limits.get('State', '?')}, "
-                 f"{len(partition.nodes)} node(s) ({counts['idle']} idle, "
-                 f"{counts['allocated']} allocated, {counts['mixed']} mixed, "
-                 f"{counts['other']} other), per job at most "
-                 f"{limits.get('MaxNodes', '?')} node(s) and {limits.get('MaxTime', '?')}, "
-                 f"{site_gpus} GPU(s) per node")
-    plan_notes = [site, part_line, *notes]
-    if accounting:
-        rows = [r.split("|") for r in assoc_text.splitlines() if r.strip()]
-        shown = "; ".join(
-            f"account {r[0]}" + (f" partition {r[1]}" if r[1] else "")
-            + (f" QOS {r[2]}" if r[2] else "") + (f" MaxWall {r[3]}" if r[3] else "")
-            + (f" MaxNodes {r[4]}" if r[4] else "") + (f" GrpTRES {r[5]}" if r[5] else "")
-            for r in rows if len(r) >= 6)
-        plan_notes.append(f"your associations: {shown or 'none listed'}")
-    else:
-        plan_notes.append("accounting is off at this site: --account/--qos are not checked")
-    if not spec.max_hours:
-        plan_notes.append(f"--time {format_time(req.time_minutes)} by default; --max-hours sets "
-                          "it (the allocation, and every process in it, ends then)")
-    plan_notes.append("node commands run as job steps through the login node (srun)"
-                      if opts.node_access == "srun" else
-                      "node commands run over SSH to the nodes through the login node "
-                      "(checked at up)")
-    plan_notes.append(container_note(runtimes))
-    plan_notes.append("nothing is billed in dollars: the allocation counts against your "
-                      "account/fair share while it runs; `down` cancels it")
-    if spec.gpus_per_node and not site_gpus:
-        plan_notes.append(f"the partition has no GPUs: {spec.gpus_per_node} process(es) per "
-                          "node, no GPUs requested")
+    plan_notes = [site, *_site_notes(spec, opts, partition, site_gpus, req,
+                                     assoc_text if assoc_code == 0 else None, runtimes)]
+    plan_notes[2:2] = notes  # after the site and partition lines, as before
+    details = _request_details(spec, opts, req, gpus, partition, test_text)
     return SlurmPlan(
-        provider="slurm", cluster=spec.name, nodes=spec.nodes, slots_per_node=slots,
+        provider="slurm", cluster=spec.name, nodes=spec.nodes,
+        slots_per_node=spec.gpus_per_node or site_gpus or 1,
         resources=[PlannedResource(kind="slurm-allocation", name=req.job_name, details=details)],
         hourly_cost_usd=0.0, max_hours=req.time_minutes / 60, notes=plan_notes,
         target=target, request=req,
         site=SiteFacts(version=version, user=user, partition=partition.name,
                        gpus_per_node=site_gpus, container_runtimes=runtimes,
-                       accounting=accounting),
+                       accounting=assoc_code == 0),
     )
 
 

@@ -6,7 +6,8 @@ Sources (exactly one per cluster):
                        are detected at `up`); user/key/port come from flags or ~/.ssh/config
     ssh.hosts          the same host entries inline in a --config cluster YAML
 
-Every host setting is resolved in this order (first one set wins):
+Every host setting is resolved in this order (first one set wins), by
+provision/nodes/sshhosts.py (shared with the slurm provider's login node):
     the host's own entry > CLI flag (--user, -i, --port) > the inventory file's top-level
     default > ~/.ssh/config (`Host` match: HostName, User, Port, IdentityFile, ProxyJump)
     > built-in default (local user name, port 22, ~/.ssh/id_ed25519|id_ecdsa|id_rsa).
@@ -17,11 +18,8 @@ Pure: reads files, never touches the network. Errors are UserInputError naming f
 
 from __future__ import annotations
 
-import getpass
 import ipaddress
-import os
 import re
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -29,34 +27,19 @@ import paramiko
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from provision.cluster.providers.ssh.options import SshHostOptions, SshOptions
+from provision.cluster.providers.ssh.options import SshOptions
 from provision.model.errors import UserInputError
 from provision.model.spec import ClusterSpec
+from provision.model.sshhost import SshHostOptions
+from provision.model.yamltext import YAML_HINT, YamlProblem
+from provision.nodes.sshhosts import (
+    Host,
+    HostDefaults,
+    load_ssh_config,
+    resolve_host,
+)
 
-HOST_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")
 HOSTFILE_LINE_RE = re.compile(r"^(\S+)(?:\s+slots=(\d+))?$")
-DEFAULT_IDENTITIES = ("~/.ssh/id_ed25519", "~/.ssh/id_ecdsa", "~/.ssh/id_rsa")
-
-
-@dataclass(frozen=True)
-class Host:
-    """One machine, every login setting resolved. `source` says where it was declared."""
-
-    name: str
-    address: str
-    port: int
-    user: str
-    identity_file: str
-    slots: int | None
-    private_address: str
-    proxy_jump: str | None  # "user@host:port", the form provision.nodes.sshconn.connect expects
-    source: str
-
-    @property
-    def target(self) -> str:
-        """How ssh would name it: user@address[:port]."""
-        port = "" if self.port == 22 else f":{self.port}"
-        return f"{self.user}@{self.address}{port}"
 
 
 class InventoryFile(BaseModel):
@@ -69,21 +52,6 @@ class InventoryFile(BaseModel):
     port: int | None = Field(None, ge=1, le=65535)
     proxy_jump: str | None = None
     hosts: list[SshHostOptions] = Field(min_length=1)
-
-
-def ssh_config_path() -> Path:
-    return Path(os.environ.get("MGPU_CLOUD_SSH_CONFIG", "~/.ssh/config")).expanduser()
-
-
-def load_ssh_config(path: Path | None = None) -> paramiko.SSHConfig:
-    """The user's ssh config (empty when there is none)."""
-    path = path or ssh_config_path()
-    if not path.is_file():
-        return paramiko.SSHConfig()
-    try:
-        return paramiko.SSHConfig.from_path(str(path))
-    except (OSError, paramiko.ConfigParseError) as exc:
-        raise UserInputError(f"ssh config {str(path)!r} cannot be read: {exc}") from None
 
 
 # ----------------------------------------------------------------------------- file readers
@@ -115,12 +83,10 @@ def read_inventory_file(path: str) -> tuple[InventoryFile, list[str]]:
         root = yaml.compose(text)
         data = yaml.safe_load(text)
     except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f":{mark.line + 1}" if mark else ""
-        raise UserInputError(
-            f"{path}{where}: not valid YAML: {getattr(exc, 'problem', exc)}",
-            hint="check indentation and that every `key: value` pair has a space after the colon",
-        ) from None
+        bad = YamlProblem.of(exc)
+        where = f":{bad.line}" if bad.line is not None else ""
+        raise UserInputError(f"{path}{where}: not valid YAML: {bad.problem}",
+                             hint=YAML_HINT) from None
     if not isinstance(data, dict):
         raise UserInputError(f"{path}: expected a mapping with a `hosts:` list",
                              hint="see inventories/onprem.example.yaml for the format")
@@ -192,87 +158,6 @@ def _is_loopback(address: str) -> bool:
         return False
 
 
-def _default_identity() -> str | None:
-    for candidate in DEFAULT_IDENTITIES:
-        if Path(candidate).expanduser().is_file():
-            return candidate
-    return None
-
-
-def _expand(path: str, base: Path | None) -> str:
-    p = Path(path).expanduser()
-    if not p.is_absolute():
-        p = (base or Path.cwd()) / p
-    return str(p)
-
-
-def normalize_proxy_jump(value: str, config: paramiko.SSHConfig, default_user: str,
-                         where: str) -> str:
-    """`[user@]host[:port]` (host may be an ssh config alias) -> `user@host:port`."""
-    if "," in value:
-        raise UserInputError(f"{where}: proxy_jump {value!r} has several hops; "
-                             "only one jump host is supported")
-    user, _, hostport = value.rpartition("@")
-    host, _, port = hostport.partition(":")
-    if not host or (port and not port.isdigit()):
-        raise UserInputError(f"{where}: proxy_jump {value!r} is not `[user@]host[:port]`")
-    found = config.lookup(host)
-    real_host = str(found.get("hostname") or host)
-    user = user or str(found.get("user") or default_user)
-    port = port or str(found.get("port") or 22)
-    return f"{user}@{real_host}:{port}"
-
-
-def resolve_host(entry: SshHostOptions, source: str, *, opts: SshOptions,
-                 file_defaults: InventoryFile | None, config: paramiko.SSHConfig,
-                 default_slots: int | None, base: Path | None) -> Host:
-    """Apply the precedence of the module docstring to one entry."""
-    found = config.lookup(entry.address)
-    flag_port = opts.port if "port" in opts.model_fields_set else None
-    fd = file_defaults
-    address = str(found.get("hostname") or entry.address)
-    name = entry.name or entry.address
-    if not HOST_NAME_RE.match(name):
-        raise UserInputError(f"{source}: host name {name!r} is not usable as a node name "
-                             "(letters, digits, '.', '_', '-')")
-    user = entry.user or opts.user or (fd.user if fd else None) or found.get("user") \
-        or getpass.getuser()
-    port_set = "port" in entry.model_fields_set
-    port = (entry.port if port_set else None) or flag_port or (fd.port if fd else None) \
-        or int(found.get("port") or 22)
-    config_keys = found.get("identityfile") or []
-    # Relative paths: from the inventory file's folder when written there, else from the cwd.
-    candidates = [
-        (entry.identity_file, base), (opts.identity_file, None),
-        (fd.identity_file if fd else None, base),
-        (config_keys[0] if config_keys else None, None), (_default_identity(), None),
-    ]
-    chosen = next(((p, b) for p, b in candidates if p), None)
-    if chosen is None:
-        raise UserInputError(
-            f"{source}: no SSH key for host {name!r}",
-            hint="pass -i/--identity-file KEY, set identity_file in the inventory, "
-            "or add IdentityFile to ~/.ssh/config",
-        )
-    identity = _expand(*chosen)
-    if not Path(identity).is_file():
-        raise UserInputError(f"{source}: SSH key {identity!r} of host {name!r} does not exist")
-    jump = entry.proxy_jump or (fd.proxy_jump if fd else None) or found.get("proxyjump")
-    if jump and str(jump).lower() == "none":
-        jump = None
-    return Host(
-        name=name,
-        address=address,
-        port=int(port),
-        user=str(user),
-        identity_file=identity,
-        slots=entry.slots or default_slots,
-        private_address=entry.private_address or address,
-        proxy_jump=normalize_proxy_jump(str(jump), config, str(user), source) if jump else None,
-        source=source,
-    )
-
-
 def load_hosts(spec: ClusterSpec, config: paramiko.SSHConfig | None = None) -> list[Host]:
     """Every host of the spec, in rank order. UserInputError for any bad input."""
     opts = spec.options_as(SshOptions)
@@ -295,11 +180,14 @@ def load_hosts(spec: ClusterSpec, config: paramiko.SSHConfig | None = None) -> l
         entries = read_hostfile(opts.hostfile)
     else:
         entries = [(h, f"ssh.hosts[{i}]") for i, h in enumerate(opts.hosts)]
-    hosts = [
-        resolve_host(e, src, opts=opts, file_defaults=file_defaults, config=config,
-                     default_slots=spec.gpus_per_node, base=base)
-        for e, src in entries
-    ]
+    flags = HostDefaults(user=opts.user, identity_file=opts.identity_file,
+                         port=opts.port if "port" in opts.model_fields_set else None)
+    layers = [flags] + ([HostDefaults(user=file_defaults.user, port=file_defaults.port,
+                                      identity_file=file_defaults.identity_file,
+                                      proxy_jump=file_defaults.proxy_jump, base=base)]
+                        if file_defaults else [])
+    hosts = [resolve_host(e, src, defaults=layers, config=config,
+                          default_slots=spec.gpus_per_node, base=base) for e, src in entries]
     names: dict[str, str] = {}
     endpoints: dict[tuple[str, int, str | None], str] = {}
     for h in hosts:

@@ -5,19 +5,7 @@ from __future__ import annotations
 from pydantic import Field
 
 from provision.model.base import StrictModel
-
-
-class SshHostOptions(StrictModel):
-    """One pre-existing machine of the ssh provider (see inventories/onprem.example.yaml)."""
-
-    name: str | None = None
-    address: str
-    user: str | None = None
-    port: int = Field(22, ge=1, le=65535)
-    identity_file: str | None = None
-    slots: int | None = Field(None, ge=1)
-    proxy_jump: str | None = None
-    private_address: str | None = None
+from provision.model.sshhost import SshHostOptions  # an entry of `hosts:`
 
 
 class SshOptions(StrictModel):

@@ -15,13 +15,12 @@ from __future__ import annotations
 
 import logging
 import shlex
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 from provision.cluster.providers.contract import Provider
 from provision.cluster.providers.ssh.checks import check_hosts, describe_login_error, remote_root
-from provision.cluster.providers.ssh.hosts import Host, load_hosts
+from provision.cluster.providers.ssh.hosts import load_hosts
 from provision.cluster.providers.ssh.options import SshOptions
 from provision.model.base import StrictModel
 from provision.model.errors import MgpuError, ProviderUnavailableError, UserInputError
@@ -37,29 +36,14 @@ from provision.nodes import (
     RemoteLayout,
     fan_out,
 )
-from provision.nodes.hostkeys import (
-    Endpoint,
-    HostKeyProblem,
-    Jump,
-    Unreachable,
-    fingerprint,
-    load_known_hosts,
-    resolve_host_key,
-    user_known_hosts_path,
-)
+from provision.nodes.hostkeys import Endpoint, HostKeyProblem, Jump, Unreachable, resolve_host_key
 from provision.nodes.sshconn import write_cluster_known_hosts
+from provision.nodes.sshhosts import Host, HostKeys, KeyResolver, split_jump
 
 log = logging.getLogger("mgpu_cloud")
 
 PINNED_KEY_KIND = "pinned-host-key"  # jump hosts' keys (nodes' keys live in NodeRecord)
 STOP_GRACE_S = 10
-KeyResolver = Callable[..., tuple[str, str]]
-
-
-def _split_jump(value: str) -> tuple[str, Endpoint]:
-    user, _, hostport = value.rpartition("@")
-    host, _, port = hostport.partition(":")
-    return user, Endpoint(host, int(port or 22))
 
 
 @dataclass(frozen=True)
@@ -70,26 +54,63 @@ class _Failure:
     text: str
 
 
-HINTS = {
-    "changed": "a CHANGED key means the machine was reinstalled or someone is intercepting the "
-               "connection; only if you know it was reinstalled: ssh-keygen -R HOST -f {known}",
-    "unknown": "check the fingerprints above, then rerun with --accept-new-host-keys (pins them "
-               "for this cluster only), or add them to {known} (ssh-keyscan)",
-    "unreachable": "check the address, port and jump host, and that sshd runs there "
-                   "(ssh -p PORT USER@HOST)",
-}
-
-
-def _plan_error(failures: list[tuple[Host, _Failure]], total: int) -> MgpuError:
+def _plan_error(failures: list[tuple[Host, _Failure]], total: int, keys: HostKeys) -> MgpuError:
     lines = [f"{h.name} ({h.target}): {f.text}" for h, f in failures]
     message = (f"{len(failures)} of {total} host(s) cannot be used; nothing was changed:\n  "
                + "\n  ".join(lines))
     kinds = {f.kind for _, f in failures}
-    hint = "; ".join(HINTS[k].format(known=user_known_hosts_path())
-                     for k in ("changed", "unknown", "unreachable") if k in kinds)
+    hint = "; ".join(keys.hint(k) for k in ("changed", "unknown", "unreachable") if k in kinds)
     if "unreachable" in kinds:
         return ProviderUnavailableError(message, hint=hint)
     return UserInputError(message, hint=hint)
+
+
+JumpKey = tuple[str, str]  # (Host.proxy_jump, the identity file used through it)
+
+
+def _pin_all(hosts: list[Host], keys: HostKeys
+             ) -> tuple[dict[JumpKey, Jump | _Failure], list[tuple[str, str] | _Failure]]:
+    """Every host's key, in parallel: jump hosts first (each distinct one once), then every
+    host through its jump. A host that cannot be pinned gets a _Failure, never an exception."""
+
+    def resolve_jump(item: JumpKey) -> Jump | _Failure:
+        user, endpoint = split_jump(item[0])
+        try:
+            key, _ = keys.pin(endpoint)
+        except HostKeyProblem as exc:
+            return _Failure(exc.kind, f"jump host {item[0]}: {exc}")
+        except Unreachable as exc:
+            return _Failure("unreachable", f"jump host {item[0]} unreachable: {exc}")
+        return Jump(endpoint, user, item[1], key)
+
+    def resolve_host(h: Host) -> tuple[str, str] | _Failure:
+        jump: Jump | None = None
+        if h.proxy_jump:
+            found = jumps[(h.proxy_jump, h.identity_file)]
+            if isinstance(found, _Failure):
+                return found
+            jump = found
+        try:
+            return keys.pin(Endpoint(h.address, h.port), jump)
+        except HostKeyProblem as exc:
+            return _Failure(exc.kind, str(exc))
+        except Unreachable as exc:
+            return _Failure("unreachable", f"unreachable: {exc}")
+
+    ordered = sorted({(h.proxy_jump, h.identity_file) for h in hosts if h.proxy_jump})
+    jumps = dict(zip(ordered, fan_out(ordered, resolve_jump), strict=True))
+    return jumps, fan_out(hosts, resolve_host)
+
+
+def _planned_resource(h: Host, key: str) -> PlannedResource:
+    details = {
+        "address": h.address, "port": str(h.port), "user": h.user,
+        "identity_file": h.identity_file, "private_address": h.private_address,
+        "slots": str(h.slots) if h.slots else "auto (the GPUs found)", "host_key": key,
+    }
+    if h.proxy_jump:
+        details["proxy_jump"] = h.proxy_jump
+    return PlannedResource(kind="host", name=h.name, details=details)
 
 
 class PlannedHost(StrictModel):
@@ -128,51 +149,12 @@ class SshProvider(Provider[SshPlan]):
     # ---------------------------------------------------------------------------------- plan
     def _plan(self, spec: ClusterSpec) -> SshPlan:
         hosts = load_hosts(spec)
-        known_file = user_known_hosts_path()
-        known = load_known_hosts(known_file)
-        accept = spec.options_as(SshOptions).accept_new_host_keys
-
-        def resolve(endpoint: Endpoint, jump: Jump | None) -> tuple[str, str]:
-            return self._resolve_key(endpoint, known, accept_new=accept,
-                                     known_hosts_file=known_file, jump=jump)
-
-        # Jump hosts first (each distinct one once), then every host through its jump.
-        jump_specs = {(h.proxy_jump, h.identity_file) for h in hosts if h.proxy_jump}
-        jumps: dict[tuple[str, str], Jump | _Failure] = {}
-
-        def resolve_jump(item: tuple[str, str]) -> Jump | _Failure:
-            user, endpoint = _split_jump(item[0])
-            try:
-                key, _ = resolve(endpoint, None)
-            except HostKeyProblem as exc:
-                return _Failure(exc.kind, f"jump host {item[0]}: {exc}")
-            except Unreachable as exc:
-                return _Failure("unreachable", f"jump host {item[0]} unreachable: {exc}")
-            return Jump(endpoint, user, item[1], key)
-
-        def resolve_host(h: Host) -> tuple[str, str] | _Failure:
-            jump: Jump | None = None
-            if h.proxy_jump:
-                found = jumps[(h.proxy_jump, h.identity_file)]
-                if isinstance(found, _Failure):
-                    return found
-                jump = found
-            try:
-                return resolve(Endpoint(h.address, h.port), jump)
-            except HostKeyProblem as exc:
-                return _Failure(exc.kind, str(exc))
-            except Unreachable as exc:
-                return _Failure("unreachable", f"unreachable: {exc}")
-
-        ordered = sorted(jump_specs)
-        jumps = dict(zip(ordered, fan_out(ordered, resolve_jump), strict=True))
-        outcomes = fan_out(hosts, resolve_host)
-
+        keys = HostKeys(spec.options_as(SshOptions).accept_new_host_keys, self._resolve_key)
+        jumps, outcomes = _pin_all(hosts, keys)
         failures = [(h, o) for h, o in zip(hosts, outcomes, strict=True)
                     if isinstance(o, _Failure)]
         if failures:
-            raise _plan_error(failures, len(hosts))
-
+            raise _plan_error(failures, len(hosts), keys)
         resources: list[PlannedResource] = []
         planned: list[PlannedHost] = []
         notes = [
@@ -182,28 +164,17 @@ class SshProvider(Provider[SshPlan]):
         for h, outcome in zip(hosts, outcomes, strict=True):
             assert not isinstance(outcome, _Failure)
             key, how = outcome
-            jump_key = None
-            if h.proxy_jump:
-                jump = jumps[(h.proxy_jump, h.identity_file)]
-                assert isinstance(jump, Jump)
-                jump_key = jump.host_key
-            host = PlannedHost(
+            jump = jumps[(h.proxy_jump, h.identity_file)] if h.proxy_jump else None
+            assert not isinstance(jump, _Failure)
+            planned.append(PlannedHost(
                 name=h.name, address=h.address, port=h.port, user=h.user,
                 identity_file=h.identity_file, private_address=h.private_address, slots=h.slots,
-                host_key=key, proxy_jump=h.proxy_jump, proxy_jump_host_key=jump_key,
-            )
-            planned.append(host)
-            details = {
-                "address": h.address, "port": str(h.port), "user": h.user,
-                "identity_file": h.identity_file, "private_address": h.private_address,
-                "slots": str(h.slots) if h.slots else "auto (the GPUs found)", "host_key": key,
-            }
-            if h.proxy_jump:
-                details["proxy_jump"] = h.proxy_jump
+                host_key=key, proxy_jump=h.proxy_jump,
+                proxy_jump_host_key=jump.host_key if jump else None,
+            ))
+            resources.append(_planned_resource(h, key))
             if how == "accepted":
-                notes.append(f"{h.name}: new host key {fingerprint(key)} will be pinned "
-                             "(--accept-new-host-keys)")
-            resources.append(PlannedResource(kind="host", name=h.name, details=details))
+                notes.append(keys.accepted(h.name, key))
         slots = [h.slots for h in hosts if h.slots]
         return SshPlan(provider="ssh", cluster=spec.name, nodes=len(hosts),
                        slots_per_node=max(slots) if slots else 1, resources=resources,
@@ -231,7 +202,7 @@ class SshProvider(Provider[SshPlan]):
                 host_key=h.host_key, identity_file=h.identity_file, proxy_jump=h.proxy_jump,
             ))
             if h.proxy_jump and h.proxy_jump_host_key:
-                _, endpoint = _split_jump(h.proxy_jump)
+                _, endpoint = split_jump(h.proxy_jump)
                 pinned = {x.id for x in inv.resources_of(PINNED_KEY_KIND)}
                 if endpoint.known_hosts_name not in pinned:
                     inv.resources.append(ResourceRecord(
