@@ -32,6 +32,7 @@ Log = Callable[[str], None]
 Confirm = Callable[..., bool]
 CONTROLLER_DIR = "controller"  # under the controller's remote folder
 START_DEADLINE_S = 600.0
+SETUP_DEADLINE_S = 900.0  # a cloud controller's first boot: apt + pip of the dependencies
 
 
 def controller_layout(inv: Inventory) -> RemoteLayout:
@@ -122,14 +123,55 @@ def _assign(pair: str) -> str:
     return f'{key}="$HOME"/{shlex.quote(value)}'
 
 
+# What works instead of a managed run where the provider cannot make a controller (the ssh
+# hosts are the user's machines; a Slurm allocation is held by the process that asked for it)
+UNSUPERVISED = {
+    "ssh": ("the ssh provider's hosts are your machines: it cannot make the controller a "
+            "managed run needs",
+            "run attached (`mgpu-cloud run`/`launch` without --detach: recovery restarts the "
+            "job on the same hosts, --store keeps checkpoints there), or `launch --detach` "
+            "without --store (no recovery; `jobs`, `logs`, `cancel` work)"),
+    "slurm": ("a Slurm allocation is held by the process that asked for it: the slurm "
+              "provider cannot make the controller a managed run needs",
+              "run attached (`mgpu-cloud run` without --detach: --max-restarts restarts the "
+              "job inside the allocation), or `launch --detach` without --store"),
+}
+
+
+def refuse_unsupervised(provider: AnyProvider, name: str) -> None:
+    """UserInputError saying what works instead, for a provider that cannot supervise."""
+    if isinstance(provider, Supervising):
+        return
+    why, instead = UNSUPERVISED.get(name, (
+        f"provider {name!r} cannot make a controller for managed runs",
+        "run attached (without --detach)"))
+    raise UserInputError(f"--detach --store: {why}", hint=instead)
+
+
+def wait_controller_setup(group: NodeGroup, inv: Inventory) -> None:
+    """A cloud controller's boot installs the supervisor's dependencies (controller_boot.py)
+    after SSH answers: wait for its READY file (LaunchError with the set-up's log tail when it
+    failed). The docker controller's record names none: its image has them."""
+    from provision.cluster.providers.controller_boot import FAILED
+
+    ready = next((r.extra["ready_file"] for r in inv.resources
+                  if r.extra.get("role") == "controller" and r.extra.get("ready_file")), None)
+    if ready is None:
+        return
+    q = shlex.quote
+    line = (f"timeout {int(SETUP_DEADLINE_S)} sh -c "
+            + q(f"until [ -e {q(ready)} ] || [ -e {q(FAILED)} ]; do sleep 2; done")
+            + f"; [ -e {q(ready)} ] || {{ cat {q(FAILED)} 2>/dev/null; exit 1; }}")
+    group.run(line, timeout=SETUP_DEADLINE_S + 60).raise_for(
+        "setting up the controller (python3 and the tool's dependencies)", LaunchError)
+
+
 def ensure_controller(provider: AnyProvider, inv: Inventory, store: InventoryStore,
                       log: Log) -> None:
     if inv.controller is not None:
         return
-    if not isinstance(provider, Supervising):
-        raise UserInputError(
-            f"provider {inv.provider!r} cannot make a controller for managed runs yet",
-            hint="run attached (without --detach), or use --provider docker")
+    refuse_unsupervised(provider, inv.provider)
+    assert isinstance(provider, Supervising)
     log(f"creating the controller of {inv.name!r} ...")
     inv.controller = provider.create_controller(inv, store)
     store.save(inv)
@@ -149,6 +191,7 @@ def hand_off(provider: AnyProvider, inv: Inventory, store: InventoryStore, job: 
     q = shlex.quote
     with NodeGroup(ctl_inv) as group:
         group.wait_until_reachable().raise_for("reaching the controller", LaunchError)
+        wait_controller_setup(group, inv)
         group.upload(archive, [f"rm -rf {q(layout.path('lib'))}",
                                f"mkdir -p {q(layout.root)}",
                                "tar -xzf - -C ~ --no-same-owner"]).raise_for(
@@ -222,9 +265,7 @@ def run_managed(spec: ClusterSpec, job: JobSpec, *, confirm: Confirm, log: Log,
     env = store_env()
     provider, plan = plan_cluster(spec, store)
     check_store(spec.provider, spec.store or "", env)  # before anything is created
-    if not isinstance(provider, Supervising):
-        raise UserInputError(f"provider {spec.provider!r} cannot make a controller for "
-                             "managed runs yet", hint="run without --detach (attached)")
+    refuse_unsupervised(provider, spec.provider)
     if not confirm(plan):
         return None
     provider.creatable(plan)  # an unresolved plan is refused before anything is written

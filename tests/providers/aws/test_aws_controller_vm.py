@@ -255,3 +255,22 @@ def test_the_controller_removes_its_profile_revokes_its_role_and_powers_off(
     # what is left (the empty role) goes with the user's next `down` (or `gc`)
     get_provider("aws").destroy(inv, store)
     assert iam.list_roles(PathPrefix="/mgpu-cloud/")["Roles"] == []
+
+
+def test_after_the_controller_removed_itself_the_next_jobs_runs_down(
+        fakes, spec_for, store, up_cluster, tagged) -> None:
+    """An IAM role cannot delete itself: the user's side finishes (client.forget_if_torn_down,
+    run by `jobs`/`logs` once the job's records say torn_down)."""
+    from provision.job.managed.client import forget_if_torn_down
+
+    inv = _up(up_cluster, spec_for)
+    provider = get_provider("aws")
+    ctl = provider.create_controller(inv, store)
+    store.save(inv)
+    provider.teardown_from_controller(inv, store)
+    remove_self(inv, REGION, power_off=lambda: moto_client().terminate_instances(
+        InstanceIds=[ctl.resource_id]))
+    assert forget_if_torn_down("c1", [{"torn_down": True}])
+    assert not store.exists("c1") and tagged("c1") == {}
+    iam = clients.make_client(clients.new_session(), "iam", REGION)
+    assert iam.list_roles(PathPrefix="/mgpu-cloud/")["Roles"] == []
