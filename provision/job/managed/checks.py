@@ -30,8 +30,7 @@ STORE_ENV = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN",
              "AWS_DEFAULT_REGION", "AWS_REGION", "AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3",
              "STORAGE_EMULATOR_HOST", "GOOGLE_CLOUD_PROJECT")
 CREDENTIAL_ENV = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN")
-# Providers whose controller has an identity of its own (an instance profile, a service
-# account): its own process never uses the user's keys (`controller_env`)
+# Providers whose nodes get the store's credentials only from this shell's variables
 OWN_IDENTITY = ("aws", "gcp")
 FILE_STORE_PROVIDERS = ("docker", "ssh", "slurm")  # nodes that can share a folder with us
 NO_WRITE = {"AccessDenied", "AllAccessDisabled", "AccountProblem", "403"}
@@ -44,10 +43,11 @@ def store_env(env: dict[str, str] | None = None) -> dict[str, str]:
 
 
 def controller_env(provider: str, env: dict[str, str]) -> dict[str, str]:
-    """What the supervisor puts in its own environment: on aws/gcp not the user's keys, so
-    its provider calls and its store client run as the controller's own, cluster-scoped
-    identity (the nodes still get `env`)."""
-    if provider not in OWN_IDENTITY:
+    """What the supervisor puts in its own environment: on aws not the user's AWS keys, so
+    its EC2 calls and its s3:// client run as the controller's own, cluster-scoped instance
+    profile (the nodes still get `env`). A gcp controller keeps them: its service account
+    covers Compute and gs://, not an s3:// store."""
+    if provider != "aws":
         return dict(env)
     return {k: v for k, v in env.items() if k not in CREDENTIAL_ENV}
 

@@ -221,8 +221,8 @@ def main(argv: list[str] | None = None) -> int:
     env = json.loads(Path(args.env_file).read_text())
     istore = InventoryStore()
     inv = istore.load(args.cluster)
-    # this process's own store client: the nodes' variables, but on aws/gcp without the
-    # user's keys (the controller's own identity is scoped to this cluster)
+    # this process's own store client: the nodes' variables, but on aws without the user's
+    # keys (the controller's instance profile is scoped to this cluster)
     os.environ.update(controller_env(inv.provider, env))
     localize(inv, istore)
     fields = json.loads(Path(args.job_file).read_text())
