@@ -12,7 +12,7 @@ from provision.model.errors import UserInputError
 from remote.store import parse_url
 
 KEYS = {"AWS_ACCESS_KEY_ID": "AKIA", "AWS_SECRET_ACCESS_KEY": "s", "AWS_SESSION_TOKEN": "t",
-        "AWS_DEFAULT_REGION": "us-east-1", "AWS_ENDPOINT_URL_S3": "https://s3.example"}
+        "AWS_DEFAULT_REGION": "us-east-1"}
 
 
 @pytest.mark.parametrize("provider", ["aws", "gcp"])
@@ -36,7 +36,10 @@ def test_gcs_from_cloud_nodes_is_refused_unless_emulated() -> None:
 
 def test_the_aws_controller_never_runs_with_the_users_keys() -> None:
     own = controller_env("aws", KEYS)
-    assert own == {"AWS_DEFAULT_REGION": "us-east-1", "AWS_ENDPOINT_URL_S3": "https://s3.example"}
+    assert own == {"AWS_DEFAULT_REGION": "us-east-1"}
+    # an S3-compatible store elsewhere: its keys are not the profile's business
+    minio = {**KEYS, "AWS_ENDPOINT_URL_S3": "https://minio.example"}
+    assert controller_env("aws", minio) == minio
     # a gcp controller's service account does not cover an s3:// store: it keeps the keys
     assert controller_env("gcp", KEYS) == KEYS
     assert controller_env("docker", KEYS) == KEYS  # its one credential is the engine's socket

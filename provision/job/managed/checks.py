@@ -46,8 +46,9 @@ def controller_env(provider: str, env: dict[str, str]) -> dict[str, str]:
     """What the supervisor puts in its own environment: on aws not the user's AWS keys, so
     its EC2 calls and its s3:// client run as the controller's own, cluster-scoped instance
     profile (the nodes still get `env`). A gcp controller keeps them: its service account
-    covers Compute and gs://, not an s3:// store."""
-    if provider != "aws":
+    covers Compute and gs://, not an s3:// store; neither does the profile cover an
+    S3-compatible store of another endpoint (its keys are kept then)."""
+    if provider != "aws" or env.get("AWS_ENDPOINT_URL_S3") or env.get("AWS_ENDPOINT_URL"):
         return dict(env)
     return {k: v for k, v in env.items() if k not in CREDENTIAL_ENV}
 
