@@ -274,3 +274,14 @@ def test_after_the_controller_removed_itself_the_next_jobs_runs_down(
     assert not store.exists("c1") and tagged("c1") == {}
     iam = clients.make_client(clients.new_session(), "iam", REGION)
     assert iam.list_roles(PathPrefix="/mgpu-cloud/")["Roles"] == []
+
+
+def test_a_profile_ec2_does_not_see_yet_is_waited_for(fakes, spec_for, store,
+                                                      up_cluster) -> None:
+    """IAM is eventually consistent: RunInstances may not know a just-made profile."""
+    inv = _up(up_cluster, spec_for)
+    fakes.fail("RunInstances", "InvalidParameterValue",
+               when=lambda p: bool(p.get("IamInstanceProfile")), times=2)
+    ctl = get_provider("aws").create_controller(inv, store)
+    assert ctl.resource_id and len([p for p in fakes.calls("RunInstances")
+                                    if p.get("IamInstanceProfile")]) == 3
