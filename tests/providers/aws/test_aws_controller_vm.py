@@ -15,7 +15,6 @@ import aws_iam_rules as iam_rules
 import pytest
 import yaml
 from aws_policy_guard import Ec2State, PolicyGuard
-from conftest import REGION, moto_client
 
 from provision.cluster.providers import get_provider
 from provision.cluster.providers.aws import clients
@@ -24,6 +23,7 @@ from provision.cluster.providers.contract import Supervising
 from provision.cluster.providers.controller_boot import READY, packages
 from provision.model.inventory import Inventory
 
+REGION = "us-east-1"  # conftest.REGION
 ACCOUNT = "123456789012"  # moto's
 STORE = "s3://ckpt-bucket/runs"
 
@@ -146,7 +146,7 @@ def test_a_controller_that_cannot_launch_is_rolled_back(fakes, spec_for, store, 
 
 
 def test_gc_collects_a_controller_no_inventory_knows(fakes, spec_for, store, up_cluster,
-                                                     tagged) -> None:
+                                                     tagged, moto_ec2) -> None:
     inv = _up(up_cluster, spec_for)
     provider = get_provider("aws")
     ctl = provider.create_controller(inv, store)
@@ -158,18 +158,17 @@ def test_gc_collects_a_controller_no_inventory_knows(fakes, spec_for, store, up_
     assert tagged() == {} and provider.orphans(spec, known=set()) == []
 
 
-def _guard(fakes) -> PolicyGuard:
-    guard = PolicyGuard(_policy(fakes), REGION, ACCOUNT,
-                        Ec2State(moto_client(), fakes.placement_groups))
-    return guard
+def _guard(fakes, moto_ec2) -> PolicyGuard:
+    return PolicyGuard(_policy(fakes), REGION, ACCOUNT,
+                       Ec2State(moto_ec2, fakes.placement_groups))
 
 
 def test_a_replacement_makes_only_calls_the_policy_allows(fakes, spec_for, store,
-                                                          up_cluster) -> None:
+                                                          up_cluster, moto_ec2) -> None:
     inv = _up(up_cluster, spec_for)
     provider = get_provider("aws")
     provider.create_controller(inv, store)
-    guard = _guard(fakes)
+    guard = _guard(fakes, moto_ec2)
     remove = clients.add_client_hook(guard.attach)
     try:
         provider.replace(inv, store, inv.nodes[1])
@@ -180,12 +179,12 @@ def test_a_replacement_makes_only_calls_the_policy_allows(fakes, spec_for, store
 
 
 def test_the_guard_catches_a_policy_without_console_output(fakes, spec_for, store,
-                                                           up_cluster) -> None:
+                                                           up_cluster, moto_ec2) -> None:
     """The audit's finding: without ec2:GetConsoleOutput a replacement cannot pin its key."""
     inv = _up(up_cluster, spec_for)
     provider = get_provider("aws")
     provider.create_controller(inv, store)
-    guard = _guard(fakes)
+    guard = _guard(fakes, moto_ec2)
     for st in guard.policy["Statement"]:
         if "ec2:GetConsoleOutput" in st["Action"]:
             st["Action"] = [a for a in st["Action"] if a != "ec2:GetConsoleOutput"]
@@ -214,7 +213,7 @@ def test_teardown_from_inside_leaves_only_the_controller_and_is_allowed(
     inv = _up(up_cluster, spec_for)
     provider = get_provider("aws")
     ctl = provider.create_controller(inv, store)
-    guard = _guard(fakes)
+    guard = _guard(fakes, moto_ec2)
     remove = clients.add_client_hook(guard.attach)
     try:
         provider.teardown_from_controller(inv, store)
@@ -238,10 +237,10 @@ def test_teardown_from_inside_leaves_only_the_controller_and_is_allowed(
 
 
 def test_the_controller_removes_its_profile_revokes_its_role_and_powers_off(
-        fakes, spec_for, store, up_cluster) -> None:
+        fakes, spec_for, store, up_cluster, moto_ec2) -> None:
     inv = _up(up_cluster, spec_for)
     get_provider("aws").create_controller(inv, store)
-    guard = _guard(fakes)
+    guard = _guard(fakes, moto_ec2)
     off: list[bool] = []
     remove = clients.add_client_hook(guard.attach)
     try:
@@ -258,7 +257,7 @@ def test_the_controller_removes_its_profile_revokes_its_role_and_powers_off(
 
 
 def test_after_the_controller_removed_itself_the_next_jobs_runs_down(
-        fakes, spec_for, store, up_cluster, tagged) -> None:
+        fakes, spec_for, store, up_cluster, tagged, moto_ec2) -> None:
     """An IAM role cannot delete itself: the user's side finishes (client.forget_if_torn_down,
     run by `jobs`/`logs` once the job's records say torn_down)."""
     from provision.job.managed.client import forget_if_torn_down
@@ -268,7 +267,7 @@ def test_after_the_controller_removed_itself_the_next_jobs_runs_down(
     ctl = provider.create_controller(inv, store)
     store.save(inv)
     provider.teardown_from_controller(inv, store)
-    remove_self(inv, REGION, power_off=lambda: moto_client().terminate_instances(
+    remove_self(inv, REGION, power_off=lambda: moto_ec2.terminate_instances(
         InstanceIds=[ctl.resource_id]))
     assert forget_if_torn_down("c1", [{"torn_down": True}])
     assert not store.exists("c1") and tagged("c1") == {}
