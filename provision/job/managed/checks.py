@@ -73,6 +73,19 @@ def check_node_credentials(provider: str, url: StoreURL, env: dict[str, str]) ->
             hint="use an s3:// store with AWS keys exported, or run without --store")
 
 
+# The SDK remote/store.py imports ON a node for each scheme (module, pip name)
+NODE_SDK = {"s3": ("boto3", "boto3"), "gs": ("google.cloud.storage", "google-cloud-storage")}
+
+
+def node_sdk_probe(url: StoreURL) -> str | None:
+    """The shell line that fails on a node whose python3 cannot push to `url` (None: file://
+    needs nothing)."""
+    import shlex
+
+    sdk = NODE_SDK.get(url.scheme)
+    return None if sdk is None else f"python3 -c {shlex.quote('import ' + sdk[0])}"
+
+
 def endpoint_of(url: StoreURL, env: dict[str, str]) -> str | None:
     if url.scheme == "s3":
         return env.get("AWS_ENDPOINT_URL_S3") or env.get("AWS_ENDPOINT_URL")

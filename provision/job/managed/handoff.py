@@ -166,6 +166,23 @@ def wait_controller_setup(group: NodeGroup, inv: Inventory) -> None:
         "setting up the controller (python3 and the tool's dependencies)", LaunchError)
 
 
+def check_node_sdk(inv: Inventory, group: NodeGroup) -> None:
+    """Before the job starts: every node's python3 imports the SDK its checkpoint pushes use
+    (remote/store.py; only the docker node image is known to carry them). LaunchError naming
+    every node without it."""
+    from provision.job.managed.checks import NODE_SDK, node_sdk_probe
+
+    url = parse_url(inv.spec.store if inv.spec and inv.spec.store else "")
+    line = node_sdk_probe(url)
+    if line is None:
+        return
+    module, dist = NODE_SDK[url.scheme]
+    group.run(line).raise_for(
+        f"--store {url}: importing {module} (the nodes push checkpoints with it)", LaunchError,
+        hint=f"install it in the nodes' image (python3 -m pip install {dist}), or use a "
+             "file:// store the nodes mount")
+
+
 def ensure_controller(provider: AnyProvider, inv: Inventory, store: InventoryStore,
                       log: Log) -> None:
     if inv.controller is not None:
@@ -274,6 +291,8 @@ def run_managed(spec: ClusterSpec, job: JobSpec, *, confirm: Confirm, log: Log,
                              workdir=lambda inv: workdir_of(inv, job), log=log)
         try:
             gate_before_job(inv, job, store=store, log=log)
+            with NodeGroup(inv) as group:
+                check_node_sdk(inv, group)
             job_id = hand_off(provider, inv, store, job, env, teardown=True, log=log)
         except BaseException:
             log("the job could not be handed to the controller; removing the cluster ...")
@@ -304,5 +323,6 @@ def launch_managed(name: str, job: JobSpec, *, log: Log,
         refuse_if_running(inv)
         with NodeGroup(inv) as group:
             sync_workdir(inv, workdir_of(inv, job), log=log, group=group)
+            check_node_sdk(inv, group)
         return hand_off(get_provider(inv.provider), inv, store, job, env, teardown=False,
                         log=log)

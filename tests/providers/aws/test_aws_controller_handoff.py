@@ -79,3 +79,18 @@ def test_ssh_and_slurm_say_what_works_instead(provider, words) -> None:
     with pytest.raises(UserInputError) as err:
         handoff.refuse_unsupervised(get_provider(provider), provider)
     assert words in (err.value.hint or "") and "--detach" in err.value.message
+
+
+def test_nodes_without_the_store_sdk_are_named_before_the_job_starts(cluster) -> None:
+    inv, fake, _ = cluster
+    fake.on(r"^python3 -c 'import boto3'$", node="node-1", exit_code=1,
+            stderr="ModuleNotFoundError: No module named 'boto3'")
+    from provision.nodes import NodeGroup
+
+    with NodeGroup(inv) as group, pytest.raises(LaunchError) as err:
+        handoff.check_node_sdk(inv, group)
+    assert "node-1" in err.value.message and "node-0:" not in err.value.message
+    assert "pip install boto3" in (err.value.hint or "")
+    with NodeGroup(inv) as group:  # once it is there, nothing to say
+        fake.rules.clear()
+        handoff.check_node_sdk(inv, group)
