@@ -258,10 +258,11 @@ def remove_self(inv: Inventory, region: str,
 
     name = role_name(inv.name)
     iam = make_client(new_session(), "iam", region)
-    steps: list[Callable[[], Any]] = [lambda: iam.remove_role_from_instance_profile(InstanceProfileName=name,
-                                                            RoleName=name),
-             lambda: iam.delete_instance_profile(InstanceProfileName=name),
-             lambda: iam.delete_role_policy(RoleName=name, PolicyName=POLICY_NAME)]
+    steps: list[Callable[[], Any]] = [
+        lambda: iam.remove_role_from_instance_profile(InstanceProfileName=name, RoleName=name),
+        lambda: iam.delete_instance_profile(InstanceProfileName=name),
+        lambda: iam.delete_role_policy(RoleName=name, PolicyName=POLICY_NAME),
+    ]
     for step in steps:
         with contextlib.suppress(ClientError):
             step()
