@@ -7,6 +7,8 @@
                                                from docker nodes, nor anything private from
                                                cloud nodes
     it exists and we may write there           a probe object written, read and deleted
+    the nodes will have credentials for it     aws/gcp: AWS keys as variables for s3:// (a
+                                               profile/SSO login stays here); gs:// not yet
     --notify is http(s)                        spec.py
 The SDKs' errors are classified once here, by error code (botocore's Error.Code, the HTTP
 status of google.api_core), never by message text.
@@ -27,6 +29,9 @@ from remote.store import StoreURL, open_store, parse_url
 STORE_ENV = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN",
              "AWS_DEFAULT_REGION", "AWS_REGION", "AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3",
              "STORAGE_EMULATOR_HOST", "GOOGLE_CLOUD_PROJECT")
+CREDENTIAL_ENV = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN")
+# Providers whose nodes get the store's credentials only from this shell's variables
+OWN_IDENTITY = ("aws", "gcp")
 FILE_STORE_PROVIDERS = ("docker", "ssh", "slurm")  # nodes that can share a folder with us
 NO_WRITE = {"AccessDenied", "AllAccessDisabled", "AccountProblem", "403"}
 NO_BUCKET = {"NoSuchBucket", "404"}
@@ -35,6 +40,50 @@ NO_BUCKET = {"NoSuchBucket", "404"}
 def store_env(env: dict[str, str] | None = None) -> dict[str, str]:
     source = os.environ if env is None else env
     return {k: source[k] for k in STORE_ENV if source.get(k)}
+
+
+def controller_env(provider: str, env: dict[str, str]) -> dict[str, str]:
+    """What the supervisor puts in its own environment: on aws not the user's AWS keys, so
+    its EC2 calls and its s3:// client run as the controller's own, cluster-scoped instance
+    profile (the nodes still get `env`). A gcp controller keeps them: its service account
+    covers Compute and gs://, not an s3:// store; neither does the profile cover an
+    S3-compatible store of another endpoint (its keys are kept then)."""
+    if provider != "aws" or env.get("AWS_ENDPOINT_URL_S3") or env.get("AWS_ENDPOINT_URL"):
+        return dict(env)
+    return {k: v for k, v in env.items() if k not in CREDENTIAL_ENV}
+
+
+def check_node_credentials(provider: str, url: StoreURL, env: dict[str, str]) -> None:
+    """The cloud nodes push checkpoints with the store variables of this shell (STORE_ENV):
+    refuse a store they would have no credentials for."""
+    if provider not in OWN_IDENTITY:
+        return
+    if url.scheme == "s3" and not (env.get("AWS_ACCESS_KEY_ID")
+                                   and env.get("AWS_SECRET_ACCESS_KEY")):
+        raise UserInputError(
+            f"--store {url}: the {provider} nodes push checkpoints with this shell's AWS keys, "
+            "and none are set as variables (AWS_PROFILE / SSO credentials stay on this "
+            "machine)",
+            hint='export them first: eval "$(aws configure export-credentials --format env)" '
+                 "(temporary keys end with their session: use keys that outlive the run)")
+    if url.scheme == "gs" and not env.get("STORAGE_EMULATOR_HOST"):
+        raise UserInputError(
+            f"--store {url}: {provider} nodes get no Cloud Storage credentials yet (no "
+            "service account of their own, and key files do not travel)",
+            hint="use an s3:// store with AWS keys exported, or run without --store")
+
+
+# The SDK remote/store.py imports ON a node for each scheme (module, pip name)
+NODE_SDK = {"s3": ("boto3", "boto3"), "gs": ("google.cloud.storage", "google-cloud-storage")}
+
+
+def node_sdk_probe(url: StoreURL) -> str | None:
+    """The shell line that fails on a node whose python3 cannot push to `url` (None: file://
+    needs nothing)."""
+    import shlex
+
+    sdk = NODE_SDK.get(url.scheme)
+    return None if sdk is None else f"python3 -c {shlex.quote('import ' + sdk[0])}"
 
 
 def endpoint_of(url: StoreURL, env: dict[str, str]) -> str | None:
@@ -123,5 +172,6 @@ def check_store(provider: str, store_url: str, env: dict[str, str] | None = None
         raise UserInputError(f"--store: {exc}") from None
     env = store_env() if env is None else env
     check_reach(provider, url, env)
+    check_node_credentials(provider, url, env)
     check_writable(url)
     return url

@@ -13,7 +13,7 @@ import time
 from typing import Any, TextIO
 
 from provision.job.managed.records import FINAL_STATES, JobView, Record, job_ids
-from provision.model.errors import InventoryUnreadableError, UserInputError
+from provision.model.errors import InventoryUnreadableError, MgpuError, UserInputError
 from provision.model.inventory import InventoryStore, checked_name, state_home
 from remote.store import Store, open_store
 
@@ -80,12 +80,20 @@ def latest_id(url: str, cluster: str, job_id: str | None) -> str:
 
 
 def forget_if_torn_down(name: str, jobs: list[dict[str, Any]]) -> bool:
-    """The controller removed the cluster: drop this machine's inventory of it (the
-    resources are gone). True if it did."""
+    """The controller removed the cluster: finish with `down` what only this machine's
+    credentials can remove (a cloud controller's role / service account: an identity cannot
+    delete itself), then drop this machine's inventory of it. True if it did."""
+    from provision.cluster.providers import get_provider
+
     istore = InventoryStore()
     if not jobs or not jobs[-1]["torn_down"] or not istore.exists(name):
         return False
     with istore.lock(name):
+        inv = istore.load(name)
+        try:
+            get_provider(inv.provider).destroy(inv, istore)  # idempotent: gone is done
+        except MgpuError:
+            return False  # kept: `down` names what is left and can be run again
         istore.delete(name)
     return True
 

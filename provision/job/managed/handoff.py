@@ -32,6 +32,7 @@ Log = Callable[[str], None]
 Confirm = Callable[..., bool]
 CONTROLLER_DIR = "controller"  # under the controller's remote folder
 START_DEADLINE_S = 600.0
+SETUP_DEADLINE_S = 900.0  # a cloud controller's first boot: apt + pip of the dependencies
 
 
 def controller_layout(inv: Inventory) -> RemoteLayout:
@@ -122,14 +123,72 @@ def _assign(pair: str) -> str:
     return f'{key}="$HOME"/{shlex.quote(value)}'
 
 
+# What works instead of a managed run where the provider cannot make a controller (the ssh
+# hosts are the user's machines; a Slurm allocation is held by the process that asked for it)
+UNSUPERVISED = {
+    "ssh": ("the ssh provider's hosts are your machines: it cannot make the controller a "
+            "managed run needs",
+            "run attached (`mgpu-cloud run`/`launch` without --detach: recovery restarts the "
+            "job on the same hosts, --store keeps checkpoints there), or `launch --detach` "
+            "without --store (no recovery; `jobs`, `logs`, `cancel` work)"),
+    "slurm": ("a Slurm allocation is held by the process that asked for it: the slurm "
+              "provider cannot make the controller a managed run needs",
+              "run attached (`mgpu-cloud run` without --detach: --max-restarts restarts the "
+              "job inside the allocation), or `launch --detach` without --store"),
+}
+
+
+def refuse_unsupervised(provider: AnyProvider, name: str) -> None:
+    """UserInputError saying what works instead, for a provider that cannot supervise."""
+    if isinstance(provider, Supervising):
+        return
+    why, instead = UNSUPERVISED.get(name, (
+        f"provider {name!r} cannot make a controller for managed runs",
+        "run attached (without --detach)"))
+    raise UserInputError(f"--detach --store: {why}", hint=instead)
+
+
+def wait_controller_setup(group: NodeGroup, inv: Inventory) -> None:
+    """A cloud controller's boot installs the supervisor's dependencies (controller_boot.py)
+    after SSH answers: wait for its READY file (LaunchError with the set-up's log tail when it
+    failed). The docker controller's record names none: its image has them."""
+    from provision.cluster.providers.controller_boot import FAILED
+
+    ready = next((r.extra["ready_file"] for r in inv.resources
+                  if r.extra.get("role") == "controller" and r.extra.get("ready_file")), None)
+    if ready is None:
+        return
+    q = shlex.quote
+    line = (f"timeout {int(SETUP_DEADLINE_S)} sh -c "
+            + q(f"until [ -e {q(ready)} ] || [ -e {q(FAILED)} ]; do sleep 2; done")
+            + f"; [ -e {q(ready)} ] || {{ cat {q(FAILED)} 2>/dev/null; exit 1; }}")
+    group.run(line, timeout=SETUP_DEADLINE_S + 60).raise_for(
+        "setting up the controller (python3 and the tool's dependencies)", LaunchError)
+
+
+def check_node_sdk(inv: Inventory, group: NodeGroup) -> None:
+    """Before the job starts: every node's python3 imports the SDK its checkpoint pushes use
+    (remote/store.py; only the docker node image is known to carry them). LaunchError naming
+    every node without it."""
+    from provision.job.managed.checks import NODE_SDK, node_sdk_probe
+
+    url = parse_url(inv.spec.store if inv.spec and inv.spec.store else "")
+    line = node_sdk_probe(url)
+    if line is None:
+        return
+    module, dist = NODE_SDK[url.scheme]
+    group.run(line).raise_for(
+        f"--store {url}: importing {module} (the nodes push checkpoints with it)", LaunchError,
+        hint=f"install it in the nodes' image (python3 -m pip install {dist}), or use a "
+             "file:// store the nodes mount")
+
+
 def ensure_controller(provider: AnyProvider, inv: Inventory, store: InventoryStore,
                       log: Log) -> None:
     if inv.controller is not None:
         return
-    if not isinstance(provider, Supervising):
-        raise UserInputError(
-            f"provider {inv.provider!r} cannot make a controller for managed runs yet",
-            hint="run attached (without --detach), or use --provider docker")
+    refuse_unsupervised(provider, inv.provider)
+    assert isinstance(provider, Supervising)
     log(f"creating the controller of {inv.name!r} ...")
     inv.controller = provider.create_controller(inv, store)
     store.save(inv)
@@ -149,6 +208,7 @@ def hand_off(provider: AnyProvider, inv: Inventory, store: InventoryStore, job: 
     q = shlex.quote
     with NodeGroup(ctl_inv) as group:
         group.wait_until_reachable().raise_for("reaching the controller", LaunchError)
+        wait_controller_setup(group, inv)
         group.upload(archive, [f"rm -rf {q(layout.path('lib'))}",
                                f"mkdir -p {q(layout.root)}",
                                "tar -xzf - -C ~ --no-same-owner"]).raise_for(
@@ -222,9 +282,7 @@ def run_managed(spec: ClusterSpec, job: JobSpec, *, confirm: Confirm, log: Log,
     env = store_env()
     provider, plan = plan_cluster(spec, store)
     check_store(spec.provider, spec.store or "", env)  # before anything is created
-    if not isinstance(provider, Supervising):
-        raise UserInputError(f"provider {spec.provider!r} cannot make a controller for "
-                             "managed runs yet", hint="run without --detach (attached)")
+    refuse_unsupervised(provider, spec.provider)
     if not confirm(plan):
         return None
     provider.creatable(plan)  # an unresolved plan is refused before anything is written
@@ -233,6 +291,8 @@ def run_managed(spec: ClusterSpec, job: JobSpec, *, confirm: Confirm, log: Log,
                              workdir=lambda inv: workdir_of(inv, job), log=log)
         try:
             gate_before_job(inv, job, store=store, log=log)
+            with NodeGroup(inv) as group:
+                check_node_sdk(inv, group)
             job_id = hand_off(provider, inv, store, job, env, teardown=True, log=log)
         except BaseException:
             log("the job could not be handed to the controller; removing the cluster ...")
@@ -262,5 +322,6 @@ def launch_managed(name: str, job: JobSpec, *, log: Log,
         refuse_if_running(inv)
         with NodeGroup(inv) as group:
             sync_workdir(inv, workdir_of(inv, job), log=log, group=group)
+            check_node_sdk(inv, group)
         return hand_off(get_provider(inv.provider), inv, store, job, env, teardown=False,
                         log=log)

@@ -216,11 +216,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--teardown", action="store_true")
     args = parser.parse_args(argv)
     from provision.cluster.providers import get_provider
+    from provision.job.managed.checks import controller_env
 
     env = json.loads(Path(args.env_file).read_text())
-    os.environ.update(env)  # this process's own store client (same variables as the nodes)
     istore = InventoryStore()
     inv = istore.load(args.cluster)
+    # this process's own store client: the nodes' variables, but on aws without the user's
+    # keys (the controller's instance profile is scoped to this cluster)
+    os.environ.update(controller_env(inv.provider, env))
     localize(inv, istore)
     fields = json.loads(Path(args.job_file).read_text())
     fields.update(workdir=args.workdir, deepspeed_config=None if not fields.get(

@@ -15,6 +15,31 @@ from typing import Any
 
 TAG = "mgpu-cloud-cluster"
 TAG_CONDITIONS = (f"aws:ResourceTag/{TAG}", f"aws:RequestTag/{TAG}")
+# Untagged resources the controller may use, named one by one (never "*"): the nodes' default
+# subnets and capacity reservations for RunInstances, the VPC's default group it moves to.
+NAMED = {"ec2:RunInstances": ("subnet", "capacity-reservation"),
+         "ec2:ModifyInstanceAttribute": ("security-group",)}
+# IAM: only removing its own profile and revoking its own policy (never PassRole, Create*,
+# Put*, Attach*: those would let it grant itself more)
+IAM_SELF = {"iam:GetInstanceProfile", "iam:RemoveRoleFromInstanceProfile",
+            "iam:DeleteInstanceProfile", "iam:DeleteRolePolicy"}
+
+
+def _named_only(actions: list[str], resources: list[str]) -> bool:
+    kinds = {k for a in actions for k in NAMED.get(a, ())}
+    return bool(kinds) and all(
+        "*" not in r and r.rsplit(":", 1)[-1].split("/", 1)[0] in kinds for r in resources)
+
+
+def _iam_violations(where: str, cluster: str, actions: list[str],
+                    resources: list[str]) -> list[str]:
+    out = [f"{where}: IAM action {a} beyond removing itself" for a in actions
+           if a.startswith("iam:") and a not in IAM_SELF]
+    own = (f":role/mgpu-cloud/mgpu-ctl-{cluster}",
+           f":instance-profile/mgpu-cloud/mgpu-ctl-{cluster}")
+    out += [f"{where}: IAM on {r}, not its own role or profile" for r in resources
+            if any(a.startswith("iam:") for a in actions) and not r.endswith(own)]
+    return out
 
 
 def _list(value: Any) -> list[Any]:
@@ -43,8 +68,9 @@ def check_policy(cluster: str, document: dict[str, Any], store_folder: str | Non
             public_images = all(":image/" in r for r in resources)
             tagged = any(_list(flat.get(k)) == [cluster] for k in TAG_CONDITIONS)
             on_create = "ec2:CreateAction" in flat and actions == ["ec2:CreateTags"]
-            if not (tagged or on_create or public_images):
+            if not (tagged or on_create or public_images or _named_only(actions, resources)):
                 out.append(f"{where}: {ec2_writes} not limited to resources tagged {cluster}")
+        out += _iam_violations(where, cluster, actions, resources)
         for r in resources:
             if r.startswith("arn:aws:s3:::"):
                 path = r[len("arn:aws:s3:::"):]

@@ -32,6 +32,7 @@ EFA_INTERFACES: dict[str, int] = {
     "p5e.48xlarge": 32, "p5en.48xlarge": 16, "p6-b200.48xlarge": 8, "p6-b300.48xlarge": 16,
     "g5.xlarge": 0, "g5.12xlarge": 1, "g5.48xlarge": 1, "g6.xlarge": 0, "g6.12xlarge": 1,
     "g6.48xlarge": 1, "g6e.48xlarge": 4,
+    "t3.small": 0, "t3.medium": 0, "t4g.small": 0,  # the managed runs' controller (controller_vm.py)
 }
 # The cards that support EFA, where they are not simply 0..n-1, and the number of network
 # cards. p6-b300: "P6-B300 has 17 network cards, of which the primary network card (network

@@ -354,8 +354,8 @@ class RulesLayer:
 
 @pytest.fixture(autouse=True)
 def aws_rules_layer(monkeypatch: pytest.MonkeyPatch) -> Iterator[RulesLayer]:
-    """Every AWS test: EC2's rules on each request and on the state `create` (and `replace`)
-    leaves."""
+    """Every AWS test: EC2's rules on each request and on the state `create` (and `replace`,
+    and the managed runs' `create_controller`) leaves."""
     from provision.cluster.providers.aws import clients
     from provision.cluster.providers.aws.provider import AwsProvider
 
@@ -376,6 +376,14 @@ def aws_rules_layer(monkeypatch: pytest.MonkeyPatch) -> Iterator[RulesLayer]:
         return new
 
     monkeypatch.setattr(AwsProvider, "replace", checked_replace)
+    make_controller = AwsProvider.create_controller
+
+    def checked_controller(self: Any, *args: Any, **kwargs: Any) -> Any:
+        made = make_controller(self, *args, **kwargs)
+        layer.after_create()  # the controller too: its path to the internet
+        return made
+
+    monkeypatch.setattr(AwsProvider, "create_controller", checked_controller)
     try:
         yield layer
     finally:

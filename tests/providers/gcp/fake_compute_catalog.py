@@ -31,6 +31,7 @@ DEFAULT_MACHINE_TYPES: dict[str, dict[str, Any]] = {
     "g2-standard-4": {"guestCpus": 4, "accelerators": _gpus("nvidia-l4", 1)},
     "g2-standard-8": {"guestCpus": 8, "accelerators": _gpus("nvidia-l4", 1)},
     "n1-standard-4": {"guestCpus": 4},
+    "e2-small": {"guestCpus": 2},  # the managed runs' controller
     "n1-standard-8": {"guestCpus": 8},
     "n1-standard-16": {"guestCpus": 16},
 }

@@ -11,8 +11,8 @@ and instance profile whose one inline policy reaches only this cluster's resourc
 Every piece is recorded in the inventory the moment it exists (kinds `iam-role`,
 `iam-instance-profile`), so rollback and `down` delete it (`delete_identity`, idempotent:
 NoSuchEntity is done) and `gc` finds it by its path and tag (`identity_orphans`).
-Not built yet: the controller instance that uses this profile (the docker provider's
-controller is the working one).
+The controller instance that uses this profile is controller_vm.py's; it calls
+`create_identity` when it makes the controller.
 """
 
 from __future__ import annotations
@@ -29,13 +29,22 @@ Record = Callable[[ResourceRecord], None]
 TRUST = {"Version": "2012-10-17", "Statement": [{
     "Effect": "Allow", "Principal": {"Service": "ec2.amazonaws.com"},
     "Action": "sts:AssumeRole"}]}
-# What replacing a node takes (provision/providers/aws/replace.py): terminate the lost
+POLICY_NAME = "cluster-only"
+# What replacing a node takes (provision/cluster/providers/aws/replace.py): terminate the lost
 # instance, run one like it (into the cluster's subnet, security group, placement group, with
-# its key pair), give it an Elastic IP.
+# its key pair), give it an Elastic IP, read its host key from its console (GetConsoleOutput).
 EC2_ON_CLUSTER = ["ec2:TerminateInstances", "ec2:StopInstances", "ec2:RebootInstances",
+                  "ec2:GetConsoleOutput", "ec2:ModifyInstanceAttribute",
                   "ec2:AssociateAddress", "ec2:DisassociateAddress", "ec2:ReleaseAddress"]
 RUN_INTO = ["subnet", "security-group", "placement-group", "key-pair"]
 RUN_CREATES = ["instance", "volume", "network-interface"]
+# What deleting the cluster from inside takes (teardown.Teardown, controller_vm.py), on the
+# cluster's tagged resources only
+TEARDOWN = {"ec2:DeleteNatGateway": "natgateway", "ec2:DeleteSubnet": "subnet",
+            "ec2:DeleteRouteTable": "route-table", "ec2:DisassociateRouteTable": "route-table",
+            "ec2:DeletePlacementGroup": "placement-group",
+            "ec2:DeleteSecurityGroup": "security-group", "ec2:DeleteKeyPair": "key-pair",
+            "ec2:DeleteVolume": "volume", "ec2:DeleteNetworkInterface": "network-interface"}
 
 
 def role_name(cluster: str) -> str:
@@ -44,9 +53,13 @@ def role_name(cluster: str) -> str:
     return f"mgpu-ctl-{cluster}"
 
 
-def controller_policy(cluster: str, region: str, account: str,
-                      store: StoreURL | None) -> dict[str, Any]:
-    """The controller's inline policy: nothing outside cluster `cluster`."""
+def controller_policy(cluster: str, region: str, account: str, store: StoreURL | None, *,
+                      subnets: list[str] | None = None, park_group: str | None = None,
+                      reservations: list[str] | None = None) -> dict[str, Any]:
+    """The controller's inline policy: nothing outside cluster `cluster`. The untagged
+    resources it must use are named one by one: the nodes' `subnets` (a default subnet is
+    not the cluster's to tag), the VPC's default security group it moves to before deleting
+    the cluster's (`park_group`), the capacity `reservations` the nodes run in."""
     arn = f"arn:aws:ec2:{region}:{account}"
     tagged = {"StringEquals": {f"aws:ResourceTag/{CLUSTER_TAG}": cluster}}
     statements: list[dict[str, Any]] = [
@@ -78,7 +91,45 @@ def controller_policy(cluster: str, region: str, account: str,
              "Resource": [f"arn:aws:s3:::{store.bucket}"],
              "Condition": {"StringLike": {"s3:prefix": [f"{folder}/*"]}}},
         ]
+    statements += _named_statements(arn, subnets or [], park_group, reservations or [])
+    statements += _teardown_statements(cluster, arn, account)
     return {"Version": "2012-10-17", "Statement": statements}
+
+
+def _named_statements(arn: str, subnets: list[str], park_group: str | None,
+                      reservations: list[str]) -> list[dict[str, Any]]:
+    out: list[dict[str, Any]] = []
+    if subnets:
+        out.append({"Sid": "RunIntoTheNodesSubnets", "Effect": "Allow",
+                    "Action": ["ec2:RunInstances"],
+                    "Resource": [f"{arn}:subnet/{s}" for s in sorted(set(subnets))]})
+    if reservations:  # a Capacity Block or reservation the nodes were launched into
+        out.append({"Sid": "RunIntoTheReservations", "Effect": "Allow",
+                    "Action": ["ec2:RunInstances"],
+                    "Resource": [f"{arn}:capacity-reservation/{r}" for r in reservations]})
+    if park_group:
+        out.append({"Sid": "ParkOnTheDefaultGroup", "Effect": "Allow",
+                    "Action": ["ec2:ModifyInstanceAttribute"],
+                    "Resource": [f"{arn}:security-group/{park_group}"]})
+    return out
+
+
+def _teardown_statements(cluster: str, arn: str, account: str) -> list[dict[str, Any]]:
+    name = role_name(cluster)
+    tagged = {"StringEquals": {f"aws:ResourceTag/{CLUSTER_TAG}": cluster}}
+    by_kind: dict[str, list[str]] = {}
+    for action, kind in TEARDOWN.items():
+        by_kind.setdefault(kind, []).append(action)
+    return [
+        {"Sid": "DeleteTheCluster", "Effect": "Allow", "Action": sorted(TEARDOWN),
+         "Resource": [f"{arn}:{kind}/*" for kind in sorted(by_kind)], "Condition": tagged},
+        {"Sid": "RemoveItsOwnProfile", "Effect": "Allow",
+         "Action": ["iam:GetInstanceProfile", "iam:RemoveRoleFromInstanceProfile",
+                    "iam:DeleteInstanceProfile"],
+         "Resource": [f"arn:aws:iam::{account}:instance-profile{PATH}{name}"]},
+        {"Sid": "RevokeItsOwnPolicy", "Effect": "Allow", "Action": ["iam:DeleteRolePolicy"],
+         "Resource": [f"arn:aws:iam::{account}:role{PATH}{name}"]},
+    ]
 
 
 def create_identity(iam: Any, cluster: str, policy: dict[str, Any], record: Record) -> str:
@@ -90,7 +141,7 @@ def create_identity(iam: Any, cluster: str, policy: dict[str, Any], record: Reco
     iam.create_role(RoleName=name, Path=PATH, AssumeRolePolicyDocument=json.dumps(TRUST),
                     Description=f"mgpu-cloud controller of cluster {cluster}", Tags=tags)
     record(ResourceRecord(kind="iam-role", id=name, name=cluster))
-    iam.put_role_policy(RoleName=name, PolicyName="cluster-only",
+    iam.put_role_policy(RoleName=name, PolicyName=POLICY_NAME,
                         PolicyDocument=json.dumps(policy))
     iam.create_instance_profile(InstanceProfileName=name, Path=PATH, Tags=tags)
     record(ResourceRecord(kind="iam-instance-profile", id=name, name=cluster))

@@ -8,6 +8,9 @@ from pydantic import Field, field_validator
 
 from provision.model.base import StrictModel
 
+# The managed runs' controller (controller_vm.py): small, cheap, enough for the supervisor.
+CONTROLLER_TYPE = "t3.small"
+
 
 class AwsOptions(StrictModel):
     instance_type: str = "p4d.24xlarge"
@@ -22,6 +25,7 @@ class AwsOptions(StrictModel):
     private_ips: bool = False
     capacity_block: bool = False  # buy a Capacity Block for the nodes (capacity.py)
     reservation: str | None = Field(None, pattern=r"^(auto|cr-[0-9a-f]+)$")
+    controller_type: str = CONTROLLER_TYPE
 
     @field_validator("regions", mode="before")
     @classmethod

@@ -10,7 +10,7 @@ from typing import Any
 from provision.cluster.providers.aws.errors import map_errors
 from provision.cluster.providers.aws.options import AwsOptions
 from provision.cluster.providers.aws.request import AwsPlan
-from provision.cluster.providers.contract import Recoverable
+from provision.cluster.providers.contract import Recoverable, Supervising
 from provision.model.errors import ProvisionError, TeardownError
 from provision.model.inventory import Inventory, InventoryStore, NodeRecord, ResourceRecord
 from provision.model.spec import ClusterSpec
@@ -23,6 +23,13 @@ def _region_of(inv: Inventory) -> str | None:
     if inv.spec is not None and inv.spec.provider == "aws":
         return inv.spec.options_as(AwsOptions).region
     return None
+
+
+def _required_region(inv: Inventory) -> str:
+    region = _region_of(inv)
+    if region is None:
+        raise ProvisionError(f"cluster {inv.name!r}: its inventory names no region")
+    return region
 
 
 def _scope_region(spec: ClusterSpec) -> str:
@@ -60,7 +67,7 @@ def _delete_identity(inv: Inventory, store: InventoryStore) -> None:
                             hint=f"run `mgpu-cloud down {inv.name}` again")
 
 
-class AwsProvider(Recoverable[AwsPlan]):
+class AwsProvider(Recoverable[AwsPlan], Supervising[AwsPlan]):
     name = "aws"
 
     def plan_class(self) -> type[AwsPlan]:
@@ -134,10 +141,23 @@ class AwsProvider(Recoverable[AwsPlan]):
         """One new instance in the lost one's place (replace.py)."""
         from provision.cluster.providers.aws.replace import replace_node
 
-        region = _region_of(inv)
-        if region is None:
-            raise ProvisionError(f"cluster {inv.name!r}: its inventory names no region")
-        return replace_node(region, inv, store, node)
+        return replace_node(_required_region(inv), inv, store, node)
+
+    # --- managed runs (contract.Supervising; controller_vm.py) ----------------------------------
+    def _create_controller(self, inv: Inventory, store: InventoryStore) -> NodeRecord:
+        from provision.cluster.providers.aws.controller_vm import create_controller
+
+        return create_controller(inv, store, _required_region(inv))
+
+    def _teardown_from_controller(self, inv: Inventory, store: InventoryStore) -> None:
+        from provision.cluster.providers.aws.controller_vm import teardown_from_inside
+
+        teardown_from_inside(inv, store, _required_region(inv))
+
+    def _remove_controller_from_inside(self, inv: Inventory) -> None:
+        from provision.cluster.providers.aws.controller_vm import remove_self
+
+        remove_self(inv, _required_region(inv))
 
     def _orphans(self, spec: ClusterSpec, known: set[str]) -> list[ResourceRecord]:
         from provision.cluster.providers.aws.controller import identity_orphans

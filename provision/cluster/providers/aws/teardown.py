@@ -54,8 +54,15 @@ def _delete(ec2: Ec2, operation: str, *, busy: bool = False, **params: Any) -> N
 
 
 class Teardown:
-    def __init__(self, ec2: Ec2, cluster: str, records: list[ResourceRecord], forget: Forget):
+    """`keep`: instance ids never terminated (the controller deleting the cluster from inside);
+    `before_security_groups`: run before the security group goes (the controller leaves it)."""
+
+    def __init__(self, ec2: Ec2, cluster: str, records: list[ResourceRecord], forget: Forget,
+                 keep: set[str] | None = None,
+                 before_security_groups: Callable[[], None] | None = None):
         self.ec2, self.cluster, self.records, self.forget = ec2, cluster, records, forget
+        self.keep = keep or set()
+        self.before_security_groups = before_security_groups
         self.problems: list[str] = []
 
     def attempt(self, what: str, fn: Callable[[], None]) -> None:
@@ -68,12 +75,12 @@ class Teardown:
     def instances(self) -> None:
         tag = cluster_filter(self.cluster)
         state = {"Name": "instance-state-name", "Values": LIVE_STATES}
-        live = {i["InstanceId"] for i in self.ec2.instances([tag, state])}
-        recorded = _ids(self.records, "instance")
+        live = {i["InstanceId"] for i in self.ec2.instances([tag, state])} - self.keep
+        recorded = [i for i in _ids(self.records, "instance") if i not in self.keep]
         unseen = [i for i in recorded if i not in live]
         for chunk in _chunks(unseen):  # only if the tag lookup missed some (eventual consistency)
             live |= {i["InstanceId"] for i in self.ec2.instances(
-                [{"Name": "instance-id", "Values": chunk}, state])}
+                [{"Name": "instance-id", "Values": chunk}, state])} - self.keep
         ids = sorted(live)
         for chunk in _chunks(ids):
             self.ec2.call("terminate_instances", InstanceIds=chunk)
@@ -209,6 +216,9 @@ class Teardown:
         self.attempt("deleting the private subnets", self.subnets)
         self.attempt("deleting the route table", self.route_tables)
         self.attempt("deleting the placement group", self.placement_groups)
+        if self.before_security_groups is not None:
+            self.attempt("moving the controller off the security group",
+                         self.before_security_groups)
         self.attempt("deleting the security group", self.security_groups)
         self.attempt("deleting the key pair", self.key_pairs)
         self.attempt("deleting stray volumes/network interfaces", self.strays)

@@ -6,16 +6,18 @@ account per cluster with the narrowest grant that can delete and insert this clu
     custom role       projects/PROJECT/roles/mgpu_ctl_NAME_<hash>: only the permissions replacing a
                       node takes (ROLE_PERMISSIONS), stage GA
     bindings          on the project's IAM policy, each with an IAM condition:
-                        the custom role   -> resource.name starts with the cluster's instance
-                                             prefix (projects/P/zones/Z/instances/NAME-) or is
-                                             not an instance (disks, subnetworks it must use)
+                        the custom role   -> resource.name is one of the cluster's own
+                                             (`cluster_names`: its VMs, disks, policy, firewall
+                                             rules, networks by name, the default subnetwork,
+                                             its zone's/region's operations)
                         roles/storage.objectAdmin (a gs:// store) -> only objects under
                                              projects/_/buckets/B/objects/PREFIX/NAME/
 Each piece is recorded the moment it exists (kinds `service-account`, `iam-custom-role`,
 `iam-binding`), so rollback and `down` remove it (`delete_identity`, idempotent: 404 is done)
 and `gc` finds it (`identity_orphans`). Plain REST through google-auth's AuthorizedSession (no
 extra client library); MGPU_CLOUD_GCP_IAM_ENDPOINT points both APIs at a local fake.
-Not built yet: the controller VM that runs as this account.
+The controller VM that runs as this account is controller_vm.py's; it calls
+`create_identity` when it makes the controller (the zone is where the nodes landed).
 """
 
 from __future__ import annotations
@@ -32,15 +34,22 @@ IAM_ENDPOINT_ENV = "MGPU_CLOUD_GCP_IAM_ENDPOINT"
 IAM_URL = "https://iam.googleapis.com/v1"
 CRM_URL = "https://cloudresourcemanager.googleapis.com/v3"
 DESCRIPTION = f"{CLUSTER_TAG}="
-# Replacing a node (provision/providers/gcp/replace.py): read, delete and insert instances
-# (bulkInsert included), the boot disk that comes with one, attach it to the cluster's
-# subnetwork and compact placement policy, set its metadata (host key) and labels.
+# Replacing a node (provision/cluster/providers/gcp/replace.py): read, delete and insert
+# instances (bulkInsert included), the boot disk that comes with one, attach it to the
+# cluster's subnetwork and compact placement policy, set its metadata and labels, read its host
+# key (guest attributes), wait for the operations. Deleting the cluster from inside
+# (controller_vm.py): its placement policy, firewall rules and GPUDirect networks too.
 ROLE_PERMISSIONS = [
     "compute.instances.get", "compute.instances.list", "compute.instances.create",
     "compute.instances.delete", "compute.instances.setMetadata", "compute.instances.setLabels",
-    "compute.instances.setScheduling", "compute.disks.create", "compute.disks.setLabels",
+    "compute.instances.setScheduling", "compute.instances.setTags",
+    "compute.instances.getGuestAttributes",
+    "compute.disks.create", "compute.disks.setLabels",
     "compute.subnetworks.use", "compute.subnetworks.useExternalIp",
     "compute.resourcePolicies.use", "compute.zoneOperations.get",
+    "compute.resourcePolicies.delete", "compute.firewalls.delete", "compute.networks.delete",
+    "compute.subnetworks.delete", "compute.regionOperations.get",
+    "compute.globalOperations.get",
 ]
 Record = Callable[[ResourceRecord], None]
 
@@ -61,14 +70,10 @@ def role_id(cluster: str, nonce: str) -> str:
 def bindings(project: str, zone: str, cluster: str, member: str, role: str,
              store: StoreURL | None) -> list[dict[str, Any]]:
     """The conditional bindings the account gets on the project's IAM policy."""
-    prefix = f"projects/{project}/zones/{zone}/instances/{cluster}-"
     out = [{
         "role": role, "members": [member],
-        "condition": {
-            "title": f"mgpu-cloud {cluster} only",
-            "expression": (f'resource.name.startsWith("{prefix}") || '
-                           'resource.type != "compute.googleapis.com/Instance"'),
-        },
+        "condition": {"title": f"mgpu-cloud {cluster} only",
+                      "expression": condition(project, zone, cluster)},
     }]
     if store is not None and store.scheme == "gs":
         folder = "/".join(p for p in (store.prefix, cluster) if p)
@@ -81,6 +86,38 @@ def bindings(project: str, zone: str, cluster: str, member: str, role: str,
             },
         })
     return out
+
+
+def cluster_names(project: str, zone: str, cluster: str) -> list[tuple[str, str]]:
+    """("prefix" | "exact", resource name) of everything the custom role may act on: the
+    cluster's VMs and their boot disks (NAME-node-R, NAME-controller), its placement policy,
+    firewall rules and GPUDirect networks/subnets by name (layout.py, gpudirect.py); the
+    region's default subnetwork its VMs join; the operations of its zone, region and of the
+    project's global scope (read-only; their names are random); the zone itself, on which
+    instances.list is authorized (a replacement reads its new VM back with one list call,
+    placement.read_instances): the role's only permission that applies to a zone."""
+    p, region = f"projects/{project}", zone.rsplit("-", 1)[0]
+    z, r = f"{p}/zones/{zone}", f"{p}/regions/{region}"
+    return [
+        ("prefix", f"{z}/instances/{cluster}-node-"), ("exact", f"{z}/instances/{cluster}-controller"),
+        ("prefix", f"{z}/disks/{cluster}-node-"), ("exact", f"{z}/disks/{cluster}-controller"),
+        ("exact", f"{r}/resourcePolicies/{cluster}-compact"),
+        ("exact", f"{r}/subnetworks/default"), ("prefix", f"{r}/subnetworks/{cluster}-gpunet-"),
+        ("exact", f"{p}/global/firewalls/{cluster}-ssh"),
+        ("exact", f"{p}/global/firewalls/{cluster}-internal"),
+        ("prefix", f"{p}/global/firewalls/{cluster}-gpunet-"),
+        ("prefix", f"{p}/global/networks/{cluster}-gpunet-"),
+        ("prefix", f"{z}/operations/"), ("prefix", f"{r}/operations/"),
+        ("prefix", f"{p}/global/operations/"), ("exact", z),
+    ]
+
+
+def condition(project: str, zone: str, cluster: str) -> str:
+    """The custom role's IAM condition ("Overview of IAM Conditions": resource.name with
+    startsWith / ==): nothing but `cluster_names`."""
+    return " || ".join(f'resource.name.startsWith("{name}")' if how == "prefix"
+                       else f'resource.name == "{name}"'
+                       for how, name in cluster_names(project, zone, cluster))
 
 
 class IamApi:

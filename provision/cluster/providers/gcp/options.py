@@ -15,6 +15,10 @@ _RESERVATION = re.compile(r"^(projects/[a-z][-a-z0-9]{4,28}[a-z0-9]/reservations
                           r"[a-z]([-a-z0-9]{0,61}[a-z0-9])?$")
 
 
+# The managed runs' controller (controller_vm.py): small, cheap, enough for the supervisor.
+CONTROLLER_MACHINE_TYPE = "e2-small"
+
+
 class GcpOptions(StrictModel):
     project: str | None = None
     zone: str | None = None
@@ -30,6 +34,7 @@ class GcpOptions(StrictModel):
     flex_start: bool = False  # DWS flex-start provisioning model
     # Regions to fail over to, in order (the zone's region first), or ["any"].
     regions: list[str] | None = None
+    controller_machine_type: str = CONTROLLER_MACHINE_TYPE
 
     @field_validator("regions", mode="before")
     @classmethod

@@ -7,7 +7,7 @@ import logging
 from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
-from provision.cluster.providers.contract import Recoverable
+from provision.cluster.providers.contract import Recoverable, Supervising
 from provision.cluster.providers.gcp.options import GcpOptions
 from provision.model.errors import TeardownError
 from provision.model.inventory import Inventory, InventoryStore, NodeRecord, ResourceRecord
@@ -41,7 +41,7 @@ def _delete_identity(inv: Inventory, store: InventoryStore) -> list[str]:
     return delete_identity(IamApi(), records, lambda kind, rid: store.forget(inv, kind, rid))
 
 
-class GcpProvider(Recoverable["GcpPlan"]):
+class GcpProvider(Recoverable["GcpPlan"], Supervising["GcpPlan"]):
     name = "gcp"
 
     @contextlib.contextmanager
@@ -136,6 +136,25 @@ class GcpProvider(Recoverable["GcpPlan"]):
         from provision.cluster.providers.gcp.replace import replace_node
 
         return replace_node(build_clients(_project_of(inv)), inv, store, node)
+
+    # --- managed runs (contract.Supervising; controller_vm.py) ----------------------------------
+    def _create_controller(self, inv: Inventory, store: InventoryStore) -> NodeRecord:
+        from provision.cluster.providers.gcp.clients import build_clients
+        from provision.cluster.providers.gcp.controller_vm import create_controller
+
+        return create_controller(inv, store, build_clients(_project_of(inv)))
+
+    def _teardown_from_controller(self, inv: Inventory, store: InventoryStore) -> None:
+        from provision.cluster.providers.gcp.clients import build_clients
+        from provision.cluster.providers.gcp.controller_vm import teardown_from_inside
+
+        teardown_from_inside(inv, store, build_clients(_project_of(inv)))
+
+    def _remove_controller_from_inside(self, inv: Inventory) -> None:
+        from provision.cluster.providers.gcp.clients import build_clients
+        from provision.cluster.providers.gcp.controller_vm import remove_self
+
+        remove_self(inv, build_clients(_project_of(inv)))
 
     def _orphans(self, spec: ClusterSpec, known: set[str]) -> list[ResourceRecord]:
         """Instances (by label), placement policies and firewall rules (by description) of
