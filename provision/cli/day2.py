@@ -136,8 +136,7 @@ def logs(
             try:
                 followed = follow_job(rec, group, sys.stdout, nodes, wait=follow)
             except KeyboardInterrupt:
-                _err(f"stopped following; job {rec.id} goes on "
-                     f"(cancel it: mgpu-cloud cancel {name} {rec.id})")
+                _err(_after_ctrl_c(inv, rec, group, name))
                 raise typer.Exit(130) from None
             for r in followed.values():
                 if r.error is not None:
@@ -147,6 +146,22 @@ def logs(
             if follow:
                 refresh(inv, [rec], group)
     _finish(rec, follow)
+
+
+def _after_ctrl_c(inv: Any, rec: Any, group: Any, name: str) -> str:
+    """What a Ctrl-C on `logs` leaves behind, as the nodes tell it now (one short query; a
+    second Ctrl-C stops that too)."""
+    from provision.job.jobs import refresh
+
+    try:
+        refresh(inv, [rec], group)
+    except Exception as exc:  # noqa: BLE001 - the user asked to stop: say what is known
+        return f"stopped following job {rec.id}; its state is unknown ({exc})"
+    if rec.final:
+        code = "" if rec.exit_code is None else f", exit code {rec.exit_code}"
+        return f"stopped following job {rec.id}; it had already finished: {rec.state}{code}"
+    return (f"stopped following job {rec.id}; it goes on "
+            f"(cancel it: mgpu-cloud cancel {name} {rec.id})")
 
 
 def _finish(rec: Any, follow: bool) -> None:
