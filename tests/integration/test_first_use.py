@@ -160,6 +160,20 @@ def test_logs_follow_stops_on_the_first_ctrl_c_and_the_job_goes_on(home: Path,
         cli("cancel", NAME, job_id, "--grace", "1", home=home)
 
 
+def test_the_day2_tables_fit_80_columns(home: Path) -> None:
+    """On real nodes, after the jobs above: `status`, `jobs`, `cost` and `check` in an 80x24
+    terminal; no line wider, the torch version whole."""
+    wide = {}
+    for args in (("status",), ("jobs", NAME), ("cost",), ("check", NAME)):
+        res = cli(*args, home=home, env={"COLUMNS": "80"})
+        assert res.returncode == 0, res.stdout + res.stderr
+        out = res.stdout + res.stderr
+        wide[args[0]] = [line for line in out.splitlines() if len(line) > 80]
+        if args[0] == "check":
+            assert "2.13.0" in out and "…" not in out, out
+    assert wide == {"status": [], "jobs": [], "cost": [], "check": []}
+
+
 def test_a_finished_accelerate_job_without_teardown_exits_cleanly(home: Path) -> None:
     """The held-out script leaves its process group to the interpreter; without the node
     sitecustomize's exit hook about one run in ten of it fails at exit on these nodes
