@@ -168,6 +168,25 @@ def test_jobs_without_a_name_uses_the_only_cluster_and_fits_80_columns(
     assert two.exit_code != 0 and "only, second" in two.output
 
 
+def test_a_managed_clusters_jobs_fit_80_columns(tmp_path: Path) -> None:
+    from provision.job.managed.records import JobLog, next_job_id
+    from remote.store import open_store
+
+    url = f"file://{tmp_path}/store"
+    store = open_store(url)
+    log = JobLog(store, "m1", next_job_id(store, "m1"))
+    args = [f"--option-{i}" for i in range(30)]
+    store.put_bytes("m1/jobs/1/spec.json", json.dumps({"script": "train.py", "args": args})
+                    .encode())
+    log.record("submitted", "handed over")
+    log.record("started", "running on 2 node(s)")
+    log.close()
+    res = invoke("jobs", "m1", "--store", url, columns=80)
+    assert res.exit_code == 0, res.output
+    assert "RESTARTS" in res.output and _widest(res.output) <= 80, res.output
+    assert "--option-29" in res.output
+
+
 def test_jobs_of_no_such_cluster_is_an_error_that_lists_the_clusters() -> None:
     InventoryStore().create(_inv("real").model_copy(update={"status": "creating"}))
     res = invoke("jobs", "nosuch")
