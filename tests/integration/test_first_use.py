@@ -160,6 +160,19 @@ def test_logs_follow_stops_on_the_first_ctrl_c_and_the_job_goes_on(home: Path,
         cli("cancel", NAME, job_id, "--grace", "1", home=home)
 
 
+def test_torchrun_prints_no_omp_banner_and_ranks_get_one_thread(home: Path,
+                                                                   tmp_path: Path) -> None:
+    """Two processes per node: torchrun would set OMP_NUM_THREADS=1 and print its 5-line
+    banner on each node; the tool sets the same value, so the banner never comes."""
+    (tmp_path / "omp.py").write_text(
+        "import os\nprint('rank', os.environ['RANK'], 'omp', os.environ.get('OMP_NUM_THREADS'))\n")
+    res = cli("launch", NAME, "--", "omp.py", home=home, cwd=tmp_path)
+    out = res.stdout + res.stderr
+    assert res.returncode == 0, out
+    assert sorted(re.findall(r"rank (\d) omp 1\b", out)) == ["0", "1", "2", "3"], out
+    assert "Setting OMP_NUM_THREADS" not in out and "*****" not in out, out
+
+
 def test_the_day2_tables_fit_80_columns(home: Path) -> None:
     """On real nodes, after the jobs above: `status`, `jobs`, `cost` and `check` in an 80x24
     terminal; no line wider, the torch version whole."""
