@@ -25,8 +25,9 @@ def test_status_fits_80_columns_and_cuts_nothing() -> None:
     lines = text.splitlines()
     assert max(len(line) for line in lines) <= 80, text
     assert "2025-06-01 12:34Z" in text and "131.04" in text
+    assert lines[2] == "  NODE    SSH                      PRIVATE"  # the node lines' header
     for r in range(4):
-        assert f"node-{r}  ubuntu@203.0.113.{100 + r}:22  private 10.20.30.{40 + r}" in text
+        assert f"  node-{r}  ubuntu@203.0.113.{100 + r}:22  10.20.30.{40 + r}" in lines
     assert "…" not in text and "..." not in text
 
 

@@ -14,7 +14,18 @@ from typing import Any
 
 import typer
 
-app = typer.Typer(
+from provision.cli.command import MgpuCommand
+
+
+class App(typer.Typer):
+    """typer.Typer whose commands are MgpuCommand (help, typos, options after the script)."""
+
+    def command(self, *args: Any, **kwargs: Any) -> Callable[[Callable[..., Any]], Callable[..., Any]]:  # type: ignore[override]  # the same parameters, passed on
+        kwargs.setdefault("cls", MgpuCommand)
+        return super().command(*args, **kwargs)
+
+
+app = App(
     name="mgpu-cloud",
     help="Distributed PyTorch training from one GPU to many nodes and back to zero cost.",
     no_args_is_help=True,
@@ -22,6 +33,22 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
     rich_markup_mode=None,
 )
+
+
+def _print_version(value: bool) -> None:
+    if value:
+        from importlib.metadata import version
+
+        typer.echo(f"mgpu-cloud {version('mgpu-cloud')}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _top(
+    show_version: bool = typer.Option(False, "--version", is_eager=True, callback=_print_version,
+                                      help="print the version and exit"),
+) -> None:
+    """Distributed PyTorch training from one GPU to many nodes and back to zero cost."""
 
 
 @dataclass

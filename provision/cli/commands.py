@@ -12,10 +12,12 @@ from provision.cli.options import (
     CLUSTER_OPTIONS,
     GC_OPTIONS,
     JOB_OPTIONS,
+    SCRIPT_HELP,
     UP_OPTIONS,
     cluster_spec,
     confirmer,
     job_spec,
+    planned_only,
     script_and_args,
     to_nested,
 )
@@ -78,18 +80,22 @@ def down(name: Annotated[str, typer.Argument(help="cluster name")]) -> None:
             cluster=name, provider=exc.provider) from None
 
 
-# launch NAME [options] -- SCRIPT ARGS: options may follow NAME, `--` ends them.
-@app.command(context_settings={"ignore_unknown_options": True})
+# launch NAME [options] [--] SCRIPT ARGS: options follow NAME; the script's words follow it
+# (provision.cli.command: a typo before the script is refused, not taken for the script).
+@app.command()
 @guard
 @with_options(JOB_OPTIONS, "jopts")
 def launch(
     name: Annotated[str, typer.Argument(help="cluster name")],
-    script: Annotated[str, typer.Argument(help="training script")],
+    script: Annotated[str, typer.Argument(help=SCRIPT_HELP)],
     args: Annotated[list[str] | None, typer.Argument(help="script arguments")] = None,
     detach: Annotated[bool, typer.Option("--detach", "-d", help="return once the job runs; prints its id (see `jobs`, `logs`)")] = False,
     jopts: dict[str, Any] = {},  # noqa: B006
 ) -> None:
-    """Start SCRIPT on every node of a cluster (torchrun by default)."""
+    """Start SCRIPT on every node of a cluster (torchrun by default).
+
+    Options go before SCRIPT: `launch NAME --nproc-per-node 2 train.py --lr 3e-4` (--lr is
+    the script's)."""
     from provision.job import lifecycle
 
     job = job_spec(*script_and_args(script, args), jopts, {})
@@ -108,20 +114,21 @@ def launch(
     raise typer.Exit(lifecycle.launch(name, job))
 
 
-@app.command(
-    context_settings={"allow_interspersed_args": False, "ignore_unknown_options": True}
-)
+@app.command()
 @guard
 @with_options(CLUSTER_OPTIONS + JOB_OPTIONS, "opts")
 def run(
-    script: Annotated[str, typer.Argument(help="training script")],
+    script: Annotated[str, typer.Argument(help=SCRIPT_HELP)],
     args: Annotated[list[str] | None, typer.Argument(help="script arguments")] = None,
     keep: Annotated[bool, typer.Option("--keep", help="leave the cluster running afterwards")] = False,
     detach: Annotated[bool, typer.Option("--detach", "-d", help="return once the job runs; the nodes stop themselves after it")] = False,
     idle_minutes: Annotated[float, typer.Option("--idle-minutes", help="with --detach: minutes the nodes wait after the job before stopping (time for `logs` to copy the logs)")] = 1.0,
     opts: dict[str, Any] = {},  # noqa: B006
 ) -> None:
-    """up + launch + fetch outputs + down, with teardown in every case (unless --keep)."""
+    """up + launch + fetch outputs + down, with teardown in every case (unless --keep).
+
+    Options go before SCRIPT: `run --nodes 2 --keep train.py --steps 20` (--steps is the
+    script's). A dry run prints the plan and exits 0."""
     from provision.job import lifecycle
 
     spec, file_values = cluster_spec(opts)
@@ -139,12 +146,12 @@ def run(
             job_id = run_managed(spec, job, confirm=confirmer(opts),
                                  log=lambda m: typer.echo(m, err=True))
             if job_id is None:
-                raise typer.Exit(1)
+                raise typer.Exit(planned_only(opts))
             typer.echo(job_id)
             return
         rec = run_detached(spec, job, confirm=confirmer(opts), idle_minutes=idle_minutes)
         if rec is None:
-            raise typer.Exit(1)
+            raise typer.Exit(planned_only(opts))
         typer.echo(rec.id)
         return
     with _progress() as store:
@@ -153,7 +160,7 @@ def run(
 
             check_store(spec.provider, spec.store)
         code = lifecycle.run(spec, job, confirm=confirmer(opts), keep=keep, store=store)
-    raise typer.Exit(code)
+    raise typer.Exit(0 if opts.get("dry_run") else code)  # a dry run ends at its plan: done
 
 
 @app.command()
@@ -235,6 +242,11 @@ def ssh(
     os.execvp(argv[0], argv)
 
 
+# The preflight columns that go under each node's row when the table is too wide: master
+# port, disk free, topology, cuda, nccl, driver (node, gpus and torch stay in the table).
+_CHECK_SPILL = (8, 7, 6, 4, 5, 2)
+
+
 @app.command()
 @guard
 def check(
@@ -286,24 +298,24 @@ def check(
 
         typer.echo(json.dumps(out, indent=2, default=str))
     else:
-        from rich.console import Console
-        from rich.markup import escape
-        from rich.table import Table
+        from provision.cli.tables import fit_lines, fit_table
 
-        console = Console()
-        for rows in ([judge.preflight_rows(reports)] + ([judge.bandwidth_rows(out["bandwidth"]["records"])] if summary else [])
-                     + [judge.render_findings_table(findings)]):
-            table = Table(*rows[0])
-            for row in rows[1:]:
-                table.add_row(*(escape(cell) for cell in row))  # log lines hold [brackets]
-            console.print(table)
+        # plain tables that fit the terminal: versions are never cut, long notes wrap
+        tables = [fit_table(judge.preflight_rows(reports), spill=_CHECK_SPILL)]
         if summary:
-            console.print(f"peak busbw {summary.peak_busbw_gbps:.2f} GB/s on {summary.interconnect}: {summary.verdict}")
+            tables.append(fit_table(judge.bandwidth_rows(out["bandwidth"]["records"]),
+                                    right=set(range(5))))
+        tables.append(fit_table(judge.render_findings_table(findings)))
+        typer.echo("\n\n".join("\n".join(lines) for lines in tables))
+        if summary:
+            typer.echo(fit_lines(f"peak busbw {summary.peak_busbw_gbps:.2f} GB/s on "
+                                 f"{summary.interconnect}: {summary.verdict}"))
         if gate is not None:
             from provision.job.gate import render_table
 
             when = "now" if fabric else f"last run {gate.checked_at}"
-            typer.echo(f"{render_table(gate)}\n  ({when}; `check {name} --fabric` runs it again)")
+            typer.echo(fit_lines(f"{render_table(gate)}\n  ({when}; `check {name} --fabric` "
+                                 "runs it again)"))
     raise typer.Exit(1 if any(f.severity == "error" for f in findings) else 0)
 
 

@@ -10,7 +10,14 @@ from typing import Annotated, Any
 import typer
 
 from provision.cli.app import app, guard, note_skipped, with_options
-from provision.cli.options import CLUSTER_OPTIONS, JOB_OPTIONS, cluster_spec, confirmer, job_spec
+from provision.cli.options import (
+    CLUSTER_OPTIONS,
+    JOB_OPTIONS,
+    cluster_spec,
+    confirmer,
+    job_spec,
+    planned_only,
+)
 
 
 def _err(msg: str) -> None:
@@ -27,6 +34,20 @@ def _inventory_or_none(name: str) -> Any:
     except InventoryUnreadableError as exc:  # the job records are kept apart: still shown
         note_skipped([exc], "unchecked: its jobs are shown as last recorded, not asked of its nodes")
         return None
+
+
+def _the_only_cluster() -> str:
+    """The cluster a command means when none is named: the only one there is."""
+    from provision.model.errors import UserInputError
+    from provision.model.inventory import InventoryStore
+
+    names = InventoryStore().names()
+    if len(names) == 1:
+        return names[0]
+    if not names:
+        raise UserInputError("no cluster on this machine", hint="create one: mgpu-cloud up")
+    raise UserInputError(f"which cluster? there are {len(names)}: {', '.join(names)}",
+                         hint=f"name one: mgpu-cloud jobs {names[0]}")
 
 
 def _record(name: str, job_id: str | None) -> Any:
@@ -54,17 +75,19 @@ def _duration(seconds: float | None) -> str:
 @app.command()
 @guard
 def jobs(
-    name: Annotated[str, typer.Argument(help="cluster name (also one that was removed)")],
+    name: Annotated[str | None, typer.Argument(help="cluster name (also one that was removed); default: the only cluster")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="machine-readable output")] = False,
     store_url: Annotated[str | None, typer.Option("--store", help="a managed run's store URL (default: the cluster's, or the one `attach` saved)")] = None,
 ) -> None:
     """List a cluster's jobs: id, state, start, duration, exit code per node, command."""
     from provision.cli.managed import jobs_from_store, managed_url
+    from provision.cli.tables import fit_table
     from provision.job.jobs import refresh
     from provision.model.jobstore import JobStore
     from provision.nodes import NodeGroup
-    from provision.operations.status import text_table, when
+    from provision.operations.status import when
 
+    name = name or _the_only_cluster()
     url = managed_url(name, store_url)
     if url:  # a managed cluster: its store has the records (issue 18)
         jobs_from_store(url, name, as_json)
@@ -73,6 +96,10 @@ def jobs(
     store = JobStore()
     recs = store.all(name)
     inv = _inventory_or_none(name)
+    if inv is None and not recs:  # neither a cluster nor one that ran jobs here
+        from provision.model.inventory import InventoryStore
+
+        InventoryStore().load(name)  # raises "no cluster named ... (known clusters: ...)"
     if inv is not None and inv.status == "ready":
         with NodeGroup(inv) as group:
             recs = refresh(inv, recs, group, store=store)
@@ -88,7 +115,7 @@ def jobs(
     rows = [("ID", "STATE", "STARTED", "DURATION", "EXIT", "COMMAND")]
     rows += [(r.id, r.state + (" (detached)" if r.detached else ""), when(r.started_at),
               _duration(r.duration_s()), _exit_text(r), r.command) for r in recs]
-    typer.echo("\n".join(text_table(rows, right={0})))
+    typer.echo("\n".join(fit_table(rows, right={0})))
 
 
 @app.command()
@@ -141,8 +168,7 @@ def logs(
             try:
                 followed = follow_job(rec, group, sys.stdout, nodes, wait=follow)
             except KeyboardInterrupt:
-                _err(f"stopped following; job {rec.id} goes on "
-                     f"(cancel it: mgpu-cloud cancel {name} {rec.id})")
+                _err(_after_ctrl_c(inv, rec, group, name))
                 raise typer.Exit(130) from None
             for r in followed.values():
                 if r.error is not None:
@@ -152,6 +178,22 @@ def logs(
             if follow:
                 refresh(inv, [rec], group)
     _finish(rec, follow)
+
+
+def _after_ctrl_c(inv: Any, rec: Any, group: Any, name: str) -> str:
+    """What a Ctrl-C on `logs` leaves behind, as the nodes tell it now (one short query; a
+    second Ctrl-C stops that too)."""
+    from provision.job.jobs import refresh
+
+    try:
+        refresh(inv, [rec], group)
+    except Exception as exc:  # noqa: BLE001 - the user asked to stop: say what is known
+        return f"stopped following job {rec.id}; its state is unknown ({exc})"
+    if rec.final:
+        code = "" if rec.exit_code is None else f", exit code {rec.exit_code}"
+        return f"stopped following job {rec.id}; it had already finished: {rec.state}{code}"
+    return (f"stopped following job {rec.id}; it goes on "
+            f"(cancel it: mgpu-cloud cancel {name} {rec.id})")
 
 
 def _finish(rec: Any, follow: bool) -> None:
@@ -235,19 +277,23 @@ def monitor(
 
     from provision.model.inventory import InventoryStore
     from provision.nodes import NodeGroup
-    from provision.operations.monitor import HEADER, LiveMonitor, snapshot, table_rows
+    from provision.operations.monitor import HEADER, LiveMonitor, shared_note, snapshot, table_rows
     from provision.operations.status import text_table
 
     inv = InventoryStore().load(name)
+    note = shared_note(inv)  # e.g. docker: the host's numbers on every node, said so
     if once:
         with NodeGroup(inv) as group:
             samples = snapshot(group)
         if as_json:
             import json
 
-            typer.echo(json.dumps({"cluster": name, "nodes": samples}, indent=2))
+            typer.echo(json.dumps({"cluster": name, "nodes": samples, "note": note or None},
+                                  indent=2))
         else:
             typer.echo("\n".join(text_table([HEADER, *table_rows(samples)])))
+            if note:
+                typer.echo(f"note: {note}")
         raise typer.Exit(1 if any("error" in s for s in samples) else 0)
     live = LiveMonitor(inv, interval)
     live.start()
@@ -257,7 +303,8 @@ def monitor(
             from rich.table import Table
 
             def render() -> Table:
-                table = Table(*HEADER, title=f"{name} (every {interval:g} s; Ctrl-C to stop)")
+                table = Table(*HEADER, title=f"{name} (every {interval:g} s; Ctrl-C to stop)",
+                              caption=f"note: {note}" if note else None)
                 for row in table_rows(live.latest()):
                     table.add_row(*row)
                 return table
@@ -269,7 +316,8 @@ def monitor(
         else:
             while True:
                 time.sleep(interval)
-                typer.echo("\n".join(text_table([HEADER, *table_rows(live.latest())])) + "\n")
+                lines = text_table([HEADER, *table_rows(live.latest())])
+                typer.echo("\n".join(lines + ([f"note: {note}"] if note else [])) + "\n")
     except KeyboardInterrupt:
         pass
     finally:
@@ -283,9 +331,10 @@ def cost(
     as_json: Annotated[bool, typer.Option("--json", help="machine-readable output")] = False,
 ) -> None:
     """What every cluster made here cost (also removed ones), at the catalog price."""
+    from provision.cli.tables import fit_lines, fit_table
     from provision.cluster.cost import report
     from provision.model.inventory import InventoryStore
-    from provision.operations.status import text_table, when
+    from provision.operations.status import when
 
     rep = report(name)
     note_skipped([exc for exc in InventoryStore().scan()[1]
@@ -305,19 +354,20 @@ def cost(
                      when(r["created"]), when(r["removed"]) if r["removed"] else "running",
                      f"{r['node_hours']:.2f}", f"{r['cost_usd']:.2f}"))
     rows.append(("total", "", "", "", "", "", "", f"{rep['total_usd']:.2f}"))
-    typer.echo("\n".join(text_table(rows, right={3, 6, 7})))
-    typer.echo("catalog prices x time from up to down; the bill also has disks, traffic and "
-               "rounding", err=True)
+    # too wide for the terminal: REMOVED, then CREATED, TYPE, PROVIDER go under each row
+    typer.echo("\n".join(fit_table(rows, right={3, 6, 7}, spill=(5, 4, 2, 1))))
+    typer.echo(fit_lines("catalog prices x time from up to down; the bill also has disks, "
+                         "traffic and rounding"), err=True)
 
 
 _SCALE_CLUSTER_OPTIONS = [o for o in CLUSTER_OPTIONS if o.name != "nodes"]
 
 
-@app.command(context_settings={"allow_interspersed_args": False, "ignore_unknown_options": True})
+@app.command()
 @guard
 @with_options(_SCALE_CLUSTER_OPTIONS + JOB_OPTIONS, "opts")
 def scale(
-    script: Annotated[str, typer.Argument(help="training script (prints samples/s=X, or is timed)")],
+    script: Annotated[str, typer.Argument(help="training script (prints samples/s=X, or is timed); the tool's options go before it")],
     args: Annotated[list[str] | None, typer.Argument(help="script arguments")] = None,
     sizes: Annotated[str, typer.Option("--nodes", "-n", help="cluster sizes to compare, e.g. 1,2,4")] = "1,2",
     cluster: Annotated[str | None, typer.Option("--cluster", help="use this existing cluster (no up/down)")] = None,
@@ -325,7 +375,9 @@ def scale(
     plot_path: Annotated[str | None, typer.Option("--plot", help="also write a PNG chart here (needs matplotlib)")] = None,
     opts: dict[str, Any] = {},  # noqa: B006 - filled by with_options
 ) -> None:
-    """Run the same job on 1..N nodes: throughput, speedup, efficiency and $ per job."""
+    """Run the same job on 1..N nodes: throughput, speedup, efficiency and $ per job.
+
+    Options go before SCRIPT: `scale --nodes 1,2,4 train.py --steps 50`."""
     from provision.cli.options import script_and_args
     from provision.operations import scale as scaling
     from provision.operations.status import text_table
@@ -341,7 +393,7 @@ def scale(
     result = scaling.scale(job, counts, spec=spec, cluster=cluster, confirm=confirmer(opts),
                            log=_err)
     if result is None:
-        raise typer.Exit(1)
+        raise typer.Exit(planned_only(opts))
     if plot_path:
         scaling.plot(result, plot_path)
         _err(f"wrote {plot_path}")

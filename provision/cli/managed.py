@@ -14,8 +14,9 @@ def _err(msg: str) -> None:
 
 
 def jobs_from_store(url: str, name: str, as_json: bool) -> None:
+    from provision.cli.tables import fit_table
     from provision.job.managed.client import all_jobs, forget_if_torn_down
-    from provision.operations.status import text_table, when
+    from provision.operations.status import when
 
     recs = all_jobs(url, name)
     if forget_if_torn_down(name, recs):
@@ -33,7 +34,7 @@ def jobs_from_store(url: str, name: str, as_json: bool) -> None:
               when(r["started_at"]) if r["started_at"] else "-", str(r["restarts"]),
               "-" if r["exit_code"] is None else str(r["exit_code"]), r["command"])
              for r in recs]
-    typer.echo("\n".join(text_table(rows, right={0, 3})))
+    typer.echo("\n".join(fit_table(rows, right={0, 3})))
 
 
 def logs_from_store(url: str, name: str, job_id: str | None, follow: bool,

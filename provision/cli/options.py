@@ -16,10 +16,19 @@ import typer
 from provision.cli.app import Opt
 from provision.model.registry import DEFAULT_PROVIDER, Flag, all_provider_infos, provider_names
 
+DEFAULT_NODES = 1  # ClusterSpec.nodes' default (tests/test_cli_surface.py keeps them equal)
+# The groups of `run --help` / `launch --help` (Typer's rich_help_panel, printed as plain
+# sections by provision.cli.command); the command's own options come first, under "Options".
+CLUSTER, PROVIDER, PLAN, JOB, RECOVERY, FABRIC = (
+    "Cluster", "Provider (each flag names its providers)", "Plan", "Job", "Recovery",
+    "Fabric gate")
+SCRIPT_HELP = ("training script; the tool's options go before it, every word after it is the "
+               "script's own")
+
 _CORE_CLUSTER_OPTIONS = [
     Opt("config", str | None, typer.Option(None, "--config", "-c", help="cluster YAML file; flags override it")),
     Opt("provider", str | None, typer.Option(None, "--provider", "-p", help=f"{DEFAULT_PROVIDER} (default) | " + " | ".join(n for n in provider_names() if n != DEFAULT_PROVIDER)), ("provider",)),
-    Opt("nodes", int | None, typer.Option(None, "--nodes", "-n", help="number of nodes"), ("nodes",)),
+    Opt("nodes", int | None, typer.Option(None, "--nodes", "-n", help=f"number of nodes (default: {DEFAULT_NODES})"), ("nodes",)),
     Opt("name", str | None, typer.Option(None, "--name", help="cluster name (default: generated)"), ("name",)),
     Opt("gpus_per_node", int | None, typer.Option(None, "--gpus-per-node", help="slots per node (default: what the machine has)"), ("gpus_per_node",)),
     Opt("ssh_cidr", str | None, typer.Option(None, "--ssh-cidr", help="who may reach SSH (default: your own address)"), ("ssh_cidr",)),
@@ -71,11 +80,24 @@ def provider_flag_options(select: Callable[[Flag], bool] = lambda f: True) -> li
     return out
 
 
-CLUSTER_OPTIONS = _CORE_CLUSTER_OPTIONS + provider_flag_options() + _PLAN_OPTIONS
+def in_panel(title: str, options: list[Opt]) -> list[Opt]:
+    """`options`, shown under `title` in a command's help."""
+    for opt in options:
+        opt.option.rich_help_panel = title
+    return options
+
+
+_RECOVERY = {"max_restarts", "stall_timeout", "on_node_loss", "preempt_signal", "notify"}
+_FABRIC = {"fabric_check", "allow_slow_network"}
+in_panel(JOB, [o for o in JOB_OPTIONS if o.name not in _RECOVERY | _FABRIC])
+in_panel(RECOVERY, [o for o in JOB_OPTIONS if o.name in _RECOVERY])
+in_panel(FABRIC, [o for o in JOB_OPTIONS if o.name in _FABRIC])
+CLUSTER_OPTIONS = (in_panel(CLUSTER, _CORE_CLUSTER_OPTIONS) + in_panel(PROVIDER, provider_flag_options())
+                   + in_panel(PLAN, _PLAN_OPTIONS))
 # `up` only: in `run`, --image is the job's (JOB_OPTIONS), which runs in it on any cluster.
-UP_OPTIONS = CLUSTER_OPTIONS + [
+UP_OPTIONS = CLUSTER_OPTIONS + in_panel(CLUSTER, [
     Opt("image", str | None, typer.Option(None, "--image", help="training container the nodes pull and jobs run in (default: one for the GPUs' architecture; checked against them)"), ("image",)),
-]
+])
 GC_OPTIONS = provider_flag_options(lambda f: f.gc)
 
 
@@ -140,6 +162,12 @@ def script_and_args(script: str, args: list[str] | None) -> tuple[str, list[str]
             raise UserInputError("no script given after `--`")
         script, rest = rest[0], rest[1:]
     return script, rest
+
+
+def planned_only(opts: dict[str, Any]) -> int:
+    """The exit code of a run that stopped at its plan: 0 for --dry-run (it did what was
+    asked, as `up --dry-run` does), 1 when the user declined the plan."""
+    return 0 if opts.get("dry_run") else 1
 
 
 def confirmer(opts: dict[str, Any]) -> Callable[[Any], bool]:

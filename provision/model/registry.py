@@ -69,6 +69,9 @@ class ProviderInfo:
     # stop themselves, and the cluster stays until `down`.
     self_stop: str | None = None
     self_stop_note: str = ""
+    # Said under `monitor`'s table when its numbers are not each node's own (e.g. containers
+    # sharing the machine's kernel); "" when they are.
+    monitor_note: str = ""
 
 
 def provider_names() -> tuple[str, ...]:

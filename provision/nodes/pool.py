@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import functools
 import threading
 import time
 from collections.abc import Callable, Iterable
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from typing import TypeVar
 
 T = TypeVar("T")
@@ -17,12 +18,17 @@ def fan_out(items: Iterable[U], fn: Callable[[U], T], *, streaming: bool = False
     """fn(item) for every item in parallel (results in order). The one thread pool of the
     controller: exceptions propagate (the first, after every call has ended). At most
     MAX_WORKERS at a time, unless `streaming`: calls that last as long as a job (following
-    its output) each need a thread of their own, or item 33 would start only when one ends."""
+    its output) each get a thread of their own (item 33 must not wait for one to end), and
+    a Ctrl-C (or any exception in the waiting thread) returns at once, leaving those calls
+    to end with the process: waiting for them would swallow the user's first Ctrl-C."""
     items = list(items)
     if not items:
         return []
-    workers = len(items) if streaming else min(MAX_WORKERS, len(items))
-    with ThreadPoolExecutor(max_workers=workers) as pool:
+    if streaming:
+        futures = [background(functools.partial(fn, item)) for item in items]
+        wait(futures)  # a Ctrl-C raises here, in the caller's thread
+        return [fut.result() for fut in futures]
+    with ThreadPoolExecutor(max_workers=min(MAX_WORKERS, len(items))) as pool:
         return list(pool.map(fn, items))
 
 

@@ -19,6 +19,14 @@ from provision.nodes import NodeConnection, NodeGroup
 HEADER = ("NODE", "DEVICE", "UTIL %", "MEMORY", "POWER", "TEMP", "LOAD")
 
 
+def shared_note(inv: Inventory) -> str:
+    """What the table cannot show by itself: that its numbers are not each node's own (the
+    provider's ProviderInfo.monitor_note, e.g. docker's containers on one kernel); "" else."""
+    from provision.model.registry import provider_info
+
+    return provider_info(inv.provider).monitor_note
+
+
 def snapshot(group: NodeGroup) -> list[dict[str, Any]]:
     """One sample of every node, in rank order: {"node", "rank", ...sample} or
     {"node", "rank", "error"} for a node that could not answer."""

@@ -56,9 +56,23 @@ def _price(row: dict[str, Any]) -> str:
     return f"{row['hourly_cost_usd']:.2f}" + ("" if row.get("price_known", True) else "+?")
 
 
+def _node_lines(nodes: list[dict[str, Any]]) -> list[str]:
+    """The nodes of one cluster under a header of their own: name, SSH login, and the
+    private address where it differs."""
+    if not nodes:
+        return []
+    private = any(n["private_address"] != n["address"] for n in nodes)
+    rows = [("NODE", "SSH", "PRIVATE") if private else ("NODE", "SSH")]
+    for n in nodes:
+        login = f"{n['user']}@{n['address']}:{n['port']}"
+        rows.append((n["name"], login, n["private_address"]) if private else (n["name"], login))
+    return text_table(rows)
+
+
 def status_text(rows: list[dict[str, Any]], notes: dict[str, str] | None = None) -> str:
     """Plain lines that fit 80 columns for names up to 30 characters: one line per cluster,
-    then one per node (address and port never cut, unlike a table squeezed to the terminal),
+    then its nodes under their own header (address and port never cut, unlike a table
+    squeezed to the terminal),
     then the cluster's note if any (e.g. the fabric gate's last result)."""
     if not rows:
         return "no clusters (create one: mgpu-cloud up)"
@@ -69,10 +83,7 @@ def status_text(rows: list[dict[str, Any]], notes: dict[str, str] | None = None)
     out = [lines[0]]
     for r, cells in zip(rows, lines[1:], strict=True):
         out.append(cells)
-        for n in r["nodes"]:
-            private = "" if n["private_address"] == n["address"] else \
-                f"  private {n['private_address']}"
-            out.append(f"  {n['name']}  {n['user']}@{n['address']}:{n['port']}{private}")
+        out += ["  " + line for line in _node_lines(r["nodes"])]
         if notes and r["name"] in notes:
             out.append(f"  {notes[r['name']]}")
     return "\n".join(out)

@@ -8,8 +8,13 @@ One 2-node cluster is shared by the tests of this file (they run in file order).
 from __future__ import annotations
 
 import json
+import os
+import queue
 import re
+import signal
 import subprocess
+import sys
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -104,6 +109,76 @@ def test_the_state_folder_never_goes_to_the_nodes(home: Path, project: Path) -> 
     assert "./notes.txt" in listing and "./hello.py" in listing
     assert "./state" not in listing and "id_ed25519" not in listing, listing
     assert "history.jsonl" not in listing and "known_hosts" not in listing, listing
+
+
+# A job that says it started, then runs until it is cancelled.
+LONG_JOB = """\
+import os, time
+print("rank", os.environ["RANK"], "started", flush=True)
+time.sleep(900)
+"""
+
+
+def test_logs_follow_stops_on_the_first_ctrl_c_and_the_job_goes_on(home: Path,
+                                                                    tmp_path: Path) -> None:
+    """One SIGINT (what Ctrl-C sends) ends `logs --follow` while the job runs: the job runs
+    for 15 minutes, so only the Ctrl-C can end the follower within the test's wait."""
+    (tmp_path / "long.py").write_text(LONG_JOB)
+    start = cli("launch", NAME, "--detach", "--nproc-per-node", "1", "--", "long.py",
+                home=home, cwd=tmp_path)
+    assert start.returncode == 0, start.stderr
+    job_id = start.stdout.strip()
+    follower = subprocess.Popen(
+        [sys.executable, "-m", "provision.cli", "logs", NAME, job_id, "--follow"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        env={**os.environ, "MGPU_CLOUD_HOME": str(home)})
+    try:
+        lines: queue.Queue[str] = queue.Queue()
+        assert follower.stdout is not None
+        threading.Thread(target=lambda: [lines.put(line) for line in follower.stdout or []],
+                         daemon=True).start()
+        started: set[str] = set()
+        while len(started) < 2:  # both nodes' ranks are being followed now
+            line = lines.get(timeout=120)
+            if "started" in line:
+                started.add(line.split()[0])
+        follower.send_signal(signal.SIGINT)
+        _, err = follower.communicate(timeout=60)
+        assert follower.returncode == 130, err
+        assert f"stopped following job {job_id}; it goes on" in err, err
+        listed = json.loads(cli("jobs", NAME, "--json", home=home).stdout)
+        assert next(j["state"] for j in listed if j["id"] == job_id) == "running"
+    finally:
+        if follower.poll() is None:
+            follower.kill()
+        cli("cancel", NAME, job_id, "--grace", "1", home=home)
+
+
+def test_torchrun_prints_no_omp_banner_and_ranks_get_one_thread(home: Path,
+                                                                   tmp_path: Path) -> None:
+    """Two processes per node: torchrun would set OMP_NUM_THREADS=1 and print its 5-line
+    banner on each node; the tool sets the same value, so the banner never comes."""
+    (tmp_path / "omp.py").write_text(
+        "import os\nprint('rank', os.environ['RANK'], 'omp', os.environ.get('OMP_NUM_THREADS'))\n")
+    res = cli("launch", NAME, "--", "omp.py", home=home, cwd=tmp_path)
+    out = res.stdout + res.stderr
+    assert res.returncode == 0, out
+    assert sorted(re.findall(r"rank (\d) omp 1\b", out)) == ["0", "1", "2", "3"], out
+    assert "Setting OMP_NUM_THREADS" not in out and "*****" not in out, out
+
+
+def test_the_day2_tables_fit_80_columns(home: Path) -> None:
+    """On real nodes, after the jobs above: `status`, `jobs`, `cost` and `check` in an 80x24
+    terminal; no line wider, the torch version whole."""
+    wide = {}
+    for args in (("status",), ("jobs", NAME), ("cost",), ("check", NAME)):
+        res = cli(*args, home=home, env={"COLUMNS": "80"})
+        assert res.returncode == 0, res.stdout + res.stderr
+        out = res.stdout + res.stderr
+        wide[args[0]] = [line for line in out.splitlines() if len(line) > 80]
+        if args[0] == "check":
+            assert "2.13.0" in out and "…" not in out, out
+    assert wide == {"status": [], "jobs": [], "cost": [], "check": []}
 
 
 def test_a_finished_accelerate_job_without_teardown_exits_cleanly(home: Path) -> None:

@@ -20,3 +20,17 @@ class Torchrun(BaseLauncher):
             argv += ["--node_rank", str(node.rank), "--master_addr", ctx.master_address,
                      "--master_port", port]
         return argv + ctx.script(program)
+
+    def prepare(self, ctx: LaunchContext, env: dict[str, str]) -> tuple[str, list[str]]:
+        """OMP_NUM_THREADS=1 where torchrun would set it (more than one process per node, the
+        job sets none): the same value, without torchrun's 5-line banner on every node. A
+        cluster where some node runs one process is left to torchrun (it sets nothing there)."""
+        if "OMP_NUM_THREADS" not in env and all(_processes(ctx, n) > 1 for n in ctx.inv.nodes):
+            env["OMP_NUM_THREADS"] = "1"
+        return "", []
+
+
+def _processes(ctx: LaunchContext, node: NodeRecord) -> int:
+    """Processes torchrun starts on `node`: the number given, or for 'gpu'/'auto' its slots."""
+    value = ctx.nproc(node)
+    return int(value) if value.isdigit() else node.slots

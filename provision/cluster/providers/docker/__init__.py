@@ -16,6 +16,7 @@ INFO = ProviderInfo(
     self_stop="kill -TERM 1",
     self_stop_note="each node container stops itself; `down` removes the stopped containers, "
                    "the network and the inventory",
+    monitor_note="CPU, memory and load are this machine's (docker nodes share its kernel)",
     flags=(
         Flag("--base-image", "base_image", help="base of the node image"),
         Flag("--node-image", "image", help="use this node image as is"),
