@@ -383,9 +383,9 @@ def _stopping(exc: BaseException, cluster: str, job_id: str) -> str:
     """What run_job says when it is interrupted (Ctrl-C: the ranks' output is hidden)."""
     if not isinstance(exc, KeyboardInterrupt):
         return "stopping the job on every node ..."
-    kept = "" if job_id.startswith("adhoc-") else f"; its logs: mgpu-cloud logs {cluster} {job_id}"
-    return (f"stopped by you (Ctrl-C): job {job_id} stopped on every node, the ranks' "
-            f"messages about it hidden{kept}")
+    kept = "" if job_id.startswith("adhoc-") else f" (its logs: mgpu-cloud logs {cluster} {job_id})"
+    return (f"stopped by you (Ctrl-C): stopping job {job_id} on every node; the ranks' "
+            f"messages about it are not shown{kept}")
 
 
 def _report_failure(lines: deque[str], log: Log) -> None:

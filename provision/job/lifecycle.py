@@ -7,7 +7,10 @@
       keep checkpoints  job.checkpoints   $MGPU_CHECKPOINT_DIR copied off the nodes as it changes
       detect         job.recovery    node lost / rank crash / hang / preemption (a Watcher)
       recover        job.recovery    replace only what failed, restore, start again
-    record           job.jobs        every attempt is a job record of its own
+    record           job.jobs        every attempt is a job record of its own, linked to the
+                                     one it restarts; a lost node's log kept as streamed
+    explain, recap   job.recovery, job.cause, job.recap   the failure's cause first; a run
+                                     that restarted ends with a recap of every attempt
     fetch            job.collect     rank 0's outputs back
 
     launch(name, job)   the life above on an existing cluster (lock held); its exit code

@@ -61,7 +61,7 @@ def test_ctrl_c_during_run_says_one_line_not_every_rank(tmp_path: Path,
     assert code == 130, out
     after = out.split("stopped by you (Ctrl-C)", 1)
     assert len(after) == 2, out
-    assert f"its logs: mgpu-cloud logs {cluster_name} 1" in after[1], out
+    assert f"(its logs: mgpu-cloud logs {cluster_name} 1)" in after[1], out
     shown = [line for line in after[1].splitlines() if line.startswith("[node-")]
     assert shown == [], "\n".join(shown)  # no SignalException tracebacks of the ranks
     assert f"cluster '{cluster_name}' removed" in after[1], out
