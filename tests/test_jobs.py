@@ -166,3 +166,74 @@ def test_follow_prefixes_every_node() -> None:
     assert sorted(out.getvalue().splitlines()) == ["[node-0] a", "[node-0] b", "[node-1] a",
                                                    "[node-1] b"]
     fake.assert_ran("node-0", r"job follow --dir .*jobs/1$")
+
+
+def test_before_teardown_names_the_node_whose_log_is_missing_and_why(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from provision.model.inventory import Replacement
+
+    inv = _inv()
+    inv.replacements.append(Replacement(rank=1, old="c-old", new="c-new", reason="node lost"))
+    jobs.begin(inv, _job(), inv.nodes, detached=True)
+    fake = FakeConnector()
+    fake.on(r"job status", stdout=_status(**{"1": {"state": "exited", "exit_code": 0}}))
+    fake.files[("node-0", ".mgpu-cloud/jobs/1/node.log")] = b"fine\n"  # node-1: none
+    monkeypatch.setattr("provision.nodes.group.default_connector", lambda inv: fake)
+    said: list[str] = []
+    jobs.before_teardown(inv, log=said.append)
+    assert len(said) == 1 and said[0].startswith(
+        "job 1: the log of node-1 could not be copied before teardown ("), said
+    assert said[0].endswith("; node-1 was replaced since, and the old node's log went with it")
+
+
+def test_attempts_of_one_run_are_linked_and_history_is_the_whole_run() -> None:
+    inv = _inv()
+    first = jobs.begin(inv, _job(), inv.nodes, detached=False)
+    other = jobs.begin(inv, _job(), inv.nodes, detached=False)
+    second = jobs.begin(inv, _job(), inv.nodes, detached=False, parent=first)
+    third = jobs.begin(inv, _job(), inv.nodes, detached=False, parent=second)
+    assert (second.attempt, second.parent, third.attempt) == (2, "1", 3)
+    store = jobs.JobStore()
+    for rec in (first, second, third):
+        assert [r.id for r in store.history(rec)] == ["1", "3", "4"]
+    assert [r.id for r in store.history(other)] == ["2"]
+
+
+def test_a_lost_nodes_log_is_kept_as_streamed_and_never_asked_for_again() -> None:
+    inv = _inv()
+    rec = jobs.begin(inv, _job(), inv.nodes, detached=False)
+    jobs.keep_streamed(rec, ["node-1"], ["[node-0] a", "[node-1] step 3", "[node-1] step 4"])
+    store = jobs.JobStore()
+    kept = store.log_path(rec, "node-1").read_text().splitlines()
+    assert kept[:2] == ["step 3", "step 4"] and "node-1 was lost" in kept[2]
+    fake = FakeConnector()
+    fake.on(r"job status", stdout=_status(**{"1": {"state": "cancelled", "exit_code": 143}}))
+    fake.files[("node-0", ".mgpu-cloud/jobs/1/node.log")] = b"a\n"
+    jobs.refresh(inv, [rec], NodeGroup(inv, connector=fake))
+    assert fake.commands("node-1") == []  # the lost node is not asked (nor waited for)
+    rec = store.load("demo", "1")
+    assert rec.final and rec.logs_saved and rec.nodes["node-1"].state == "lost"
+    assert store.log_path(rec, "node-1").read_text().splitlines()[0] == "step 3"
+
+
+def test_logs_prints_every_attempt_of_a_run_under_a_header() -> None:
+    from typer.testing import CliRunner
+
+    from provision.cli import app
+
+    inv = _inv()
+    store = jobs.JobStore()
+    first = jobs.begin(inv, _job(), inv.nodes, detached=False)
+    first.failure, first.state = "node lost (node-1)", "lost"
+    second = jobs.begin(inv, _job(), inv.nodes, detached=False, parent=first)
+    second.state = "succeeded"
+    for rec, text in ((first, "before"), (second, "after")):
+        for node in rec.nodes:
+            store.log_path(rec, node).write_text(f"{text} on {node}\n")
+        rec.logs_saved = True
+        store.save(rec)
+    out = CliRunner().invoke(app, ["logs", "demo", "1", "--node", "1"])  # no cluster now
+    assert out.exit_code == 0, out.output
+    assert out.output.splitlines() == [
+        "=== job 1, attempt 1 of 2: node lost (node-1) ===", "[node-1] before on node-1",
+        "=== job 2, attempt 2 of 2 ===", "[node-1] after on node-1"]

@@ -53,3 +53,44 @@ def test_progress_plain_lines_for_created_resources_and_bootstrap(mgpu_home: Pat
 def test_no_progress_group_for_a_plain_store(mgpu_home: Path) -> None:
     with bootstrap_group(_inv("q", 1), InventoryStore()) as group:
         assert group is None
+
+
+def _rolled_back(store: ReportingStore, inv: Inventory) -> None:
+    """What pipeline.destroy_cluster does to the store during a rollback."""
+    inv.status = "destroying"
+    store.save(inv)
+    store.delete(inv.name)
+
+
+def test_a_rollback_after_ctrl_c_shows_in_the_progress(mgpu_home: Path) -> None:
+    out = io.StringIO()
+    progress = NodeProgress(out, live=False)
+    store = ReportingStore(progress)
+    inv = _inv("p", 2)
+    store.create(inv)
+    for r in range(2):
+        store.record(inv, ResourceRecord(kind="container", id=f"c{r}", name=f"p-node-{r}"))
+    try:
+        with bootstrap_group(inv, store, FakeConnector()) as group:
+            assert group is not None
+            raise KeyboardInterrupt  # Ctrl-C while the nodes are bootstrapped
+    except KeyboardInterrupt:
+        _rolled_back(store, inv)
+    lines = out.getvalue().splitlines()
+    for r in range(2):
+        assert lines.index(f"  p-node-{r}: container created") \
+            < lines.index(f"  p-node-{r}: container removed")
+    assert progress.states["node-0"] == "removed"  # the live table's node rows too
+
+
+def test_after_a_good_bootstrap_teardown_adds_no_progress_lines(mgpu_home: Path) -> None:
+    out = io.StringIO()
+    store = ReportingStore(NodeProgress(out, live=False))
+    inv = _inv("p", 1)
+    store.create(inv)
+    store.record(inv, ResourceRecord(kind="container", id="c0", name="p-node-0"))
+    with bootstrap_group(inv, store, FakeConnector()) as group:
+        assert group is not None
+    before = out.getvalue()
+    _rolled_back(store, inv)  # `run`'s teardown at the end: the run's last lines stay its own
+    assert out.getvalue() == before

@@ -139,7 +139,7 @@ def logs(
     from provision.model.jobstore import is_current
     from provision.nodes import NodeGroup
 
-    rec = _record(name, job_id)
+    rec = _earlier_attempts(_record(name, job_id), node)  # one run's whole history
     names = list(rec.nodes)
     if node is not None:
         names = [n for n, nj in rec.nodes.items() if nj.rank == node]
@@ -194,6 +194,27 @@ def _after_ctrl_c(inv: Any, rec: Any, group: Any, name: str) -> str:
         return f"stopped following job {rec.id}; it had already finished: {rec.state}{code}"
     return (f"stopped following job {rec.id}; it goes on "
             f"(cancel it: mgpu-cloud cancel {name} {rec.id})")
+
+
+def _earlier_attempts(rec: Any, node: int | None) -> Any:
+    """For a run that restarted: print the attempts before its last one (kept copies), each
+    under a header, and return the last attempt (printed by `logs` as any job is)."""
+    from provision.job.jobs import print_saved_logs
+    from provision.model.jobstore import JobStore
+
+    chain = JobStore().history(rec)
+    if len(chain) == 1:
+        return rec
+    for attempt in chain:
+        ended = f": {attempt.failure}" if attempt.failure else f": {attempt.state}"
+        typer.echo(f"=== job {attempt.id}, attempt {attempt.attempt} of {len(chain)}"
+                   f"{ended if attempt is not chain[-1] else ''} ===")
+        if attempt is chain[-1]:
+            return attempt
+        names = [n for n, nj in attempt.nodes.items() if node is None or nj.rank == node]
+        for missing in print_saved_logs(attempt, sys.stdout, names):
+            _err(f"job {attempt.id}: no copy of {missing}'s log was kept")
+    return chain[-1]
 
 
 def _finish(rec: Any, follow: bool) -> None:

@@ -7,7 +7,10 @@ Two observers, no change to the providers or to bootstrap:
   node's files were unpacked.
 
 `NodeProgress` shows the latest state of each node/resource: a live Rich table when stderr is
-a terminal, otherwise one plain line per change (logs and CI stay readable).
+a terminal, otherwise one plain line per change (logs and CI stay readable). A rollback (a
+failure or Ctrl-C during `up`) shows too: every row becomes "removing ...", then "removed" once
+the inventory is gone. After a bootstrap that succeeded the progress is over: the job's own
+output follows, and `run`'s teardown at the end says "cluster removed" by itself.
 """
 
 from __future__ import annotations
@@ -28,17 +31,20 @@ class NodeProgress:
         self.stream = stream or sys.stderr
         self.live = self.stream.isatty() if live is None else live
         self.states: dict[str, str] = {}
+        self.done = False  # the nodes are up: nothing more to show
         self._lock = threading.Lock()
         self._screen: Any = None
 
-    def update(self, what: str, state: str) -> None:
+    def update(self, what: str, state: str, *, plain: bool = True) -> None:
+        """Show `what`'s new state (`plain`: also as a line when not live)."""
         with self._lock:
-            if self.states.get(what) == state:
+            if self.done or self.states.get(what) == state:
                 return
             self.states[what] = state
             if not self.live:
-                self.stream.write(f"  {what}: {state}\n")
-                self.stream.flush()
+                if plain:
+                    self.stream.write(f"  {what}: {state}\n")
+                    self.stream.flush()
                 return
             if self._screen is None:
                 from rich.console import Console
@@ -57,8 +63,10 @@ class NodeProgress:
             table.add_row(what, state)
         return table
 
-    def close(self) -> None:
+    def close(self, *, done: bool = False) -> None:
+        """Stop the live table (`done`: for good; a rollback after a plain close shows)."""
         with self._lock:
+            self.done = self.done or done
             if self._screen is not None:
                 self._screen.stop()
                 self._screen = None
@@ -70,10 +78,26 @@ class ReportingStore(InventoryStore):
     def __init__(self, progress: NodeProgress, home: Path | None = None) -> None:
         super().__init__(home)
         self.progress = progress
+        self.kinds: dict[str, str] = {}  # row -> the kind of resource it shows
 
     def record(self, inv: Inventory, resource: ResourceRecord) -> None:
         super().record(inv, resource)
-        self.progress.update(resource.name or resource.id, f"{resource.kind} created")
+        what = resource.name or resource.id
+        self.kinds[what] = resource.kind
+        self.progress.update(what, f"{resource.kind} created")
+
+    def save(self, inv: Inventory) -> None:
+        super().save(inv)
+        if inv.status == "destroying":  # a rollback (or teardown) starts
+            for what in list(self.progress.states):
+                self.progress.update(what, "removing ...", plain=False)
+
+    def delete(self, name: str) -> None:
+        super().delete(name)
+        for what in list(self.progress.states):
+            kind = self.kinds.get(what)
+            self.progress.update(what, f"{kind} removed" if kind else "removed",
+                                 plain=kind is not None)
 
 
 class _ReportingConnection:
@@ -121,8 +145,11 @@ def bootstrap_group(inv: Inventory, store: InventoryStore,
     for node in inv.nodes:
         progress.update(node.name, "waiting for ssh")
     group = NodeGroup(inv, connector=reporting)
+    up = False
     try:
         yield group
+        up = True
     finally:
         group.close()
-        progress.close()  # the job's own output follows: no live table under it
+        # the job's own output follows: no live table under it (a rollback still shows)
+        progress.close(done=up)

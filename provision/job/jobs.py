@@ -39,14 +39,16 @@ Log = Callable[[str], None]
 
 def begin(inv: Inventory, job: JobSpec, nodes: list[NodeRecord], *, detached: bool,
           self_stop: str | None = None, program: list[str] | None = None,
-          store: JobStore | None = None) -> JobRecord:
-    """Record a job about to start on `nodes`; returns it with its new id."""
+          store: JobStore | None = None, parent: JobRecord | None = None) -> JobRecord:
+    """Record a job about to start on `nodes`; returns it with its new id. `parent`: the
+    attempt of the same run that this one restarts."""
     what = " ".join(program) if program is not None else shlex.join(
         [job.script_in_workdir, *job.args])
+    chain = {"attempt": parent.attempt + 1, "parent": parent.id} if parent is not None else {}
     return (store or JobStore()).new({
         "cluster": inv.name, "cluster_created_at": inv.created_at, "command": what,
         "launcher": job.launcher, "nodes": {n.name: NodeJob(rank=n.rank) for n in nodes},
-        "detached": detached, "self_stop": self_stop,
+        "detached": detached, "self_stop": self_stop, **chain,
     })
 
 
@@ -116,7 +118,7 @@ def refresh(inv: Inventory, recs: Iterable[JobRecord], group: NodeGroup, *,
     todo = [r for r in recs if is_current(r, inv) and (not r.final or not r.logs_saved)]
     if not todo:
         return recs
-    wanted = {name for r in todo for name in r.nodes}
+    wanted = {name for r in todo for name in r.nodes if name not in r.streamed}
     layout = group.layout
     nodes = [n for n in group.nodes if n.name in wanted]
     results = group.run(layout.remote_command("job", "status", "--jobs", layout.jobs),
@@ -131,6 +133,8 @@ def refresh(inv: Inventory, recs: Iterable[JobRecord], group: NodeGroup, *,
         if not rec.final:
             ended: list[float] = []
             for name in rec.nodes:
+                if name in rec.streamed:
+                    continue  # a lost node: keep_streamed told its story
                 report = seen.get(name)
                 if report is None:
                     rec.nodes[name].set("unreachable")
@@ -154,12 +158,14 @@ def refresh(inv: Inventory, recs: Iterable[JobRecord], group: NodeGroup, *,
     return recs
 
 
-def save_logs(rec: JobRecord, group: NodeGroup, *, store: JobStore | None = None) -> list[str]:
-    """Copy every node's log of `rec` here (replacing older copies); returns the nodes whose
-    log could not be copied. Marks the record's logs saved when all were."""
+def save_logs(rec: JobRecord, group: NodeGroup, *,
+              store: JobStore | None = None) -> dict[str, str]:
+    """Copy every node's log of `rec` here (replacing older copies; a lost node's streamed
+    copy is kept); returns each node whose log could not be copied, with why. Marks the
+    record's logs saved when all were."""
     store = store or JobStore()
     layout = group.layout
-    nodes = [n for n in group.nodes if n.name in rec.nodes]
+    nodes = [n for n in group.nodes if n.name in rec.nodes and n.name not in rec.streamed]
 
     def get(conn: NodeConnection, node: NodeRecord) -> None:
         target = store.log_path(rec, node.name)
@@ -168,11 +174,31 @@ def save_logs(rec: JobRecord, group: NodeGroup, *, store: JobStore | None = None
         os.replace(part, target)
 
     results = group.each(get, nodes)
-    failed = [r.node.name for r in results.failed]
+    failed = {r.node.name: r.why() for r in results.failed}
+    failed.update({name: "not a node of the cluster any more" for name in rec.nodes
+                   if name not in rec.streamed and name not in {n.name for n in nodes}})
     if not failed:
         rec.logs_saved = True
         store.save(rec)
     return failed
+
+
+def keep_streamed(rec: JobRecord, lost: list[str], lines: Iterable[str], *,
+                  store: JobStore | None = None) -> None:
+    """The log of each `lost` node (gone with its job) kept here as the run saw it streamed:
+    its `[node-R] ` lines of `lines`. Its part of the record becomes "lost"."""
+    store = store or JobStore()
+    for name in lost:
+        if name not in rec.nodes:
+            continue
+        prefix = f"[{name}] "
+        text = "".join(line[len(prefix):] + "\n" for line in lines if line.startswith(prefix))
+        store.log_path(rec, name).write_text(
+            text + f"(mgpu-cloud: {name} was lost; this is its output as the run saw it)\n")
+        rec.nodes[name].set("lost", LOST_CODE)
+        if name not in rec.streamed:
+            rec.streamed.append(name)
+    store.save(rec)
 
 
 def follow(rec: JobRecord, group: NodeGroup, out: TextIO,
@@ -231,8 +257,18 @@ def before_teardown(inv: Inventory, log: Log, store: JobStore | None = None) -> 
             for rec in recs:
                 if rec.state == "running":
                     rec.state, rec.ended_at = "removed", now_iso()
-                if not rec.logs_saved and save_logs(rec, group, store=store):
-                    log(f"job {rec.id}: some nodes' logs could not be copied before teardown")
+                failed = save_logs(rec, group, store=store) if not rec.logs_saved else {}
+                for name, why in failed.items():
+                    log(f"job {rec.id}: the log of {name} could not be copied before teardown "
+                        f"({why}){_replaced_note(inv, rec, name)}")
                 store.save(rec)
     except Exception as exc:  # noqa: BLE001 - never in the way of teardown
         log(f"could not copy job logs before teardown: {exc}")
+
+
+def _replaced_note(inv: Inventory, rec: JobRecord, name: str) -> str:
+    """Why a node may no longer have a job's log: it was replaced after the job."""
+    rank = rec.nodes[name].rank
+    if any(r.rank == rank for r in inv.replacements):
+        return f"; {name} was replaced since, and the old node's log went with it"
+    return ""

@@ -225,7 +225,8 @@ class PrefixWriter:
 
     def __init__(self, node: str, out: TextIO, lock: threading.Lock, keep: int = 4000,
                  on_line: Callable[[str], None] | None = None,
-                 take: Callable[[str], bool] | None = None) -> None:
+                 take: Callable[[str], bool] | None = None,
+                 journal: deque[str] | None = None) -> None:
         self.prefix = f"[{node}] "
         self.out = out
         self.lock = lock
@@ -233,6 +234,8 @@ class PrefixWriter:
         self.lines: deque[str] = deque(maxlen=keep)
         self.on_line = on_line
         self.take = take
+        self.journal = journal  # every node's lines, prefixed, in the order they arrived
+        self.muted = False  # after a stop the user asked for: kept, not printed
 
     def write(self, data: str) -> int:
         self.buf += data.replace("\r\n", "\n")
@@ -251,7 +254,10 @@ class PrefixWriter:
         with self.lock:
             for line in lines:
                 self.lines.append(line)
-                self.out.write(self.prefix + line + "\n")
+                if self.journal is not None:
+                    self.journal.append(self.prefix + line)
+                if not self.muted:
+                    self.out.write(self.prefix + line + "\n")
             self.out.flush()
 
     def flush(self) -> None:
@@ -310,8 +316,9 @@ def run_job(
             return None
         return lambda text: gate.take(node.name, text)
 
-    writers = {n.name: PrefixWriter(n.name, out, lock, on_line=listener(n), take=taker(n))
-               for n in nodes}
+    journal: deque[str] = deque(maxlen=20000)
+    writers = {n.name: PrefixWriter(n.name, out, lock, on_line=listener(n), take=taker(n),
+                                    journal=journal) for n in nodes}
     if gate is not None:
         gate.attach([n.name for n in nodes], lambda node, line: writers[node].show([line]))
     cancelled = threading.Event()
@@ -352,9 +359,9 @@ def run_job(
                     code = node_code
                     if gate_stopped(futures[fut]):
                         continue
-                    why = ("its SSH session dropped" if node_code == SESSION_LOST
-                           else f"exited with {node_code}")
-                    log(f"{futures[fut].name} {why}; stopping the other nodes")
+                    why = (": its SSH session dropped (is the node gone?)"
+                           if node_code == SESSION_LOST else f" exited with {node_code}")
+                    log(f"{futures[fut].name}{why}; stopping the other nodes")
                     stop_job(stopper, [futures[f] for f in pending])
             reason = monitor.poll() if monitor is not None and pending and code == 0 else None
             if reason is not None:
@@ -362,9 +369,11 @@ def run_job(
                 log(f"{reason}; stopping the job on every node")
                 cancelled.set()
                 stop_job(stopper, [futures[f] for f in pending])
-    except BaseException:
+    except BaseException as exc:
         cancelled.set()
-        log("stopping the job on every node ...")
+        for w in writers.values():  # the ranks' noise after a stop the user asked for
+            w.muted = w.muted or isinstance(exc, KeyboardInterrupt)
+        log(_stopping(exc, inv.name, job_id))
         stop_job(stopper, nodes, grace=5.0)
         raise
     finally:
@@ -373,15 +382,24 @@ def run_job(
             group.close()
     elapsed = time.monotonic() - t0
     if code == 0:
-        log(f"job finished on all {len(nodes)} node(s) in {elapsed:.1f} s")
-    elif not (gate is not None and gate.stopped(nodes[0].name)):
-        _report_failure(writers, log)
+        what = f"restart {restart_count}" if restart_count else "job"
+        log(f"{what} finished on all {len(nodes)} node(s) in {elapsed:.1f} s")
+    elif monitor is None and not (gate is not None and gate.stopped(nodes[0].name)):
+        _report_failure(journal, log)  # a monitor's owner explains it, knowing more
     return code
 
 
-def _report_failure(writers: dict[str, PrefixWriter], log: Log) -> None:
-    from provision.job.diagnose import diagnose
+def _stopping(exc: BaseException, cluster: str, job_id: str) -> str:
+    """What run_job says when it is interrupted (Ctrl-C: the ranks' output is hidden)."""
+    if not isinstance(exc, KeyboardInterrupt):
+        return "stopping the job on every node ..."
+    kept = "" if job_id.startswith("adhoc-") else f" (its logs: mgpu-cloud logs {cluster} {job_id})"
+    return (f"stopped by you (Ctrl-C): stopping job {job_id} on every node; the ranks' "
+            f"messages about it are not shown{kept}")
 
-    lines = [w.prefix + line for w in writers.values() for line in w.lines]
-    for d in diagnose(lines):
-        log(f"likely cause ({d.node or 'a node'}): {d.cause}\n  fix: {d.fix}")
+
+def _report_failure(lines: deque[str], log: Log) -> None:
+    from provision.job.cause import explain
+
+    for line in explain(lines):
+        log(line)

@@ -7,7 +7,10 @@
       keep checkpoints  job.checkpoints   $MGPU_CHECKPOINT_DIR copied off the nodes as it changes
       detect         job.recovery    node lost / rank crash / hang / preemption (a Watcher)
       recover        job.recovery    replace only what failed, restore, start again
-    record           job.jobs        every attempt is a job record of its own
+    record           job.jobs        every attempt is a job record of its own, linked to the
+                                     one it restarts; a lost node's log kept as streamed
+    explain, recap   job.recovery, job.cause, job.recap   the failure's cause first; a run
+                                     that restarted ends with a recap of every attempt
     fetch            job.collect     rank 0's outputs back
 
     launch(name, job)   the life above on an existing cluster (lock held); its exit code
@@ -20,6 +23,7 @@ sink) and never reads the terminal: the same code can supervise a job from elsew
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -39,9 +43,11 @@ from provision.job import jobs
 from provision.job.checkpoints import CheckpointKeeper, local_checkpoint_dir
 from provision.job.gate_injob import InJobGate
 from provision.job.launch import SESSION_LOST, launching_nodes, run_job, workdir_of
+from provision.job.recap import Recap
 from provision.job.recovery import (
     CANCELLED,
     FAILURE_EVENTS,
+    Failure,
     OnEvent,
     Outcome,
     Recovery,
@@ -117,46 +123,84 @@ def live(run: JobRun, *, sync: bool = True) -> int:
 
 def supervise(run: JobRun, group: NodeGroup) -> int:
     """start -> follow (checkpoints kept, failures detected) -> record; on a failure, recover
-    and start again, at most job.max_restarts times. Each attempt is a job of its own."""
+    and start again, at most job.max_restarts times. Each attempt is a job of its own, linked
+    to the one it restarts (JobRecord.parent); a run that restarted ends with a recap."""
     keeper = run.keeper or _default_keeper(run)
     recovery = Recovery(run.provider, run.inv, run.store, run.job, run.log, keeper,
                         run.on_event)
+    recap = Recap(run.inv.hourly_cost_usd)
     restarts = 0
     nodes: NodeGroup | None = group
-    while True:
-        with borrowed(run.inv, nodes) as current:
-            rec = _begin(run, current)
-            run.event("resumed" if restarts else "started",
-                      f"restart {restarts} of {run.job.max_restarts}: running again" if restarts
-                      else f"running on {len(run.inv.nodes)} node(s): {run.job.script_in_workdir}")
-            gate = run.gate() if run.gate is not None else None
-            outcome = attempt(run, current, keeper, rec, restarts, gate)
-        with NodeGroup(run.inv) as fresh:  # the nodes may have changed: fresh connections
-            jobs.refresh(run.inv, [rec], fresh, store=run.records)  # exit codes, logs here
-        nodes = None
-        if gate is not None and (gate.record is not None or outcome.code == 0):
-            gate.finish(outcome.code)  # FabricGateError when the gate kept the job from starting
-        if outcome.code == 0:
-            return 0
-        if outcome.watcher.reason == "cancelled":
-            return CANCELLED
+    rec: JobRecord | None = None
+    try:
+        while True:
+            with borrowed(run.inv, nodes) as current:
+                rec = _begin(run, current, parent=rec)
+                recap.begin(rec.id, time.monotonic())
+                run.event("resumed" if restarts else "started",
+                          f"restart {restarts} of {run.job.max_restarts}: running again"
+                          if restarts else
+                          f"running on {len(run.inv.nodes)} node(s): {run.job.script_in_workdir}")
+                gate = run.gate() if run.gate is not None else None
+                outcome = attempt(run, current, keeper, rec, restarts, gate)
+            failure = _ended(run, rec, outcome, recap, keeper)
+            nodes = None
+            if gate is not None and (gate.record is not None or outcome.code == 0):
+                gate.finish(outcome.code)  # FabricGateError: the gate kept the job from starting
+            if outcome.code == 0:
+                return 0
+            if failure is None:  # cancelled
+                return CANCELLED
+            if gate is not None and gate.record is None and failure.kind != "node lost":
+                gate.finish(outcome.code)  # the gate never finished (a lost node is recovered)
+            if outcome.launch_error is not None and failure.kind != "node lost":
+                raise outcome.launch_error  # e.g. the nodes cannot run the image: no restart
+            _tell(run, failure)
+            if restarts >= run.job.max_restarts:
+                if outcome.launch_error is not None:
+                    raise outcome.launch_error
+                run.log(give_up_message(failure, restarts, run.job.max_restarts))
+                return outcome.code
+            restarts += 1
+            run.log(f"restart {restarts} of {run.job.max_restarts}: recovering from "
+                    f"{failure.describe()}")
+            t0 = time.monotonic()
+            recovery.bring_back(failure)
+            recap.recovered(time.monotonic() - t0)
+    finally:
+        for line in recap.lines(time.monotonic()):
+            run.log(line)
+
+
+def _ended(run: JobRun, rec: JobRecord, outcome: Outcome, recap: Recap,
+           keeper: CheckpointKeeper) -> Failure | None:
+    """After an attempt: what went wrong (None: it succeeded or was cancelled), the record
+    updated (a lost node's log kept as streamed, why it ended), the recap told."""
+    failure = None
+    if outcome.code != 0 and outcome.watcher.reason != "cancelled":
         failure = classify(outcome, run.provider, run.inv)
-        if gate is not None and gate.record is None and failure.kind != "node lost":
-            gate.finish(outcome.code)  # the gate never finished (a lost node is recovered)
-        if outcome.launch_error is not None and failure.kind != "node lost":
-            raise outcome.launch_error  # e.g. the nodes cannot run the image: no restart
-        run.log(f"failure: {failure.describe()}")
-        run.event(FAILURE_EVENTS[failure.kind], failure.describe(),
-                  [n.name for n in failure.nodes])
-        if restarts >= run.job.max_restarts:
-            if outcome.launch_error is not None:
-                raise outcome.launch_error
-            run.log(give_up_message(failure, restarts, run.job.max_restarts))
-            return outcome.code
-        restarts += 1
-        run.log(f"restart {restarts} of {run.job.max_restarts}: recovering from "
-                f"{failure.describe()}")
-        recovery.bring_back(failure)
+        if failure.kind == "node lost":
+            jobs.keep_streamed(rec, [n.name for n in failure.nodes], outcome.watcher.output,
+                               store=run.records)
+    with NodeGroup(run.inv) as fresh:  # the nodes may have changed: fresh connections
+        jobs.refresh(run.inv, [rec], fresh, store=run.records)  # exit codes, logs here
+    if failure is not None:
+        rec.failure = failure.describe() + (f": {failure.cause}" if failure.cause else "")
+        run.records.save(rec)
+    outcome_text = "succeeded" if outcome.code == 0 else rec.failure or "cancelled"
+    kept = keeper.last_copy if keeper.last_copy > 0 else None
+    recap.end(outcome_text, time.monotonic(), outcome.watcher.output, kept)
+    return failure
+
+
+def _tell(run: JobRun, failure: Failure) -> None:
+    """The failure's story (the cause first), its classification, and its record."""
+    for line in failure.story:
+        run.log(line)
+    run.log(f"failure: {failure.describe()}")
+    run.event(FAILURE_EVENTS[failure.kind],
+              failure.describe() + (f": {failure.cause}" if failure.cause else ""),
+              [n.name for n in failure.nodes])
 
 
 def _default_keeper(run: JobRun) -> CheckpointKeeper:
@@ -190,11 +234,13 @@ def attempt(run: JobRun, group: NodeGroup, keeper: CheckpointKeeper, rec: JobRec
         keeper.stop()
 
 
-def _begin(run: JobRun, group: NodeGroup) -> JobRecord:
-    """The attempt's record (its id names its log on the nodes and here)."""
+def _begin(run: JobRun, group: NodeGroup, parent: JobRecord | None = None) -> JobRecord:
+    """The attempt's record (its id names its log on the nodes and here); `parent`: the
+    attempt it restarts."""
     rec = jobs.begin(run.inv, run.job, launching_nodes(run.inv, run.job), detached=False,
-                     store=run.records)
-    run.log(f"job {rec.id} (its log: mgpu-cloud logs {run.inv.name} {rec.id})")
+                     store=run.records, parent=parent)
+    again = f", restart {rec.attempt - 1} of job {rec.parent}" if rec.parent else ""
+    run.log(f"job {rec.id}{again} (its log: mgpu-cloud logs {run.inv.name} {rec.id})")
     return rec
 
 

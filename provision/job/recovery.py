@@ -22,6 +22,7 @@ from __future__ import annotations
 import json
 import threading
 import time
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -51,6 +52,8 @@ class Failure:
     kind: str  # "node lost" | "preemption" | "hang" | "rank crash"
     nodes: list[NodeRecord]
     code: int
+    cause: str | None = None  # a rank crash: "rank 2, exit 1: ValueError: ... (train.py:7)"
+    story: list[str] = field(default_factory=list)  # what to print about it, the cause first
 
     def describe(self) -> str:
         where = ", ".join(n.name for n in self.nodes)
@@ -73,9 +76,12 @@ class Watcher:
     notice_at: float = 0.0
     lock: threading.Lock = field(default_factory=threading.Lock)
     stop: Callable[[], bool] | None = None  # True: stop the job for good (a managed cancel)
+    # every node's lines, `[node-R] `-prefixed, in the order they arrived (for the diagnosis)
+    output: deque[str] = field(default_factory=lambda: deque(maxlen=20000))
 
     def line(self, node: NodeRecord, text: str) -> None:
         self.last_output = time.monotonic()
+        self.output.append(f"[{node.name}] {text}")
         if text.startswith(EVENT_PREFIX):
             try:
                 event = json.loads(text[len(EVENT_PREFIX):])
@@ -196,11 +202,26 @@ def classify(outcome: Outcome, provider: AnyProvider, inv: Inventory) -> Failure
         return Failure("preemption", nodes, code)
     lost = [n for n in inv.nodes if not _alive(provider, inv, n)]
     if lost:
-        return Failure("node lost", lost, code)
+        names = ", ".join(n.name for n in lost)
+        return Failure("node lost", lost, code, story=[  # the provider or a login said so
+            f"{names} was lost: the errors the other nodes printed after that follow from it"])
     if watcher.reason == "hang":
         return Failure("hang", [], code)
-    # the node that failed first; the others were stopped because of it
-    return Failure("rank crash", [n for n in inv.nodes if n.name in watcher.first_failed], code)
+    return _crash(watcher, inv, code)
+
+
+def _crash(watcher: Watcher, inv: Inventory, code: int) -> Failure:
+    """A rank crash: the rank that failed first (by its traceback; else the node whose
+    launcher exited first); the others were stopped because of it."""
+    from provision.job.cause import explain, first_failure, rank_failures
+
+    first = first_failure(rank_failures(watcher.output))
+    names = list(watcher.first_failed)
+    if first is not None and first.node is not None and not first.consequence:
+        names = [first.node]
+    story = explain(watcher.output, watcher.codes)
+    cause = first.summary(with_node=False) if first is not None else None
+    return Failure("rank crash", [n for n in inv.nodes if n.name in names], code, cause, story)
 
 
 @dataclass

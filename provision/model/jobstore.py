@@ -6,7 +6,9 @@ lives next to the inventories, and outlives the cluster:
     $MGPU_CLOUD_HOME/jobs/CLUSTER/ID/job.json       JobRecord (atomic writes)
     $MGPU_CLOUD_HOME/jobs/CLUSTER/ID/node-R.log     node R's log, copied when the job has ended
 
-A record's state is what the nodes last said (provision.job.jobs asks them).
+A record's state is what the nodes last said (provision.job.jobs asks them). A supervised run
+that restarts is several jobs, one per attempt: each restart's record names the attempt
+before it (`parent`), so `history` gives one run's attempts in order.
 """
 
 from __future__ import annotations
@@ -22,7 +24,6 @@ from provision.model.errors import UserInputError
 from provision.model.inventory import Inventory, checked_name, state_home
 from remote.files import write_atomic
 
-# "removed": the cluster was removed (`down`) while the job still ran.
 # "removed": the cluster was removed (`down`) while the job still ran.
 FINAL = ("succeeded", "failed", "cancelled", "lost", "removed")
 
@@ -61,6 +62,11 @@ class JobRecord(BaseModel):
     ended_at: str | None = None
     state: str = "running"  # running | succeeded | failed | cancelled | lost | removed | unknown
     logs_saved: bool = False
+    attempt: int = Field(1, description="1, then 2 for the first restart of the same run, ...")
+    parent: str | None = Field(None, description="the id of the attempt this one restarted")
+    failure: str | None = Field(None, description="why the attempt ended, as the run said")
+    streamed: list[str] = Field(default_factory=list,
+                                description="nodes whose log copy is what the run saw streamed")
 
     @property
     def final(self) -> bool:
@@ -143,6 +149,21 @@ class JobStore:
             with contextlib.suppress(UserInputError, ValueError):
                 out.append(self.load(cluster, job_id))
         return out
+
+    def history(self, rec: JobRecord) -> list[JobRecord]:
+        """Every attempt of the run `rec` belongs to, the first one first (just [rec] for a
+        run that never restarted)."""
+        chain = [rec]
+        while chain[0].parent is not None:
+            try:
+                chain.insert(0, self.load(rec.cluster, chain[0].parent))
+            except UserInputError:
+                break
+        later = {r.parent: r for r in self.all(rec.cluster) if r.parent is not None
+                 and r.cluster_created_at == rec.cluster_created_at}
+        while chain[-1].id in later:
+            chain.append(later[chain[-1].id])
+        return chain
 
     def latest(self, cluster: str) -> JobRecord:
         ids = self.ids(cluster)

@@ -5,7 +5,6 @@ resumes from its own sharded checkpoint. Every test ends with nothing left behin
 from __future__ import annotations
 
 import json
-import os
 import re
 import subprocess
 import sys
@@ -14,6 +13,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import runkit
+from runkit import Run
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = str(ROOT / "examples" / "train_ddp.py")
@@ -21,65 +22,9 @@ DS_EXAMPLE = str(ROOT / "examples" / "train_deepspeed.py")
 pytestmark = [pytest.mark.docker, pytest.mark.usefixtures("node_image")]
 
 
-RUNS: list[Run] = []
-
-
-class Run:
-    """`mgpu-cloud run ...` as a process whose output we read line by line."""
-
-    def __init__(self, name: str, args: list[str], cwd: Path) -> None:
-        RUNS.append(self)
-        self.name = name
-        self.lines: list[str] = []
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "provision.cli", "run", "--provider", "docker", "--name",
-             name, *args], cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-            env={**os.environ, "PYTHONUNBUFFERED": "1"})
-
-    def wait_for(self, pattern: str, timeout: float = 240) -> str:
-        deadline = time.monotonic() + timeout
-        assert self.proc.stdout is not None
-        while time.monotonic() < deadline:
-            line = self.proc.stdout.readline()
-            if not line:
-                break
-            self.lines.append(line)
-            if re.search(pattern, line):
-                return line
-        raise AssertionError(f"{pattern!r} never appeared:\n{self.output}")
-
-    def finish(self, timeout: float = 300) -> int:
-        out, _ = self.proc.communicate(timeout=timeout)
-        self.lines.append(out)
-        return self.proc.returncode
-
-    @property
-    def output(self) -> str:
-        return "".join(self.lines)
-
-
-def leftovers(name: str) -> list[str]:
-    label = f"label=mgpu-cloud-cluster={name}"
-    out = subprocess.run(["docker", "ps", "-aq", "--filter", label], capture_output=True,
-                         text=True, check=True).stdout.split()
-    out += subprocess.run(["docker", "network", "ls", "-q", "--filter", label],
-                          capture_output=True, text=True, check=True).stdout.split()
-    return out
-
-
 @pytest.fixture
 def cluster_name(request: pytest.FixtureRequest) -> Iterator[str]:
-    name = "rc-" + re.sub(r"[^a-z0-9]+", "-", request.node.name.lower())[:20].strip("-")
-    yield name
-    for run in RUNS:  # a test that failed half-way: SIGTERM makes `run` tear down
-        if run.proc.poll() is None:
-            run.proc.terminate()
-            run.proc.wait(timeout=120)
-    RUNS.clear()
-    left = leftovers(name)
-    subprocess.run(f"docker rm -f $(docker ps -aq --filter label=mgpu-cloud-cluster={name}) "
-                   f"2>/dev/null; docker network rm {name}-net 2>/dev/null", shell=True)
-    assert left == [], f"left behind: {left}"
+    yield from runkit.cluster_name("rc-", request)
 
 
 def metrics(tmp_path: Path, name: str) -> dict[str, object]:
@@ -104,6 +49,25 @@ def test_a_killed_node_is_replaced_and_the_run_resumes(tmp_path: Path, cluster_n
     assert int(str(m["resumed_from"])) > 0
     ckpts = sorted((tmp_path / "mgpu-outputs" / cluster_name / "checkpoints").glob("step_*.pt"))
     assert ckpts and ckpts[-1].name == "step_000039.pt"
+    # the story: the lost node named as such (no Gloo hint for its peers), a recap of the whole
+    # run, and one `logs` history across both attempts (node-1's part as the run saw it)
+    assert "node-1: its SSH session dropped (is the node gone?)" in out, out
+    assert "node-1 was lost: the errors the other nodes printed after that follow from it" \
+        in out and "GLOO_SOCKET_IFNAME" not in out, out
+    assert "job 2, restart 1 of job 1" in out, out
+    recap = out[out.index("recap: 1 restart(s)"):]
+    assert re.search(r"attempt 1 \(job 1\): node lost \(node-1\) after [\d.]+ s, at step "
+                     r"\d+\n    lost: [\d.]+ s since the last kept checkpoint \+ [\d.]+ s "
+                     r"recovery; \d+ step\(s\) redone", recap), recap
+    assert "attempt 2 (job 2): succeeded" in recap and "time lost to failures" in recap, recap
+    assert "could not be copied" not in out, out
+    logs = subprocess.run([sys.executable, "-m", "provision.cli", "logs", cluster_name, "2"],
+                          capture_output=True, text=True, timeout=60)
+    assert logs.returncode == 0, logs.stderr
+    assert "=== job 1, attempt 1 of 2: node lost (node-1) ===" in logs.stdout, logs.stdout
+    first, second = logs.stdout.split("=== job 2, attempt 2 of 2 ===")
+    assert "[node-1] (mgpu-cloud: node-1 was lost; this is its output" in first, first
+    assert "[node-0] " in first and "resumed from step" in second, second
 
 
 def test_a_stopped_rank_is_a_hang_with_stacks_then_a_restart(tmp_path: Path,
@@ -157,6 +121,8 @@ def test_restarts_run_out_then_teardown_and_failure(tmp_path: Path, cluster_name
     assert code != 0, out
     assert "restart 1 of 1" in out
     assert "giving up: rank crash (node-0); 1 of 1 restart(s) used" in out, out
+    assert re.search(r"first failure: rank 0 \(node-0\), exit 1: RuntimeError: failing on "
+                     r"purpose at step 3 \(train_ddp.py:\d+\)", out), out
     assert f"cluster '{cluster_name}' removed" in out
 
 
