@@ -186,7 +186,7 @@ def create_controller(inv: Inventory, store: InventoryStore, region: str) -> Nod
     from provision.cluster.providers.aws.hostkeys import wait_host_keys
     from provision.cluster.providers.aws.options import AwsOptions
     from provision.cluster.providers.aws.plan import DEFAULT_MAX_HOURS
-    from provision.cluster.providers.aws.replace import remaining_seconds
+    from provision.cluster.providers.lifetime import remaining_seconds
 
     assert inv.spec is not None
     ec2 = Ec2(region)

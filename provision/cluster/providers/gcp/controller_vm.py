@@ -103,7 +103,7 @@ def create_controller(inv: Inventory, store: InventoryStore, clients: Clients) -
     from provision.cluster.providers.gcp.controller import IamApi, create_identity
     from provision.cluster.providers.gcp.layout import DEFAULT_MAX_HOURS
     from provision.cluster.providers.gcp.options import GcpOptions
-    from provision.cluster.providers.gcp.replace import remaining_seconds
+    from provision.cluster.providers.lifetime import remaining_seconds
     from provision.model.keys import ensure_cluster_key
 
     assert inv.spec is not None
