@@ -50,6 +50,7 @@ from provision.job.recovery import (
     classify,
     give_up_message,
 )
+from provision.model import timeline
 from provision.model.errors import LaunchError, MgpuError
 from provision.model.inventory import Inventory, InventoryStore
 from provision.model.jobstore import JobRecord, JobStore
@@ -103,12 +104,16 @@ def live(run: JobRun, *, sync: bool = True) -> int:
     from provision.job.gate_injob import gate_step
     from provision.nodes.bootstrap import sync_workdir
 
-    with NodeGroup(run.inv) as group:
-        jobs.refuse_if_busy(run.inv, group, store=run.records)
-        if sync:
-            sync_workdir(run.inv, workdir_of(run.inv, run.job), log=run.log, group=group)
-        run.gate = gate_step(run.inv, run.job, store=run.store, log=run.log, group=group)
-        code = supervise(run, group)
+    try:
+        with NodeGroup(run.inv) as group:
+            jobs.refuse_if_busy(run.inv, group, store=run.records)
+            if sync:
+                sync_workdir(run.inv, workdir_of(run.inv, run.job), log=run.log, group=group)
+            run.gate = gate_step(run.inv, run.job, store=run.store, log=run.log, group=group)
+            code = supervise(run, group)
+    finally:
+        timeline.finish(run.inv)  # gate, first output line (and recoveries) recorded
+        run.store.save(run.inv)
     outputs = run.outputs or Path("mgpu-outputs") / run.inv.name
     try:
         fetch_outputs(run.inv, outputs, log=run.log)
@@ -210,7 +215,11 @@ def launch(
     store = store or InventoryStore()
     with store.lock(name), sigterm_raises():
         inv = ready_inventory(store, name)
-        return live(JobRun(inv, get_provider(inv.provider), store, job, log))
+        clock = timeline.begin(inv, "launch")
+        try:
+            return live(JobRun(inv, get_provider(inv.provider), store, job, log))
+        finally:
+            log(clock.summary())
 
 
 def run(
@@ -224,13 +233,15 @@ def run(
 ) -> int:
     """create + the job's life + destroy; destroy in every case unless `keep`."""
     store = store or InventoryStore()
+    clock = timeline.Timeline.begin("run")
     provider, plan = plan_cluster(spec, store)
+    clock.add("plan", since=clock.started_at)
     if not confirm(plan):
         return 1
     provider.creatable(plan)  # an unresolved plan is refused before anything is written
     with store.lock(spec.name), sigterm_raises():
         inv = create_cluster(provider, spec, plan, store, bootstrap=True,
-                             workdir=lambda inv: workdir_of(inv, job), log=log)
+                             workdir=lambda inv: workdir_of(inv, job), log=log, timeline=clock)
         try:
             # bootstrap already placed the workdir
             return live(JobRun(inv, provider, store, job, log), sync=False)
@@ -244,6 +255,7 @@ def run(
                 from provision.cluster.cost import describe
 
                 log(describe(inv.hourly_cost_usd, inv.created_at, None, spec.spot))
+            log(clock.summary())  # where the bring-up's time went, the slowest phase named
 
 
 def keep_job_logs(log: Log) -> Callable[[Inventory], None]:

@@ -117,6 +117,7 @@ class Layout(StrictModel):
     image: str  # image self link; UNRESOLVED in an offline plan
     image_family: str
     image_tried: list[str] = []  # families skipped before image_family, and why
+    training_image: str | None = None  # the job container the nodes pull from boot on
     disk_gb: int
     disk_type: str = "pd-balanced"
     spot: bool
