@@ -100,7 +100,6 @@ def ready_inventory(store: InventoryStore, name: str) -> Inventory:
 def live(run: JobRun, *, sync: bool = True) -> int:
     """The job's whole life on a ready cluster whose lock the caller holds. Returns its exit
     code (0, or the last failure's); raises LaunchError (e.g. the gate failed: exit 8)."""
-    from provision.job.collect import fetch_outputs
     from provision.job.gate_injob import gate_step
     from provision.nodes.bootstrap import sync_workdir
 
@@ -111,17 +110,26 @@ def live(run: JobRun, *, sync: bool = True) -> int:
                 sync_workdir(run.inv, workdir_of(run.inv, run.job), log=run.log, group=group)
             run.gate = gate_step(run.inv, run.job, store=run.store, log=run.log, group=group)
             code = supervise(run, group)
+            # the same connections when no node changed (saves a round of SSH logins)
+            _fetch(run, code, group if group.nodes == sorted(run.inv.nodes,
+                                                            key=lambda n: n.rank) else None)
     finally:
         timeline.finish(run.inv)  # gate, first output line (and recoveries) recorded
         run.store.save(run.inv)
+    return code
+
+
+def _fetch(run: JobRun, code: int, group: NodeGroup | None) -> None:
+    """Rank 0's outputs back; a failure to copy them fails only a job that succeeded."""
+    from provision.job.collect import fetch_outputs
+
     outputs = run.outputs or Path("mgpu-outputs") / run.inv.name
     try:
-        fetch_outputs(run.inv, outputs, log=run.log)
+        fetch_outputs(run.inv, outputs, log=run.log, group=group)
     except MgpuError as exc:
         if code == 0:
             raise
         run.log(f"could not copy the outputs back: {exc.message}")  # the failure matters more
-    return code
 
 
 def supervise(run: JobRun, group: NodeGroup) -> int:
@@ -140,8 +148,11 @@ def supervise(run: JobRun, group: NodeGroup) -> int:
                       else f"running on {len(run.inv.nodes)} node(s): {run.job.script_in_workdir}")
             gate = run.gate() if run.gate is not None else None
             outcome = attempt(run, current, keeper, rec, restarts, gate)
-        with NodeGroup(run.inv) as fresh:  # the nodes may have changed: fresh connections
-            jobs.refresh(run.inv, [rec], fresh, store=run.records)  # exit codes, logs here
+            if outcome.code == 0:  # every node ended well: its connection is fine
+                jobs.refresh(run.inv, [rec], current, store=run.records)  # exit codes, logs
+        if outcome.code != 0:
+            with NodeGroup(run.inv) as fresh:  # a node may be gone: fresh connections
+                jobs.refresh(run.inv, [rec], fresh, store=run.records)
         nodes = None
         if gate is not None and (gate.record is not None or outcome.code == 0):
             gate.finish(outcome.code)  # FabricGateError when the gate kept the job from starting
