@@ -37,9 +37,9 @@ MARKS = [
     ("job record", r"^job \d+ \(its log"),
     ("launch", r"^launching "),
     ("job finished", r"^job finished on all"),
-    ("outputs back", r"outputs|^copied"),
+    ("outputs back", r"^copied \d+ output file"),
     ("cluster removed", r"^cluster '.*' removed"),
-    ("cost line", r"cost|\$"),
+    ("cost line", r"^cost: .* = \$"),
     ("timeline line", r"^run timeline:"),
 ]
 

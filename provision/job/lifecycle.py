@@ -230,7 +230,8 @@ def launch(
         try:
             return live(JobRun(inv, get_provider(inv.provider), store, job, log))
         finally:
-            log(clock.summary())
+            if clock.phases:
+                log(clock.summary())
 
 
 def run(
