@@ -1,4 +1,4 @@
-"""provision/gate_injob.py: the fabric gate in the job's own launch, controller side. A fake
+"""provision/job/gate_injob.py: the fabric gate in the job's own launch, controller side. A fake
 transport streams what the nodes print (remote.pyz injob's lines: the gate's JSON records and
 real captured NCCL logs, then the MGPU-GATE line, then the job's own lines); run_job must keep
 the gate's lines, print the verdict before the job's lines, and the record must come from the

@@ -3,7 +3,7 @@
 import contextlib
 import os
 from collections.abc import Iterator
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
@@ -21,6 +21,9 @@ from provision.cli.options import (
     script_and_args,
     to_nested,
 )
+
+if TYPE_CHECKING:
+    from provision.model.inventory import Inventory
 
 
 @contextlib.contextmanager
@@ -168,6 +171,9 @@ def run(
 def status(
     name: Annotated[str | None, typer.Argument(help="one cluster (default: all)")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="machine-readable output")] = False,
+    timeline: Annotated[bool, typer.Option(
+        "--timeline", help="where each bring-up's time went (up, run, launch, recovery), "
+        "phase by phase")] = False,
 ) -> None:
     """List clusters known on this machine."""
     from provision.model.inventory import InventoryStore
@@ -177,6 +183,9 @@ def status(
     store.clean_stale_locks()
     invs, unreadable = ([store.load(name)], []) if name else store.scan()
     note_skipped(unreadable)
+    if timeline:
+        _echo_timelines(invs, as_json)
+        return
     rows = status_rows(invs)
     gates = {inv.name: inv.fabric_gate for inv in invs}  # the fabric gate's last result
     if as_json:
@@ -189,6 +198,18 @@ def status(
         return
     typer.echo(status_text(rows, {name: f"fabric gate: {gate.summary()}"
                                   for name, gate in gates.items() if gate}))
+
+
+def _echo_timelines(invs: "list[Inventory]", as_json: bool) -> None:
+    """`status --timeline`: each cluster's bring-up timelines (provision/model/timeline.py)."""
+    from provision.operations.status import timeline_rows, timeline_text
+
+    if as_json:
+        import json
+
+        typer.echo(json.dumps({inv.name: timeline_rows(inv) for inv in invs}, indent=2))
+    else:
+        typer.echo("\n".join(timeline_text(inv) for inv in invs) or "no clusters")
 
 
 @app.command(

@@ -29,6 +29,7 @@ from provision.model.inventory import Inventory, InventoryStore
 from provision.model.logsink import stderr_line
 from provision.model.plan import Plan
 from provision.model.spec import ClusterSpec
+from provision.model.timeline import Timeline, begin, finish, timed
 
 if TYPE_CHECKING:
     from provision.cluster.providers.contract import AnyProvider
@@ -79,11 +80,13 @@ def create_cluster(
     bootstrap: bool,
     workdir: Callable[[Inventory], Workdir] | None,
     log: Log,
+    timeline: Timeline | None = None,
 ) -> Inventory:
     """Caller holds the lock. `workdir`: what a job places on the nodes at bootstrap (made
-    from the inventory once it exists). All-or-nothing: on any failure (or Ctrl-C) everything the
-    inventory recorded is destroyed before the error is raised. This is the only rollback:
-    providers' `create` just raises."""
+    from the inventory once it exists). `timeline`: the caller's, begun before the plan
+    (default: an `up` timeline from now), kept in the inventory with the phases met here.
+    All-or-nothing: on any failure (or Ctrl-C) everything the inventory recorded is destroyed
+    before the error is raised. This is the only rollback: providers' `create` just raises."""
     inv = Inventory(
         name=spec.name,
         provider=spec.provider,
@@ -91,6 +94,7 @@ def create_cluster(
         hourly_cost_usd=plan.hourly_cost_usd,
         unpriced=plan.unpriced,
     )
+    begin(inv, "up", timeline)
     store.create(inv)
     _record_cost_event("up", inv)
     if bootstrap:
@@ -99,7 +103,8 @@ def create_cluster(
                          daemon=True).start()
     try:
         log(f"creating {plan.nodes} node(s) on {spec.provider} ...")
-        provider.create(spec, plan, inv, store)
+        with timed(inv, "create call"):
+            provider.create(spec, plan, inv, store)
         inv.status = "ready"
         store.save(inv)
         if bootstrap:
@@ -107,9 +112,12 @@ def create_cluster(
             from provision.nodes.bootstrap import bootstrap_cluster
 
             log("bootstrapping nodes ...")
-            with bootstrap_group(inv, store) as group:  # per-node progress (issue 14)
+            with bootstrap_group(inv, store) as group, timed(inv, "bootstrap"):
+                # per-node progress (issue 14)
+                # a job follows (`run`) when there is a workdir: it needs the image now
                 bootstrap_cluster(inv, store, workdir=workdir(inv) if workdir else None,
-                                  log=log, group=group)
+                                  log=log, group=group, wait_image=workdir is not None)
+            store.save(inv)  # the bootstrap phase closed
     except BaseException as exc:
         log(f"up failed ({type(exc).__name__}: {exc}); rolling back ...")
         _roll_back(provider, inv, store, exc, log)
@@ -169,14 +177,20 @@ def up(
 ) -> Inventory | None:
     """Create and bootstrap a cluster. Returns None when the user declined the plan."""
     store = store or InventoryStore()
+    clock = Timeline.begin("up")
     provider, plan = plan_cluster(spec, store)
+    clock.add("plan", since=clock.started_at)
     if not confirm(plan):
         return None
     provider.creatable(plan)  # refused here, before anything is written, when unresolved
     with store.lock(spec.name), sigterm_raises():
-        return create_cluster(
-            provider, spec, plan, store, bootstrap=bootstrap, workdir=None, log=log
-        )
+        inv = create_cluster(provider, spec, plan, store, bootstrap=bootstrap, workdir=None,
+                             log=log, timeline=clock)
+        finished = finish(inv)
+        store.save(inv)
+    if finished is not None:
+        log(finished.summary())
+    return inv
 
 
 def down(name: str, *, store: InventoryStore | None = None, log: Log = stderr_line,

@@ -45,6 +45,7 @@ from provision.job.gate import (
 from provision.model.gate_record import GateRecord
 from provision.model.inventory import Inventory, InventoryStore
 from provision.model.spec import JobSpec
+from provision.model.timeline import mark
 from provision.nodes import NodeGroup
 from remote.injob import MARKER
 
@@ -98,7 +99,12 @@ def gate_step(inv: Inventory, job: JobSpec, *, store: InventoryStore, log: Log,
         return lambda: InJobGate(inv, job, store, log)
     if where == "separate":
         log(f"fabric gate: a run of its own before the job ({why})")
-    gate_before_job(inv, job, store=store, log=log, group=group)
+    before, since = inv.fabric_gate, time.time()
+    try:
+        gate_before_job(inv, job, store=store, log=log, group=group)
+    finally:
+        if inv.fabric_gate is not None and inv.fabric_gate is not before:  # it ran
+            mark(inv, "gate", since=since, detail=f"a run of its own: {inv.fabric_gate.verdict}")
     return None
 
 
@@ -132,12 +138,13 @@ class InJobGate:
         self.waiting: list[tuple[str, str]] = []  # job lines before the verdict
         self.record: GateRecord | None = None
         self.started = time.monotonic()
+        self.started_at = time.time()  # the timeline's clock (provision/model/timeline.py)
         self.print_line: PrintLine = lambda node, line: None
 
     def attach(self, nodes: list[str], print_line: PrintLine) -> None:
         """run_job: the nodes it starts and how it prints a node's line."""
         self.nodes, self.print_line = set(nodes), print_line
-        self.started = time.monotonic()
+        self.started, self.started_at = time.monotonic(), time.time()
 
     def take(self, node: str, line: str) -> bool:
         """Whether `line` of `node` is consumed here (the gate's, or a job line held until
@@ -178,6 +185,8 @@ class InJobGate:
                           seconds=self._seconds())
         record.overridden = record.verdict == "fail" and self.job.allow_slow_network
         self.record = record
+        mark(self.inv, "gate", since=self.started_at, detail=f"in the job's processes: "
+             f"{record.verdict}")
         if record.verdict == "pass":
             self.log(f"fabric gate: {pass_line(record)}")
         else:

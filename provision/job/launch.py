@@ -26,6 +26,7 @@ from provision.job.launchers import LaunchContext, get_launcher
 from provision.model.errors import LaunchError
 from provision.model.inventory import Inventory, NodeRecord
 from provision.model.spec import JobSpec
+from provision.model.timeline import mark
 from provision.nodes import (
     CONTAINER_ROOT,
     HomePath,
@@ -41,6 +42,7 @@ from provision.nodes.shell import assign, words
 Log = Callable[[str], None]
 SESSION_LOST = -1  # a node's exit code when its session ended without one (node gone?)
 STOPPED = 143  # run_job's code when a monitor stopped the job
+POLL_S = 0.5  # how often run_job asks its monitor whether to stop the job
 
 
 @dataclass(frozen=True)
@@ -226,7 +228,8 @@ class PrefixWriter:
     def __init__(self, node: str, out: TextIO, lock: threading.Lock, keep: int = 4000,
                  on_line: Callable[[str], None] | None = None,
                  take: Callable[[str], bool] | None = None,
-                 journal: deque[str] | None = None) -> None:
+                 journal: deque[str] | None = None,
+                 on_show: Callable[[], None] | None = None) -> None:
         self.prefix = f"[{node}] "
         self.out = out
         self.lock = lock
@@ -236,6 +239,7 @@ class PrefixWriter:
         self.take = take
         self.journal = journal  # every node's lines, prefixed, in the order they arrived
         self.muted = False  # after a stop the user asked for: kept, not printed
+        self.on_show = on_show  # called before lines are printed
 
     def write(self, data: str) -> int:
         self.buf += data.replace("\r\n", "\n")
@@ -251,6 +255,8 @@ class PrefixWriter:
         """Print `lines` with the node's prefix (and keep them for the diagnosis)."""
         if not lines:
             return
+        if self.on_show is not None:
+            self.on_show()
         with self.lock:
             for line in lines:
                 self.lines.append(line)
@@ -292,35 +298,20 @@ def run_job(
 ) -> int:
     """Run `job` on the cluster; returns 0 or the first failing node's exit code (STOPPED when
     `monitor.poll()` asked to stop it). `gate`: the fabric gate runs first in the job's own
-    processes (provision/gate_injob.py; the caller asks it for the verdict afterwards).
+    processes (provision/job/gate_injob.py; the caller asks it for the verdict afterwards).
 
     `program` (words; a leading "@root/" means the node's remote folder) replaces the job's
     script: `check --bandwidth` runs `@root/remote.pyz allreduce` this way. Each node keeps
-    the job's log under `job_id` (provision/job/jobs.py; default: an unrecorded ad hoc id)."""
-    out = out or sys.stdout
+    the job's log under `job_id` (provision/job/jobs.py; default: an unrecorded ad hoc id).
+    The first line printed is the open timeline's "first output line" (model/timeline.py).
+    Without a monitor, a failure is explained here (job/cause.py: the first failing rank);
+    a monitor's owner explains it, knowing more (a lost node)."""
     job_id = job_id or adhoc_job_id()
     own_group = group is None
     group = group or NodeGroup(inv)
     nodes = launching_nodes(inv, job)
-    # Stopping runs on connections of their own: the launch connections are busy streaming.
-    stopper = NodeGroup(inv, connector=group.connector)
-    lock = threading.Lock()
-
-    def listener(node: NodeRecord) -> Callable[[str], None] | None:
-        if monitor is None:
-            return None
-        return lambda text: monitor.line(node, text)
-
-    def taker(node: NodeRecord) -> Callable[[str], bool] | None:
-        if gate is None:
-            return None
-        return lambda text: gate.take(node.name, text)
-
     journal: deque[str] = deque(maxlen=20000)
-    writers = {n.name: PrefixWriter(n.name, out, lock, on_line=listener(n), take=taker(n),
-                                    journal=journal) for n in nodes}
-    if gate is not None:
-        gate.attach([n.name for n in nodes], lambda node, line: writers[node].show([line]))
+    writers = _writers(inv, nodes, out or sys.stdout, monitor, gate, journal)
     cancelled = threading.Event()
 
     def one(conn: NodeConnection, node: NodeRecord) -> int:
@@ -343,32 +334,11 @@ def run_job(
     what = " ".join(program) if program is not None else job.script_in_workdir
     log(f"launching {job.launcher} on {len(nodes)} node(s): {what}"
         + (" (the fabric gate first, in the same processes)" if gate is not None else ""))
-
-    def gate_stopped(node: NodeRecord) -> bool:  # a failed gate: every node ends by itself
-        return gate is not None and gate.stopped(node.name)
     t0 = time.monotonic()
-    futures: dict[Future[int], NodeRecord] = group.submit(one, nodes)
-    code = 0
+    # Stopping runs on connections of their own: the launch connections are busy streaming.
+    stopper = NodeGroup(inv, connector=group.connector)
     try:
-        pending = set(futures)
-        while pending:
-            done, pending = wait(pending, timeout=0.5, return_when=FIRST_COMPLETED)
-            for fut in done:
-                node_code = fut.result()
-                if node_code != 0 and code == 0:
-                    code = node_code
-                    if gate_stopped(futures[fut]):
-                        continue
-                    why = (": its SSH session dropped (is the node gone?)"
-                           if node_code == SESSION_LOST else f" exited with {node_code}")
-                    log(f"{futures[fut].name}{why}; stopping the other nodes")
-                    stop_job(stopper, [futures[f] for f in pending])
-            reason = monitor.poll() if monitor is not None and pending and code == 0 else None
-            if reason is not None:
-                code = STOPPED
-                log(f"{reason}; stopping the job on every node")
-                cancelled.set()
-                stop_job(stopper, [futures[f] for f in pending])
+        code = _follow(group.submit(one, nodes), stopper, log, monitor, gate, cancelled)
     except BaseException as exc:
         cancelled.set()
         for w in writers.values():  # the ranks' noise after a stop the user asked for
@@ -380,12 +350,11 @@ def run_job(
         stopper.close()
         if own_group:
             group.close()
-    elapsed = time.monotonic() - t0
     if code == 0:
         what = f"restart {restart_count}" if restart_count else "job"
-        log(f"{what} finished on all {len(nodes)} node(s) in {elapsed:.1f} s")
+        log(f"{what} finished on all {len(nodes)} node(s) in {time.monotonic() - t0:.1f} s")
     elif monitor is None and not (gate is not None and gate.stopped(nodes[0].name)):
-        _report_failure(journal, log)  # a monitor's owner explains it, knowing more
+        _report_failure(journal, log)
     return code
 
 
@@ -396,6 +365,59 @@ def _stopping(exc: BaseException, cluster: str, job_id: str) -> str:
     kept = "" if job_id.startswith("adhoc-") else f" (its logs: mgpu-cloud logs {cluster} {job_id})"
     return (f"stopped by you (Ctrl-C): stopping job {job_id} on every node; the ranks' "
             f"messages about it are not shown{kept}")
+
+
+def _writers(inv: Inventory, nodes: list[NodeRecord], out: TextIO, monitor: JobMonitor | None,
+             gate: JobGate | None, journal: deque[str]) -> dict[str, PrefixWriter]:
+    """One PrefixWriter per node: lines to `monitor`, the gate's lines to `gate`, every line
+    to `journal` in arrival order, and the first line shown marked on the inventory's open
+    timeline."""
+    lock = threading.Lock()
+    since = time.time()
+    first = threading.Event()
+
+    def shown() -> None:
+        if not first.is_set():
+            first.set()
+            mark(inv, "first output line", since=since)
+
+    def writer(node: NodeRecord) -> PrefixWriter:
+        on_line = None if monitor is None else (lambda text: monitor.line(node, text))
+        take = None if gate is None else (lambda text: gate.take(node.name, text))
+        return PrefixWriter(node.name, out, lock, on_line=on_line, take=take, journal=journal,
+                            on_show=shown)
+
+    writers = {n.name: writer(n) for n in nodes}
+    if gate is not None:
+        gate.attach([n.name for n in nodes], lambda node, line: writers[node].show([line]))
+    return writers
+
+
+def _follow(futures: dict[Future[int], NodeRecord], stopper: NodeGroup, log: Log,
+            monitor: JobMonitor | None, gate: JobGate | None, cancelled: threading.Event) -> int:
+    """Wait for every node's launcher; the first failure (or the monitor's reason) stops the
+    others (a node the failed gate ended is not stopped: every node ends by itself)."""
+    code = 0
+    pending = set(futures)
+    while pending:
+        done, pending = wait(pending, timeout=POLL_S, return_when=FIRST_COMPLETED)
+        for fut in done:
+            node_code = fut.result()
+            if node_code != 0 and code == 0:
+                code = node_code
+                if gate is not None and gate.stopped(futures[fut].name):
+                    continue
+                why = (": its SSH session dropped (is the node gone?)"
+                       if node_code == SESSION_LOST else f" exited with {node_code}")
+                log(f"{futures[fut].name}{why}; stopping the other nodes")
+                stop_job(stopper, [futures[f] for f in pending])
+        reason = monitor.poll() if monitor is not None and pending and code == 0 else None
+        if reason is not None:
+            code = STOPPED
+            log(f"{reason}; stopping the job on every node")
+            cancelled.set()
+            stop_job(stopper, [futures[f] for f in pending])
+    return code
 
 
 def _report_failure(lines: deque[str], log: Log) -> None:

@@ -55,6 +55,7 @@ from provision.job.recovery import (
     classify,
     give_up_message,
 )
+from provision.model import timeline
 from provision.model.errors import LaunchError, MgpuError
 from provision.model.inventory import Inventory, InventoryStore
 from provision.model.jobstore import JobRecord, JobStore
@@ -101,24 +102,36 @@ def ready_inventory(store: InventoryStore, name: str) -> Inventory:
 def live(run: JobRun, *, sync: bool = True) -> int:
     """The job's whole life on a ready cluster whose lock the caller holds. Returns its exit
     code (0, or the last failure's); raises LaunchError (e.g. the gate failed: exit 8)."""
-    from provision.job.collect import fetch_outputs
     from provision.job.gate_injob import gate_step
     from provision.nodes.bootstrap import sync_workdir
 
-    with NodeGroup(run.inv) as group:
-        jobs.refuse_if_busy(run.inv, group, store=run.records)
-        if sync:
-            sync_workdir(run.inv, workdir_of(run.inv, run.job), log=run.log, group=group)
-        run.gate = gate_step(run.inv, run.job, store=run.store, log=run.log, group=group)
-        code = supervise(run, group)
+    try:
+        with NodeGroup(run.inv) as group:
+            jobs.refuse_if_busy(run.inv, group, store=run.records)
+            if sync:
+                sync_workdir(run.inv, workdir_of(run.inv, run.job), log=run.log, group=group)
+            run.gate = gate_step(run.inv, run.job, store=run.store, log=run.log, group=group)
+            code = supervise(run, group)
+            # the same connections when no node changed (saves a round of SSH logins)
+            _fetch(run, code, group if group.nodes == sorted(run.inv.nodes,
+                                                            key=lambda n: n.rank) else None)
+    finally:
+        timeline.finish(run.inv)  # gate, first output line (and recoveries) recorded
+        run.store.save(run.inv)
+    return code
+
+
+def _fetch(run: JobRun, code: int, group: NodeGroup | None) -> None:
+    """Rank 0's outputs back; a failure to copy them fails only a job that succeeded."""
+    from provision.job.collect import fetch_outputs
+
     outputs = run.outputs or Path("mgpu-outputs") / run.inv.name
     try:
-        fetch_outputs(run.inv, outputs, log=run.log)
+        fetch_outputs(run.inv, outputs, log=run.log, group=group)
     except MgpuError as exc:
         if code == 0:
             raise
         run.log(f"could not copy the outputs back: {exc.message}")  # the failure matters more
-    return code
 
 
 def supervise(run: JobRun, group: NodeGroup) -> int:
@@ -143,6 +156,8 @@ def supervise(run: JobRun, group: NodeGroup) -> int:
                           f"running on {len(run.inv.nodes)} node(s): {run.job.script_in_workdir}")
                 gate = run.gate() if run.gate is not None else None
                 outcome = attempt(run, current, keeper, rec, restarts, gate)
+                if outcome.code == 0:  # every node ended well: its connection is fine
+                    jobs.refresh(run.inv, [rec], current, store=run.records)  # exit codes, logs
             failure = _ended(run, rec, outcome, recap, keeper)
             nodes = None
             if gate is not None and (gate.record is not None or outcome.code == 0):
@@ -182,8 +197,9 @@ def _ended(run: JobRun, rec: JobRecord, outcome: Outcome, recap: Recap,
         if failure.kind == "node lost":
             jobs.keep_streamed(rec, [n.name for n in failure.nodes], outcome.watcher.output,
                                store=run.records)
-    with NodeGroup(run.inv) as fresh:  # the nodes may have changed: fresh connections
-        jobs.refresh(run.inv, [rec], fresh, store=run.records)  # exit codes, logs here
+    if outcome.code != 0:  # a node may be gone or replaced: fresh connections
+        with NodeGroup(run.inv) as fresh:
+            jobs.refresh(run.inv, [rec], fresh, store=run.records)  # exit codes, logs here
     if failure is not None:
         rec.failure = failure.describe() + (f": {failure.cause}" if failure.cause else "")
         run.records.save(rec)
@@ -252,7 +268,12 @@ def launch(
     store = store or InventoryStore()
     with store.lock(name), sigterm_raises():
         inv = ready_inventory(store, name)
-        return live(JobRun(inv, get_provider(inv.provider), store, job, log))
+        clock = timeline.begin(inv, "launch")
+        try:
+            return live(JobRun(inv, get_provider(inv.provider), store, job, log))
+        finally:
+            if clock.phases:
+                log(clock.summary())
 
 
 def run(
@@ -266,13 +287,15 @@ def run(
 ) -> int:
     """create + the job's life + destroy; destroy in every case unless `keep`."""
     store = store or InventoryStore()
+    clock = timeline.Timeline.begin("run")
     provider, plan = plan_cluster(spec, store)
+    clock.add("plan", since=clock.started_at)
     if not confirm(plan):
         return 1
     provider.creatable(plan)  # an unresolved plan is refused before anything is written
     with store.lock(spec.name), sigterm_raises():
         inv = create_cluster(provider, spec, plan, store, bootstrap=True,
-                             workdir=lambda inv: workdir_of(inv, job), log=log)
+                             workdir=lambda inv: workdir_of(inv, job), log=log, timeline=clock)
         try:
             # bootstrap already placed the workdir
             return live(JobRun(inv, provider, store, job, log), sync=False)
@@ -286,6 +309,7 @@ def run(
                 from provision.cluster.cost import describe
 
                 log(describe(inv.hourly_cost_usd, inv.created_at, None, spec.spot))
+            log(clock.summary())  # where the bring-up's time went, the slowest phase named
 
 
 def keep_job_logs(log: Log) -> Callable[[Inventory], None]:

@@ -30,6 +30,7 @@ from typing import Any
 from provision.cluster.providers.contract import AnyProvider, Recoverable
 from provision.job.checkpoints import CheckpointKeeper
 from provision.job.launch import job_container
+from provision.model import timeline
 from provision.model.errors import LaunchError, MgpuError
 from provision.model.inventory import Inventory, InventoryStore, NodeRecord, Replacement
 from provision.model.spec import JobSpec
@@ -236,7 +237,9 @@ class Recovery:
 
     def bring_back(self, failure: Failure) -> None:
         """Make the cluster whole again for a restart (replaced nodes bootstrapped, the
-        others told about them, the checkpoint on every node). Raises MgpuError if not."""
+        others told about them, the checkpoint on every node). Raises MgpuError if not.
+        Its phases begin a "recovery" timeline (the relaunch adds gate, first output line)."""
+        timeline.begin(self.inv, "recovery")
         t0 = time.monotonic()
         nodes = failure.nodes if failure.kind in ("node lost", "preemption") else []
         replaced: list[NodeRecord] = []
@@ -244,24 +247,26 @@ class Recovery:
             mode = self.job.on_node_loss
             if mode == "fail":
                 raise MgpuError(f"{failure.describe()}: --on-node-loss fail")
-            if mode == "replace":
-                replaced = self._replace(nodes, failure.kind)
-            else:
-                self._wait_for(nodes)
+            with timeline.timed(self.inv, "replacement" if mode == "replace" else "nodes back"):
+                if mode == "replace":
+                    replaced = self._replace(nodes, failure.kind)
+                else:
+                    self._wait_for(nodes)
         t1 = time.monotonic()
         if replaced:
             from provision.job.launch import workdir_of
             from provision.nodes.bootstrap import bootstrap_cluster, refresh_peers
 
-            with NodeGroup(self.inv, replaced) as group:
+            with NodeGroup(self.inv, replaced) as group, timeline.timed(self.inv, "bootstrap"):
                 bootstrap_cluster(self.inv, self.store, workdir=workdir_of(self.inv, self.job),
                                   log=self.log, group=group)
             others = [n for n in self.inv.nodes if n not in replaced]
             with NodeGroup(self.inv, others) as group:
                 refresh_peers(self.inv, self.store, group)
         t2 = time.monotonic()
-        with NodeGroup(self.inv) as group:
+        with NodeGroup(self.inv) as group, timeline.timed(self.inv, "restore"):
             restored = self.keeper.restore(group)
+        self.store.save(self.inv)
         t3 = time.monotonic()
         self.log(f"ready to restart in {t3 - t0:.1f} s: replacement {t1 - t0:.1f} s, "
                  f"bootstrap {t2 - t1:.1f} s, restore {t3 - t2:.1f} s "

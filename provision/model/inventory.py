@@ -39,6 +39,7 @@ from provision.model.errors import (
 )
 from provision.model.gate_record import GateRecord
 from provision.model.spec import ClusterSpec, validate_cluster_name
+from provision.model.timeline import Timeline
 from provision.model.yamltext import YAML_HINT, YamlProblem
 from remote.files import write_atomic
 
@@ -173,6 +174,8 @@ class Inventory(BaseModel):
     fabric_gate: GateRecord | None = Field(None, description="the fabric gate's last result")
     controller: NodeRecord | None = Field(None, description="the machine that supervises "
                                           "managed runs (docs/ARCHITECTURE.md)")
+    timelines: list[Timeline] = Field(default_factory=list, description="where each bring-up's "
+                                      "time went, newest last (provision/model/timeline.py)")
 
     def resources_of(self, kind: str) -> list[ResourceRecord]:
         return [r for r in self.resources if r.kind == kind]

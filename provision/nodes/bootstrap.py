@@ -2,7 +2,8 @@
 
 Per node, in one step each: wait for SSH (backoff, deadline) -> wait for the GPU driver (cloud
 nodes) -> ONE upload of a tar (remote.pyz, hostfile, node-to-node SSH files, the workdir, the
-launcher's files) unpacked by ONE command -> pull the training container (when set).
+launcher's files) unpacked by ONE command -> the training container (when set): the pull a
+cloud node began at boot (waited for when a job is about to use it), else pulled here.
 Paths on the node come from nodes.RemoteLayout.
 """
 
@@ -25,6 +26,7 @@ from provision.model.assets import remote_package_dir, templates_dir
 from provision.model.errors import BootstrapError, LaunchError
 from provision.model.inventory import Inventory, InventoryStore, NodeRecord, state_home
 from provision.model.render import render
+from provision.model.timeline import reached
 from provision.nodes import (
     GroupResult,
     NodeConnection,
@@ -240,12 +242,14 @@ def _checked(res: object, what: str) -> None:
 
 def bootstrap_cluster(
     inv: Inventory, store: InventoryStore, *, workdir: Workdir | None = None, log: Log = print,
-    group: NodeGroup | None = None,
+    group: NodeGroup | None = None, wait_image: bool = True,
 ) -> GroupResult[None]:
     """Prepare every node: per node ONE upload (a tar of everything) and ONE command, after
-    SSH answers (and the GPU driver, on GPU nodes). BootstrapError names every failing node."""
+    SSH answers (and the GPU driver, on GPU nodes); then the training image (an image the node
+    began pulling at boot is waited for only when `wait_image`: a job is about to use it).
+    BootstrapError names every failing node. The open timeline (provision/model/timeline.py)
+    gets the parts "ssh answers" and "image present" of its bootstrap phase."""
     write_cluster_known_hosts(inv, store)
-    q = shlex.quote
     layout = layout_of(inv)
     files: Files = {
         layout.pyz: (remote_zipapp(), 0o644),
@@ -257,31 +261,77 @@ def bootstrap_cluster(
     files.update(peer_files)
     archive, steps = payload(inv, files, workdir)
     command = " && ".join(steps + extra)
+    answered: dict[str, float] = {}  # node -> unix time SSH answered
+    present: dict[str, float] = {}  # node -> unix time the image was there
 
     def step(conn: NodeConnection, node: NodeRecord) -> None:
         retry_open(conn, SSH_DEADLINE_S)
+        answered[node.name] = time.time()
         if inv.wait_for_gpu and not poll(lambda: conn.run("nvidia-smi -L").ok, GPU_DEADLINE_S):
             raise NodeStepError(f"nvidia-smi did not answer within {GPU_DEADLINE_S:.0f} s")
         _checked(conn.run(command, stdin=archive), "unpacking the uploaded files")
-        if inv.container_image:
-            # A node without a way out (no public address, no NAT) is named here, before a
-            # pull that would fail or hang on it.
-            if not conn.run(egress_probe(inv.container_image)).ok:
-                raise NodeStepError(
-                    f"no path to the internet: {registry_of(inv.container_image)}:443 cannot "
-                    f"be reached within {EGRESS_TIMEOUT_S} s (needed to pull "
-                    f"{inv.container_image}; see docs/clouds.md)")
-            _checked(conn.run(f"sudo -n docker pull {q(inv.container_image)}"),
-                     "pulling the container")
+        if inv.container_image and _image_on(conn, inv.container_image, wait_image):
+            present[node.name] = time.time()
 
     t0 = time.monotonic()
     with borrowed(inv, group) as nodes:
         results = nodes.each(step)
+    for phase, times in (("ssh answers", answered), ("image present", present)):
+        if times:
+            last = max(times, key=lambda n: times[n])
+            reached(inv, phase, part_of="bootstrap", at=times[last],
+                    detail=f"{len(times)} node(s), the last {last}")
     results.raise_for("bootstrap", BootstrapError)
     inv.bootstrapped = True
     store.save(inv)
     log(f"bootstrapped {len(results)} node(s) in {time.monotonic() - t0:.1f} s")
     return results
+
+
+# The pull a cloud node starts at boot (templates/node/image-pull.sh.j2, from the AWS user
+# data and the GCP startup script): STARTED holds the image's name, DONE "ok" or why not.
+BOOT_PULL_STARTED = "/var/lib/mgpu-cloud/image-pull.started"
+BOOT_PULL_DONE = "/var/lib/mgpu-cloud/image-pull.done"
+BOOT_PULL_WAIT_S = float(os.environ.get("MGPU_CLOUD_PULL_DEADLINE", "1800"))
+
+
+def boot_pull(image: str | None) -> dict[str, object]:
+    """What templates/node/image-pull.sh.j2 needs (image None: no pull at boot)."""
+    return {"image": image, "started": BOOT_PULL_STARTED, "done": BOOT_PULL_DONE,
+            "script": "/var/lib/mgpu-cloud/image-pull.sh",
+            "log": "/var/log/mgpu-cloud-image-pull.log", "retry_s": 15}
+
+
+def boot_pull_probe(image: str, wait: bool) -> str:
+    """A shell line printing "ok" / "failed ..." (the boot pull ended; `wait`: after waiting
+    up to BOOT_PULL_WAIT_S for it), "pulling" (not waited for), or nothing (no boot pull of
+    `image` on this node)."""
+    q = shlex.quote
+    done = f"until [ -s {q(BOOT_PULL_DONE)} ]; do sleep 1; done"
+    then = (f"timeout {BOOT_PULL_WAIT_S:.0f} sh -c {q(done)}; cat {q(BOOT_PULL_DONE)}" if wait
+            else f"cat {q(BOOT_PULL_DONE)} 2>/dev/null || echo pulling")
+    return (f"if [ -f {q(BOOT_PULL_STARTED)} ] && grep -qxF {q(image)} "
+            f"{q(BOOT_PULL_STARTED)}; then {then}; fi")
+
+
+def _image_on(conn: NodeConnection, image: str, wait: bool) -> bool:
+    """Make sure `image` is on the node (or, not `wait`, on its way there); True when it is
+    there now. A boot pull that ended well is used; one still running is waited for only when
+    `wait`; otherwise (none, failed, timed out) the image is pulled here, after checking that
+    the node reaches its registry at all."""
+    state = conn.run(boot_pull_probe(image, wait)).stdout.strip()
+    if state == "ok":
+        return True
+    if state == "pulling" and not wait:
+        return False
+    # A node without a way out (no public address, no NAT) is named here, before a pull that
+    # would fail or hang on it.
+    if not conn.run(egress_probe(image)).ok:
+        raise NodeStepError(
+            f"no path to the internet: {registry_of(image)}:443 cannot be reached within "
+            f"{EGRESS_TIMEOUT_S} s (needed to pull {image}; see docs/clouds.md)")
+    _checked(conn.run(f"sudo -n docker pull {shlex.quote(image)}"), "pulling the container")
+    return True
 
 
 JOB_RUNNING = 75  # `remote.pyz job idle`: a job still runs on the node (remote/jobs.py BUSY)

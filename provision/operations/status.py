@@ -87,3 +87,35 @@ def status_text(rows: list[dict[str, Any]], notes: dict[str, str] | None = None)
         if notes and r["name"] in notes:
             out.append(f"  {notes[r['name']]}")
     return "\n".join(out)
+
+
+def timeline_rows(inv: Inventory) -> list[dict[str, Any]]:
+    """`status NAME --timeline --json`: the cluster's timelines, oldest first, each with its
+    phases ({phase, part_of, start_s, seconds, detail}) and the slowest phase's name."""
+    out = []
+    for tl in inv.timelines:
+        slow = tl.slowest()
+        out.append({**tl.model_dump(mode="json"), "summary": tl.summary(),
+                    "slowest": slow[0].phase if slow else None})
+    return out
+
+
+def timeline_text(inv: Inventory) -> str:
+    """`status NAME --timeline`: one table per timeline (a part indented under its phase),
+    then the line naming the slowest phase."""
+    import datetime as dt
+
+    if not inv.timelines:
+        return f"{inv.name}: no timeline recorded (made before timelines were kept?)"
+    out: list[str] = []
+    for tl in inv.timelines:
+        start = dt.datetime.fromtimestamp(tl.started_at, dt.UTC).isoformat(timespec="seconds")
+        out.append(f"{inv.name}: {tl.command} at {when(start)} ({inv.provider})")
+        rows = [("PHASE", "START", "SECONDS", "DETAIL")]
+        for p in tl.phases:
+            secs = "-" if p.seconds is None else f"{p.seconds:.2f}"
+            rows.append((("  " if p.part_of else "") + p.phase, f"{p.start_s:.2f}", secs,
+                         p.detail))
+        out += ["  " + line for line in text_table(rows, right={1, 2})]
+        out.append(f"  {tl.summary()}")
+    return "\n".join(out)

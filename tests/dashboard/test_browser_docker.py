@@ -117,6 +117,9 @@ def test_cluster_page_shows_both_nodes_live(site: Served, driver: Any, job: str,
         == "running"
     gate = driver.find_element("id", "gate").text
     assert gate.startswith("Fabric gate\npass"), gate
+    labels = [e.text for e in driver.find_elements("css selector", "#bringup .gantt-label")]
+    assert labels == ["plan", "create call", "create call: nodes running", "bootstrap",
+                      "bootstrap: ssh answers"], labels  # where `up`'s time went
     assert js_errors(driver) == []
     shot(driver, tmp_path, "cluster")
 

@@ -145,3 +145,25 @@ def test_another_interface_needs_the_token(state: Path) -> None:
         assert c.get("/clusters/big").status_code == 200, "the cookie now stands for the token"
     finally:
         c.dash.live.close()
+
+
+def test_the_cluster_page_shows_the_bring_up_timeline(client: Any, state: Path) -> None:
+    from provision.model import timeline
+    from provision.model.inventory import InventoryStore
+
+    store = InventoryStore()
+    assert "Not recorded for this cluster." in client.get("/clusters/big").text
+    inv = store.load("big")
+    tl = timeline.begin(inv, "up", timeline.Timeline(command="up", started_at=1000.0))
+    tl.add("plan", since=1000.0, at=1000.5)
+    tl.add("create call", since=1000.5, at=1040.5)
+    tl.add("nodes running", since=1000.5, at=1030.5, part_of="create call", detail="64 node(s)")
+    tl.add("bootstrap", since=1040.5, at=1060.5)
+    store.save(inv)
+    page = client.get("/clusters/big").text
+    assert "Not recorded for this cluster." not in page
+    for label in ("plan", "create call", "create call: nodes running", "bootstrap"):
+        assert f'<span class="gantt-label">{label}</span>' in page
+    assert 'title="64 node(s)"' in page and "40.0 s" in page
+    phases = client.get("/api/clusters/big").json()["bringup"]
+    assert phases[3] == {"phase": "bootstrap", "start_s": 40.5, "seconds": 20.0, "detail": ""}

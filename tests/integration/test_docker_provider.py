@@ -79,6 +79,8 @@ def test_run_trains_across_two_nodes_and_fetches_checkpoint(tmp_path: Path, clea
         node = rank // 2
         assert re.search(rf"\[node-{node}\] rank {rank}/4 on node-{node}:", out), out
     assert "[node-0] done: world_size=4" in out
+    # the run's last lines name where its bring-up's time went
+    assert re.search(r"run timeline: [\d.]+ s to first output line; slowest phase: \w", out), out
     ckpt = tmp_path / "mgpu-outputs" / "it-run" / "checkpoint.pt"
     metrics = json.loads((ckpt.parent / "metrics.json").read_text())
     assert metrics["world_size"] == 4 and metrics["steps"] == 15
@@ -145,6 +147,16 @@ def test_up_exec_status_ssh_trust_down_twice(tmp_path: Path, cleanup) -> None:  
     res = cli("status", "--json")
     rows = json.loads(res.stdout)
     assert [r["name"] for r in rows] == ["it-up"]
+    # where `up`'s time went, phase by phase (a part indented under its phase)
+    res = cli("status", "it-up", "--timeline")
+    assert res.returncode == 0, res.stderr
+    for phase in ("  plan ", "  create call ", "    nodes running ", "  bootstrap ",
+                  "    ssh answers "):
+        assert phase in res.stdout, res.stdout
+    assert "slowest phase: " in res.stdout
+    (tl,) = json.loads(cli("status", "it-up", "--timeline", "--json").stdout)["it-up"]
+    assert [p["phase"] for p in tl["phases"]] == ["plan", "create call", "nodes running",
+                                                  "bootstrap", "ssh answers"]
     assert [n["address"] for n in rows[0]["nodes"]] == ["127.0.0.1", "127.0.0.1"]
 
     # Containers publish SSH on loopback only.

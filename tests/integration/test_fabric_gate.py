@@ -89,6 +89,14 @@ def test_healthy_network_passes_and_the_job_runs(cluster: Path, job: Path) -> No
     gate = gate_of(cluster)
     assert gate["verdict"] == "pass" and gate["world_size"] == 3  # one rank per CPU node
     assert gate["rounds"] == 3 and len(gate["pairs"]) == 3  # 3 nodes: 3 rounds of 1 pair
+    # the launch's timeline: the gate, then the job's first line, after it
+    assert "launch timeline: " in res.stderr and " s to first output line" in res.stderr
+    tl = json.loads(cli("status", NAME, "--timeline", "--json", home=cluster).stdout)[NAME][-1]
+    assert tl["command"] == "launch"
+    gate_phase, first = tl["phases"]
+    assert (gate_phase["phase"], first["phase"]) == ("gate", "first output line")
+    assert gate_phase["detail"] == "in the job's processes: pass"
+    assert first["seconds"] >= gate_phase["seconds"]  # the job's lines wait for the verdict
 
 
 def test_throttled_node_stops_the_launch_and_is_named(cluster: Path, job: Path) -> None:

@@ -9,8 +9,8 @@ Sources, the same as the CLI's: inventories (InventoryStore), job records (JobSt
 history (provision/cluster/cost.py), managed runs' store. Three small functions are the seams
 for state that other work adds to the inventory or beside it, each the ONE place to change:
 
-    bringup_phases(inv)       the per-phase bring-up timeline  -> [{phase, start_s, seconds}]
-                              (empty until issue 21's timeline is in the inventory)
+    bringup_phases(inv)       the latest bring-up timeline -> [{phase, start_s, seconds, detail}]
+                              (Inventory.timelines; empty for clusters made before them)
     unattended_runs(name)     managed runs from their durable store -> [{id, state, ...}]
     restarts_of(rec)          how often a job was restarted by recovery -> int | None
                               (None: the job records do not say it)
@@ -56,10 +56,17 @@ def epoch(iso: str | None) -> float | None:
 
 # --- seams for state added by other work (see the module docstring) -------------------------
 def bringup_phases(inv: Inventory) -> list[dict[str, Any]]:
-    """The cluster's bring-up timeline, one dict per phase in order: {"phase": str,
-    "start_s": float (seconds after the start of `up`), "seconds": float, "detail": str}.
-    Empty while the inventory records no timeline (issue 21 adds it: convert it here)."""
-    return []
+    """The cluster's latest bring-up timeline (`up`, `run`, `launch` or a recovery), one
+    dict per phase in order: {"phase": str (a part of a phase is named "PHASE: PART"),
+    "start_s": float (seconds after the start), "seconds": float, "detail": str}. Empty when
+    the inventory records no timeline (a cluster made before they were kept)."""
+    if not inv.timelines:
+        return []
+    tl = inv.timelines[-1]
+    return [{"phase": f"{p.part_of}: {p.phase}" if p.part_of else p.phase,
+             "start_s": p.start_s, "seconds": p.seconds or 0.0,
+             "detail": p.detail if p.seconds is not None else "not finished"}
+            for p in tl.phases]
 
 
 def unattended_runs(name: str, home: Path | None = None) -> list[dict[str, Any]]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import yaml
 
 from provision.model.render import parse_env_file, render
+from provision.nodes.bootstrap import boot_pull
 
 
 def test_efa_preset_p4d_golden():
@@ -31,7 +32,7 @@ def test_user_data_is_valid_cloud_config_and_carries_no_key():
     ssh_genkeytypes has "minItems": 1 and items in ecdsa/ed25519/rsa; the node makes its own
     keys (no `ssh_keys`) after deleting the AMI's, and prints them on its console."""
     text = render("aws/user-data.yaml.j2", cluster="c1", max_hours="8", max_seconds=28800,
-                  max_minutes=480)
+                  max_minutes=480, **boot_pull(None))
     assert text.startswith("#cloud-config\n")
     data = yaml.safe_load(text)
     assert "ssh_keys" not in data and "PRIVATE KEY" not in text

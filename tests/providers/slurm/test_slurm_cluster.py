@@ -133,6 +133,12 @@ def test_pending_allocation_shows_its_reason_then_up_exec_down(slurm: Any, slurm
                 in res.stdout, res.stdout
         info = slurm.job(job)
         assert info["JobState"] == "RUNNING" and info["TimeLimit"] == "00:15:00", info
+        shown = cli("status", "slurm-pend", "--timeline")  # where the bring-up's time went
+        assert "slurm-pend: up at " in shown.stdout and "(slurm)" in shown.stdout, shown.stdout
+        for phase in ("  plan ", "  create call ", "    nodes running ", "  bootstrap ",
+                      "    ssh answers "):
+            assert phase in shown.stdout, shown.stdout
+        assert f"allocation {job} on " in shown.stdout, shown.stdout
     finally:
         down = cli("down", "slurm-pend")
     assert down.returncode == 0, down.stderr

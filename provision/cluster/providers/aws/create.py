@@ -35,21 +35,24 @@ from provision.model.inventory import (
 )
 from provision.model.keys import ensure_cluster_key
 from provision.model.spec import ClusterSpec
+from provision.model.timeline import reached
 
 # Where a node reads its spot interruption notice (IMDSv2; remote/preempt.py "aws").
 METADATA_URL = "http://169.254.169.254"
 
 
-def user_data(cluster: str, max_seconds: int) -> str:
+def user_data(cluster: str, max_seconds: int, image: str | None = None) -> str:
     """The cloud-init user data of a node: fresh host keys of its own, printed on its console
-    (hostkeys.py), and a power-off (= terminate) `max_seconds` after boot. No secret."""
+    (hostkeys.py), a power-off (= terminate) `max_seconds` after boot, and the pull of the
+    training `image` started at boot (bootstrap finds it done or under way). No secret."""
     from provision.model.render import render
+    from provision.nodes.bootstrap import boot_pull
 
     max_seconds = max(60, max_seconds)
     return render(
         "aws/user-data.yaml.j2", cluster=cluster,
         max_hours=f"{max_seconds / 3600:g}", max_seconds=max_seconds,
-        max_minutes=max(1, max_seconds // 60),
+        max_minutes=max(1, max_seconds // 60), **boot_pull(image),
     )
 
 
@@ -356,12 +359,13 @@ class Creator:
         sg = self.security_group()
         self.placement_group()
         self.reserve()
-        data = user_data(self.cluster, self.lifetime())
+        data = user_data(self.cluster, self.lifetime(), self.s.image)
         if self.s.egress.mode == "nat":
             with step("creating the route table"):
                 self.egress.route_table()
         launched = self.launch(sg, data)
         nodes = self.wait_running([i["InstanceId"] for i in launched])
+        reached(self.inv, "nodes running", part_of="create call", detail=f"{len(nodes)} node(s)")
         addresses = self.addresses(nodes)
         with step("reading the nodes' host keys from their consoles"):
             host_keys = wait_host_keys(self.ec2, {i["InstanceId"]: f"node-{rank}"

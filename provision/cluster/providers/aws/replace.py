@@ -204,7 +204,8 @@ class Replacer:
         before = {(r.kind, r.id) for r in self.inv.resources}
         try:
             left = min(left, capacity.lifetime_s(creator.s))  # before a block's end
-            (launched,) = creator.launch(sg, user_data(self.inv.name, left))
+            (launched,) = creator.launch(
+                sg, user_data(self.inv.name, left, self.inv.container_image))
             (inst,) = creator.wait_running([launched["InstanceId"]])
             address = self._address(creator, inst)
             with step(f"reading the host key of the new {self.node.name} from its console"):

@@ -39,6 +39,7 @@ from provision.model.inventory import (
 )
 from provision.model.render import parse_env_file, render
 from provision.model.spec import ClusterSpec
+from provision.model.timeline import reached
 from provision.nodes import background, fan_out
 
 if TYPE_CHECKING:
@@ -117,6 +118,8 @@ class DockerProvider(Recoverable[DockerPlan], Supervising[DockerPlan]):
                                              gpus=request.node_image.gpus))
         inv.preemption = PreemptionSource(protocol="file", url=METADATA_STANDIN)
         inv.nodes = fan_out(request.nodes, start)
+        reached(inv, "nodes running", part_of="create call",
+                detail=f"{len(inv.nodes)} container(s)")
         store.save(inv)
 
     # --- recovery -------------------------------------------------------------------------

@@ -106,6 +106,11 @@ def _network_interfaces(layout: Layout) -> list[dict[str, Any]]:
 
 
 def startup_script(layout: Layout) -> str:
+    """The nodes' startup script: the login user in the docker group, GPUDirect's set-up
+    where the machine has it, and the pull of the training image started at boot (bootstrap
+    finds it done or under way)."""
+    from provision.nodes.bootstrap import boot_pull
+
     stack = layout.gpu_direct
     return render(
         "gcp/startup.sh.j2", cluster=layout.cluster, user=LOGIN_USER,
@@ -114,7 +119,7 @@ def startup_script(layout: Layout) -> str:
         status_file=gpudirect.STATUS_FILE, setup_log=gpudirect.SETUP_LOG,
         nics_env=gpudirect.NICS_ENV, nic_wait_s=gpudirect.NIC_WAIT_S,
         uds_path=gpudirect.TCPX_UDS_PATH,
-        aperture_devices=gpudirect.APERTURE_DEVICES,
+        aperture_devices=gpudirect.APERTURE_DEVICES, **boot_pull(layout.training_image),
     )
 
 

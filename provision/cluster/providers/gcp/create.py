@@ -22,6 +22,7 @@ from provision.model.inventory import Inventory, InventoryStore, NodeRecord, Pre
 from provision.model.keys import ensure_cluster_key
 from provision.model.render import parse_env_file, render
 from provision.model.spec import ClusterSpec
+from provision.model.timeline import reached
 
 LOGIN_USER = bodies.LOGIN_USER
 # Where a node reads preemption and maintenance notices (remote/preempt.py "gcp").
@@ -100,14 +101,15 @@ def create(spec: ClusterSpec, plan: GcpPlan, inv: Inventory, store: InventorySto
     """See the module docstring. Fills inv.nodes (host keys pinned from Compute) and the
     node-side settings. On failure it raises; the pipeline deletes what the inventory
     recorded."""
-    layout = plan.layout
     key_path, login_public = ensure_cluster_key(store.keys_dir(inv.name))
     inv.key_path = str(key_path)
-    _node_side(inv, spec, layout)
+    _node_side(inv, spec, plan.layout)
+    layout = plan.layout  # its training_image is pulled by the nodes from boot on (bodies)
     _create_firewalls(clients, store, inv, layout)
     _create_data_networks(clients, store, inv, layout)
     placement.make_regional(clients, store, inv, layout)
     used, zone, instances = placement.place(clients, store, inv, layout, login_public, log)
+    reached(inv, "nodes running", part_of="create call", detail=f"{len(instances)} node(s)")
     nodes = {inst.name: f"node-{rank}" for rank, inst in enumerate(instances)}
     keys = hostkeys.read_host_keys(clients, zone, nodes)
     inv.nodes = [node_record(rank, inst, zone, used.slots, keys[inst.name])

@@ -121,7 +121,7 @@ class Layout(StrictModel):
     # pull and jobs run in: --image, or the default of the GPUs' architecture
     # (provision/nodes/container.py training_image)
     gpu_model: str | None = None
-    training_image: str = DEFAULT_TRAINING_IMAGE
+    training_image: str | None = DEFAULT_TRAINING_IMAGE  # None: no pull at boot (an old inventory)
     image_tried: list[str] = []  # families skipped before image_family, and why
     disk_gb: int
     disk_type: str = "pd-balanced"

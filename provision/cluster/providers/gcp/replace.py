@@ -80,6 +80,7 @@ def replacement_layout(clients: Clients, inv: Inventory, node: NodeRecord, image
         disk_type=disk_type_for(opts.machine_type), spot=inv.spec.spot,
         flex_start=opts.flex_start, reservation=opts.reservation,
         max_hours=seconds / 3600, ssh_cidr=inv.spec.ssh_cidr or "(the cluster's)",
+        training_image=inv.container_image,
     )
 
 

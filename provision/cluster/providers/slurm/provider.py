@@ -41,6 +41,7 @@ from provision.cluster.providers.slurm.transport import JOB_KIND, LOGIN_KIND
 from provision.model.errors import ProvisionError, TeardownError
 from provision.model.inventory import Inventory, InventoryStore, NodeRecord, ResourceRecord
 from provision.model.spec import ClusterSpec
+from provision.model.timeline import reached
 
 log = logging.getLogger("mgpu_cloud")
 
@@ -88,6 +89,8 @@ class SlurmProvider(Provider[SlurmPlan]):
             state = wait_running(session, job_id, log=lambda m: log.info("slurm: %s", m),
                                  timeout_s=(opts.queue_timeout_minutes * 60
                                             if opts.queue_timeout_minutes else None))
+            reached(inv, "nodes running", part_of="create call",
+                    detail=f"allocation {job_id} on {state.nodelist}")
             allocated, missing = nodes_of(session, state.nodelist)
             root = remote_root(spec.name)
             dir_record = ResourceRecord(kind=DIR_KIND, id=f"{job_id}:{root}", extra={

@@ -1,0 +1,134 @@
+"""`mgpu-cloud run` of a 2x2 docker job: the job's own time against the whole command, and
+where the rest goes, in one run.
+
+    job      the job itself, as run_job measures it ("job finished on all 2 node(s) in X s":
+             from the launch to the last node's exit; the baseline every `run` pays anyway)
+    run      the whole `python -m provision.cli run --nodes 2 --nproc-per-node 2 SCRIPT`
+             (CLI start, plan, create, bootstrap, launch, fetch, keep logs, destroy, cost)
+    overhead run - job (target: <= 1.5 s)
+
+The phase table stamps each line the CLI prints on stderr with the seconds since the command
+started (median over the repeats): the gap before a line is the step that line ends. With
+--torchx, TorchX's `dist.ddp -j 2x2` on its local_docker scheduler runs the same script in
+the same image (goal: run <= 0.9 x torchx); without torchx installed it says so.
+Usage: python benchmarks/run_overhead.py [--repeat 5] [--torchx]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+SCRIPT = 'import os; print(f"rank {os.environ[\'RANK\']} ran", flush=True)\n'
+# The lines that end a step (first match per run), in the order `run` prints them.
+MARKS = [
+    ("creating", r"^creating \d+ node"),
+    ("nodes made", r"^bootstrapping nodes"),
+    ("bootstrapped", r"^bootstrapped \d+ node"),
+    ("job record", r"^job \d+ \(its log"),
+    ("launch", r"^launching "),
+    ("job finished", r"^job finished on all"),
+    ("outputs back", r"^copied \d+ output file"),
+    ("cluster removed", r"^cluster '.*' removed"),
+    ("cost line", r"^cost: .* = \$"),
+    ("timeline line", r"^run timeline:"),
+]
+
+
+def one_run(work: Path, env: dict[str, str], name: str) -> tuple[float, float, dict[str, float]]:
+    """(end to end s, job s, mark -> s since start) of one `run`."""
+    argv = [sys.executable, "-m", "provision.cli", "run", "--provider", "docker", "--nodes",
+            "2", "--nproc-per-node", "2", "--name", name, "--fabric-check", "off", "job.py"]
+    t0 = time.perf_counter()
+    proc = subprocess.Popen(argv, cwd=work, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    assert proc.stderr is not None
+    marks: dict[str, float] = {}
+    lines = []
+    for line in proc.stderr:
+        now = time.perf_counter() - t0
+        lines.append(line)
+        for label, rx in MARKS:
+            if label not in marks and re.search(rx, line.strip()):
+                marks[label] = now
+                break
+    out = proc.stdout.read() if proc.stdout else ""
+    code = proc.wait()
+    total = time.perf_counter() - t0
+    if code != 0 or out.count(" ran") < 4:
+        raise SystemExit(f"run failed ({code}):\n{out}\n{''.join(lines)[-3000:]}")
+    job = next(float(m.group(1)) for m in (re.search(r"job finished on all \d+ node\(s\) in "
+                                                     r"([\d.]+) s", x) for x in lines) if m)
+    return total, job, marks
+
+
+def torchx_run(work: Path, image: str) -> float | None:
+    if shutil.which("torchx") is None:
+        return None
+    t0 = time.perf_counter()
+    done = subprocess.run(["torchx", "run", "-s", "local_docker", "dist.ddp", "-j", "2x2",
+                           "--image", image, "--script", "job.py"], cwd=work,
+                          capture_output=True, text=True, timeout=600)
+    if done.returncode != 0:
+        raise SystemExit(f"torchx failed:\n{done.stderr[-3000:]}")
+    return time.perf_counter() - t0
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repeat", type=int, default=5)
+    parser.add_argument("--torchx", action="store_true", help="also time TorchX local_docker")
+    args = parser.parse_args()
+    totals, jobs, tx = [], [], []
+    marks: dict[str, list[float]] = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        work = Path(tmp)
+        (work / "job.py").write_text(SCRIPT)
+        env = {**os.environ, "MGPU_CLOUD_HOME": str(work / "home"),
+               "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")}
+        for i in range(args.repeat):
+            total, job, seen = one_run(work, env, f"bench-run-{i}")
+            totals.append(total)
+            jobs.append(job)
+            for k, v in seen.items():
+                marks.setdefault(k, []).append(v)
+            if args.torchx:
+                sys.path.insert(0, str(ROOT))
+                from provision.cluster.providers.docker.images import ensure_node_image
+                from provision.cluster.providers.docker.options import DockerOptions
+
+                took = torchx_run(work, ensure_node_image(DockerOptions(), log=lambda m: None))
+                if took is not None:
+                    tx.append(took)
+    med = statistics.median
+    print(f"run 2x2 on docker, medians of {args.repeat}, load average "
+          f"{os.getloadavg()[0]:.1f} on {os.cpu_count()} cores")
+    print(f"  job (baseline) {med(jobs):6.2f} s   run {med(totals):6.2f} s   "
+          f"overhead {med(totals) - med(jobs):5.2f} s (target <= 1.5)")
+    print("  step ending with              at s    step s")
+    last = 0.0
+    for label, _ in MARKS:
+        if label in marks:
+            at = med(marks[label])
+            print(f"  {label:<28} {at:6.2f}  {at - last:6.2f}")
+            last = at
+    print(f"  {'(exit)':<28} {med(totals):6.2f}  {med(totals) - last:6.2f}")
+    if args.torchx:
+        if tx:
+            print(f"  torchx local_docker dist.ddp -j 2x2: {med(tx):.2f} s; run / torchx "
+                  f"{med(totals) / med(tx):.2f} (goal <= 0.9)")
+        else:
+            print("  torchx: NOT INSTALLED (pip install -e '.[bench]'): no comparison made")
+
+
+if __name__ == "__main__":
+    main()
