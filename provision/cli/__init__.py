@@ -3,7 +3,8 @@
     app.py       the Typer app, error handling, the option-signature helper
     options.py   option tables (core + every provider's flags from the registry) -> spec models
     commands.py  cluster commands (up, down, launch, run, status, exec, ssh, check, gc)
-    day2.py      jobs, logs, cancel, ssh-config, monitor, cost, scale
+    jobs.py      jobs, logs, cancel
+    day2.py      ssh-config, monitor, cost, scale
     dashboard.py the local web dashboard (provision/operations/dashboard/)
 Providers may add their own sub-commands (ProviderInfo.commands).
 """
@@ -15,7 +16,11 @@ import sys
 
 from provision.cli import commands as _commands  # noqa: F401 - registers the commands
 from provision.cli import dashboard as _dashboard  # noqa: F401 - the web dashboard
-from provision.cli import day2 as _day2  # noqa: F401 - jobs, logs, cancel, ssh-config, monitor, cost, scale
+from provision.cli import jobs as _jobs  # noqa: F401 - jobs, logs, cancel
+
+# isort: split
+# (the order of these imports is the order of the commands in --help)
+from provision.cli import day2 as _day2  # noqa: F401 - ssh-config, monitor, cost, scale
 from provision.cli import managed as _managed  # noqa: F401 - attach (issue 18)
 from provision.cli.app import app, load_provider_commands
 
