@@ -25,6 +25,7 @@ from provision.cluster.providers.aws.errors import describe, error_code, is_capa
 from provision.cluster.providers.aws.hostkeys import wait_host_keys
 from provision.cluster.providers.aws.network import EgressMaker
 from provision.cluster.providers.aws.request import NODE_USER, AwsPlan, resource_name
+from provision.cluster.providers.aws.userdata import user_data
 from provision.model.errors import CapacityError, ProviderUnavailableError, ProvisionError
 from provision.model.inventory import (
     Inventory,
@@ -39,21 +40,6 @@ from provision.model.timeline import reached
 
 # Where a node reads its spot interruption notice (IMDSv2; remote/preempt.py "aws").
 METADATA_URL = "http://169.254.169.254"
-
-
-def user_data(cluster: str, max_seconds: int, image: str | None = None) -> str:
-    """The cloud-init user data of a node: fresh host keys of its own, printed on its console
-    (hostkeys.py), a power-off (= terminate) `max_seconds` after boot, and the pull of the
-    training `image` started at boot (bootstrap finds it done or under way). No secret."""
-    from provision.model.render import render
-    from provision.nodes.bootstrap import boot_pull
-
-    max_seconds = max(60, max_seconds)
-    return render(
-        "aws/user-data.yaml.j2", cluster=cluster,
-        max_hours=f"{max_seconds / 3600:g}", max_seconds=max_seconds,
-        max_minutes=max(1, max_seconds // 60), **boot_pull(image),
-    )
 
 
 @contextmanager

@@ -30,7 +30,7 @@ from typing import Any
 
 from provision.cluster.providers.aws import capacity
 from provision.cluster.providers.aws.api import Ec2
-from provision.cluster.providers.aws.create import Creator, step, user_data
+from provision.cluster.providers.aws.create import Creator, step
 from provision.cluster.providers.aws.errors import is_not_found
 from provision.cluster.providers.aws.hostkeys import wait_host_keys
 from provision.cluster.providers.aws.network import Egress, egress_mode, primary_interface
@@ -44,6 +44,7 @@ from provision.cluster.providers.aws.request import (
     ZoneSubnet,
 )
 from provision.cluster.providers.aws.sites import ami_of
+from provision.cluster.providers.aws.userdata import user_data
 from provision.cluster.providers.lifetime import remaining_seconds
 from provision.model.errors import CapacityError, MgpuError, ProvisionError
 from provision.model.inventory import Inventory, InventoryStore, NodeRecord, ResourceRecord
