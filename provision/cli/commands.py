@@ -84,6 +84,8 @@ def launch(
     from provision.job import lifecycle
 
     job = job_spec(*script_and_args(script, args), jopts, {})
+    from provision.job.managed import checks
+
     if detach:
         from provision.cli.managed import managed_url
 
@@ -92,10 +94,13 @@ def launch(
 
             typer.echo(launch_managed(name, job, log=lambda m: typer.echo(m, err=True)))
             return
+        checks.refuse_unsupervised(job, name)  # nothing would act on them (issue 18)
         from provision.job.detached import launch_detached
 
         typer.echo(launch_detached(name, job).id)
         return
+    if note := checks.attached_notify_note(job):
+        typer.echo(note, err=True)
     raise typer.Exit(lifecycle.launch(name, job))
 
 
@@ -124,6 +129,10 @@ def run(
         if keep:
             raise UserInputError("--keep and --detach contradict each other",
                                  hint="--detach hands teardown to the nodes; leave out --keep")
+        if not spec.store:  # nothing would act on them (issue 18)
+            from provision.job.managed.checks import refuse_unsupervised
+
+            refuse_unsupervised(job)
         if spec.store:  # managed: the cluster's controller supervises and tears down
             from provision.job.managed.handoff import run_managed
 
@@ -138,6 +147,10 @@ def run(
             raise typer.Exit(1)
         typer.echo(rec.id)
         return
+    from provision.job.managed.checks import attached_notify_note
+
+    if note := attached_notify_note(job):
+        typer.echo(note, err=True)
     with _progress() as store:
         if spec.store:  # checkpoints go to the store: refused now if it cannot (issue 18)
             from provision.job.managed.checks import check_store
