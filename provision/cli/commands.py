@@ -84,7 +84,10 @@ def launch(
     from provision.job import lifecycle
 
     job = job_spec(*script_and_args(script, args), jopts, {})
+    from provision.cli.managed import adopt
     from provision.job.managed import checks
+
+    adopt(name)  # a managed cluster's controller may have replaced nodes (issue 18)
 
     if detach:
         from provision.cli.managed import managed_url
@@ -167,11 +170,13 @@ def status(
     as_json: Annotated[bool, typer.Option("--json", help="machine-readable output")] = False,
 ) -> None:
     """List clusters known on this machine."""
+    from provision.cli.managed import adopt
     from provision.model.inventory import InventoryStore
     from provision.operations.status import status_rows, status_text
 
     store = InventoryStore()
     store.clean_stale_locks()
+    adopt(name)  # a managed cluster's controller may have replaced nodes (issue 18)
     invs = [store.load(name)] if name else store.all()
     rows = status_rows(invs)
     gates = {inv.name: inv.fabric_gate for inv in invs}  # the fabric gate's last result
@@ -196,9 +201,11 @@ def exec_(
     command: Annotated[list[str], typer.Argument(help="command to run on every node")],
 ) -> None:
     """Run a command on all nodes in parallel; per-node output and exit codes."""
+    from provision.cli.managed import adopt
     from provision.model.inventory import InventoryStore
     from provision.nodes import CommandResult, NodeGroup
 
+    adopt(name)  # a managed cluster's controller may have replaced nodes (issue 18)
     inv = InventoryStore().load(name)
     words = command[1:] if command and command[0] == "--" else command
     if not words:
@@ -228,10 +235,12 @@ def ssh(
     command: Annotated[list[str] | None, typer.Argument(help="ssh options (e.g. -L 6006:localhost:6006), then an optional command")] = None,
 ) -> None:
     """Open an SSH session on one node (host key pinned); extra ssh options pass through."""
+    from provision.cli.managed import adopt
     from provision.model.inventory import InventoryStore
     from provision.nodes.sshconfig import ssh_command
     from provision.nodes.sshconn import ssh_argv
 
+    adopt(name)  # a managed cluster's controller may have replaced nodes (issue 18)
     store = InventoryStore()
     inv = store.load(name)
     argv = ssh_command(ssh_argv(inv, node, []), command or [])
