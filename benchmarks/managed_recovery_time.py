@@ -41,7 +41,7 @@ def unattended(n: int, home: str, cwd: str) -> float:
                          text=True)
     if res.returncode != 0:
         raise SystemExit(f"run --detach failed:\n{res.stderr}")
-    ckpts = folder / name / "checkpoints"
+    ckpts = folder / name / "jobs" / "1" / "checkpoints"  # per run
     logs = folder / name / "jobs" / "1" / "log"
     try:
         while not (ckpts.is_dir() and any(ckpts.glob("step_*.pt"))):
