@@ -202,8 +202,10 @@ def test_a_kept_managed_cluster_recovers_syncs_back_and_goes_down_cleanly(
         metadata service), both recovered by the controller; this machine then reaches the
         replaced nodes (the controller's inventory is adopted); `cancel` through the store;
     job 2: starts fresh although job 1's files are on the nodes and in the store, and a
-        restart restores job 2's own checkpoint; then `down` while the controller is
-        recovering a lost node-0: it stops the controller first, one `down` leaves nothing."""
+        restart restores job 2's own checkpoint;
+    job 3: `--env MGPU_RESUME_FROM=2` starts from job 2's newest checkpoint; then `down`
+        while the controller is recovering a lost node-0: it stops the controller first, one
+        `down` leaves nothing."""
     name = "mg-launch"
     folder = tmp_path / "shared"
     folder.mkdir()
@@ -260,15 +262,26 @@ def test_a_kept_managed_cluster_recovers_syncs_back_and_goes_down_cleanly(
         step = lose_and_resume(url, name, 1, job="2")
         assert step in steps_in(url, f"{name}/jobs/2/checkpoints")
         assert step < steps_in(url, f"{name}/jobs/1/checkpoints")[-1]  # not job 1's newest
+        assert cli("cancel", name, home=home, env={}).returncode == 0
+        wait_for(lambda: "cancelled" in events(url, name, "2"), 120, "not cancelled")
+
+        # job 3 continues job 2 on purpose
+        newest = steps_in(url, f"{name}/jobs/2/checkpoints")[-1]
+        res = cli("launch", name, "--detach", "--max-restarts", "1", "--env",
+                  "MGPU_RESUME_FROM=2", *long_job, home=home, env={})
+        assert res.returncode == 0 and res.stdout.strip() == "3", res.stdout + res.stderr
+        wait_for(lambda: resumed_steps(url, name, "3"), 120, "job 3 did not resume")
+        assert resumed_steps(url, name, "3") == [newest], log_text(url, name, "3")
+        assert newest in steps_in(url, f"{name}/jobs/3/checkpoints")  # now job 3's own
 
         # down while the controller replaces node-0: it is stopped first
         kill(f"{name}-node-0")
-        wait_for(lambda: events(url, name, "2").count("node_lost") == 2, 120, "loss unseen")
+        wait_for(lambda: "node_lost" in events(url, name, "3"), 120, "loss unseen")
         down = cli("down", name, home=home, env={})
         assert down.returncode == 0, down.stderr
-        assert re.search(r"managed job 2 is (recovering|running): its controller stops it",
+        assert re.search(r"managed job 3 is (recovering|running): its controller stops it",
                          down.stderr), down.stderr
-        assert events(url, name, "2")[-1] == "cancelled", events(url, name, "2")
+        assert events(url, name, "3")[-1] == "cancelled", events(url, name, "3")
         assert leftovers(name) == []  # at once: nothing was made behind down's back
         assert not (home / "clusters" / f"{name}.yaml").exists()
     finally:
