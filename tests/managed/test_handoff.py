@@ -152,3 +152,31 @@ def test_resuming_a_previous_run_on_purpose_needs_its_checkpoints(tmp_path: Path
         check_resume("c1", url, build_job_spec({}, {"script": EXAMPLE,
                                                     "env": {"MGPU_RESUME_FROM": "2"}}))
     assert "jobs there: 1, 2" in (err.value.hint or "")
+
+
+def test_down_asks_a_live_managed_job_to_stop_and_never_hangs_on_a_silent_controller(
+        tmp_path: Path) -> None:
+    from provision.job.managed.handoff import stop_before_down
+    from provision.job.managed.records import JobLog, JobView
+    from remote.store import open_store
+
+    url = f"file://{tmp_path}/store"
+    (tmp_path / "store").mkdir()
+    inv = _inv(tmp_path)
+    inv.spec = build_cluster_spec({}, {"name": "c1", "store": url})
+    notes: list[str] = []
+    store = open_store(url)
+    stop_before_down(inv, None, notes.append)  # type: ignore[arg-type] # no controller: nothing
+    inv.controller = NodeRecord(name="controller", rank=-1, address="127.0.0.1", port=9,
+                                private_address="controller", host_key="ssh-ed25519 AAAA")
+    jl = JobLog(store, "c1", "1")
+    jl.record("submitted", "x")
+    jl.record("finished", "done", exit_code=0)
+    stop_before_down(inv, None, notes.append)  # type: ignore[arg-type] # ended: nothing
+    assert notes == [] and JobView(store, "c1", "1").records()[-1].event == "finished"
+    jl = JobLog(store, "c1", "2")
+    jl.record("started", "running")
+    stop_before_down(inv, None, notes.append, deadline_s=0.5)  # type: ignore[arg-type]
+    assert store.get_bytes("c1/jobs/2/control/cancel") is not None  # asked through the store
+    assert "managed job 2 is running: its controller stops it" in notes[0]
+    assert "did not end job 2 within 0 s; removing it first" in notes[-1], notes

@@ -244,9 +244,13 @@ def stop_before_down(inv: Inventory, store: InventoryStore, log: Log,
             "controller first")
         return
     layout, end = controller_layout(inv), time.monotonic() + EXIT_DEADLINE_S
-    with NodeGroup(controller_inventory(inv, store)) as group:
-        while supervisor_ended(group, layout, view.job_id) is False and time.monotonic() < end:
-            time.sleep(0.5)
+    try:
+        with NodeGroup(controller_inventory(inv, store)) as group:
+            while (supervisor_ended(group, layout, view.job_id) is False
+                   and time.monotonic() < end):
+                time.sleep(0.5)
+    except Exception as exc:  # noqa: BLE001 - its end is recorded; the destroy goes on
+        log(f"could not ask the controller whether it exited ({exc})")
     log(f"managed job {view.job_id} cancelled")
 
 
