@@ -9,8 +9,10 @@ parallel files, multipart parts) at the same time, each to its own prefix of an 
 served by moto's server (a real S3 HTTP API on this machine's docker0 address). Printed per N:
 MB/s per node and aggregate, for save (push) and restore (pull).
 
-Baseline beside it, same run, same bytes: one process on this machine uploading the same files
-one after another with boto3's `upload_file` (defaults), the plain way.
+Baselines in the same table, same run, same bytes: one process on this machine uploading the
+same files one after another with boto3's `upload_file` (defaults), the plain way, and
+downloading them back with `download_file` (the restore baseline); and node-0 running the same
+push/pull with --threads 1 (files one after another, parts still parallel).
 
 moto's server is one Python process on the 2 cores the nodes share: the absolute figures are
 this machine's, the ratios are what to read.
@@ -68,19 +70,23 @@ def main() -> int:
         subprocess.run([*CLI, "down", NAME], capture_output=True)
         server.stop()
     print(f"checkpoint of {args.mb} MB per node in {args.files} file(s), S3 (moto server)")
-    print(f"{'nodes':>5} {'save MB/s/node':>15} {'save aggr':>10} {'restore MB/s/node':>18} "
+    print(f"{'':<44} {'save MB/s/node':>15} {'save aggr':>10} {'restore MB/s/node':>18} "
           f"{'restore aggr':>13}")
+
+    def row(label: str, n: int, save: float, restore: float) -> None:
+        print(f"{label:<44} {save:>15.1f} {save * n:>10.1f} {restore:>18.1f} "
+              f"{restore * n:>13.1f}")
+
     for n, save, restore in rows:
-        print(f"{n:>5} {save:>15.1f} {save * n:>10.1f} {restore:>18.1f} {restore * n:>13.1f}")
-    print(f"baseline: one process here, boto3 upload_file one file after another: "
-          f"{base:.1f} MB/s")
-    print(f"the same push from node-0 with --threads 1 (files one after another): "
-          f"{one_thread:.1f} MB/s")
+        row(f"{n} node(s): remote.pyz store push / pull", n, save, restore)
+    row("1 node: store push / pull --threads 1", 1, *one_thread)
+    row("baseline: 1 process here, boto3 upload_file", 1, *base)
+    print("(baseline restore: download_file; both one file after another, boto3 defaults)")
     return 0
 
 
 def measure(args: argparse.Namespace, bucket: str, env: dict[str, str],
-            biggest: int) -> tuple[list[tuple[int, float, float]], float]:
+            biggest: int) -> tuple[list[tuple[int, float, float]], tuple[float, float]]:
     from provision.model.inventory import InventoryStore
     from provision.nodes import NodeGroup
 
@@ -109,16 +115,18 @@ def measure(args: argparse.Namespace, bucket: str, env: dict[str, str],
             group.run(cmd("pull"), stdin=stdin, nodes=nodes).raise_for("pull")  # type: ignore[arg-type]
             restore = args.mb / (time.monotonic() - t0)
             rows.append((n, save, restore))
-        t0 = time.monotonic()
-        group.run(layout.remote_command("store", "push", "--url", f"s3://{bucket}/one-thread",
-                                        "--root", layout.checkpoints, "--env-stdin",
-                                        "--threads", "1"),
-                  stdin=stdin, nodes=group.nodes[:1]).raise_for("push")
-        one_thread = args.mb / (time.monotonic() - t0)
-    return rows, one_thread
+        one_thread = []
+        for action, root in (("push", layout.checkpoints), ("pull", layout.path("restored"))):
+            t0 = time.monotonic()
+            group.run(layout.remote_command("store", action, "--url", f"s3://{bucket}/one-thread",
+                                            "--root", root, "--env-stdin", "--threads", "1"),
+                      stdin=stdin, nodes=group.nodes[:1]).raise_for(action)
+            one_thread.append(args.mb / (time.monotonic() - t0))
+    return rows, (one_thread[0], one_thread[1])
 
 
-def baseline(args: argparse.Namespace, bucket: str) -> float:
+def baseline(args: argparse.Namespace, bucket: str) -> tuple[float, float]:
+    """(upload MB/s, download MB/s): one process, boto3's upload_file / download_file."""
     import boto3
 
     client = boto3.client("s3")
@@ -132,7 +140,11 @@ def baseline(args: argparse.Namespace, bucket: str) -> float:
         t0 = time.monotonic()
         for path in paths:
             client.upload_file(str(path), bucket, f"baseline/{path.name}")
-        return args.mb / (time.monotonic() - t0)
+        up = args.mb / (time.monotonic() - t0)
+        t0 = time.monotonic()
+        for path in paths:
+            client.download_file(bucket, f"baseline/{path.name}", str(path) + ".back")
+        return up, args.mb / (time.monotonic() - t0)
 
 
 if __name__ == "__main__":

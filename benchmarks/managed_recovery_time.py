@@ -31,8 +31,9 @@ from recovery_time import one as attached  # noqa: E402
 
 def unattended(n: int, home: str, cwd: str) -> float:
     name = f"bench-mrc-{n}"
-    folder = Path(cwd) / f"store-{n}"
-    folder.mkdir(exist_ok=True)
+    # a fresh store per run: job 1 in it is this run's (a reused one would hold an earlier
+    # repeat's job 1, its checkpoints and its "resumed from step" line)
+    folder = Path(tempfile.mkdtemp(dir=cwd, prefix=f"store-{n}-"))
     env = {**os.environ, "MGPU_CLOUD_HOME": home}
     res = subprocess.run([*CLI, "run", "--detach", "--nodes", str(n), "--name", name,
                           "--max-restarts", "1", "--store", f"file://{folder}", EXAMPLE,
@@ -41,7 +42,7 @@ def unattended(n: int, home: str, cwd: str) -> float:
                          text=True)
     if res.returncode != 0:
         raise SystemExit(f"run --detach failed:\n{res.stderr}")
-    ckpts = folder / name / "checkpoints"
+    ckpts = folder / name / "jobs" / "1" / "checkpoints"  # per run
     logs = folder / name / "jobs" / "1" / "log"
     try:
         while not (ckpts.is_dir() and any(ckpts.glob("step_*.pt"))):

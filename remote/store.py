@@ -35,6 +35,13 @@ from remote.files import is_partial, replacing
 
 PART_BYTES = 8 * 1024 * 1024  # multipart part / GCS chunk size
 THREADS = 8
+# Bounded waits on the network: an endpoint that drops packets fails a call in about
+# ATTEMPTS x (CONNECT_S or READ_S) instead of hanging for minutes (botocore's defaults are 60 s
+# each over 5 attempts; google-cloud-storage retries for 120 s). READ_S is per socket read,
+# not per transfer: a large part still uploads as long as bytes keep moving.
+CONNECT_S = 5.0
+READ_S = 30.0
+ATTEMPTS = 3
 SCHEMES = ("s3", "gs", "file")
 
 
@@ -172,9 +179,13 @@ class S3Store:
     def __init__(self, url: StoreURL) -> None:
         import boto3
         from boto3.s3.transfer import TransferConfig
+        from botocore.config import Config
 
         self.url = url
-        self.client = boto3.client("s3")  # endpoint: AWS_ENDPOINT_URL_S3 / AWS_ENDPOINT_URL
+        config = Config(connect_timeout=CONNECT_S, read_timeout=READ_S,
+                        retries={"total_max_attempts": ATTEMPTS, "mode": "standard"})
+        # endpoint: AWS_ENDPOINT_URL_S3 / AWS_ENDPOINT_URL
+        self.client = boto3.client("s3", config=config)
         self.transfer = TransferConfig(multipart_threshold=PART_BYTES,
                                        multipart_chunksize=PART_BYTES, max_concurrency=THREADS)
 
@@ -224,39 +235,44 @@ class GcsStore:
         else:
             client = storage.Client()
         self.bucket = client.bucket(url.bucket)
+        from google.cloud.storage.retry import DEFAULT_RETRY
+
+        # every call: (connect, read) timeouts, and retries for at most ATTEMPTS x READ_S
+        self.bounds: dict[str, Any] = {"timeout": (CONNECT_S, READ_S),
+                                       "retry": DEFAULT_RETRY.with_timeout(ATTEMPTS * READ_S)}
 
     def _blob(self, key: str) -> Any:
         return self.bucket.blob(_join(self.url, key), chunk_size=PART_BYTES)
 
     def put_bytes(self, key: str, data: bytes) -> None:
-        self._blob(key).upload_from_string(data)
+        self._blob(key).upload_from_string(data, **self.bounds)
 
     def get_bytes(self, key: str) -> bytes | None:
         from google.api_core.exceptions import NotFound
 
         try:
-            return bytes(self._blob(key).download_as_bytes())
+            return bytes(self._blob(key).download_as_bytes(**self.bounds))
         except NotFound:
             return None
 
     def list(self, prefix: str = "") -> list[str]:
         start = len(self.url.prefix) + 1 if self.url.prefix else 0
-        blobs = self.bucket.list_blobs(prefix=_folder(self.url, prefix) or None)
+        blobs = self.bucket.list_blobs(prefix=_folder(self.url, prefix) or None, **self.bounds)
         return sorted(str(b.name)[start:] for b in blobs)
 
     def delete(self, key: str) -> None:
         from google.api_core.exceptions import NotFound
 
         try:
-            self._blob(key).delete()
+            self._blob(key).delete(**self.bounds)
         except NotFound:
             pass
 
     def upload_file(self, path: str, key: str) -> None:
-        self._blob(key).upload_from_filename(path)
+        self._blob(key).upload_from_filename(path, **self.bounds)
 
     def download_file(self, key: str, path: str) -> None:
-        self._blob(key).download_to_filename(path)
+        self._blob(key).download_to_filename(path, **self.bounds)
 
 
 def open_store(url: str | StoreURL) -> Store:

@@ -102,6 +102,11 @@ def launch(
     from provision.job import lifecycle
 
     job = job_spec(*script_and_args(script, args), jopts, {})
+    from provision.cli.managed import adopt
+    from provision.job.managed import checks
+
+    adopt(name)  # a managed cluster's controller may have replaced nodes (issue 18)
+
     if detach:
         from provision.cli.managed import managed_url
 
@@ -110,10 +115,13 @@ def launch(
 
             typer.echo(launch_managed(name, job, log=lambda m: typer.echo(m, err=True)))
             return
+        checks.refuse_unsupervised(job, name)  # nothing would act on them (issue 18)
         from provision.job.detached import launch_detached
 
         typer.echo(launch_detached(name, job).id)
         return
+    if note := checks.attached_notify_note(job):
+        typer.echo(note, err=True)
     raise typer.Exit(lifecycle.launch(name, job))
 
 
@@ -143,6 +151,10 @@ def run(
         if keep:
             raise UserInputError("--keep and --detach contradict each other",
                                  hint="--detach hands teardown to the nodes; leave out --keep")
+        if not spec.store:  # nothing would act on them (issue 18)
+            from provision.job.managed.checks import refuse_unsupervised
+
+            refuse_unsupervised(job)
         if spec.store:  # managed: the cluster's controller supervises and tears down
             from provision.job.managed.handoff import run_managed
 
@@ -157,6 +169,10 @@ def run(
             raise typer.Exit(planned_only(opts))
         typer.echo(rec.id)
         return
+    from provision.job.managed.checks import attached_notify_note
+
+    if note := attached_notify_note(job):
+        typer.echo(note, err=True)
     with _progress() as store:
         if spec.store:  # checkpoints go to the store: refused now if it cannot (issue 18)
             from provision.job.managed.checks import check_store
@@ -176,11 +192,13 @@ def status(
         "phase by phase")] = False,
 ) -> None:
     """List clusters known on this machine."""
+    from provision.cli.managed import adopt
     from provision.model.inventory import InventoryStore
     from provision.operations.status import status_rows, status_text
 
     store = InventoryStore()
     store.clean_stale_locks()
+    adopt(name)  # a managed cluster's controller may have replaced nodes (issue 18)
     invs, unreadable = ([store.load(name)], []) if name else store.scan()
     note_skipped(unreadable)
     if timeline:
@@ -221,9 +239,11 @@ def exec_(
     command: Annotated[list[str], typer.Argument(help="command to run on every node")],
 ) -> None:
     """Run a command on all nodes in parallel; per-node output and exit codes."""
+    from provision.cli.managed import adopt
     from provision.model.inventory import InventoryStore
     from provision.nodes import CommandResult, NodeGroup
 
+    adopt(name)  # a managed cluster's controller may have replaced nodes (issue 18)
     inv = InventoryStore().load(name)
     words = command[1:] if command and command[0] == "--" else command
     if not words:
@@ -253,10 +273,12 @@ def ssh(
     command: Annotated[list[str] | None, typer.Argument(help="ssh options (e.g. -L 6006:localhost:6006), then an optional command")] = None,
 ) -> None:
     """Open an SSH session on one node (host key pinned); extra ssh options pass through."""
+    from provision.cli.managed import adopt
     from provision.model.inventory import InventoryStore
     from provision.nodes.sshconfig import ssh_command
     from provision.nodes.sshconn import ssh_argv
 
+    adopt(name)  # a managed cluster's controller may have replaced nodes (issue 18)
     store = InventoryStore()
     inv = store.load(name)
     argv = ssh_command(ssh_argv(inv, node, []), command or [])

@@ -318,5 +318,14 @@ def keep_job_logs(log: Log) -> Callable[[Inventory], None]:
 
 
 def down(name: str, *, store: InventoryStore | None = None, log: Log = stderr_line) -> None:
-    """`mgpu-cloud down`: the jobs' logs kept, then everything the inventory recorded deleted."""
+    """`mgpu-cloud down`: the jobs' logs kept, then everything the inventory recorded deleted.
+    A managed cluster's controller first takes back what it replaced and ends its job (issue
+    18: it must not make a node while the cluster is removed)."""
+    from provision.job.managed.client import adopt_from_store
+    from provision.job.managed.handoff import stop_before_down
+
+    store = store or InventoryStore()
+    if store.exists(name):
+        adopt_from_store(name, store)
+        stop_before_down(store.load(name), store, log)
     destroy_by_name(name, store=store, log=log, before=keep_job_logs(log))

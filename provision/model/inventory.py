@@ -184,6 +184,16 @@ class Inventory(BaseModel):
     def master(self) -> NodeRecord:
         return min(self.nodes, key=lambda n: n.rank)
 
+    def adopt(self, theirs: Inventory) -> bool:
+        """Take the nodes and resources of `theirs` (the copy a managed run's controller keeps
+        of this cluster) when it has recorded more replacements than this one: the cluster
+        changed without this machine. Key paths and status stay this machine's. True if taken."""
+        if theirs.name != self.name or len(theirs.replacements) <= len(self.replacements):
+            return False
+        self.nodes, self.resources = theirs.nodes, theirs.resources
+        self.replacements = theirs.replacements
+        return True
+
 
 def unreadable(path: Path, text: str, why: str) -> InventoryUnreadableError:
     """The error for an inventory file that cannot be used, with what can be done about it."""

@@ -12,7 +12,7 @@ import contextlib
 import time
 from typing import Any, TextIO
 
-from provision.job.managed.records import FINAL_STATES, JobView, Record, job_ids
+from provision.job.managed.records import CLUSTER_FILE, FINAL_STATES, JobView, Record, job_ids
 from provision.model.errors import InventoryUnreadableError, MgpuError, UserInputError
 from provision.model.inventory import InventoryStore, checked_name, state_home
 from remote.store import Store, open_store
@@ -42,6 +42,41 @@ def store_url_for(name: str, given: str | None) -> str | None:
                 return inv.spec.store
     path = _pointer(name)
     return path.read_text().strip() if path.exists() else None
+
+
+def adopt_from_store(name: str, istore: InventoryStore | None = None) -> bool:
+    """When the controller of cluster `name` replaced nodes since this machine's inventory was
+    written, take its copy (CLUSTER/cluster.json: new container/instance ids, addresses,
+    ports, pinned host keys) and rewrite the known_hosts. Quietly nothing when the cluster is
+    not managed, the store cannot be read, or another command holds the cluster. True if the
+    inventory changed."""
+    from provision.model.errors import ClusterBusyError
+    from provision.model.inventory import Inventory
+    from provision.nodes.sshconn import write_cluster_known_hosts
+
+    istore = istore or InventoryStore()
+    if not istore.exists(name):
+        return False
+    inv = istore.load(name)
+    if inv.controller is None or inv.spec is None or not inv.spec.store:
+        return False
+    try:
+        data = open_store(inv.spec.store).get_bytes(f"{name}/{CLUSTER_FILE}")
+        theirs = Inventory.model_validate_json(data) if data else None
+    except Exception:  # noqa: BLE001 - an unreadable copy: this machine's stays in use
+        return False
+    if theirs is None or len(theirs.replacements) <= len(inv.replacements):
+        return False
+    try:
+        with istore.lock(name):
+            inv = istore.load(name)
+            if not inv.adopt(theirs):
+                return False
+            istore.save(inv)
+            write_cluster_known_hosts(inv, istore)
+    except ClusterBusyError:
+        return False
+    return True
 
 
 def summary(store: Store, cluster: str, job_id: str) -> dict[str, Any]:

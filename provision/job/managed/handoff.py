@@ -10,6 +10,12 @@ cluster key, the job's workdir and spec, the store's environment 0600), and star
 `provision.job.managed.supervisor` under the node-side job supervisor (remote.pyz job start),
 detached. The CLI then waits for the job's `started` record in the store (or a failure) and
 returns: from then on nothing runs on this machine.
+
+    down (a cluster with a controller)    stop_before_down: a live managed job is cancelled
+                                          through the store and its supervisor seen to end
+                                          before any node is removed (no replacement races
+                                          the teardown); the provider then removes the
+                                          controller before the nodes
 """
 
 from __future__ import annotations
@@ -21,7 +27,13 @@ from collections.abc import Callable
 from pathlib import Path
 
 from provision.cluster.providers.contract import AnyProvider, Supervising
-from provision.job.managed.records import JobView, job_ids, next_job_id
+from provision.job.managed.records import (
+    FINAL_STATES,
+    RESUME_VAR,
+    JobView,
+    job_ids,
+    next_job_id,
+)
 from provision.model.errors import LaunchError, MgpuError, UserInputError
 from provision.model.inventory import Inventory, InventoryStore
 from provision.model.spec import ClusterSpec, JobSpec
@@ -33,6 +45,8 @@ Confirm = Callable[..., bool]
 CONTROLLER_DIR = "controller"  # under the controller's remote folder
 START_DEADLINE_S = 600.0
 SETUP_DEADLINE_S = 900.0  # a cloud controller's first boot: apt + pip of the dependencies
+STOP_DEADLINE_S = 180.0  # down: how long a controller may take to end a job (mid-recovery)
+EXIT_DEADLINE_S = 30.0  # down: then for its supervisor to write the last log and exit
 
 
 def controller_layout(inv: Inventory) -> RemoteLayout:
@@ -236,16 +250,83 @@ def wait_started(view: JobView, group: NodeGroup, layout: RemoteLayout, job_id: 
                 return
             if rec.event in ("failed", "cancelled"):
                 raise LaunchError(f"job {job_id}: {rec.message}")
-        status = group.run(layout.remote_command("job", "status", "--jobs",
-                                                 layout.path("jobs", job_id)))
-        res = next(iter(status.values()))
-        if res.ok and res.value is not None and '"exited"' in res.value.stdout:
+        if supervisor_ended(group, layout, job_id) is True:
             tail = group.run(f"tail -n 20 {shlex.quote(layout.path('jobs', job_id, 'run', 'node.log'))}")
             text = next(iter(tail.values())).value
             raise LaunchError(f"the controller ended before job {job_id} started:\n"
                               + (text.stdout if text is not None else ""))
         time.sleep(0.5)
     raise LaunchError(f"job {job_id} did not start within {deadline_s:.0f} s")
+
+
+def supervisor_ended(group: NodeGroup, layout: RemoteLayout, job_id: str) -> bool | None:
+    """Whether the controller's supervisor of `job_id` has exited (None: cannot tell, e.g.
+    the controller does not answer)."""
+    status = group.run(layout.remote_command("job", "status", "--jobs",
+                                             layout.path("jobs", job_id)))
+    res = next(iter(status.values()))
+    if not res.ok or res.value is None:
+        return None
+    return '"exited"' in res.value.stdout
+
+
+def stop_before_down(inv: Inventory, store: InventoryStore, log: Log,
+                     deadline_s: float = STOP_DEADLINE_S) -> None:
+    """`down` of a cluster whose controller may be supervising a job: cancel the job through
+    the store, wait for its final record (a controller in the middle of a replacement finishes
+    it first), then for its supervisor to exit. Never raises: a store or controller that does
+    not answer leaves it to the provider's destroy, which removes the controller first."""
+    if inv.controller is None or inv.spec is None or not inv.spec.store:
+        return
+    try:
+        objects = open_store(inv.spec.store)
+        ids = job_ids(objects, inv.name)
+        view = JobView(objects, inv.name, ids[-1]) if ids else None
+        records = view.records() if view is not None else []
+    except Exception as exc:  # noqa: BLE001 - the store blinked: down goes on
+        log(f"could not read the store of {inv.name!r} ({exc}); removing its controller first")
+        return
+    if view is None or not records or records[-1].state in FINAL_STATES:
+        return
+    log(f"managed job {view.job_id} is {records[-1].state}: its controller stops it "
+        "before the cluster is removed ...")
+    end = time.monotonic() + deadline_s
+    try:
+        view.request_cancel()
+        while not any(r.state in FINAL_STATES for r in view.records(after=records[-1].seq)):
+            if time.monotonic() > end:
+                log(f"the controller did not end job {view.job_id} within {deadline_s:.0f} s;"
+                    " removing it first")
+                return
+            time.sleep(1.0)
+    except Exception as exc:  # noqa: BLE001 - as above
+        log(f"could not cancel job {view.job_id} through the store ({exc}); removing the "
+            "controller first")
+        return
+    layout, end = controller_layout(inv), time.monotonic() + EXIT_DEADLINE_S
+    try:
+        with NodeGroup(controller_inventory(inv, store)) as group:
+            while (supervisor_ended(group, layout, view.job_id) is False
+                   and time.monotonic() < end):
+                time.sleep(0.5)
+    except Exception as exc:  # noqa: BLE001 - its end is recorded; the destroy goes on
+        log(f"could not ask the controller whether it exited ({exc})")
+    log(f"managed job {view.job_id} cancelled")
+
+
+def check_resume(inv_name: str, url: str, job: JobSpec) -> None:
+    """`--env MGPU_RESUME_FROM=ID`: run ID of this cluster must have checkpoints in the store
+    (UserInputError before anything is handed over otherwise)."""
+    source = job.env.get(RESUME_VAR)
+    if not source:
+        return
+    objects = open_store(url)
+    if not objects.list(f"{inv_name}/jobs/{source}/checkpoints"):
+        known = ", ".join(job_ids(objects, inv_name)) or "none"
+        raise UserInputError(
+            f"{RESUME_VAR}={source}: job {source} of {inv_name!r} has no checkpoints in {url}",
+            hint=f"jobs there: {known} (`mgpu-cloud jobs {inv_name}`); leave {RESUME_VAR} out "
+                 "to start fresh")
 
 
 def refuse_if_running(inv: Inventory) -> None:
@@ -274,8 +355,8 @@ def run_managed(spec: ClusterSpec, job: JobSpec, *, confirm: Confirm, log: Log,
         sigterm_raises,
     )
     from provision.job.gate import gate_before_job
+    from provision.job.jobs import before_teardown
     from provision.job.launch import workdir_of
-    from provision.job.lifecycle import keep_job_logs
     from provision.job.managed.checks import check_store, store_env
 
     store = store or InventoryStore()
@@ -283,6 +364,7 @@ def run_managed(spec: ClusterSpec, job: JobSpec, *, confirm: Confirm, log: Log,
     provider, plan = plan_cluster(spec, store)
     check_store(spec.provider, spec.store or "", env)  # before anything is created
     refuse_unsupervised(provider, spec.provider)
+    check_resume(spec.name, spec.store or "", job)
     if not confirm(plan):
         return None
     provider.creatable(plan)  # an unresolved plan is refused before anything is written
@@ -296,7 +378,8 @@ def run_managed(spec: ClusterSpec, job: JobSpec, *, confirm: Confirm, log: Log,
             job_id = hand_off(provider, inv, store, job, env, teardown=True, log=log)
         except BaseException:
             log("the job could not be handed to the controller; removing the cluster ...")
-            destroy_cluster(provider, inv, store, log, before=keep_job_logs(log))
+            destroy_cluster(provider, inv, store, log,
+                            before=lambda inv: before_teardown(inv, log))
             raise
     from provision.job.managed.client import remember
 
@@ -309,6 +392,7 @@ def launch_managed(name: str, job: JobSpec, *, log: Log,
     """`launch --detach` on a cluster with a store: the controller supervises the job."""
     from provision.cluster.pipeline import sigterm_raises
     from provision.cluster.providers import get_provider
+    from provision.job.jobs import refuse_if_busy
     from provision.job.launch import workdir_of
     from provision.job.lifecycle import ready_inventory
     from provision.job.managed.checks import check_store, store_env
@@ -319,8 +403,12 @@ def launch_managed(name: str, job: JobSpec, *, log: Log,
         inv = ready_inventory(store, name)
         env = store_env()
         check_store(inv.provider, inv.spec.store if inv.spec and inv.spec.store else "", env)
+        check_resume(name, inv.spec.store if inv.spec and inv.spec.store else "", job)
         refuse_if_running(inv)
         with NodeGroup(inv) as group:
+            # an attached or plain detached job of this machine: the controller cannot see
+            # it, and would reset the nodes' checkpoint folder under it
+            refuse_if_busy(inv, group)
             sync_workdir(inv, workdir_of(inv, job), log=log, group=group)
             check_node_sdk(inv, group)
         return hand_off(get_provider(inv.provider), inv, store, job, env, teardown=False,

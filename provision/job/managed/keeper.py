@@ -41,6 +41,10 @@ class StoreKeeper(CheckpointKeeper):
             raise BootstrapError(f"{node.name}: pushing checkpoints to {self.url} failed: "
                                  f"{res.tail()}")
 
+    def push_all(self, group: NodeGroup, node: NodeRecord) -> None:
+        """`node` pushes every file of its checkpoint folder (BootstrapError on failure)."""
+        self._copy(group, node, [])
+
     def restore(self, group: NodeGroup) -> int:
         """Every node of `group` pulls the store's checkpoints in parallel (its folder is
         replaced). Returns the number of files on each node."""

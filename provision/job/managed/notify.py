@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import queue
 import threading
-import urllib.error
 import urllib.request
 from collections.abc import Callable
 from dataclasses import asdict
@@ -62,17 +61,23 @@ class Notifier:
             rec = self._queue.get()
             if rec is None:
                 return
-            self._post(rec)
+            try:
+                self._post(rec)
+            except Exception as exc:  # noqa: BLE001 - whatever the webhook did (a broken
+                # status line is an http.client.HTTPException, not an OSError): this thread
+                # must live on, or every later state change would be dropped
+                try:
+                    self.log(f"--notify: posting {rec.event} failed "
+                             f"({type(exc).__name__}: {exc}); the job goes on")
+                except Exception:  # noqa: BLE001, S110 - a broken log sink: still go on
+                    pass
 
     def _post(self, rec: Record) -> None:
         body = json.dumps(message(rec)).encode()
         req = urllib.request.Request(self.url, data=body, method="POST",
                                      headers={"Content-Type": "application/json"})
-        try:
-            with urllib.request.urlopen(req, timeout=TIMEOUT_S):  # noqa: S310 - http(s) checked
-                pass
-        except (urllib.error.URLError, OSError, ValueError) as exc:
-            self.log(f"--notify: posting {rec.event} failed ({exc}); the job goes on")
+        with urllib.request.urlopen(req, timeout=TIMEOUT_S) as resp:  # noqa: S310 - http(s)
+            resp.read()
 
     def close(self, timeout: float = 15.0) -> None:
         """Send what is queued (at most `timeout` s), then stop."""

@@ -4,6 +4,8 @@
     CLUSTER/jobs/ID/log/SEQ.log       the job's output, `[node-R] `-prefixed, one object per flush
     CLUSTER/jobs/ID/spec.json         the JobSpec as started
     CLUSTER/jobs/ID/control/cancel    present once someone asked the job to stop
+    CLUSTER/jobs/ID/checkpoints/      the run's checkpoints (pushed and pulled by the nodes)
+    CLUSTER/cluster.json              the controller's inventory (supervisor.publish_inventory)
 
 An object store cannot append: "appending" a record is writing the next numbered object, and a
 reader lists the folder and reads in order. JobLog writes (controller side); JobView reads
@@ -29,6 +31,8 @@ STATE_OF = {"submitted": "starting", "started": "running", "node_lost": "recover
             "replaced": "recovering", "resumed": "running", "finished": "succeeded",
             "failed": "failed", "cancelled": "cancelled"}
 FLUSH_S = 2.0
+CLUSTER_FILE = "cluster.json"  # under CLUSTER/: the inventory the controller holds
+RESUME_VAR = "MGPU_RESUME_FROM"  # a job env variable: start from that run's checkpoints
 
 
 def now_iso() -> str:

@@ -9,6 +9,15 @@ needs given as arguments (JobRun): the inventory and its store, the provider, th
 store's sinks (checkpoints through StoreKeeper, records and output through JobLog, a cancel
 asked through the store), the webhook. The controller reaches the nodes at their
 private addresses (it sits in the cluster's network), so node records are seen from there.
+
+Per run, in the store (docs/ARCHITECTURE.md, "The store"):
+    CLUSTER/jobs/ID/checkpoints/   this run's checkpoints only: before the first start every
+                                   node's $MGPU_CHECKPOINT_DIR is made equal to it (empty for a
+                                   new run), so a re-run never restores an earlier run's files;
+                                   `--env MGPU_RESUME_FROM=ID` seeds it from run ID on purpose
+    CLUSTER/cluster.json           the inventory this controller holds, as the user's machine
+                                   sees the nodes (no key paths, nothing secret), written at
+                                   the start and after every replacement (client.adopt_from_store)
 """
 
 from __future__ import annotations
@@ -24,13 +33,26 @@ from typing import Any, TextIO, cast
 
 from provision.cluster.providers.contract import AnyProvider, Recoverable, Supervising
 from provision.job.managed.keeper import StoreKeeper, push_outputs
-from provision.job.managed.records import JobLog, Record
+from provision.job.managed.records import CLUSTER_FILE, RESUME_VAR, JobLog, Record
 from provision.model.errors import MgpuError
 from provision.model.inventory import Inventory, InventoryStore, NodeRecord, ResourceRecord
 from provision.model.spec import ClusterSpec, JobSpec
-from remote.store import StoreURL, open_store, parse_url
+from remote.store import Store, StoreURL, open_store, parse_url
 
 CANCEL_POLL_S = 2.0
+
+
+def checkpoints_url(url: StoreURL, cluster: str, job_id: str) -> StoreURL:
+    """Where run `job_id`'s checkpoints live in the store: per run, never per cluster."""
+    return url.child(cluster, "jobs", job_id, "checkpoints")
+
+
+def publish_inventory(store: Store, inv: Inventory, outside: dict[int, NodeRecord]) -> None:
+    """CLUSTER/cluster.json: `inv` with its nodes as seen from outside the cluster (`outside`,
+    by rank) and no paths of this machine. Host keys are public; nothing secret is in it."""
+    view = inv.model_copy(update={"nodes": [outside.get(n.rank, n) for n in inv.nodes],
+                                  "key_path": None, "known_hosts_path": None})
+    store.put_bytes(f"{inv.name}/{CLUSTER_FILE}", view.model_dump_json().encode())
 
 
 def inside_view(node: NodeRecord) -> NodeRecord:
@@ -57,9 +79,11 @@ class InsideProvider(Recoverable[Any]):
     their private addresses. Everything else is the inner provider's (its own error
     boundary included)."""
 
-    def __init__(self, inner: Recoverable[Any]) -> None:
+    def __init__(self, inner: Recoverable[Any],
+                 outside: dict[int, NodeRecord] | None = None) -> None:
         self.inner = inner
         self.name = inner.name  # type: ignore[misc]
+        self.outside = outside if outside is not None else {}  # rank -> the record outside
 
     def plan_class(self) -> type[Any]:
         return self.inner.plan_class()
@@ -86,7 +110,9 @@ class InsideProvider(Recoverable[Any]):
     def _replace(self, inv: Inventory, store: InventoryStore, node: NodeRecord) -> NodeRecord:
         from provision.nodes.sshconn import write_cluster_known_hosts
 
-        new = inside_view(self.inner.replace(inv, store, node))
+        made = self.inner.replace(inv, store, node)
+        self.outside[made.rank] = made
+        new = inside_view(made)
         inv.nodes = [new if n.rank == new.rank else n for n in inv.nodes]
         store.save(inv)
         write_cluster_known_hosts(inv, store)
@@ -110,9 +136,11 @@ def _throttled(check: Callable[[], bool], every_s: float) -> Callable[[], bool]:
 
 def supervise(provider: AnyProvider, inv: Inventory, istore: InventoryStore, job: JobSpec,
               *, url: StoreURL, job_id: str, env: dict[str, str], teardown: bool,
-              say: Callable[[str], None] = print) -> int:
+              say: Callable[[str], None] = print,
+              outside: dict[int, NodeRecord] | None = None) -> int:
     """Run `job` under recovery with its state in the store; returns the job's exit code.
-    With `teardown`, the whole cluster (this controller last) is removed at the end."""
+    With `teardown`, the whole cluster (this controller last) is removed at the end.
+    `outside`: the nodes as the user's machine reaches them, by rank (for cluster.json)."""
     from provision.job.lifecycle import JobRun
     from provision.job.lifecycle import supervise as job_life
     from provision.job.managed.notify import Notifier
@@ -139,20 +167,32 @@ def supervise(provider: AnyProvider, inv: Inventory, istore: InventoryStore, job
 
     record("submitted", f"controller supervises job {job_id} (max {job.max_restarts} "
                         f"restart(s), store {url})")
-    keeper = StoreKeeper(inv, url.child(inv.name, "checkpoints"), env, log=log)
-    inside: AnyProvider = (InsideProvider(provider) if isinstance(provider, Recoverable)
-                           else provider)
+    keeper = StoreKeeper(inv, checkpoints_url(url, inv.name, job_id), env, log=log)
+    outside = dict(outside or {})
+    inside: AnyProvider = (InsideProvider(provider, outside)
+                           if isinstance(provider, Recoverable) else provider)
+
+    def publish() -> None:
+        try:
+            publish_inventory(store, inv, outside)
+        except Exception as exc:  # noqa: BLE001 - the user's copy is only older: go on
+            say(f"could not write {CLUSTER_FILE} to the store: {exc}")
 
     def on_event(event: str, message: str, nodes: list[str]) -> None:
         if event == "resumed":
             jlog.restarts += 1
+        if event == "replaced":  # recovery has recorded the replacement in `inv`
+            publish()
         record(event, message, nodes)
+
+    publish()
 
     run = JobRun(inv, inside, istore, job, log, records=JobStore(istore.home), keeper=keeper,
                  out=cast(TextIO, jlog), on_event=on_event,
                  stop=_throttled(jlog.cancel_requested, CANCEL_POLL_S))
     try:
         with NodeGroup(inv) as group:
+            first_checkpoints(keeper, group, inv, job, url, env, log)
             code = job_life(run, group)
         why = ""
     except MgpuError as exc:
@@ -184,6 +224,22 @@ def supervise(provider: AnyProvider, inv: Inventory, istore: InventoryStore, job
     if teardown and isinstance(provider, Supervising):
         provider.remove_controller_from_inside(inv)
     return code
+
+
+def first_checkpoints(keeper: StoreKeeper, group: Any, inv: Inventory, job: JobSpec,
+                      url: StoreURL, env: dict[str, str], log: Callable[[str], None]) -> None:
+    """Before the first start, every node's checkpoint folder is this run's store prefix
+    (empty for a new run: files an earlier job left on the nodes are not this run's). With
+    MGPU_RESUME_FROM=ID, run ID's checkpoints are pulled instead and node 0 pushes them into
+    this run's prefix, so a restart restores them too."""
+    source = job.env.get(RESUME_VAR)
+    if source:
+        StoreKeeper(inv, checkpoints_url(url, inv.name, source), env, log=log).restore(group)
+        keeper.push_all(group, inv.master)
+        log(f"starting from the checkpoints of job {source} ({RESUME_VAR})")
+    else:
+        keeper.restore(group)
+    keeper.mark_synced(group)
 
 
 def _tear_down(provider: AnyProvider, inv: Inventory, istore: InventoryStore,
@@ -224,6 +280,7 @@ def main(argv: list[str] | None = None) -> int:
     # this process's own store client: the nodes' variables, but on aws without the user's
     # keys (the controller's instance profile is scoped to this cluster)
     os.environ.update(controller_env(inv.provider, env))
+    outside = {n.rank: n.model_copy() for n in inv.nodes}  # as uploaded: the user's view
     localize(inv, istore)
     fields = json.loads(Path(args.job_file).read_text())
     fields.update(workdir=args.workdir, deepspeed_config=None if not fields.get(
@@ -231,7 +288,8 @@ def main(argv: list[str] | None = None) -> int:
     job = JobSpec.model_validate(fields)
     return supervise(get_provider(inv.provider), inv, istore, job, url=parse_url(args.store),
                      job_id=args.job, env=env, teardown=args.teardown,
-                     say=lambda m: print(f"{time.strftime('%H:%M:%S')} {m}", flush=True))
+                     say=lambda m: print(f"{time.strftime('%H:%M:%S')} {m}", flush=True),
+                     outside=outside)
 
 
 if __name__ == "__main__":

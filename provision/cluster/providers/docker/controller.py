@@ -133,6 +133,19 @@ def remove_self(inv: Inventory) -> None:
             docker_client().api.remove_container(me, force=True)
 
 
+def controller_ids(inv: Inventory, client: Any) -> set[str]:
+    """The cluster's controller container(s), from the inventory and by label: `destroy`
+    removes them before the nodes, so no replacement is made while the nodes go."""
+    import docker.errors
+
+    ids = {r.id for r in inv.resources_of("container") if r.extra.get("role") == "controller"}
+    with contextlib.suppress(docker.errors.APIError):
+        ids |= {c.id for c in client.containers.list(
+            all=True, filters={"label": f"{CLUSTER_TAG}={inv.name}"})
+            if (c.labels or {}).get(ROLE_LABEL) == "controller"}
+    return ids
+
+
 def controller_of(api: Any, cluster: str) -> str | None:
     """The controller container's id (tests, `gc`)."""
     found = api.containers(all=True, filters={"label": [f"{CLUSTER_TAG}={cluster}",

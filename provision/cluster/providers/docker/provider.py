@@ -202,7 +202,12 @@ class DockerProvider(Recoverable[DockerPlan], Supervising[DockerPlan]):
                     failures.append(f"container {cid[:12]}: {exc.explanation or exc}")
                     return
 
-        fan_out(containers, remove)
+        from provision.cluster.providers.docker.controller import controller_ids
+
+        # the controller first: while the nodes go it could otherwise replace one (issue 18)
+        first = controller_ids(inv, client) & containers
+        fan_out(sorted(first), remove)
+        fan_out(sorted(containers - first), remove)
         for cid in containers:
             if not any(cid[:12] in f for f in failures):
                 store.forget(inv, "container", cid)
