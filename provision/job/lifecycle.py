@@ -322,7 +322,7 @@ def down(name: str, *, store: InventoryStore | None = None, log: Log = stderr_li
     A managed cluster's controller first takes back what it replaced and ends its job (issue
     18: it must not make a node while the cluster is removed)."""
     from provision.job.managed.client import adopt_from_store
-    from provision.job.managed.handoff import stop_before_down
+    from provision.job.managed.stopping import stop_before_down
 
     store = store or InventoryStore()
     if store.exists(name):

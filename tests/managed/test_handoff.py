@@ -156,8 +156,8 @@ def test_resuming_a_previous_run_on_purpose_needs_its_checkpoints(tmp_path: Path
 
 def test_down_asks_a_live_managed_job_to_stop_and_never_hangs_on_a_silent_controller(
         tmp_path: Path) -> None:
-    from provision.job.managed.handoff import stop_before_down
     from provision.job.managed.records import JobLog, JobView
+    from provision.job.managed.stopping import stop_before_down
     from remote.store import open_store
 
     url = f"file://{tmp_path}/store"

@@ -28,7 +28,6 @@ from pathlib import Path
 
 from provision.cluster.providers.contract import AnyProvider, Supervising
 from provision.job.managed.records import (
-    FINAL_STATES,
     RESUME_VAR,
     JobView,
     job_ids,
@@ -45,8 +44,6 @@ Confirm = Callable[..., bool]
 CONTROLLER_DIR = "controller"  # under the controller's remote folder
 START_DEADLINE_S = 600.0
 SETUP_DEADLINE_S = 900.0  # a cloud controller's first boot: apt + pip of the dependencies
-STOP_DEADLINE_S = 180.0  # down: how long a controller may take to end a job (mid-recovery)
-EXIT_DEADLINE_S = 30.0  # down: then for its supervisor to write the last log and exit
 
 
 def controller_layout(inv: Inventory) -> RemoteLayout:
@@ -268,50 +265,6 @@ def supervisor_ended(group: NodeGroup, layout: RemoteLayout, job_id: str) -> boo
     if not res.ok or res.value is None:
         return None
     return '"exited"' in res.value.stdout
-
-
-def stop_before_down(inv: Inventory, store: InventoryStore, log: Log,
-                     deadline_s: float = STOP_DEADLINE_S) -> None:
-    """`down` of a cluster whose controller may be supervising a job: cancel the job through
-    the store, wait for its final record (a controller in the middle of a replacement finishes
-    it first), then for its supervisor to exit. Never raises: a store or controller that does
-    not answer leaves it to the provider's destroy, which removes the controller first."""
-    if inv.controller is None or inv.spec is None or not inv.spec.store:
-        return
-    try:
-        objects = open_store(inv.spec.store)
-        ids = job_ids(objects, inv.name)
-        view = JobView(objects, inv.name, ids[-1]) if ids else None
-        records = view.records() if view is not None else []
-    except Exception as exc:  # noqa: BLE001 - the store blinked: down goes on
-        log(f"could not read the store of {inv.name!r} ({exc}); removing its controller first")
-        return
-    if view is None or not records or records[-1].state in FINAL_STATES:
-        return
-    log(f"managed job {view.job_id} is {records[-1].state}: its controller stops it "
-        "before the cluster is removed ...")
-    end = time.monotonic() + deadline_s
-    try:
-        view.request_cancel()
-        while not any(r.state in FINAL_STATES for r in view.records(after=records[-1].seq)):
-            if time.monotonic() > end:
-                log(f"the controller did not end job {view.job_id} within {deadline_s:.0f} s;"
-                    " removing it first")
-                return
-            time.sleep(1.0)
-    except Exception as exc:  # noqa: BLE001 - as above
-        log(f"could not cancel job {view.job_id} through the store ({exc}); removing the "
-            "controller first")
-        return
-    layout, end = controller_layout(inv), time.monotonic() + EXIT_DEADLINE_S
-    try:
-        with NodeGroup(controller_inventory(inv, store)) as group:
-            while (supervisor_ended(group, layout, view.job_id) is False
-                   and time.monotonic() < end):
-                time.sleep(0.5)
-    except Exception as exc:  # noqa: BLE001 - its end is recorded; the destroy goes on
-        log(f"could not ask the controller whether it exited ({exc})")
-    log(f"managed job {view.job_id} cancelled")
 
 
 def check_resume(inv_name: str, url: str, job: JobSpec) -> None:

@@ -144,7 +144,6 @@ def supervise(provider: AnyProvider, inv: Inventory, istore: InventoryStore, job
     from provision.job.lifecycle import JobRun
     from provision.job.lifecycle import supervise as job_life
     from provision.job.managed.notify import Notifier
-    from provision.job.recovery import CANCELLED
     from provision.model.jobstore import JobStore
     from provision.nodes import NodeGroup
 
@@ -199,6 +198,26 @@ def supervise(provider: AnyProvider, inv: Inventory, istore: InventoryStore, job
         code, why = 1, exc.message
     except Exception as exc:  # noqa: BLE001 - recorded: nobody else would see it
         code, why = 1, f"{type(exc).__name__}: {exc}"
+    _conclude(inv, url, job_id, env, jlog, record, log, say, code, why)
+    if teardown:
+        _tear_down(provider, inv, istore, record, log,
+                   fresh_store=lambda: setattr(jlog, "store", open_store(url)))
+    if notifier is not None:
+        notifier.close()
+    jlog.close()
+    if teardown and isinstance(provider, Supervising):
+        provider.remove_controller_from_inside(inv)
+    return code
+
+
+def _conclude(inv: Inventory, url: StoreURL, job_id: str, env: dict[str, str], jlog: JobLog,
+              record: Callable[..., Record | None], log: Callable[[str], None],
+              say: Callable[[str], None], code: int, why: str) -> None:
+    """After the job: node-0's outputs pushed to the store, the final record written, and
+    the log flushed so that whoever follows it sees the end before they stop reading."""
+    from provision.job.recovery import CANCELLED
+    from provision.nodes import NodeGroup
+
     with NodeGroup(inv) as group:
         failed = push_outputs(group, inv.master, url.child(inv.name, "jobs", job_id, "outputs"),
                               env)
@@ -215,15 +234,6 @@ def supervise(provider: AnyProvider, inv: Inventory, istore: InventoryStore, job
         jlog.flush()  # the end is in the log before anyone following it stops reading
     except Exception as exc:  # noqa: BLE001 - the close below retries
         say(f"could not write the log: {exc}")
-    if teardown:
-        _tear_down(provider, inv, istore, record, log,
-                   fresh_store=lambda: setattr(jlog, "store", open_store(url)))
-    if notifier is not None:
-        notifier.close()
-    jlog.close()
-    if teardown and isinstance(provider, Supervising):
-        provider.remove_controller_from_inside(inv)
-    return code
 
 
 def first_checkpoints(keeper: StoreKeeper, group: Any, inv: Inventory, job: JobSpec,

@@ -1,0 +1,65 @@
+"""`down` of a cluster whose controller may be supervising a job (issue 18): the job is ended
+through the store first, so the controller makes no node while the cluster is removed."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+from provision.job.managed.handoff import (
+    controller_inventory,
+    controller_layout,
+    supervisor_ended,
+)
+from provision.job.managed.records import FINAL_STATES, JobView, job_ids
+from provision.model.inventory import Inventory, InventoryStore
+from provision.nodes import NodeGroup
+from remote.store import open_store
+
+Log = Callable[[str], None]
+STOP_DEADLINE_S = 180.0  # down: how long a controller may take to end a job (mid-recovery)
+EXIT_DEADLINE_S = 30.0  # down: then for its supervisor to write the last log and exit
+
+
+def stop_before_down(inv: Inventory, store: InventoryStore, log: Log,
+                     deadline_s: float = STOP_DEADLINE_S) -> None:
+    """`down` of a cluster whose controller may be supervising a job: cancel the job through
+    the store, wait for its final record (a controller in the middle of a replacement finishes
+    it first), then for its supervisor to exit. Never raises: a store or controller that does
+    not answer leaves it to the provider's destroy, which removes the controller first."""
+    if inv.controller is None or inv.spec is None or not inv.spec.store:
+        return
+    try:
+        objects = open_store(inv.spec.store)
+        ids = job_ids(objects, inv.name)
+        view = JobView(objects, inv.name, ids[-1]) if ids else None
+        records = view.records() if view is not None else []
+    except Exception as exc:  # noqa: BLE001 - the store blinked: down goes on
+        log(f"could not read the store of {inv.name!r} ({exc}); removing its controller first")
+        return
+    if view is None or not records or records[-1].state in FINAL_STATES:
+        return
+    log(f"managed job {view.job_id} is {records[-1].state}: its controller stops it "
+        "before the cluster is removed ...")
+    end = time.monotonic() + deadline_s
+    try:
+        view.request_cancel()
+        while not any(r.state in FINAL_STATES for r in view.records(after=records[-1].seq)):
+            if time.monotonic() > end:
+                log(f"the controller did not end job {view.job_id} within {deadline_s:.0f} s;"
+                    " removing it first")
+                return
+            time.sleep(1.0)
+    except Exception as exc:  # noqa: BLE001 - as above
+        log(f"could not cancel job {view.job_id} through the store ({exc}); removing the "
+            "controller first")
+        return
+    layout, end = controller_layout(inv), time.monotonic() + EXIT_DEADLINE_S
+    try:
+        with NodeGroup(controller_inventory(inv, store)) as group:
+            while (supervisor_ended(group, layout, view.job_id) is False
+                   and time.monotonic() < end):
+                time.sleep(0.5)
+    except Exception as exc:  # noqa: BLE001 - its end is recorded; the destroy goes on
+        log(f"could not ask the controller whether it exited ({exc})")
+    log(f"managed job {view.job_id} cancelled")
