@@ -48,7 +48,7 @@ def start(inv: Inventory, job: JobSpec, group: NodeGroup, detach: Detach, log: L
 def launch_detached(name: str, job: JobSpec, *, store: InventoryStore | None = None,
                     log: Log = stderr_line) -> JobRecord:
     """Sync the workdir and start `job` on an existing cluster; returns once it runs."""
-    from provision.job.lifecycle import ready_inventory
+    from provision.model.inventory import ready_inventory
     from provision.nodes.bootstrap import sync_workdir
 
     store = store or InventoryStore()

@@ -57,7 +57,7 @@ from provision.job.recovery import (
 )
 from provision.model import timeline
 from provision.model.errors import LaunchError, MgpuError
-from provision.model.inventory import Inventory, InventoryStore
+from provision.model.inventory import Inventory, InventoryStore, ready_inventory
 from provision.model.jobstore import JobRecord, JobStore
 from provision.model.logsink import stderr_line
 from provision.model.spec import ClusterSpec, JobSpec
@@ -88,14 +88,6 @@ class JobRun:
     def event(self, event: str, message: str, nodes: list[str] | None = None) -> None:
         if self.on_event is not None:
             self.on_event(event, message, nodes or [])
-
-
-def ready_inventory(store: InventoryStore, name: str) -> Inventory:
-    """The inventory of cluster `name`, which must be ready for a job."""
-    inv = store.load(name)
-    if inv.status != "ready":
-        raise MgpuError(f"cluster {name!r} is {inv.status}, not ready")
-    return inv
 
 
 # --- the job's life -----------------------------------------------------------------------------

@@ -35,6 +35,7 @@ from provision.model.errors import (
     ClusterExistsError,
     ClusterNotFoundError,
     InventoryUnreadableError,
+    MgpuError,
     UserInputError,
 )
 from provision.model.gate_record import GateRecord
@@ -383,3 +384,11 @@ class InventoryStore:
             finally:
                 os.close(fd)
         return removed
+
+
+def ready_inventory(store: InventoryStore, name: str) -> Inventory:
+    """The inventory of cluster `name`, which must be ready for a job."""
+    inv = store.load(name)
+    if inv.status != "ready":
+        raise MgpuError(f"cluster {name!r} is {inv.status}, not ready")
+    return inv

@@ -347,8 +347,8 @@ def launch_managed(name: str, job: JobSpec, *, log: Log,
     from provision.cluster.providers import get_provider
     from provision.job.jobs import refuse_if_busy
     from provision.job.launch import workdir_of
-    from provision.job.lifecycle import ready_inventory
     from provision.job.managed.checks import check_store, store_env
+    from provision.model.inventory import ready_inventory
     from provision.nodes.bootstrap import sync_workdir
 
     store = store or InventoryStore()
