@@ -3,6 +3,7 @@ tests/integration): what it asks for, what it records, and how it fails and clea
 
 from __future__ import annotations
 
+import builtins
 import itertools
 import threading
 from dataclasses import dataclass, field
@@ -128,9 +129,28 @@ class _Networks:
                 if key in n["Labels"] and (not value or n["Labels"][key] == value)]
 
 
+class _Api:
+    """The low-level client: the engine's calls, plus the container list as the engine answers
+    it (dicts; every `label` filter must match, as Docker's API does)."""
+
+    def __init__(self, engine: FakeEngine) -> None:
+        self.engine = engine
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.engine, name)
+
+    def containers(self, all: bool = False, filters: dict[str, Any] | None = None  # noqa: A002
+                   ) -> list[dict[str, Any]]:
+        wanted = (filters or {}).get("label", [])
+        pairs = [w.partition("=") for w in ([wanted] if isinstance(wanted, str) else wanted)]
+        return [{"Id": cid, "Labels": c["labels"]} for cid, c in self.engine.containers.items()
+                if all or c["running"]
+                if builtins.all(k in c["labels"] and (not v or c["labels"][k] == v) for k, _, v in pairs)]
+
+
 class FakeClient:
     def __init__(self, engine: FakeEngine) -> None:
-        self.api = engine
+        self.api = _Api(engine)
         self.containers = engine
         self.networks = _Networks(engine)
 

@@ -189,8 +189,9 @@ class DockerProvider(Recoverable[DockerPlan], Supervising[DockerPlan]):
         by_label = {"label": f"{CLUSTER_TAG}={inv.name}"}
 
         containers = {r.id for r in inv.resources_of("container")}
+        # the engine's list answers ids and labels at once (containers.list inspects each)
         with contextlib.suppress(docker.errors.APIError):
-            containers |= {c.id for c in client.containers.list(all=True, filters=by_label)}
+            containers |= {c["Id"] for c in client.api.containers(all=True, filters=by_label)}
 
         def remove(cid: str) -> None:
             try:
