@@ -36,6 +36,7 @@ from __future__ import annotations
 import argparse
 import ctypes
 import datetime
+import gc
 import json
 import os
 import runpy
@@ -149,6 +150,12 @@ def gate(args: argparse.Namespace) -> dict[str, Any]:
     import torch
     import torch.distributed
 
+    # torch's import-time objects (some 165,000) go to the collector's permanent
+    # generation: they live as long as the process anyway, and every collection after this
+    # (the gate's, the job's, the interpreter's at exit) stops walking them. Without it a
+    # process's exit after its script takes 0.5 s instead of 0.1 s on a docker node here.
+    # What the gate and the script create later is collected as before.
+    gc.freeze()
     dist: Any = torch.distributed  # (rendezvous, PrefixStore: not in its typed exports)
     imported = time.monotonic()
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
