@@ -58,16 +58,32 @@ PLACE = ("import sys; from provision.model.inventory import InventoryStore; "
 MODES = {"off": ("off", False), "in-job": ("on", False), "separate": ("on", True)}
 
 
-def cli(*args: str, env: dict[str, str], cwd: Path, separate: bool = False) -> float:
+def cli(*args: str, env: dict[str, str], cwd: Path, separate: bool = False,
+        tails: list[float] | None = None) -> float:
+    """The CLI's wall time. `tails` gets the exit's share of a launch: from the job's last
+    output line to the CLI's "job finished" line (the ranks' exit, the launchers' ending)."""
     head = ["-c", FORCE_SEPARATE] if separate else ["-m", "provision.cli"]
     t0 = time.perf_counter()
-    done = subprocess.run([sys.executable, *head, *args], cwd=cwd, env=env,
-                          capture_output=True, text=True, timeout=900)
+    proc = subprocess.Popen([sys.executable, *head, *args], cwd=cwd, text=True,
+                            env={**env, "PYTHONUNBUFFERED": "1"},
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    assert proc.stdout is not None
+    lines, last_job, finished = [], 0.0, 0.0
+    for line in proc.stdout:
+        lines.append(line)
+        if "job ran" in line:
+            last_job = time.perf_counter()
+        elif line.startswith("job finished on all"):
+            finished = time.perf_counter()
+    code = proc.wait(timeout=900)
     took = time.perf_counter() - t0
-    if done.returncode != 0:
-        raise SystemExit(f"{' '.join(args)} failed ({done.returncode}):\n{done.stderr[-3000:]}")
-    if args[0] == "launch" and done.stdout.count("job ran") < 1:
-        raise SystemExit(f"the job did not run:\n{done.stdout}\n{done.stderr[-2000:]}")
+    text = "".join(lines)
+    if code != 0:
+        raise SystemExit(f"{' '.join(args)} failed ({code}):\n{text[-3000:]}")
+    if args[0] == "launch" and not last_job:
+        raise SystemExit(f"the job did not run:\n{text[-3000:]}")
+    if tails is not None and finished:
+        tails.append(finished - last_job)
     return took
 
 
@@ -96,6 +112,7 @@ def measure(args: argparse.Namespace, found: list[Tree], name: str, home: Path,
     """{(tree, script, mode): seconds per launch}, and this tree's in-job gate split."""
     times: dict[tuple[str, str, str], list[float]] = {}
     split: dict[str, list[float]] = {}
+    tails = args.tails
     for _ in range(args.repeat):
         for tree in found:
             if len(found) > 1:
@@ -106,7 +123,8 @@ def measure(args: argparse.Namespace, found: list[Tree], name: str, home: Path,
                     check, separate = MODES[mode]
                     took = cli("launch", name, "--nproc-per-node", "1", "--fabric-check",
                                check, "--allow-slow-network", "--", f"{label}.py",
-                               env=tree_env, cwd=work, separate=separate)
+                               env=tree_env, cwd=work, separate=separate,
+                               tails=tails.setdefault((tree.label, label, mode), []))
                     times.setdefault((tree.label, label, mode), []).append(took)
                     if mode == "in-job" and tree is found[0]:
                         for k, v in gate_split(home, name).items():
@@ -128,10 +146,12 @@ def report(args: argparse.Namespace, found: list[Tree],
             for mode in args.modes:
                 value = med[(tree.label, label, mode)]
                 runs = " ".join(f"{x:.1f}" for x in times[(tree.label, label, mode)])
-                rel = f"x off {value / off:.2f}" if off and mode != "off" else ""
+                tail = args.tails.get((tree.label, label, mode))
+                rel = f"exit {statistics.median(tail):.2f} s  " if tail else ""
+                rel += f"x off {value / off:.2f}" if off and mode != "off" else ""
                 if floor and mode != "off":
                     rel += f"  x floor {value / floor:.2f}"
-                print(f"    {label:<6} {mode:<9} {value:>6.2f} s  {rel:<26} runs: {runs}")
+                print(f"    {label:<6} {mode:<9} {value:>6.2f} s  {rel:<40} runs: {runs}")
 
 
 def main() -> None:
@@ -142,6 +162,7 @@ def main() -> None:
     parser.add_argument("--against", default=None, help="an older revision, measured beside")
     parser.add_argument("--modes", nargs="+", choices=list(MODES), default=None)
     args = parser.parse_args()
+    args.tails = {}  # (tree, script, mode) -> [the exit's seconds per launch] (see cli)
     args.modes = args.modes or (["off", "in-job"] if args.against else list(MODES))
     name = "bench-gate-in-job"
     with tempfile.TemporaryDirectory() as tmp, trees(args.against) as found:
