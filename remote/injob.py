@@ -36,6 +36,7 @@ from __future__ import annotations
 import argparse
 import ctypes
 import datetime
+import gc
 import json
 import os
 import runpy
@@ -143,9 +144,28 @@ def _gate_args(args: argparse.Namespace) -> argparse.Namespace:
         pair_fraction=args.pair_fraction)
 
 
+def _import_torch() -> None:
+    """`import torch` (and torch.distributed) without the collector, then its objects (some
+    165,000) to the collector's permanent generation: they live as long as the process
+    anyway, and every collection after this (the gate's, the job's, the interpreter's at
+    exit) stops walking them. One process on a docker node here: the import 0.77 -> 0.67 s,
+    the exit after a torch script 0.52 -> 0.11 s (medians of 5). The import's own garbage
+    (some 7,000 objects) stays with them; what the gate and the script create is collected
+    as before."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        import torch.distributed  # noqa: F401
+    finally:
+        if enabled:
+            gc.enable()
+    gc.freeze()
+
+
 def gate(args: argparse.Namespace) -> dict[str, Any]:
     """Measure and judge in this job's processes (see the module doc); the verdict, the same
     on every rank. Raises when the gate cannot finish."""
+    _import_torch()
     import torch
     import torch.distributed
 
