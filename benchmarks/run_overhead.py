@@ -127,7 +127,7 @@ def main() -> None:
             print(f"  torchx local_docker dist.ddp -j 2x2: {med(tx):.2f} s; run / torchx "
                   f"{med(totals) / med(tx):.2f} (goal <= 0.9)")
         else:
-            print("  torchx: NOT INSTALLED (pip install -e '.[bench]'): no comparison made")
+            print("  torchx: NOT ON PATH (python3 -m venv /tmp/txv && /tmp/txv/bin/pip install torchx docker, then PATH=/tmp/txv/bin:$PATH; its own venv: torchx pins urllib3<2): no comparison made")
 
 
 if __name__ == "__main__":
