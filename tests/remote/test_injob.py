@@ -22,15 +22,18 @@ ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = '''import os, sys
 import torch, torch.distributed as dist
 here = os.path.dirname(os.path.abspath(__file__))
-print("script", __name__, sys.argv[1:], sys.path[0] == here, flush=True)
+def say(*words):  # ONE write per line: two ranks of a node share the pipe (print writes twice)
+    sys.stdout.write(" ".join(map(str, words)) + "\\n")
+    sys.stdout.flush()
+say("script", __name__, sys.argv[1:], sys.path[0] == here)
 dist.init_process_group("gloo")
 t = torch.ones(1)
 dist.all_reduce(t)
-print(f"ran rank {dist.get_rank()}/{dist.get_world_size()} sum {t.item():g}", flush=True)
+say(f"ran rank {dist.get_rank()}/{dist.get_world_size()} sum {t.item():g}")
 dist.barrier()
 dist.destroy_process_group()
 import gc
-print("torch's import frozen:", gc.get_freeze_count() > 10000, flush=True)
+say("torch's import frozen:", gc.get_freeze_count() > 10000)
 '''
 ENV = {"PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": ""}
 
