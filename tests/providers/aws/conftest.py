@@ -326,6 +326,21 @@ def aws_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Path:
     return home
 
 
+@pytest.fixture
+def aws_offline(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Path:
+    """No AWS credentials of any kind (a dry run without an account), a known caller address
+    and a private state dir."""
+    for var in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_PROFILE"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "none"))
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "none"))
+    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
+    monkeypatch.setenv("MGPU_CLOUD_CALLER_IP", "203.0.113.7")
+    home = tmp_path / "home"
+    monkeypatch.setenv("MGPU_CLOUD_HOME", str(home))
+    return home
+
+
 class RulesLayer:
     """The autouse rules fixture's state: request rules on every provider client; under moto,
     a real-looking default VPC per region and the state rules after every `create`."""

@@ -59,14 +59,7 @@ def test_dry_run_of_a_capacity_block_shows_offering_price_and_start(fakes):
     assert "PurchaseCapacityBlock" not in fakes.operations() and fakes.writes() == []
 
 
-def test_dry_run_without_credentials_says_what_it_cannot_know(monkeypatch, tmp_path):
-    for var in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_PROFILE"):
-        monkeypatch.delenv(var, raising=False)
-    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "none"))
-    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "none"))
-    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
-    monkeypatch.setenv("MGPU_CLOUD_CALLER_IP", "203.0.113.7")
-    monkeypatch.setenv("MGPU_CLOUD_HOME", str(tmp_path / "home"))
+def test_dry_run_without_credentials_says_what_it_cannot_know(aws_offline):
     result = CliRunner().invoke(app, [
         "up", "--provider", "aws", "--instance-type", "p5e.48xlarge", "--nodes", "2",
         "--region", P5E_REGION, "--capacity-block", "--dry-run"])

@@ -172,18 +172,7 @@ def test_a_scheduled_block_cancelled_while_waited_for_stops_up(fakes, spec_for, 
 
 
 # --- 3. a plan without credentials says how the nodes are bought --------------------------------
-@pytest.fixture
-def offline(monkeypatch, tmp_path):
-    for var in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_PROFILE"):
-        monkeypatch.delenv(var, raising=False)
-    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "none"))
-    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "none"))
-    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
-    monkeypatch.setenv("MGPU_CLOUD_CALLER_IP", "203.0.113.7")
-    monkeypatch.setenv("MGPU_CLOUD_HOME", str(tmp_path / "home"))
-
-
-def test_an_offline_block_plan_shows_the_market_and_what_is_looked_up(offline):
+def test_an_offline_block_plan_shows_the_market_and_what_is_looked_up(aws_offline):
     out = _dry_run()
     assert "market=capacity-block" in out and "market=on-demand" not in out
     assert "placement-group" not in out  # a block's instances are placed by EC2
@@ -193,7 +182,7 @@ def test_an_offline_block_plan_shows_the_market_and_what_is_looked_up(offline):
     assert "power off 35 min before the Capacity Block ends" in out
 
 
-def test_an_offline_reservation_plan_shows_the_market_and_makes_no_placement_group(offline):
+def test_an_offline_reservation_plan_shows_the_market_and_makes_no_placement_group(aws_offline):
     result = CliRunner().invoke(app, [
         "up", "--provider", "aws", "--instance-type", "p4d.24xlarge", "--nodes", "2",
         "--region", "us-east-1", "--reservation", "cr-0123456789abcdef0", "--dry-run"])

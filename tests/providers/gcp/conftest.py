@@ -24,6 +24,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 
 import gcp_rules  # noqa: E402
 from fake_compute import FakeCompute  # noqa: E402
+from fake_iam import FakeIam  # noqa: E402
 
 from provision.model.inventory import Inventory, InventoryStore  # noqa: E402
 from provision.model.spec import ClusterSpec, build_cluster_spec, deep_merge  # noqa: E402
@@ -93,6 +94,16 @@ def gcp_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, fake: FakeCompute) 
     monkeypatch.setenv("MGPU_CLOUD_CALLER_IP", CALLER_IP)
     for var in ("GOOGLE_CLOUD_PROJECT", "CLOUDSDK_CORE_PROJECT", "GOOGLE_APPLICATION_CREDENTIALS"):
         monkeypatch.delenv(var, raising=False)
+
+
+@pytest.fixture
+def iam(monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeIam]:
+    """The IAM fake (service accounts, roles, bindings) the controller identity talks to."""
+    fake = FakeIam()
+    fake.start()
+    monkeypatch.setenv("MGPU_CLOUD_GCP_IAM_ENDPOINT", fake.url)
+    yield fake
+    fake.stop()
 
 
 @pytest.fixture

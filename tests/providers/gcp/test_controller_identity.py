@@ -4,7 +4,6 @@ bindings are created (recorded as they exist), rolled back, deleted by `down` an
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 
 import gcp_iam_rules as iam_rules
@@ -25,15 +24,6 @@ from remote.store import parse_url
 
 PROJECT, ZONE = "test-proj", "us-central1-a"
 STORE = parse_url("gs://ckpt/runs")
-
-
-@pytest.fixture
-def iam(monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeIam]:
-    fake = FakeIam()
-    fake.start()
-    monkeypatch.setenv("MGPU_CLOUD_GCP_IAM_ENDPOINT", fake.url)
-    yield fake
-    fake.stop()
 
 
 def _inv(tmp_path: Path, name: str) -> tuple[Inventory, InventoryStore]:

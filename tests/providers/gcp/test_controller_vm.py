@@ -9,7 +9,6 @@ from __future__ import annotations
 import datetime as dt
 import shutil
 import subprocess
-from collections.abc import Iterator
 
 import gcp_iam_rules as iam_rules
 import pytest
@@ -26,15 +25,6 @@ from provision.model.inventory import Inventory
 
 ZONE = "us-central1-a"
 INSERT = r"zones/us-central1-a/instances$"
-
-
-@pytest.fixture
-def iam(monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeIam]:
-    fake = FakeIam()
-    fake.start()
-    monkeypatch.setenv("MGPU_CLOUD_GCP_IAM_ENDPOINT", fake.url)
-    yield fake
-    fake.stop()
 
 
 def _hours_ago(hours: float) -> str:
