@@ -198,9 +198,11 @@ def status(
 
     store = InventoryStore()
     store.clean_stale_locks()
-    adopt(name)  # a managed cluster's controller may have replaced nodes (issue 18)
     invs, unreadable = ([store.load(name)], []) if name else store.scan()
     note_skipped(unreadable)
+    # a managed cluster's controller may have replaced nodes (issue 18): only those ask
+    invs = [store.load(inv.name) if inv.controller is not None and adopt(inv.name) else inv
+            for inv in invs]
     if timeline:
         _echo_timelines(invs, as_json)
         return

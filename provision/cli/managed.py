@@ -93,18 +93,16 @@ def managed_url(name: str, given: str | None) -> Any:
     return store_url_for(name, given)
 
 
-def adopt(name: str | None) -> None:
+def adopt(name: str) -> bool:
     """Take the controller's copy of a managed cluster's inventory when it replaced nodes
-    meanwhile (status, launch, exec, ssh; `down` does it itself). `None`: every cluster."""
+    meanwhile (status, launch, exec, ssh; `down` does it itself). True if it changed here."""
     from provision.job.managed.client import adopt_from_store
     from provision.model.errors import MgpuError
-    from provision.model.inventory import InventoryStore
 
-    store = InventoryStore()
-    for one in [name] if name else store.names():
-        try:
-            changed = adopt_from_store(one, store)
-        except MgpuError:
-            continue  # a damaged or missing inventory: the command itself reports it
-        if changed:
-            _err(f"cluster {one!r}: nodes its controller replaced are now known here")
+    try:
+        changed = adopt_from_store(name)
+    except MgpuError:
+        return False  # a damaged or missing inventory: the command itself reports it
+    if changed:
+        _err(f"cluster {name!r}: nodes its controller replaced are now known here")
+    return changed
