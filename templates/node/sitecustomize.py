@@ -6,7 +6,12 @@
 #   interpreter is still whole. Left to the interpreter's own shutdown, gloo's threads outlive
 #   the objects they use and a rank that finished its work aborts about one run in ten
 #   ("terminate called without an active exception", SIGABRT; pytorch/pytorch#179291).
-#   MGPU_EXIT_DESTROY_PG=0 leaves the group to the interpreter, as before.
+#   MGPU_EXIT_DESTROY_PG=0 leaves the group to the interpreter, as before;
+# - stdout and stderr write a line at a time. The job runs with PYTHONUNBUFFERED=1 (output
+#   streams at once, also from a process that never loads this file), which makes every
+#   `print("rank", r, "loss", x)` up to eight writes: the ranks of a node share one pipe, so
+#   their lines came out interleaved word by word ("rank 3rank  omp2  1omp"). Line buffering
+#   keeps a line whole until its newline (or an explicit flush).
 import atexit
 import faulthandler
 import os
@@ -14,6 +19,12 @@ import signal
 import sys
 
 faulthandler.register(signal.SIGUSR2, file=sys.stderr, all_threads=True, chain=False)
+
+for _stream in (sys.stdout, sys.stderr):
+    try:
+        _stream.reconfigure(line_buffering=True, write_through=False)
+    except (AttributeError, ValueError, OSError):  # replaced or closed: leave it as it is
+        pass
 
 
 def _destroy_default_process_group():

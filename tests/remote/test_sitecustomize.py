@@ -61,3 +61,25 @@ def test_it_can_be_turned_off_and_leaves_other_processes_alone(tmp_path: Path) -
                            capture_output=True, text=True, timeout=60,
                            env={**os.environ, "PYTHONPATH": str(NODE_TEMPLATES)})
     assert plain.stdout.strip() == "False", "the hook must not import torch itself"
+
+
+# A line waits in the text stream until its newline: a raw write issued half-way through a
+# print shows up BEFORE the line, which stays whole (unbuffered, it lands in the middle).
+LINES = """\
+import os
+print("rank", 3, "omp", end="")
+os.write(1, b"<raw>")
+print("", 1)
+"""
+
+
+def test_a_line_is_written_whole_although_the_job_runs_unbuffered(tmp_path: Path) -> None:
+    script = tmp_path / "lines.py"
+    script.write_text(LINES)
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    whole = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
+                           timeout=60, env={**env, "PYTHONPATH": str(NODE_TEMPLATES)})
+    assert whole.stdout == "<raw>rank 3 omp 1\n", whole.stdout
+    plain = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
+                           timeout=60, env=env)  # without the sitecustomize: split
+    assert plain.stdout == "rank 3 omp<raw> 1\n", plain.stdout
