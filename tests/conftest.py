@@ -41,7 +41,25 @@ def docker_engine() -> Iterator[None]:
         if IN_CI:
             pytest.fail(f"CI=true but the Docker engine is not reachable: {why}")
         pytest.skip(f"no Docker engine: {why}")
+    if IN_CI:
+        _sweep_killed_runs()
     yield
+
+
+def _sweep_killed_runs() -> None:
+    """CI's engine starts clean: what an earlier test run killed with its machine left
+    (containers and networks of clusters whose inventories were in its temporary homes)
+    would otherwise meet tests of the same cluster names. Outside CI the engine may hold a
+    developer's own clusters: nothing is touched (`up` names such leftovers itself)."""
+    import docker
+
+    client = docker.from_env(timeout=60)
+    label = {"label": "mgpu-cloud-cluster"}
+    for c in client.containers.list(all=True, filters=label):
+        print(f"removing {c.name}, left by an earlier test run")
+        c.remove(force=True)
+    for n in client.networks.list(filters=label):
+        n.remove()
 
 
 @pytest.fixture(scope="session")

@@ -118,6 +118,26 @@ def test_refresh_reads_states_and_copies_logs_once_ended() -> None:
     assert len(fake.commands("node-0")) == asked, "a finished, saved job is not asked again"
 
 
+def test_the_job_exit_code_is_the_first_failing_nodes_not_the_one_stopped_because_of_it(
+) -> None:
+    # node-1 failed (torchrun: 1) and `launch` stopped node-0 (143) a moment later; `launch`
+    # returned 1, and the record (jobs, logs --follow) must say 1 too, not rank 0's 143
+    inv = _inv()
+    rec = jobs.begin(inv, _job(), inv.nodes, detached=False)
+    fake = FakeConnector()
+    fake.on(r"job status", node="node-0",
+            stdout=_status(**{"1": {"state": "exited", "exit_code": 143, "ended": 4e9 + 0.2}}))
+    fake.on(r"job status", node="node-1",
+            stdout=_status(**{"1": {"state": "exited", "exit_code": 1, "ended": 4e9}}))
+    [rec] = jobs.refresh(inv, [rec], NodeGroup(inv, connector=fake))
+    assert rec.state == "failed" and rec.exit_code == 1
+    rec.nodes["node-0"].set("exited", 2, 4e9)  # a tie: rank order
+    rec.nodes["node-1"].set("exited", 1, 4e9)
+    assert rec.exit_code == 2
+    rec.nodes["node-1"].set("lost", 255)  # lost, no end time: it came first
+    assert rec.exit_code == 255
+
+
 def test_unreachable_and_unknown_jobs() -> None:
     inv = _inv()
     rec = jobs.begin(inv, _job(), inv.nodes, detached=True)

@@ -146,9 +146,11 @@ def refresh(inv: Inventory, recs: Iterable[JobRecord], group: NodeGroup, *,
                 else:
                     state = str(one.get("state", "lost"))
                     code = one.get("exit_code")
-                    rec.nodes[name].set(state, LOST_CODE if state == "lost" else code)
-                    if isinstance(one.get("ended"), int | float):
-                        ended.append(float(one["ended"]))
+                    end = one.get("ended")
+                    end = float(end) if isinstance(end, int | float) else None
+                    rec.nodes[name].set(state, LOST_CODE if state == "lost" else code, end)
+                    if end is not None:
+                        ended.append(end)
             rec.state = _combine(rec)
             if rec.final:  # when the last node's part ended (the nodes' clocks), else now
                 rec.ended_at = (dt.datetime.fromtimestamp(max(ended), dt.UTC)

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime as dt
+import math
 from pathlib import Path
 from typing import Any
 
@@ -42,9 +43,10 @@ class NodeJob(BaseModel):
     rank: int = 0
     state: str = "running"  # running | exited | cancelled | lost | unreachable
     exit_code: int | None = None
+    ended: float | None = Field(None, description="when its part ended, by the node's clock")
 
-    def set(self, state: str, exit_code: int | None = None) -> None:
-        self.state, self.exit_code = state, exit_code
+    def set(self, state: str, exit_code: int | None = None, ended: float | None = None) -> None:
+        self.state, self.exit_code, self.ended = state, exit_code, ended
 
 
 class JobRecord(BaseModel):
@@ -74,11 +76,17 @@ class JobRecord(BaseModel):
 
     @property
     def exit_code(self) -> int | None:
-        """The first non-zero node exit code in rank order, else 0; None while running."""
+        """The exit code of the node that failed first, else 0; None while running. First by
+        the nodes' clocks (a node lost without an end time counts as first; rank breaks ties):
+        the others were usually stopped because of it (143), as `launch` says."""
         if not self.final:
             return None
         codes = [n.exit_code for n in self.nodes.values()]
-        return next((c for c in codes if c), 0) if None not in codes else LOST_CODE
+        if None in codes:
+            return LOST_CODE
+        failed = [(-math.inf if n.ended is None else n.ended, n.rank, n.exit_code)
+                  for n in self.nodes.values() if n.exit_code]
+        return min(failed)[2] if failed else 0
 
     def duration_s(self) -> float | None:
         start = dt.datetime.fromisoformat(self.started_at)

@@ -267,6 +267,26 @@ def test_name_in_use_is_refused_before_anything_is_made(tmp_path: Path) -> None:
     assert leftovers("taken") == []
 
 
+def test_a_killed_runs_containers_are_named_before_anything_is_made(node_image: str) -> None:
+    # what a machine restart in the middle of a run leaves: containers, and no inventory
+    subprocess.run(["docker", "create", "--name", "leftover-node-0", "--label",
+                    "mgpu-cloud-cluster=leftover", node_image, "true"], check=True,
+                   capture_output=True)
+    try:
+        res = cli("up", "--name", "leftover", "--nodes", "2")
+        assert res.returncode == 2, res.stderr
+        assert "that no inventory here knows: leftover-node-0" in res.stderr, res.stderr
+        assert "docker rm -f leftover-node-0" in res.stderr and "Conflict" not in res.stderr
+        assert leftovers("leftover") == [f"container:{_id('leftover-node-0')}"], "untouched"
+    finally:
+        subprocess.run(["docker", "rm", "-f", "leftover-node-0"], capture_output=True)
+
+
+def _id(container: str) -> str:
+    return subprocess.run(["docker", "inspect", "-f", "{{.Id}}", container], capture_output=True,
+                          text=True, check=True).stdout.strip()[:12]
+
+
 def test_docker_not_reachable(tmp_path: Path) -> None:
     res = cli("up", "--name", "nodocker", env={"DOCKER_HOST": f"unix://{tmp_path}/none.sock"})
     assert res.returncode == 4, res.stderr

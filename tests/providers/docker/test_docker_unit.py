@@ -15,7 +15,12 @@ import pytest
 
 from provision.cluster import pipeline
 from provision.cluster.providers import get_provider
-from provision.model.errors import ProviderUnavailableError, ProvisionError, TeardownError
+from provision.model.errors import (
+    ClusterExistsError,
+    ProviderUnavailableError,
+    ProvisionError,
+    TeardownError,
+)
 from provision.model.inventory import CLUSTER_TAG, Inventory, InventoryStore
 from provision.model.spec import build_cluster_spec
 
@@ -143,7 +148,8 @@ class _Api:
                    ) -> list[dict[str, Any]]:
         wanted = (filters or {}).get("label", [])
         pairs = [w.partition("=") for w in ([wanted] if isinstance(wanted, str) else wanted)]
-        return [{"Id": cid, "Labels": c["labels"]} for cid, c in self.engine.containers.items()
+        return [{"Id": cid, "Names": ["/" + c["name"]], "Labels": c["labels"]}
+                for cid, c in self.engine.containers.items()
                 if all or c["running"]
                 if builtins.all(k in c["labels"] and (not v or c["labels"][k] == v) for k, _, v in pairs)]
 
@@ -183,6 +189,20 @@ def test_plan_fails_before_anything_when_the_engine_is_down(monkeypatch: pytest.
     monkeypatch.setattr("provision.cluster.providers.docker.provider.docker_client", down)
     with pytest.raises(ProviderUnavailableError):
         get_provider("docker").plan(_spec())
+
+
+def test_containers_of_the_name_left_on_the_engine_are_refused_before_anything_is_made(
+        engine: FakeEngine, mgpu_home: Path) -> None:
+    engine.create_container("mgpu-cloud/node:test", name="unit-node-0",
+                            labels={CLUSTER_TAG: "unit", "mgpu-cloud-node": "0"})
+    with pytest.raises(ClusterExistsError) as err:
+        get_provider("docker").plan(_spec())
+    assert "no inventory here knows: unit-node-0" in str(err.value)
+    assert "docker rm -f unit-node-0; docker network rm unit-net" in str(err.value)
+    assert len(engine.containers) == 1 and engine.networks == {}
+    engine.create_container("x", name="other-node-0", labels={CLUSTER_TAG: "other"})
+    del engine.containers[next(iter(engine.containers))]
+    assert get_provider("docker").plan(_spec()).request.network == "unit-net"
 
 
 def test_create_records_everything_and_pins_host_keys(engine: FakeEngine, mgpu_home: Path) -> None:

@@ -28,7 +28,7 @@ from provision.cluster.providers.docker.plan import (
     build_plan,
     docker_request,
 )
-from provision.model.errors import TeardownError
+from provision.model.errors import ClusterExistsError, TeardownError
 from provision.model.inventory import (
     CLUSTER_TAG,
     Inventory,
@@ -63,7 +63,8 @@ class DockerProvider(Recoverable[DockerPlan], Supervising[DockerPlan]):
         return map_errors(action)
 
     def _plan(self, spec: ClusterSpec) -> DockerPlan:
-        docker_client()  # Docker not reachable -> clear error before anything is made
+        client = docker_client()  # Docker not reachable -> clear error before anything is made
+        _refuse_leftovers(client, spec.name)
         return build_plan(spec)
 
     # ---------------------------------------------------------------------------------------
@@ -251,6 +252,23 @@ class DockerProvider(Recoverable[DockerPlan], Supervising[DockerPlan]):
         orphan = Inventory(name="gc-scope", provider="docker", resources=resources)
         store = _NullStore()
         self._destroy(orphan, store)  # type: ignore[arg-type]
+
+
+def _refuse_leftovers(client: Any, name: str) -> None:
+    """Containers of a cluster of this name that no inventory here knows (a run killed with
+    the machine, or one made under another MGPU_CLOUD_HOME) would make `up` fail half-way:
+    a container name is unique per engine. Said before anything is made."""
+    found = client.api.containers(all=True, filters={"label": f"{CLUSTER_TAG}={name}"})
+    if not found:
+        return
+    names = sorted(n.lstrip("/") for c in found for n in c.get("Names") or [c["Id"][:12]])
+    raise ClusterExistsError(
+        f"the Docker engine already has container(s) of a cluster named {name!r} that no "
+        f"inventory here knows: {', '.join(names)} (left by a run that was killed, or made "
+        "with another MGPU_CLOUD_HOME)",
+        hint=f"remove them: docker rm -f {' '.join(names)}; docker network rm {name}-net "
+             "(`mgpu-cloud gc --provider docker` lists every such leftover), or pick another "
+             "--name")
 
 
 def _request_of(inv: Inventory, node: NodeRecord) -> DockerRequest:
