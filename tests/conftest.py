@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import signal
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -14,6 +15,13 @@ ROOT = Path(__file__).resolve().parent.parent
 from kit import IN_CI  # noqa: E402 - after the sys.path line above
 
 pytest_plugins = ["storekit"]  # object stores and a webhook receiver (issue 18)
+
+# A test run started in the background by a non-interactive shell (`make test &`, nohup, a CI
+# step in some runners) has SIGINT ignored, and an ignored signal stays ignored across exec:
+# the CLI processes the Ctrl-C tests start would never see their Ctrl-C. A terminal's default
+# (Python's handler here; a child starts with SIG_DFL again) for this process and its children.
+if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 @pytest.fixture(autouse=True)
