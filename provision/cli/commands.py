@@ -241,12 +241,10 @@ def exec_(
     command: Annotated[list[str], typer.Argument(help="command to run on every node")],
 ) -> None:
     """Run a command on all nodes in parallel; per-node output and exit codes."""
-    from provision.cli.managed import adopt
-    from provision.model.inventory import InventoryStore
+    from provision.cli.managed import load_adopted
     from provision.nodes import CommandResult, NodeGroup
 
-    adopt(name)  # a managed cluster's controller may have replaced nodes (issue 18)
-    inv = InventoryStore().load(name)
+    inv = load_adopted(name)  # a managed cluster's controller may have replaced nodes
     words = command[1:] if command and command[0] == "--" else command
     if not words:
         from provision.model.errors import UserInputError
@@ -275,14 +273,11 @@ def ssh(
     command: Annotated[list[str] | None, typer.Argument(help="ssh options (e.g. -L 6006:localhost:6006), then an optional command")] = None,
 ) -> None:
     """Open an SSH session on one node (host key pinned); extra ssh options pass through."""
-    from provision.cli.managed import adopt
-    from provision.model.inventory import InventoryStore
+    from provision.cli.managed import load_adopted
     from provision.nodes.sshconfig import ssh_command
     from provision.nodes.sshconn import ssh_argv
 
-    adopt(name)  # a managed cluster's controller may have replaced nodes (issue 18)
-    store = InventoryStore()
-    inv = store.load(name)
+    inv = load_adopted(name)  # a managed cluster's controller may have replaced nodes
     argv = ssh_command(ssh_argv(inv, node, []), command or [])
     os.execvp(argv[0], argv)
 

@@ -93,6 +93,18 @@ def managed_url(name: str, given: str | None) -> Any:
     return store_url_for(name, given)
 
 
+def load_adopted(name: str) -> Any:
+    """The inventory of `name`, read once; a managed cluster's (one with a controller) after
+    `adopt` took its controller's copy (exec, ssh: the plain clusters pay nothing for it)."""
+    from provision.model.inventory import InventoryStore
+
+    store = InventoryStore()
+    inv = store.load(name)
+    if inv.controller is not None and adopt(name):
+        inv = store.load(name)
+    return inv
+
+
 def adopt(name: str) -> bool:
     """Take the controller's copy of a managed cluster's inventory when it replaced nodes
     meanwhile (status, launch, exec, ssh; `down` does it itself). True if it changed here."""
