@@ -61,8 +61,10 @@ def _sweep_killed_runs() -> None:
     developer's own clusters: nothing is touched (`up` names such leftovers itself)."""
     import docker
 
+    from provision.model.inventory import CLUSTER_TAG
+
     client = docker.from_env(timeout=60)
-    label = {"label": "mgpu-cloud-cluster"}
+    label = {"label": CLUSTER_TAG}
     for c in client.containers.list(all=True, filters=label):
         print(f"removing {c.name}, left by an earlier test run")
         c.remove(force=True)

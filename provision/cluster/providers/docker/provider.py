@@ -261,7 +261,7 @@ def _refuse_leftovers(client: Any, name: str) -> None:
     found = client.api.containers(all=True, filters={"label": f"{CLUSTER_TAG}={name}"})
     if not found:
         return
-    names = sorted(n.lstrip("/") for c in found for n in c.get("Names") or [c["Id"][:12]])
+    names = sorted(n.lstrip("/") for c in found for n in c["Names"])
     raise ClusterExistsError(
         f"the Docker engine already has container(s) of a cluster named {name!r} that no "
         f"inventory here knows: {', '.join(names)} (left by a run that was killed, or made "
