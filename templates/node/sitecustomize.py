@@ -11,7 +11,14 @@
 #   streams at once, also from a process that never loads this file), which makes every
 #   `print("rank", r, "loss", x)` up to eight writes: the ranks of a node share one pipe, so
 #   their lines came out interleaved word by word ("rank 3rank  omp2  1omp"). Line buffering
-#   keeps a line whole until its newline (or an explicit flush).
+#   keeps a line whole until its newline (or an explicit flush);
+# - a launcher's own process (torchrun's agent, DeepSpeed's runner and per-node launcher,
+#   accelerate launch) hands its objects to the collector's permanent generation as its
+#   last exit handler: with torch loaded, the shutdown's collections walk some 165,000
+#   objects the process is about to drop anyway, about 0.37 s of CPU on every node at the
+#   end of every launch (a process that imports torch and exits, in a node container: 1.38 ->
+#   1.00 s, medians of 4). Launchers only: a user's script may count on cyclic garbage
+#   being finalised at exit (a file in a cycle is flushed then). MGPU_EXIT_FREEZE=0: off.
 import atexit
 import faulthandler
 import os
@@ -19,6 +26,24 @@ import signal
 import sys
 
 faulthandler.register(signal.SIGUSR2, file=sys.stderr, all_threads=True, chain=False)
+
+# (program name, or the end of its path) of the launchers' processes
+_LAUNCHERS = ("torchrun", "accelerate", "deepspeed", "torch/distributed/run.py",
+              "deepspeed/launcher/launch.py", "deepspeed/launcher/runner.py")
+
+
+def _freeze_a_launcher_at_exit():
+    # registered first, so run last: after every other exit handler (atexit: last in, first out)
+    program = (sys.argv[0] if sys.argv else "").replace(os.sep, "/")
+    if os.environ.get("MGPU_EXIT_FREEZE", "1") == "0" or not any(
+            program == name or program.endswith("/" + name) for name in _LAUNCHERS):
+        return
+    import gc
+
+    gc.freeze()
+
+
+atexit.register(_freeze_a_launcher_at_exit)
 
 for _stream in (sys.stdout, sys.stderr):
     try:

@@ -83,3 +83,39 @@ def test_a_line_is_written_whole_although_the_job_runs_unbuffered(tmp_path: Path
     plain = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
                            timeout=60, env=env)  # without the sitecustomize: split
     assert plain.stdout == "rank 3 omp<raw> 1\n", plain.stdout
+
+
+# Cyclic garbage with a finaliser, left for the interpreter's shutdown: the shutdown's
+# collection finalises it, unless the objects were handed to the permanent generation.
+CYCLE = """\
+import gc, os
+gc.disable()
+class Finalised:
+    def __del__(self):
+        os.write(1, b"finalised\\n")
+cycle = Finalised(); cycle.me = cycle; del cycle
+os.write(1, b"exiting\\n")
+"""
+
+
+def _exit_of(tmp_path: Path, program: str, **env: str) -> list[str]:
+    script = tmp_path / program
+    script.parent.mkdir(parents=True, exist_ok=True)
+    script.write_text(CYCLE)
+    return subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
+                          timeout=60, cwd=tmp_path,
+                          env={**os.environ, "PYTHONPATH": str(NODE_TEMPLATES), **env}
+                          ).stdout.splitlines()
+
+
+@pytest.mark.parametrize("program", ["torchrun", "accelerate", "deepspeed",
+                                     "site-packages/torch/distributed/run.py",
+                                     "site-packages/deepspeed/launcher/launch.py"])
+def test_a_launchers_process_skips_the_shutdown_collection(tmp_path: Path, program: str) -> None:
+    assert _exit_of(tmp_path, program) == ["exiting"]
+    assert _exit_of(tmp_path, program, MGPU_EXIT_FREEZE="0") == ["exiting", "finalised"]
+
+
+@pytest.mark.parametrize("program", ["train.py", "torchrun.py", "mytorchrun"])
+def test_a_users_script_keeps_its_shutdown_collection(tmp_path: Path, program: str) -> None:
+    assert _exit_of(tmp_path, program) == ["exiting", "finalised"]
