@@ -39,7 +39,6 @@ from provision.nodes import (
     retry_open,
 )
 from provision.nodes.layout import Files
-from provision.nodes.sshconn import write_cluster_known_hosts
 
 Log = Callable[[str], None]
 SSH_DEADLINE_S = float(os.environ.get("MGPU_CLOUD_SSH_DEADLINE", "180"))
@@ -185,6 +184,8 @@ def _peer_pieces(inv: Inventory, layout: RemoteLayout) -> tuple[Files, list[str]
 def refresh_peers(inv: Inventory, store: InventoryStore, group: NodeGroup) -> None:
     """After nodes were replaced: the group's nodes learn the new host keys and addresses
     (node-to-node SSH, /etc/hosts). BootstrapError names every node where it failed."""
+    from provision.nodes.sshconn import write_cluster_known_hosts  # paramiko: see _ssh_stack
+
     write_cluster_known_hosts(inv, store)
     layout = layout_of(inv)
     files, lines = _peer_pieces(inv, layout)
@@ -249,6 +250,8 @@ def bootstrap_cluster(
     began pulling at boot is waited for only when `wait_image`: a job is about to use it).
     BootstrapError names every failing node. The open timeline (provision/model/timeline.py)
     gets the parts "ssh answers" and "image present" of its bootstrap phase."""
+    from provision.nodes.sshconn import write_cluster_known_hosts  # paramiko: see _ssh_stack
+
     write_cluster_known_hosts(inv, store)
     layout = layout_of(inv)
     files: Files = {
