@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TextIO
@@ -61,7 +62,7 @@ from provision.model.inventory import Inventory, InventoryStore, ready_inventory
 from provision.model.jobstore import JobRecord, JobStore
 from provision.model.logsink import stderr_line
 from provision.model.spec import ClusterSpec, JobSpec
-from provision.nodes import NodeGroup, borrowed
+from provision.nodes import NodeGroup, background, borrowed
 
 Log = Callable[[str], None]
 
@@ -148,8 +149,6 @@ def supervise(run: JobRun, group: NodeGroup) -> int:
                           f"running on {len(run.inv.nodes)} node(s): {run.job.script_in_workdir}")
                 gate = run.gate() if run.gate is not None else None
                 outcome = attempt(run, current, keeper, rec, restarts, gate)
-                if outcome.code == 0:  # every node ended well: its connection is fine
-                    jobs.refresh(run.inv, [rec], current, store=run.records)  # exit codes, logs
             failure = _ended(run, rec, outcome, recap, keeper)
             nodes = None
             if gate is not None and (gate.record is not None or outcome.code == 0):
@@ -229,17 +228,27 @@ def attempt(run: JobRun, group: NodeGroup, keeper: CheckpointKeeper, rec: JobRec
             restarts: int, gate: InJobGate | None = None) -> Outcome:
     """One start of the job on every node, followed to its end, its checkpoints kept and a
     Watcher looking for hangs and preemption notices. `gate`: the fabric gate first, in the
-    job's own processes."""
+    job's own processes. A job that ended well gets its record (exit codes, logs) while the
+    last copy of its checkpoints is made: each asks the nodes on connections of its own."""
     watcher = Watcher(run.inv, run.job, keeper, run.log, stop=run.stop)
     keeper.start()
+    last_copy: Future[None] | None = None
     try:
-        code = run_job(run.inv, run.job, log=run.log, group=group, monitor=watcher,
-                       restart_count=restarts, job_id=rec.id, out=run.out, gate=gate)
-        return Outcome(code, watcher)
-    except LaunchError as exc:
-        return Outcome(SESSION_LOST, watcher, launch_error=exc)
+        try:
+            code = run_job(run.inv, run.job, log=run.log, group=group, monitor=watcher,
+                           restart_count=restarts, job_id=rec.id, out=run.out, gate=gate)
+            outcome = Outcome(code, watcher)
+        except LaunchError as exc:
+            outcome = Outcome(SESSION_LOST, watcher, launch_error=exc)
+        last_copy = background(keeper.stop)
+        if outcome.code == 0:  # every node ended well: its connection is fine
+            jobs.refresh(run.inv, [rec], group, store=run.records)  # exit codes, logs
+        return outcome
     finally:
-        keeper.stop()
+        if last_copy is None:
+            keeper.stop()
+        else:
+            last_copy.result()
 
 
 def _begin(run: JobRun, group: NodeGroup, parent: JobRecord | None = None) -> JobRecord:
