@@ -55,6 +55,12 @@ FORCE_SEPARATE = ("import provision.job.gate_injob as g; "
 PLACE = ("import sys; from provision.model.inventory import InventoryStore; "
          "from provision.nodes.bootstrap import bootstrap_cluster; s = InventoryStore(); "
          "bootstrap_cluster(s.load(sys.argv[1]), s, log=lambda m: None)")
+def script_file(label: str) -> str:
+    """The script's file name: never `torch.py`, which the script's own `import torch` would
+    import (its folder is first on sys.path) instead of torch."""
+    return f"one_line_{label}.py"
+
+
 MODES = {"off": ("off", False), "in-job": ("on", False), "separate": ("on", True)}
 
 
@@ -122,7 +128,7 @@ def measure(args: argparse.Namespace, found: list[Tree], name: str, home: Path,
                 for mode in args.modes:
                     check, separate = MODES[mode]
                     took = cli("launch", name, "--nproc-per-node", "1", "--fabric-check",
-                               check, "--allow-slow-network", "--", f"{label}.py",
+                               check, "--allow-slow-network", "--", script_file(label),
                                env=tree_env, cwd=work, separate=separate,
                                tails=tails.setdefault((tree.label, label, mode), []))
                     times.setdefault((tree.label, label, mode), []).append(took)
@@ -169,7 +175,7 @@ def main() -> None:
         home, work = Path(tmp) / "home", Path(tmp) / "work"
         work.mkdir()
         for label, text in SCRIPTS.items():
-            (work / f"{label}.py").write_text(text)
+            (work / script_file(label)).write_text(text)
         env = {**os.environ, "MGPU_CLOUD_HOME": str(home),
                "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")}
         cli("up", "--nodes", str(args.nodes), "--name", name, env=env, cwd=work)

@@ -10,8 +10,9 @@ where the rest goes, in one run.
 The phase table stamps each line the CLI prints on stderr with the seconds since the command
 started (median over the repeats): the gap before a line is the step that line ends. With
 --torchx, TorchX's `dist.ddp -j 2x2` on its local_docker scheduler runs the same script in
-the same image (goal: run <= 0.9 x torchx); without torchx installed it says so.
-Usage: python benchmarks/run_overhead.py [--repeat 5] [--torchx]
+the same image (goal: run <= 0.9 x torchx); without torchx installed it says so. With
+`--against REV` (benchmarks/revisions.py), REV's CLI runs the same job too, interleaved.
+Usage: python benchmarks/run_overhead.py [--repeat 5] [--torchx] [--against REV]
 """
 
 from __future__ import annotations
@@ -28,6 +29,9 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from revisions import trees  # noqa: E402
+
 SCRIPT = 'import os; print(f"rank {os.environ[\'RANK\']} ran", flush=True)\n'
 # The lines that end a step (first match per run), in the order `run` prints them.
 MARKS = [
@@ -78,29 +82,38 @@ def torchx_run(work: Path, image: str) -> float | None:
     done = subprocess.run(["torchx", "run", "-s", "local_docker", "dist.ddp", "-j", "2x2",
                            "--image", image, "--script", "job.py"], cwd=work,
                           capture_output=True, text=True, timeout=600)
+    took = time.perf_counter() - t0
+    # local_docker leaves its exited containers behind (labelled with the app id)
+    left = subprocess.run(["docker", "ps", "-aq", "--filter", "label=torchx.pytorch.org/app-id"],
+                          capture_output=True, text=True).stdout.split()
+    if left:
+        subprocess.run(["docker", "rm", "-f", *left], capture_output=True)
     if done.returncode != 0:
         raise SystemExit(f"torchx failed:\n{done.stderr[-3000:]}")
-    return time.perf_counter() - t0
+    return took
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeat", type=int, default=5)
     parser.add_argument("--torchx", action="store_true", help="also time TorchX local_docker")
+    parser.add_argument("--against", metavar="REV", help="also time `run` of git revision REV")
     args = parser.parse_args()
-    totals, jobs, tx = [], [], []
-    marks: dict[str, list[float]] = {}
-    with tempfile.TemporaryDirectory() as tmp:
+    tx: list[float] = []
+    # tree label -> (totals, jobs, mark -> seconds)
+    seen: dict[str, tuple[list[float], list[float], dict[str, list[float]]]] = {}
+    with tempfile.TemporaryDirectory() as tmp, trees(args.against) as found:
         work = Path(tmp)
         (work / "job.py").write_text(SCRIPT)
-        env = {**os.environ, "MGPU_CLOUD_HOME": str(work / "home"),
-               "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")}
         for i in range(args.repeat):
-            total, job, seen = one_run(work, env, f"bench-run-{i}")
-            totals.append(total)
-            jobs.append(job)
-            for k, v in seen.items():
-                marks.setdefault(k, []).append(v)
+            for n, tree in enumerate(found):  # interleaved: the machine's load hits both alike
+                env = tree.env(MGPU_CLOUD_HOME=str(work / f"home-{n}"))
+                total, job, marks = one_run(work, env, f"bench-run-{i}")
+                totals, jobs, at = seen.setdefault(tree.label, ([], [], {}))
+                totals.append(total)
+                jobs.append(job)
+                for k, v in marks.items():
+                    at.setdefault(k, []).append(v)
             if args.torchx:
                 sys.path.insert(0, str(ROOT))
                 from provision.cluster.providers.docker.images import ensure_node_image
@@ -111,24 +124,26 @@ def main() -> None:
                     tx.append(took)
     med = statistics.median
     print(f"run 2x2 on docker, medians of {args.repeat}, load average "
-          f"{os.getloadavg()[0]:.1f} on {os.cpu_count()} cores")
-    print(f"  job (baseline) {med(jobs):6.2f} s   run {med(totals):6.2f} s   "
-          f"overhead {med(totals) - med(jobs):5.2f} s (target <= 1.5)")
-    print("  step ending with              at s    step s")
-    last = 0.0
-    for label, _ in MARKS:
-        if label in marks:
-            at = med(marks[label])
-            print(f"  {label:<28} {at:6.2f}  {at - last:6.2f}")
-            last = at
-    print(f"  {'(exit)':<28} {med(totals):6.2f}  {med(totals) - last:6.2f}")
-    if args.torchx:
-        if tx:
+          f"{os.getloadavg()[0]:.1f} on {os.cpu_count()} cores"
+          + (f"; trees interleaved: {', '.join(seen)}" if len(seen) > 1 else ""))
+    for label, (totals, jobs, marks) in seen.items():
+        print(f"  [{label}] job (baseline) {med(jobs):6.2f} s   run {med(totals):6.2f} s   "
+              f"overhead {med(totals) - med(jobs):5.2f} s (target <= 1.5)")
+        print("  step ending with              at s    step s")
+        last = 0.0
+        for mark, _ in MARKS:
+            if mark in marks:
+                at = med(marks[mark])
+                print(f"  {mark:<28} {at:6.2f}  {at - last:6.2f}")
+                last = at
+        print(f"  {'(exit)':<28} {med(totals):6.2f}  {med(totals) - last:6.2f}")
+        if args.torchx and tx:
             print(f"  torchx local_docker dist.ddp -j 2x2: {med(tx):.2f} s; run / torchx "
                   f"{med(totals) / med(tx):.2f} (goal <= 0.9)")
-        else:
-            print("  torchx: NOT ON PATH (python3 -m venv /tmp/txv && /tmp/txv/bin/pip install torchx docker, then PATH=/tmp/txv/bin:$PATH; its own venv: torchx pins urllib3<2): no comparison made")
-
+    if args.torchx and not tx:
+        print("  torchx: NOT ON PATH (python3 -m venv /tmp/txv && /tmp/txv/bin/pip install "
+              "torchx docker, then PATH=/tmp/txv/bin:$PATH; its own venv: torchx pins "
+              "urllib3<2): no comparison made")
 
 if __name__ == "__main__":
     main()
