@@ -1,6 +1,6 @@
 """Time from a node's death to training again, on 2 and 4 docker nodes, split into parts.
 
-    python benchmarks/recovery_time.py [--nodes 2 4] [--repeat 1]
+    python benchmarks/recovery_time.py [--nodes 2 4] [--repeat 1] [--against REV]
 
 For each N: `mgpu-cloud run --nodes N --max-restarts 1` of examples/train_ddp.py (saving a
 checkpoint every 5 steps); once a checkpoint is kept, node-1's container is killed. From the
@@ -13,6 +13,8 @@ run's own output (timestamped here as it arrives):
 
 Baseline beside it, same run: `mgpu-cloud up` of N fresh nodes (what replacing the whole
 cluster would cost before the job could even start again; the relaunch comes on top).
+With `--against REV` (benchmarks/revisions.py), REV's CLI recovers the same way too, its runs
+interleaved with this tree's (the same example script for both).
 """
 
 from __future__ import annotations
@@ -28,14 +30,16 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from revisions import Tree, current, trees  # noqa: E402
+
 EXAMPLE = str(ROOT / "examples" / "train_ddp.py")
-CLI = [sys.executable, "-m", "provision.cli"]
 
 
-def one(n: int, home: str, cwd: str) -> dict[str, float]:
+def one(n: int, home: str, cwd: str, tree: Tree) -> dict[str, float]:
     name = f"bench-rc-{n}"
-    env = {**os.environ, "MGPU_CLOUD_HOME": home, "PYTHONUNBUFFERED": "1"}
-    proc = subprocess.Popen([*CLI, "run", "--nodes", str(n), "--name", name, "--max-restarts",
+    env = tree.env(MGPU_CLOUD_HOME=home, PYTHONUNBUFFERED="1")
+    proc = subprocess.Popen([*tree.cli(), "run", "--nodes", str(n), "--name", name, "--max-restarts",
                              "1", EXAMPLE, "--steps", "100000", "--save-every", "5", "--sleep",
                              "0.1", "--log-every", "1000"], cwd=cwd, env=env, text=True,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
@@ -70,12 +74,13 @@ def one(n: int, home: str, cwd: str) -> dict[str, float]:
 
 
 def baseline_up(n: int, home: str) -> float:
-    env = {**os.environ, "MGPU_CLOUD_HOME": home}
+    tree = current()
+    env = tree.env(MGPU_CLOUD_HOME=home)
     t0 = time.monotonic()
-    subprocess.run([*CLI, "up", "--nodes", str(n), "--name", f"bench-up-{n}"], env=env,
+    subprocess.run([*tree.cli(), "up", "--nodes", str(n), "--name", f"bench-up-{n}"], env=env,
                    check=True, capture_output=True)
     elapsed = time.monotonic() - t0
-    subprocess.run([*CLI, "down", f"bench-up-{n}"], env=env, check=True, capture_output=True)
+    subprocess.run([*tree.cli(), "down", f"bench-up-{n}"], env=env, check=True, capture_output=True)
     return elapsed
 
 
@@ -83,17 +88,23 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--nodes", type=int, nargs="+", default=[2, 4])
     ap.add_argument("--repeat", type=int, default=1)
+    ap.add_argument("--against", metavar="REV", help="also time the recovery of git revision REV")
     args = ap.parse_args()
     cols = ["detection", "replacement", "bootstrap", "restore", "relaunch", "total"]
     print(f"medians of {args.repeat} run(s); {os.cpu_count()} CPUs; seconds")
-    print(f"{'N':>3} " + " ".join(f"{c:>11}" for c in cols) + f" {'baseline up(N)':>15}")
-    with tempfile.TemporaryDirectory() as tmp:
+    print(f"{'N':>3} {'tree':>10} " + " ".join(f"{c:>11}" for c in cols)
+          + f" {'baseline up(N)':>15}")
+    with tempfile.TemporaryDirectory() as tmp, trees(args.against) as found:
         for n in args.nodes:
-            runs = [one(n, f"{tmp}/home", tmp) for _ in range(args.repeat)]
+            runs: dict[str, list[dict[str, float]]] = {t.label: [] for t in found}
+            for _ in range(args.repeat):
+                for i, tree in enumerate(found):
+                    runs[tree.label].append(one(n, f"{tmp}/home-{i}", tmp, tree))
             base = statistics.median(baseline_up(n, f"{tmp}/home") for _ in range(args.repeat))
-            med = {c: statistics.median(r[c] for r in runs) for c in cols}
-            print(f"{n:>3} " + " ".join(f"{med[c]:>11.2f}" for c in cols) + f" {base:>15.2f}")
-
+            for label, mine in runs.items():
+                med = {c: statistics.median(r[c] for r in mine) for c in cols}
+                print(f"{n:>3} {label:>10} " + " ".join(f"{med[c]:>11.2f}" for c in cols)
+                      + f" {base:>15.2f}")
 
 if __name__ == "__main__":
     main()

@@ -6,6 +6,8 @@ where the rest goes, in one run.
     run      the whole `python -m provision.cli run --nodes 2 --nproc-per-node 2 SCRIPT`
              (CLI start, plan, create, bootstrap, launch, fetch, keep logs, destroy, cost)
     overhead run - job (target: <= 1.5 s)
+    engine   the Docker engine's own part of it, measured alone in the same run (the cluster
+             network and two containers made and removed through the SDK, nothing else)
 
 The phase table stamps each line the CLI prints on stderr with the seconds since the command
 started (median over the repeats): the gap before a line is the step that line ends. With
@@ -26,6 +28,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -75,6 +78,37 @@ def one_run(work: Path, env: dict[str, str], name: str) -> tuple[float, float, d
     return total, job, marks
 
 
+def engine_floor(image: str) -> float:
+    """What the engine alone spends on a 2-node cluster's life, no job, no sshd wait: the
+    network, two containers of the node image made and started on it in parallel (SSH port
+    published, 1 GB /dev/shm, as the provider makes them), both removed, the network removed.
+    The part of the overhead that no change of this tool's own can cut."""
+    import docker
+
+    api = docker.from_env().api
+    start = time.perf_counter()
+    net = api.create_network("bench-floor-net", driver="bridge")["Id"]
+
+    def one(i: int) -> str:
+        cid = api.create_container(
+            image, command="sleep 600", name=f"bench-floor-{i}", ports=[22], detach=True,
+            host_config=api.create_host_config(port_bindings={22: ("127.0.0.1", None)},
+                                               network_mode="bench-floor-net", shm_size="1g"))
+        api.start(cid["Id"])
+        return str(cid["Id"])
+
+    try:
+        with ThreadPoolExecutor(max_workers=2) as pool:
+            ids = list(pool.map(one, range(2)))
+            list(pool.map(lambda cid: api.remove_container(cid, force=True), ids))
+        api.remove_network(net)
+        return time.perf_counter() - start
+    finally:  # after a failure: nothing left on the engine
+        subprocess.run(["docker", "rm", "-f", "bench-floor-0", "bench-floor-1"],
+                       capture_output=True)
+        subprocess.run(["docker", "network", "rm", "bench-floor-net"], capture_output=True)
+
+
 def torchx_run(work: Path, image: str) -> float | None:
     if shutil.which("torchx") is None:
         return None
@@ -100,6 +134,7 @@ def main() -> None:
     parser.add_argument("--against", metavar="REV", help="also time `run` of git revision REV")
     args = parser.parse_args()
     tx: list[float] = []
+    floors: list[float] = []
     # tree label -> (totals, jobs, mark -> seconds)
     seen: dict[str, tuple[list[float], list[float], dict[str, list[float]]]] = {}
     with tempfile.TemporaryDirectory() as tmp, trees(args.against) as found:
@@ -114,18 +149,22 @@ def main() -> None:
                 jobs.append(job)
                 for k, v in marks.items():
                     at.setdefault(k, []).append(v)
-            if args.torchx:
-                sys.path.insert(0, str(ROOT))
-                from provision.cluster.providers.docker.images import ensure_node_image
-                from provision.cluster.providers.docker.options import DockerOptions
+            sys.path.insert(0, str(ROOT))
+            from provision.cluster.providers.docker.images import ensure_node_image
+            from provision.cluster.providers.docker.options import DockerOptions
 
-                took = torchx_run(work, ensure_node_image(DockerOptions(), log=lambda m: None))
+            image = ensure_node_image(DockerOptions(), log=lambda m: None)
+            floors.append(engine_floor(image))
+            if args.torchx:
+                took = torchx_run(work, image)
                 if took is not None:
                     tx.append(took)
     med = statistics.median
     print(f"run 2x2 on docker, medians of {args.repeat}, load average "
           f"{os.getloadavg()[0]:.1f} on {os.cpu_count()} cores"
           + (f"; trees interleaved: {', '.join(seen)}" if len(seen) > 1 else ""))
+    print(f"  engine floor {med(floors):5.2f} s (network + 2 containers made and removed, "
+          "no sshd, no job: no change of the tool's own can cut it)")
     for label, (totals, jobs, marks) in seen.items():
         print(f"  [{label}] job (baseline) {med(jobs):6.2f} s   run {med(totals):6.2f} s   "
               f"overhead {med(totals) - med(jobs):5.2f} s (target <= 1.5)")
