@@ -5,6 +5,7 @@
 `python -m provision.cli` with that tree first on PYTHONPATH (it wins over the venv's editable
 install; `Tree.check` proves it by importing `provision` there). Timings of the trees are
 interleaved (one run of each in turn), so a change in the machine's load hits both alike.
+Every tree measured gets its bytecode first (`Tree.compile`), as an installed tool has it.
 """
 
 from __future__ import annotations
@@ -35,6 +36,15 @@ class Tree:
 
     def cli(self) -> list[str]:
         return [sys.executable, "-m", "provision.cli"]
+
+    def compile(self) -> None:
+        """Bytecode for the tree's own modules, as an installed tool has it (pip compiles at
+        install; an editable install writes __pycache__ on first use). These machines set
+        PYTHONDONTWRITEBYTECODE=1, so without it every CLI start here compiles the project's
+        modules from source: `run`'s imports before its first engine call took 0.29-0.39 s
+        that way and 0.22-0.31 s with bytecode (4 runs each)."""
+        subprocess.run([sys.executable, "-m", "compileall", "-q", "provision", "remote"],
+                       cwd=self.path, check=True, capture_output=True)
 
     def check(self) -> None:
         """Exit unless this tree's `provision` is the one its commands import."""
@@ -75,6 +85,7 @@ def trees(against: str | None) -> Iterator[list[Tree]]:
         found = [current()] + ([stack.enter_context(checkout(against))] if against else [])
         for tree in found:
             tree.check()
+            tree.compile()
         yield found
 
 
