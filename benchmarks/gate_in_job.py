@@ -55,6 +55,8 @@ FORCE_SEPARATE = ("import provision.job.gate_injob as g; "
 PLACE = ("import sys; from provision.model.inventory import InventoryStore; "
          "from provision.nodes.bootstrap import bootstrap_cluster; s = InventoryStore(); "
          "bootstrap_cluster(s.load(sys.argv[1]), s, log=lambda m: None)")
+
+
 def script_file(label: str) -> str:
     """The script's file name: never `torch.py`, which the script's own `import torch` would
     import (its folder is first on sys.path) instead of torch."""

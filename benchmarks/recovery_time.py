@@ -106,5 +106,6 @@ def main() -> None:
                 print(f"{n:>3} {label:>10} " + " ".join(f"{med[c]:>11.2f}" for c in cols)
                       + f" {base:>15.2f}")
 
+
 if __name__ == "__main__":
     main()

@@ -32,8 +32,10 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from revisions import trees  # noqa: E402
+from up_time import node_image  # noqa: E402
 
 SCRIPT = 'import os; print(f"rank {os.environ[\'RANK\']} ran", flush=True)\n'
 # The lines that end a step (first match per run), in the order `run` prints them.
@@ -103,10 +105,11 @@ def engine_floor(image: str) -> float:
             list(pool.map(lambda cid: api.remove_container(cid, force=True), ids))
         api.remove_network(net)
         return time.perf_counter() - start
-    finally:  # after a failure: nothing left on the engine
+    except BaseException:  # after a failure: nothing left on the engine
         subprocess.run(["docker", "rm", "-f", "bench-floor-0", "bench-floor-1"],
                        capture_output=True)
         subprocess.run(["docker", "network", "rm", "bench-floor-net"], capture_output=True)
+        raise
 
 
 def torchx_run(work: Path, image: str) -> float | None:
@@ -137,23 +140,19 @@ def main() -> None:
     floors: list[float] = []
     # tree label -> (totals, jobs, mark -> seconds)
     seen: dict[str, tuple[list[float], list[float], dict[str, list[float]]]] = {}
+    image = node_image()  # the one every run, the floor and TorchX use
     with tempfile.TemporaryDirectory() as tmp, trees(args.against) as found:
         work = Path(tmp)
         (work / "job.py").write_text(SCRIPT)
         for i in range(args.repeat):
             for n, tree in enumerate(found):  # interleaved: the machine's load hits both alike
                 env = tree.env(MGPU_CLOUD_HOME=str(work / f"home-{n}"))
-                total, job, marks = one_run(work, env, f"bench-run-{i}")
-                totals, jobs, at = seen.setdefault(tree.label, ([], [], {}))
+                total, job, stamps = one_run(work, env, f"bench-run-{i}")
+                totals, jobs, steps = seen.setdefault(tree.label, ([], [], {}))
                 totals.append(total)
                 jobs.append(job)
-                for k, v in marks.items():
-                    at.setdefault(k, []).append(v)
-            sys.path.insert(0, str(ROOT))
-            from provision.cluster.providers.docker.images import ensure_node_image
-            from provision.cluster.providers.docker.options import DockerOptions
-
-            image = ensure_node_image(DockerOptions(), log=lambda m: None)
+                for k, v in stamps.items():
+                    steps.setdefault(k, []).append(v)
             floors.append(engine_floor(image))
             if args.torchx:
                 took = torchx_run(work, image)
@@ -165,14 +164,14 @@ def main() -> None:
           + (f"; trees interleaved: {', '.join(seen)}" if len(seen) > 1 else ""))
     print(f"  engine floor {med(floors):5.2f} s (network + 2 containers made and removed, "
           "no sshd, no job: no change of the tool's own can cut it)")
-    for label, (totals, jobs, marks) in seen.items():
+    for label, (totals, jobs, steps) in seen.items():
         print(f"  [{label}] job (baseline) {med(jobs):6.2f} s   run {med(totals):6.2f} s   "
               f"overhead {med(totals) - med(jobs):5.2f} s (target <= 1.5)")
         print("  step ending with              at s    step s")
         last = 0.0
         for mark, _ in MARKS:
-            if mark in marks:
-                at = med(marks[mark])
+            if mark in steps:
+                at = med(steps[mark])
                 print(f"  {mark:<28} {at:6.2f}  {at - last:6.2f}")
                 last = at
         print(f"  {'(exit)':<28} {med(totals):6.2f}  {med(totals) - last:6.2f}")
@@ -183,6 +182,7 @@ def main() -> None:
         print("  torchx: NOT ON PATH (python3 -m venv /tmp/txv && /tmp/txv/bin/pip install "
               "torchx docker, then PATH=/tmp/txv/bin:$PATH; its own venv: torchx pins "
               "urllib3<2): no comparison made")
+
 
 if __name__ == "__main__":
     main()
