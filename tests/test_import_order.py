@@ -1,4 +1,5 @@
-"""What `up` and `run` import before their first provider call.
+"""What `up` and `run` import before their first provider call, and what the CLI's models
+cost to build (pydantic's plugin scan, turned off in provision/cli/__init__.py).
 
 Fabric and paramiko (~0.1 s) are imported on a thread while the provider waits on its API
 (provision/cluster/pipeline.py `_import_ssh_stack`); a module-level import anywhere on the way
@@ -9,6 +10,7 @@ to the first call puts them back in front of it (as provision/nodes/bootstrap.py
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 
@@ -38,3 +40,35 @@ def test_the_ssh_stack_is_not_imported_before_the_first_provider_call(
 
 def test_the_check_can_fail() -> None:
     assert "paramiko" in loaded_after("provision.nodes.sshconn")
+
+
+def pydantic_plugin_scans(env_value: str | None) -> list[str]:
+    """The entry-point groups scanned while a CLI command builds its models (`up --nodes 0`
+    is refused by the spec's validation: the models are built, nothing is asked of Docker)."""
+    code = (
+        "import json, sys\n"
+        "import pydantic.plugin._loader as loader\n"
+        "seen = []\n"
+        "real = loader.entry_points\n"
+        "loader.entry_points = lambda **kw: seen.append(kw.get('group')) or real(**kw)\n"
+        "sys.argv = ['mgpu-cloud', 'up', '--provider', 'docker', '--nodes', '0']\n"
+        "from provision.cli import main\n"
+        "try:\n    main()\nexcept SystemExit:\n    pass\n"
+        "assert 'provision.model.spec' in sys.modules, 'no model was built'\n"
+        "print(json.dumps(seen))\n")
+    env = {k: v for k, v in os.environ.items() if k != "PYDANTIC_DISABLE_PLUGINS"}
+    if env_value is not None:
+        env["PYDANTIC_DISABLE_PLUGINS"] = env_value
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          env=env, timeout=120)
+    assert done.returncode == 0, done.stderr
+    return list(json.loads(done.stdout.strip().splitlines()[-1]))
+
+
+def test_the_cli_does_not_scan_for_pydantic_plugins() -> None:
+    assert pydantic_plugin_scans(None) == []
+
+
+def test_the_plugin_check_can_fail() -> None:
+    # a value the caller set is kept: "" (not a "disable" word) lets pydantic scan
+    assert pydantic_plugin_scans("") == ["pydantic"]
