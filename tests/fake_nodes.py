@@ -8,13 +8,15 @@
     fake.assert_ran("node-0", r"tar -xzf -")
     fake.commands("node-0"), fake.stdin("node-0"), fake.connected
 
-Unscripted commands succeed with empty output. Files for `get` come from `fake.files[(node,
+Unscripted commands succeed with empty output. What `run_to_file` writes comes from
+`fake.files[(node, command)]`, and a file copied with transport.get_file from `fake.files[(node,
 remote path)]`. Everything a node was asked is recorded, in order, per node.
 """
 
 from __future__ import annotations
 
 import re
+import shlex
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -107,11 +109,24 @@ class FakeConnection:
         assert rule.result is not None
         return rule.result
 
-    def get(self, remote: str, local: Path) -> None:
+    def run_to_file(self, command: str, local: Path) -> CommandResult:
+        """The command's "stdout" is `fake.files[(node, command)]` (b"" when not there); for
+        `exec cat -- PATH` (transport.get_file) `fake.files[(node, PATH)]`, and a missing one
+        fails as cat would."""
         self._check()
         with self.fake.lock:
-            self.fake.log.append((self.node, f"get {remote}", None))
-        local.write_bytes(self.fake.files[(self.node, remote)])
+            self.fake.log.append((self.node, command, None))
+        rule = self.fake.answer(self.node, command)
+        if rule is not None and rule.raises is not None:
+            raise rule.raises
+        if command.startswith("exec cat -- "):
+            path = shlex.split(command)[-1]
+            if (self.node, path) not in self.fake.files:
+                return CommandResult(1, "", f"cat: {path}: No such file or directory")
+            local.write_bytes(self.fake.files[(self.node, path)])
+            return CommandResult(0)
+        local.write_bytes(self.fake.files.get((self.node, command), b""))
+        return rule.result if rule is not None and rule.result is not None else CommandResult(0)
 
     def close(self) -> None:
         with self.fake.lock:

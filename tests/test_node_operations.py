@@ -214,11 +214,12 @@ def test_fetch_copies_rank_0_outputs(cluster, tmp_path: Path) -> None:  # type: 
         info = tarfile.TarInfo("./checkpoint.pt")
         info.size = len(data)
         tar.addfile(info, io.BytesIO(data))
-    fake = FakeConnector(files={("node-0", ".mgpu-cloud/outputs.tgz"): buf.getvalue()})
+    pack = "mkdir -p .mgpu-cloud/outputs && tar -czf - -C .mgpu-cloud/outputs ."
+    fake = FakeConnector(files={("node-0", pack): buf.getvalue()})
     fetch_outputs(inv, tmp_path / "out", log=lambda m: None,
                   group=NodeGroup(inv, connector=fake))
     assert (tmp_path / "out" / "checkpoint.pt").read_bytes() == b"weights"
-    fake.assert_ran("node-0", r"tar -czf \.mgpu-cloud/outputs\.tgz -C \.mgpu-cloud/outputs \.")
+    assert fake.commands("node-0") == [pack]  # one command: nothing packed to, or left on, disk
     assert fake.commands("node-1") == []
 
 

@@ -118,8 +118,8 @@ class _ReportingConnection:
                                  else f"unpacking failed (exit {res.exit_code})")
         return res
 
-    def get(self, remote: str, local: Path) -> None:
-        self.inner.get(remote, local)
+    def run_to_file(self, command: str, local: Path) -> CommandResult:
+        return self.inner.run_to_file(command, local)
 
     def close(self) -> None:
         self.inner.close()

@@ -30,7 +30,7 @@ from provision.model.jobstore import (
     is_current,
     now_iso,
 )
-from provision.nodes import GroupResult, NodeConnection, NodeGroup
+from provision.nodes import GroupResult, NodeConnection, NodeGroup, get_file
 
 if TYPE_CHECKING:
     from provision.model.spec import JobSpec
@@ -173,7 +173,7 @@ def save_logs(rec: JobRecord, group: NodeGroup, *,
     def get(conn: NodeConnection, node: NodeRecord) -> None:
         target = store.log_path(rec, node.name)
         part = target.with_suffix(".part")
-        conn.get(layout.job_log(rec.id), part)
+        get_file(conn, layout.job_log(rec.id), part)
         os.replace(part, target)
 
     results = group.each(get, nodes)

@@ -66,8 +66,10 @@ class NodeConnection(Protocol):
         stdout+stderr there as they come (the result then holds no output)."""
         ...
 
-    def get(self, remote: str, local: Path) -> None:
-        """Copy the node's file `remote` (home-relative) to `local`."""
+    def run_to_file(self, command: str, local: Path) -> CommandResult:
+        """Run a shell line whose stdout, bytes as they come, goes into the file `local` (an
+        archive packed on the fly: no copy on the node's disk, no second step to fetch and
+        remove it). The result holds the exit code and stderr."""
         ...
 
     def close(self) -> None:
@@ -122,8 +124,27 @@ class SshConnection:
             chan.close()
         return CommandResult(int(code), output, "")
 
-    def get(self, remote: str, local: Path) -> None:
-        self._conn.get(remote, str(local))
+    def run_to_file(self, command: str, local: Path) -> CommandResult:
+        """ONE channel; stderr is read on a thread alongside stdout, so that neither can fill
+        the channel's window while the other is being read."""
+        import shutil
+        import threading
+
+        self._conn.open()
+        chan = self._conn.client.get_transport().open_session()
+        err = bytearray()
+        try:
+            chan.exec_command(command)
+            drain = threading.Thread(target=lambda: err.extend(chan.makefile_stderr("rb").read()),
+                                     daemon=True)
+            drain.start()
+            with open(local, "wb") as fh:
+                shutil.copyfileobj(chan.makefile("rb"), fh, 1 << 16)
+            drain.join()
+            code = chan.recv_exit_status()
+        finally:
+            chan.close()
+        return CommandResult(int(code), "", err.decode(errors="replace"))
 
     def close(self) -> None:
         self._conn.close()
@@ -238,26 +259,34 @@ def retry_open(conn: NodeConnection, deadline_s: float, *,
         raise
 
 
-def fetch_tree(conn: NodeConnection, remote_dir: str, archive: str, dest: Path,
+def get_file(conn: NodeConnection, remote: str, local: Path) -> None:
+    """Copy the node's file `remote` (home-relative) to `local`: one command (`cat`), not an
+    SFTP session, whose opening alone is several exchanges with the node. NodeStepError when
+    the node cannot read it."""
+    res = conn.run_to_file(f"exec cat -- {shlex.quote(remote)}", local)
+    if not res.ok:
+        raise NodeStepError(f"copying {remote} failed (exit {res.exit_code}): {res.tail()}")
+
+
+def fetch_tree(conn: NodeConnection, remote_dir: str, dest: Path,
                files: list[str] | None = None) -> int:
     """Copy `remote_dir` (or only `files` in it) from a node into `dest`, merged over what is
-    there: one tar on the node (at `archive`, removed after), one transfer. Returns the number
-    of files. NodeStepError if the node cannot pack it."""
+    there: ONE command, a tar packed on the node straight into the transfer (nothing written
+    on the node's disk; the pack-to-a-file, copy, remove sequence took three exchanges and
+    an SFTP session). Returns the number of files. NodeStepError if the node cannot pack it."""
     import tarfile
     import tempfile
 
     q = shlex.quote
     what = "-- " + " ".join(q(f) for f in files) if files is not None else "."
-    packed = conn.run(f"mkdir -p {q(remote_dir)} && tar -czf {q(archive)} -C {q(remote_dir)} "
-                      f"{what}")
-    if not packed.ok:
-        raise NodeStepError(f"packing {remote_dir} failed: {packed.tail()}")
     dest.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory() as tmp:
         local = Path(tmp) / "tree.tgz"
-        conn.get(archive, local)
+        packed = conn.run_to_file(f"mkdir -p {q(remote_dir)} && tar -czf - -C {q(remote_dir)} "
+                                  f"{what}", local)
+        if not packed.ok:
+            raise NodeStepError(f"packing {remote_dir} failed: {packed.tail()}")
         with tarfile.open(local) as tar:
             tar.extractall(dest, filter="data")  # "data": no absolute paths, no escapes
             count = sum(1 for m in tar.getmembers() if m.isfile())
-    conn.run(f"rm -f {q(archive)}")
     return count

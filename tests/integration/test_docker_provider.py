@@ -173,10 +173,43 @@ def test_up_exec_status_ssh_trust_down_twice(tmp_path: Path, cleanup) -> None:  
     assert "MGPU_AUTHORIZED_KEY" not in res.stdout
     assert res.stdout.count("\n600\n") == 2, res.stdout
 
+    _run_to_file_over_real_ssh("it-up", tmp_path)
+
     assert cli("down", "it-up").returncode == 0
     assert leftovers("it-up") == []
     again = cli("down", "it-up")
     assert again.returncode == 0 and "nothing to remove" in again.stderr
+
+
+def _run_to_file_over_real_ssh(name: str, tmp_path: Path) -> None:
+    """NodeConnection.run_to_file over the real SSH transport: stdout arrives byte for byte
+    while stderr, more than a channel window (2 MiB) of each, is read alongside (a reader
+    that took one after the other would wait forever); fetch_tree packs straight into the
+    transfer and says why when tar cannot."""
+    import hashlib
+
+    from provision.model.inventory import InventoryStore
+    from provision.nodes import NodeGroup, NodeStepError, fetch_tree
+
+    inv = InventoryStore().load(name)
+    with NodeGroup(inv) as group:
+        conn = group.connection(inv.nodes[1])
+        both = ("head -c 3000000 /dev/zero | tr '\\0' e >&2 & "
+                "head -c 3000000 /dev/urandom | tee /tmp/sent; wait; sha256sum /tmp/sent >&2")
+        res = conn.run_to_file(both, tmp_path / "got")
+        assert res.ok
+        got = (tmp_path / "got").read_bytes()
+        assert len(got) == 3000000
+        assert res.stderr.startswith("e" * 3000000)
+        assert res.stderr.endswith(f"{hashlib.sha256(got).hexdigest()}  /tmp/sent\n")
+
+        conn.run("mkdir -p d/sub && echo hi > d/sub/a.txt && echo there > d/b.txt")
+        assert fetch_tree(conn, "d", tmp_path / "tree") == 2
+        assert (tmp_path / "tree" / "sub" / "a.txt").read_text() == "hi\n"
+        with pytest.raises(NodeStepError, match=r"packing d failed: .*missing\.pt"):
+            fetch_tree(conn, "d", tmp_path / "tree", ["b.txt", "missing.pt"])
+        left = conn.run("ls -A . ~/.mgpu-cloud").stdout.split()
+        assert not [n for n in left if n.endswith(".tgz")], left  # nothing packed to disk
 
 
 def test_changed_host_key_is_refused(tmp_path: Path, cleanup, mgpu_home: Path) -> None:  # type: ignore[no-untyped-def]

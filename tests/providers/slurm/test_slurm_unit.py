@@ -435,3 +435,31 @@ def test_the_example_cluster_yaml_is_valid() -> None:
     assert spec.provider == "slurm" and spec.nodes == 4 and spec.max_hours == 6
     assert opts.login == "alice@login.hpc.example.org" and opts.partition == "gpu"
     assert opts.setup and opts.node_access == "srun"
+
+
+class _LocalShell:
+    """A NodeConnection whose commands run in a local shell (the node's login shell)."""
+
+    def run_to_file(self, command: str, local: Path) -> Any:
+        from provision.nodes import CommandResult
+
+        with open(local, "wb") as fh:
+            done = subprocess.run(["sh", "-c", command], stdout=fh, stderr=subprocess.PIPE)
+        return CommandResult(done.returncode, "", done.stderr.decode())
+
+
+def test_a_file_copied_through_ssh_mode_holds_only_the_commands_output(tmp_path: Path) -> None:
+    """node_access=ssh: the site's setup line runs first; what it prints must not end up in
+    a file copied off the node (a checkpoint archive would not unpack)."""
+    from provision.cluster.providers.slurm.transport import SetupSshConnection
+    from provision.nodes import get_file
+
+    (tmp_path / "remote.bin").write_bytes(b"\x1f\x8b payload")
+    conn = SetupSshConnection(_LocalShell(), "echo 'module loaded'")  # type: ignore[arg-type]
+    got = tmp_path / "got"
+    res = conn.run_to_file(f"cd {tmp_path} && printf data", got)
+    assert res.ok and got.read_bytes() == b"data" and "module loaded" in res.stderr
+    get_file(conn, str(tmp_path / "remote.bin"), got)
+    assert got.read_bytes() == b"\x1f\x8b payload"
+    failing = SetupSshConnection(_LocalShell(), "false")  # type: ignore[arg-type]
+    assert failing.run_to_file("printf data", got).exit_code == 97

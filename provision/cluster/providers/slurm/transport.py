@@ -3,8 +3,8 @@
     srun (default)  every node command is a job step: `srun --jobid J --overlap -N1 -n1
                     --nodelist NODE bash -c ...` on the login node, over shared SSH
                     connections to it (login.LoginSession). stdin (the bootstrap archive) is
-                    forwarded by srun to the task; output streams back; `get` is a `cat`
-                    through the same path. Processes live inside the allocation: Slurm
+                    forwarded by srun to the task; output streams back (a file copied
+                    off a node is a `cat` through the same path). Processes live inside the allocation: Slurm
                     accounts for them and kills them when it ends.
     ssh             plain SSH to each node through the login node as a jump host, node host
                     keys pinned from what a job step read on the node (only where the site
@@ -17,7 +17,6 @@ command's exit code.
 
 from __future__ import annotations
 
-import shlex
 import threading
 import time
 from pathlib import Path
@@ -102,14 +101,12 @@ class SrunConnection:
             self._alloc.check(self._session)
         return res
 
-    def get(self, remote: str, local: Path) -> None:
+    def run_to_file(self, command: str, local: Path) -> CommandResult:
         with open(local, "wb") as fh:
-            res = self._session.run(self._line(f"exec cat -- {shlex.quote(remote)}"),
-                                    binary_out=fh)
+            res = self._session.run(self._line(command), binary_out=fh)
         if res.exit_code != 0:
             self._alloc.check(self._session)
-            raise OSError(f"copying {remote} from {self._node.name} failed "
-                          f"(exit {res.exit_code}): {res.tail()}")
+        return res
 
     def close(self) -> None:
         if not self._closed:
@@ -133,8 +130,10 @@ class SetupSshConnection:
             command = f"{{ {self._setup}\n}} || exit 97\n{command}"
         return self._inner.run(command, stdin=stdin, out=out, timeout=timeout)
 
-    def get(self, remote: str, local: Path) -> None:
-        self._inner.get(remote, local)
+    def run_to_file(self, command: str, local: Path) -> CommandResult:
+        if self._setup:  # what the setup line prints goes to stderr, not into the file
+            command = f"{{ {self._setup}\n}} >&2 || exit 97\n{command}"
+        return self._inner.run_to_file(command, local)
 
     def close(self) -> None:
         self._inner.close()
