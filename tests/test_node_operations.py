@@ -6,6 +6,8 @@ from __future__ import annotations
 import io
 import json
 import tarfile
+import threading
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -232,3 +234,50 @@ def test_preflight_gather_keeps_a_report_or_the_reason_for_every_node(cluster) -
     assert reports["node-0"] == {"gpus": []}
     assert "ModuleNotFoundError" in reports["node-1"]["error"]
     assert "--master-addr node-0 --master-port 29500" in fake.assert_ran("node-1", "preflight")
+
+
+def _follow_two(inv: Inventory, node_1: Callable[[threading.Event], int],
+                settle: float) -> tuple[int, list[str], list[str]]:
+    """launch._follow with node-0 failing at once and node-1 as scripted (handed an event
+    that the stop sets); (code, what node-1 was sent, log lines)."""
+    import concurrent.futures
+
+    from provision.job import launch
+
+    fake = FakeConnector()
+    stopped = threading.Event()
+    logged: list[str] = []
+    with concurrent.futures.ThreadPoolExecutor(2) as pool, \
+            pytest.MonkeyPatch.context() as mp:
+        mp.setattr(launch, "PEERS_SETTLE_S", settle)
+        real_stop = launch.stop_job
+        mp.setattr(launch, "stop_job", lambda *a, **k: (real_stop(*a, **k), stopped.set()))
+        futures = {pool.submit(lambda: 1): inv.nodes[0],
+                   pool.submit(node_1, stopped): inv.nodes[1]}
+        code = launch._follow(futures, NodeGroup(inv, connector=fake), logged.append, None,
+                              None, threading.Event())
+    return code, fake.commands("node-1"), logged
+
+
+def test_after_a_node_fails_the_others_may_end_by_themselves_first(cluster) -> None:  # type: ignore[no-untyped-def]
+    """Their own launchers then report their ranks' own exit codes (a rank stopped while it
+    was exiting from its crash reported -15, not its exit 1)."""
+    inv, _ = cluster
+
+    def ends_soon(stopped: threading.Event) -> int:
+        return 0 if stopped.wait(0.3) else 1  # ends by itself, unless stopped first
+
+    code, sent, logged = _follow_two(inv, ends_soon, settle=30.0)
+    assert code == 1 and sent == [], sent
+    assert "node-0 exited with 1; stopping the other nodes" in logged
+
+
+def test_a_node_that_does_not_end_is_stopped_after_the_settle(cluster) -> None:  # type: ignore[no-untyped-def]
+    inv, _ = cluster
+
+    def hangs(stopped: threading.Event) -> int:
+        assert stopped.wait(60), "never stopped"
+        return -15
+
+    code, sent, _ = _follow_two(inv, hangs, settle=0.2)
+    assert code == 1 and len(sent) == 1 and " stop --pidfile" in sent[0], sent

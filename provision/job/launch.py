@@ -44,6 +44,12 @@ Log = Callable[[str], None]
 SESSION_LOST = -1  # a node's exit code when its session ended without one (node gone?)
 STOPPED = 143  # run_job's code when a monitor stopped the job
 POLL_S = 0.5  # how often run_job asks its monitor whether to stop the job
+# After one node's launcher failed, how long the others get to end by themselves before they
+# are stopped. A crashed rank takes its peers down within a second or two (their collectives
+# fail), and each node's launcher then reports its own ranks' exit codes. Stopped at once, a
+# node whose crashed rank was still exiting reported the SIGTERM it got from the stop (-15)
+# instead of the crash's exit 1. A node that does not end (a hang) is stopped after this.
+PEERS_SETTLE_S = 3.0
 
 
 @dataclass(frozen=True)
@@ -358,7 +364,11 @@ def _follow(futures: dict[Future[int], NodeRecord], stopper: NodeGroup, log: Log
                 why = (": its SSH session dropped (is the node gone?)"
                        if node_code == SESSION_LOST else f" exited with {node_code}")
                 log(f"{futures[fut].name}{why}; stopping the other nodes")
-                stop_job(stopper, [futures[f] for f in pending])
+                if node_code != SESSION_LOST:  # a lost node's peers do not end by themselves
+                    wait(pending, timeout=PEERS_SETTLE_S)  # (their results: the next rounds)
+                running = [futures[f] for f in pending if not f.done()]
+                if running:
+                    stop_job(stopper, running)
         reason = monitor.poll() if monitor is not None and pending and code == 0 else None
         if reason is not None:
             code = STOPPED

@@ -37,6 +37,6 @@ __all__ = [
     "GroupResult", "HomePath",
     "NodeConnection", "NodeGroup", "NodeResult", "NodeStepError", "RemoteLayout",
     "SshConnection", "Writer", "background", "borrowed", "default_connector",
-    "describe_exception", "fan_out", "fetch_tree", "get_file", "join", "layout_of", "poll", "retry_open",
-    "ssh_connector",
+    "describe_exception", "fan_out", "fetch_tree", "get_file", "join", "layout_of", "poll",
+    "retry_open", "ssh_connector",
 ]

@@ -142,6 +142,8 @@ class SshConnection:
                 shutil.copyfileobj(chan.makefile("rb"), fh, 1 << 16)
             drain.join()
             code = chan.recv_exit_status()
+            if code == -1 and not chan.get_transport().is_active():  # not the command's end
+                raise EOFError("the SSH connection to the node was lost during the copy")
         finally:
             chan.close()
         return CommandResult(int(code), "", err.decode(errors="replace"))

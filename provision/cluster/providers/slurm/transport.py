@@ -3,9 +3,9 @@
     srun (default)  every node command is a job step: `srun --jobid J --overlap -N1 -n1
                     --nodelist NODE bash -c ...` on the login node, over shared SSH
                     connections to it (login.LoginSession). stdin (the bootstrap archive) is
-                    forwarded by srun to the task; output streams back (a file copied
-                    off a node is a `cat` through the same path). Processes live inside the allocation: Slurm
-                    accounts for them and kills them when it ends.
+                    forwarded by srun to the task; output streams back (a file copied off
+                    a node is a `cat` through the same path). Processes live inside the
+                    allocation: Slurm accounts for them and kills them when it ends.
     ssh             plain SSH to each node through the login node as a jump host, node host
                     keys pinned from what a job step read on the node (only where the site
                     allows SSH to allocated nodes; create checks it).
