@@ -68,21 +68,11 @@ class CheckpointKeeper:
             self._group = None
 
     def _loop(self) -> None:
-        self._connect()
         while not self._stop.wait(self.interval_s):
             try:
                 self.sync()
             except Exception as exc:  # noqa: BLE001 - never let a copy failure kill the job
                 self.log(f"checkpoint copy failed ({exc}); trying again")
-
-    def _connect(self) -> None:
-        """Every node's connection made now, while the job starts, instead of at the first
-        copy: for a job shorter than the interval that is the last copy, after the job, where
-        the logins (about 0.04 s on 2 docker nodes) would add to the run. A node that does not
-        answer is tried again at the next copy."""
-        with self._lock:
-            if self._group is not None and not self._stop.is_set():
-                self._group.each(lambda conn, node: conn.open())
 
     # --- copying -------------------------------------------------------------------------------
     def _manifests(self, group: NodeGroup) -> dict[str, tuple[Manifest, float]]:
