@@ -149,8 +149,10 @@ def main() -> None:
         work = Path(tmp)
         (work / "job.py").write_text(SCRIPT)
         for i in range(args.repeat):
-            for n, tree in enumerate(found):  # interleaved: the machine's load hits both alike
-                env = tree.env(MGPU_CLOUD_HOME=str(work / f"home-{n}"))
+            # interleaved, the first of each pair alternating: the machine's load, and what
+            # the engine still does after the run before, hit both alike
+            for tree in found if i % 2 == 0 else found[::-1]:
+                env = tree.env(MGPU_CLOUD_HOME=str(work / f"home-{tree.label}"))
                 total, job, stamps = one_run(work, env, f"bench-run-{i}")
                 totals, jobs, steps = seen.setdefault(tree.label, ([], [], {}))
                 totals.append(total)
@@ -171,7 +173,8 @@ def main() -> None:
     for label, (totals, jobs, steps) in seen.items():
         overhead = med(t - j for t, j in zip(totals, jobs, strict=True))  # per run, then median
         print(f"  [{label}] job (baseline) {med(jobs):6.2f} s   run {med(totals):6.2f} s   "
-              f"overhead {overhead:5.2f} s (target <= 1.5)")
+              f"overhead {overhead:5.2f} s (target <= 1.5)   jobs {min(jobs):.2f}-"
+              f"{max(jobs):.2f} s (torchrun's start here has two modes, ~0.4 s apart)")
         print("  step ending with              at s    step s")
         last = 0.0
         for mark, _ in MARKS:
