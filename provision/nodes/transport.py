@@ -281,13 +281,13 @@ def fetch_tree(conn: NodeConnection, remote_dir: str, dest: Path,
 
     q = shlex.quote
     what = "-- " + " ".join(q(f) for f in files) if files is not None else "."
-    dest.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory() as tmp:
         local = Path(tmp) / "tree.tgz"
         packed = conn.run_to_file(f"mkdir -p {q(remote_dir)} && tar -czf - -C {q(remote_dir)} "
                                   f"{what}", local)
         if not packed.ok:
             raise NodeStepError(f"packing {remote_dir} failed: {packed.tail()}")
+        dest.mkdir(parents=True, exist_ok=True)  # only for a copy that came (as before)
         with tarfile.open(local) as tar:
             tar.extractall(dest, filter="data")  # "data": no absolute paths, no escapes
             count = sum(1 for m in tar.getmembers() if m.isfile())
