@@ -30,6 +30,7 @@ from provision.cluster.providers.slurm.slurmcmd import (
     format_time,
     gpu_count,
     minutes_for,
+    node_script,
     parse_time,
     sbatch_argv,
     sections,
@@ -107,8 +108,15 @@ def test_lines_survive_any_content_and_login_shell(tmp_path: Path) -> None:
     assert srun.startswith("srun --jobid=42 --overlap --nodes=1 --ntasks=1 --ntasks-per-node=1 "
                            "--nodelist=node7 --chdir=/ --mpi=none --quiet bash -c ")
     body = script_of(srun)
-    assert body.startswith('cd "$HOME" || exit 1\n{ module load cuda\n} || {')
+    assert body.startswith('cd "$HOME" || exit 1\n{ module load cuda\n} >&2 || {')
     assert body.endswith("\nhostname\n")
+    # what the setup line prints is not the command's output (a copied file, a status JSON)
+    ran = subprocess.run(["bash", "-c", node_script("printf data", "echo 'module loaded'")],
+                         capture_output=True, text=True)
+    assert (ran.returncode, ran.stdout, ran.stderr) == (0, "data", "module loaded\n")
+    failed = subprocess.run(["bash", "-c", node_script("printf data", "false")],
+                            capture_output=True, text=True)
+    assert failed.returncode == 97 and failed.stdout == ""
 
 
 def test_sections_of_a_probe() -> None:
@@ -440,6 +448,12 @@ def test_the_example_cluster_yaml_is_valid() -> None:
 class _LocalShell:
     """A NodeConnection whose commands run in a local shell (the node's login shell)."""
 
+    def run(self, command: str, **_: Any) -> Any:
+        from provision.nodes import CommandResult
+
+        done = subprocess.run(["sh", "-c", command], capture_output=True, text=True)
+        return CommandResult(done.returncode, done.stdout, done.stderr)
+
     def run_to_file(self, command: str, local: Path) -> Any:
         from provision.nodes import CommandResult
 
@@ -459,6 +473,8 @@ def test_a_file_copied_through_ssh_mode_holds_only_the_commands_output(tmp_path:
     got = tmp_path / "got"
     res = conn.run_to_file(f"cd {tmp_path} && printf data", got)
     assert res.ok and got.read_bytes() == b"data" and "module loaded" in res.stderr
+    ran = conn.run(f"cd {tmp_path} && printf data")  # a command's stdout is its own, too
+    assert ran.ok and ran.stdout == "data" and "module loaded" in ran.stderr
     get_file(conn, str(tmp_path / "remote.bin"), got)
     assert got.read_bytes() == b"\x1f\x8b payload"
     failing = SetupSshConnection(_LocalShell(), "false")  # type: ignore[arg-type]

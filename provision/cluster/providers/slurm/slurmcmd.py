@@ -177,10 +177,12 @@ def srun_argv(job_id: str, node: str | None, nodes: int = 1) -> list[str]:
 
 
 def node_script(command: str, setup: str | None) -> str:
-    """What runs on a node: in $HOME (like an SSH session), after the site's setup line."""
+    """What runs on a node: in $HOME (like an SSH session), after the site's setup line. What
+    the setup line prints goes to stderr: stdout is the command's (a file copied off the node,
+    the JSON of `remote.pyz job status`)."""
     lines = ['cd "$HOME" || exit 1']
     if setup:
-        lines.append(f"{{ {setup}\n}} || {{ echo '{SETUP_FAILED}' >&2; exit 97; }}")
+        lines.append(f"{{ {setup}\n}} >&2 || {{ echo '{SETUP_FAILED}' >&2; exit 97; }}")
     lines.append(command)
     return "\n".join(lines) + "\n"
 

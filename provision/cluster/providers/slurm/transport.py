@@ -126,14 +126,16 @@ class SetupSshConnection:
 
     def run(self, command: str, *, stdin: bytes | None = None, out: Writer | None = None,
             timeout: float | None = None) -> CommandResult:
-        if self._setup:
-            command = f"{{ {self._setup}\n}} || exit 97\n{command}"
-        return self._inner.run(command, stdin=stdin, out=out, timeout=timeout)
+        return self._inner.run(self._after_setup(command), stdin=stdin, out=out,
+                               timeout=timeout)
 
     def run_to_file(self, command: str, local: Path) -> CommandResult:
-        if self._setup:  # what the setup line prints goes to stderr, not into the file
-            command = f"{{ {self._setup}\n}} >&2 || exit 97\n{command}"
-        return self._inner.run_to_file(command, local)
+        return self._inner.run_to_file(self._after_setup(command), local)
+
+    def _after_setup(self, command: str) -> str:
+        """What the setup line prints goes to stderr: stdout is the command's (a file copied
+        off the node, the JSON of `remote.pyz job status`)."""
+        return f"{{ {self._setup}\n}} >&2 || exit 97\n{command}" if self._setup else command
 
     def close(self) -> None:
         self._inner.close()
