@@ -24,6 +24,9 @@ launcher start or rendezvous. In each process:
      would run it (sys.argv, __main__, sys.path[0] = the script's folder). Fail: exit 8, the
      script never starts on any rank. A gate that cannot finish (an exception, a timeout)
      prints {"error": ...} and exits 1, the script not started either.
+A process torchrun's agent forked (`--run_path --start_method fork`: torch is imported
+already) is first made to look like a new interpreter and ends like one (`forked`,
+`as_a_new_process`, `run_script_forked`).
 Launcher words between the program and its arguments (DeepSpeed's `--local_rank=N`) reach
 the script in the same place (remote/cli.py hands them over).
 
@@ -34,12 +37,14 @@ Stdlib only at import; torch is imported when the gate runs.
 from __future__ import annotations
 
 import argparse
+import atexit
 import ctypes
 import datetime
 import gc
 import json
 import os
 import runpy
+import signal
 import sys
 import threading
 import time
@@ -278,6 +283,56 @@ def run_script(argv: list[str]) -> None:
     runpy.run_path(script, run_name="__main__")
 
 
+def forked() -> bool:
+    """True in a worker that torchrun's agent forked (`--run_path --start_method fork`, what
+    provision/job/launchers/torchrun.py asks for with the gate), not in one it started as a new
+    interpreter: then the agent's `import torch` is this process's too."""
+    mp = sys.modules.get("multiprocessing")  # a new interpreter has not imported it
+    return mp is not None and mp.parent_process() is not None
+
+
+def as_a_new_process() -> None:
+    """What a forked worker inherits of the agent and a new interpreter would not have: its
+    signal handlers (elastic's, which turn SIGTERM into an exception in the script) and its
+    exit handlers (they are the agent's, and a forked worker ends with os._exit, so they would
+    not run anyway). The tool's own sitecustomize handlers are registered again."""
+    for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT):
+        signal.signal(sig, signal.SIG_DFL)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    atexit._clear()
+    register = getattr(sys.modules.get("sitecustomize"), "register_exit_handlers", None)
+    if register is not None:
+        register()
+
+
+def run_script_forked(argv: list[str]) -> None:
+    """run_script, then what a new interpreter does at its end, which a forked worker would
+    skip (multiprocessing ends it with os._exit): the traceback of an exception on stderr
+    (torch's wrapper would only hand it to the agent), the wait for non-daemon threads and the
+    exit handlers. The exit code is the interpreter's: sys.exit's, 1 after an exception."""
+    try:
+        run_script(argv)
+    except SystemExit:
+        _at_exit()
+        raise
+    except BaseException as exc:
+        sys.excepthook(type(exc), exc, exc.__traceback__)
+        _at_exit()
+        if isinstance(exc, KeyboardInterrupt):  # as the interpreter: killed by SIGINT
+            signal.signal(signal.SIGINT, signal.SIG_DFL)
+            os.kill(os.getpid(), signal.SIGINT)
+        raise SystemExit(1) from None
+    _at_exit()
+
+
+def _at_exit() -> None:
+    main = threading.current_thread()
+    for thread in threading.enumerate():
+        if thread is not main and not thread.daemon:
+            thread.join()
+    atexit._run_exitfuncs()
+
+
 def main(cmd: str, argv: list[str]) -> int:
     options, script = split_argv(list(argv))
     try:
@@ -287,6 +342,9 @@ def main(cmd: str, argv: list[str]) -> int:
     if not script:
         print(f"remote.pyz {cmd}: no script after `--`", file=sys.stderr)
         return 2
+    in_agent_fork = forked()
+    if in_agent_fork:
+        as_a_new_process()
     try:
         verdict = gate(args)
     except Exception as exc:  # the gate could not finish: the job does not start
@@ -296,6 +354,6 @@ def main(cmd: str, argv: list[str]) -> int:
         return 1
     if verdict["verdict"] != "pass" and not args.allow_slow:
         return EXIT_GATE_FAILED
-    run_script(script)
+    (run_script_forked if in_agent_fork else run_script)(script)
     return 0
 

@@ -172,3 +172,31 @@ def test_in_a_container_the_entry_is_the_mounted_copy_and_the_node_rank_is_passe
         assert after[entry + 1] == "injob" and after[after.index("--", entry) + 1] == \
             "train_ddp.py"
         assert "MGPU_NODE_RANK=1" in words
+
+
+def test_torchrun_forks_the_gated_workers_from_its_agent_where_it_can() -> None:
+    """With the gate in the launch, torchrun's agent forks the workers (its `import torch`
+    is theirs); not without the gate, nor where the agent asks CUDA for the count ("gpu")."""
+    import shlex
+
+    from provision.job.launch import node_command
+
+    def torchrun_words(options: dict[str, object], gated: bool) -> list[str]:
+        job = build_job_spec({}, {"script": EXAMPLE, "fabric_check": "on", **options})
+        inv = inventory(2)
+        line = node_command(inv, job, inv.nodes[1], entry=entry_words(inv, job) if gated
+                            else None).replace('"$HOME"', "/h")
+        return shlex.split(line)
+
+    nvml = "PYTORCH_NVML_BASED_CUDA_CHECK=1"  # else the agent's CUDA check poisons the fork
+    forked = torchrun_words({"nproc_per_node": 2}, gated=True)
+    start = forked.index("--run_path")
+    assert forked[start:start + 4] == ["--run_path", "--start_method", "fork",
+                                       "/h/.mgpu-cloud/remote.pyz"]
+    assert nvml in forked[:forked.index("torchrun")]
+    for words in (torchrun_words({"nproc_per_node": 2}, gated=False),
+                  torchrun_words({"nproc_per_node": "gpu"}, gated=True)):
+        assert "--run_path" not in words and nvml not in words
+    own = torchrun_words({"nproc_per_node": 2, "env": {"PYTORCH_NVML_BASED_CUDA_CHECK": "0"}},
+                         gated=True)
+    assert "PYTORCH_NVML_BASED_CUDA_CHECK=0" in own and nvml not in own  # the job's own value

@@ -33,7 +33,7 @@ _LAUNCHERS = ("torchrun", "accelerate", "deepspeed", "torch/distributed/run.py",
 
 
 def _freeze_a_launcher_at_exit():
-    # registered first, so run last: after every other exit handler (atexit: last in, first out)
+    # run last: after every other exit handler
     program = (sys.argv[0] if sys.argv else "").replace(os.sep, "/")
     if os.environ.get("MGPU_EXIT_FREEZE", "1") == "0" or not any(
             program == name or program.endswith("/" + name) for name in _LAUNCHERS):
@@ -42,8 +42,6 @@ def _freeze_a_launcher_at_exit():
 
     gc.freeze()
 
-
-atexit.register(_freeze_a_launcher_at_exit)
 
 for _stream in (sys.stdout, sys.stderr):
     try:
@@ -70,4 +68,12 @@ def _destroy_default_process_group():
               file=sys.stderr)
 
 
-atexit.register(_destroy_default_process_group)
+def register_exit_handlers():
+    # the freeze first, so it runs last (atexit: last in, first out); both before the script's
+    # own. remote/injob.py calls this again in a worker torchrun forked from its agent, after
+    # dropping the agent's handlers.
+    atexit.register(_freeze_a_launcher_at_exit)
+    atexit.register(_destroy_default_process_group)
+
+
+register_exit_handlers()

@@ -56,14 +56,18 @@ def test_cli_moves_deepspeed_local_rank_into_injob(monkeypatch: pytest.MonkeyPat
     assert split_argv(seen[0]) == ([], ["t.py", "--local_rank=3", "a"])
 
 
-def _torchrun(tmp_path: Path, nodes: int, nproc: int, port: int,
-              *gate: str) -> list[subprocess.CompletedProcess[str]]:
+def _torchrun(tmp_path: Path, nodes: int, nproc: int, port: int, *gate: str,
+              script: str = SCRIPT, fork: bool = False) -> list[subprocess.CompletedProcess[str]]:
+    """`fork`: the workers forked from the agent, as provision/job/launchers/torchrun.py asks
+    with the gate (`--run_path --start_method fork`, the program a path: remote/__main__.py)."""
     (tmp_path / "job").mkdir(exist_ok=True)
-    (tmp_path / "job" / "train.py").write_text(SCRIPT)
+    (tmp_path / "job" / "train.py").write_text(script)
+    program = (["--run_path", "--start_method", "fork", str(ROOT / "remote" / "__main__.py")]
+               if fork else ["-m", "remote"])
     agents = [subprocess.Popen(
         [sys.executable, "-m", "torch.distributed.run", "--nnodes", str(nodes), "--node_rank",
          str(rank), "--nproc_per_node", str(nproc), "--master_addr", "127.0.0.1",
-         "--master_port", str(port), "-m", "remote", "injob", *gate, "--",
+         "--master_port", str(port), *program, "injob", *gate, "--",
          "job/train.py", "--steps", "2"],
         env={**os.environ, **ENV}, cwd=tmp_path, stdout=subprocess.PIPE,
         stderr=subprocess.PIPE, text=True) for rank in range(nodes)]
@@ -99,6 +103,47 @@ def test_torchrun_gate_passes_then_the_script_runs_in_the_same_processes(
     verdict = next(r for r in records if "verdict" in r)
     assert verdict["verdict"] == "pass" and verdict["transports"] == {
         "0": "socket", "1": "socket", "2": "socket"}
+
+
+FORKED = SCRIPT + '''import atexit, pathlib, signal, time
+say("torch was there before the script:", "torch" in START_MODULES)
+say("signals as new:", signal.getsignal(signal.SIGTERM) is signal.SIG_DFL,
+    signal.getsignal(signal.SIGINT) is signal.default_int_handler)
+rank = os.environ["RANK"]
+def ended():
+    say("exit handler ran")
+    pathlib.Path(f"ended-{rank}").touch()
+atexit.register(ended)
+if rank in ("1", "2"):  # they fail once ranks 0 and 3 have ended (else they'd be stopped)
+    deadline = time.monotonic() + 120
+    while not all(pathlib.Path(f"ended-{r}").exists() for r in (0, 3)):
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    if rank == "1":
+        raise ValueError("rank 1 fails on purpose")
+    sys.exit(3)
+'''
+FORKED = "import sys\nSTART_MODULES = set(sys.modules)\n" + FORKED
+
+
+@pytest.mark.slow
+def test_forked_from_the_agent_the_script_starts_as_a_new_interpreter_would(
+        tmp_path: Path) -> None:
+    """The gate's launch: torchrun forks the workers from its agent, which has torch loaded.
+    The script sees torch already there, the signal handlers of a new interpreter (not
+    elastic's, which would turn SIGTERM into an exception in it), and ends as a new
+    interpreter would: its exit handlers run, an exception's traceback is on its stderr and
+    the exit code is 1, sys.exit(3)'s is 3."""
+    nodes = _torchrun(tmp_path, 2, 2, 29694, script=FORKED, fork=True)
+    out = "".join(node.stdout for node in nodes)
+    assert out.count(MARKER) == 2 and out.count("ran rank") == 4, out
+    assert out.count("torch was there before the script: True") == 4, out
+    assert out.count("signals as new: True True") == 4, out
+    assert out.count("exit handler ran") == 4, out  # rank 1 and rank 2 too, before their ends
+    assert "Traceback (most recent call last)" in nodes[0].stderr
+    assert "ValueError: rank 1 fails on purpose" in nodes[0].stderr
+    assert nodes[0].returncode != 0 and "exitcode  : 1" in nodes[0].stderr, nodes[0].stderr
+    assert nodes[1].returncode != 0 and "exitcode  : 3" in nodes[1].stderr, nodes[1].stderr
 
 
 @pytest.mark.slow

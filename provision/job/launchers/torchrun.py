@@ -1,5 +1,14 @@
 """torchrun on every node: static ranks (--node_rank, --master_addr node-0), or c10d
-rendezvous (--rdzv) where ranks are assigned as nodes join."""
+rendezvous (--rdzv) where ranks are assigned as nodes join.
+
+With the fabric gate in the job's launch (ctx.entry: `remote.pyz injob ... --`), the agent
+forks its workers (`--run_path --start_method fork`) instead of starting a new interpreter
+for each: the agent has imported torch already, so the gate's `import torch` costs nothing
+and neither does the script's. remote/injob.py makes the forked worker start the script as
+a new interpreter would (signal and exit handlers, traceback, exit code). A forked child can
+use CUDA only if the agent never initialised it: the agent checks CUDA through NVML
+(PYTORCH_NVML_BASED_CUDA_CHECK=1, unless the job sets it), and there is no fork where a node's
+process count is "gpu": the agent would ask CUDA for the count."""
 
 from __future__ import annotations
 
@@ -19,6 +28,8 @@ class Torchrun(BaseLauncher):
         else:
             argv += ["--node_rank", str(node.rank), "--master_addr", ctx.master_address,
                      "--master_port", port]
+        if program is None and _forks(ctx, node):
+            argv += ["--run_path", "--start_method", "fork"]
         return argv + ctx.script(program)
 
     def prepare(self, ctx: LaunchContext, env: dict[str, str]) -> tuple[str, list[str]]:
@@ -27,7 +38,18 @@ class Torchrun(BaseLauncher):
         cluster where some node runs one process is left to torchrun (it sets nothing there)."""
         if "OMP_NUM_THREADS" not in env and all(_processes(ctx, n) > 1 for n in ctx.inv.nodes):
             env["OMP_NUM_THREADS"] = "1"
+        if any(_forks(ctx, n) for n in ctx.inv.nodes):
+            # the agent asks torch.cuda.is_available() before it forks (LaunchConfig); by
+            # default that initialises the CUDA driver, and a child forked after it cannot
+            # use CUDA. With this, torch asks NVML instead (torch.cuda.is_available's doc).
+            env.setdefault("PYTORCH_NVML_BASED_CUDA_CHECK", "1")
         return "", []
+
+
+def _forks(ctx: LaunchContext, node: NodeRecord) -> bool:
+    """The agent forks the job's workers: with the gate in the launch, on a node whose
+    process count is a number."""
+    return bool(ctx.entry) and ctx.nproc(node).isdigit()
 
 
 def _processes(ctx: LaunchContext, node: NodeRecord) -> int:
