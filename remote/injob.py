@@ -41,6 +41,7 @@ import atexit
 import ctypes
 import datetime
 import gc
+import itertools
 import json
 import os
 import runpy
@@ -293,13 +294,23 @@ def forked() -> bool:
 
 def as_a_new_process() -> None:
     """What a forked worker inherits of the agent and a new interpreter would not have: its
-    signal handlers (elastic's, which turn SIGTERM into an exception in the script) and its
+    signal handlers (elastic's, which turn SIGTERM into an exception in the script), its
     exit handlers (they are the agent's, and a forked worker ends with os._exit, so they would
-    not run anyway). The tool's own sitecustomize handlers are registered again."""
+    not run anyway) and multiprocessing's idea that this is a child. The tool's own
+    sitecustomize handlers are registered again."""
     for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT):
         signal.signal(sig, signal.SIG_DFL)
     signal.signal(signal.SIGINT, signal.default_int_handler)
     atexit._clear()
+    # multiprocessing's view: the main process, no parent (a library may check either to
+    # tell whether it runs in a worker of its own), no children
+    from multiprocessing import process
+
+    this = process.current_process()
+    this._identity, this.name = (), "MainProcess"
+    process._parent_process = None  # type: ignore[attr-defined]
+    process._children = set()  # type: ignore[attr-defined]
+    process._process_counter = itertools.count(1)  # type: ignore[attr-defined]
     register = getattr(sys.modules.get("sitecustomize"), "register_exit_handlers", None)
     if register is not None:
         register()

@@ -109,6 +109,8 @@ FORKED = SCRIPT + '''import atexit, pathlib, signal, time
 say("torch was there before the script:", "torch" in START_MODULES)
 say("signals as new:", signal.getsignal(signal.SIGTERM) is signal.SIG_DFL,
     signal.getsignal(signal.SIGINT) is signal.default_int_handler)
+import multiprocessing as mp
+say("the main process:", mp.current_process().name, mp.parent_process() is None)
 rank = os.environ["RANK"]
 def ended():
     say("exit handler ran")
@@ -139,6 +141,7 @@ def test_forked_from_the_agent_the_script_starts_as_a_new_interpreter_would(
     assert out.count(MARKER) == 2 and out.count("ran rank") == 4, out
     assert out.count("torch was there before the script: True") == 4, out
     assert out.count("signals as new: True True") == 4, out
+    assert out.count("the main process: MainProcess True") == 4, out
     assert out.count("exit handler ran") == 4, out  # rank 1 and rank 2 too, before their ends
     assert "Traceback (most recent call last)" in nodes[0].stderr
     assert "ValueError: rank 1 fails on purpose" in nodes[0].stderr
