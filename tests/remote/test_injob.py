@@ -105,7 +105,7 @@ def test_torchrun_gate_passes_then_the_script_runs_in_the_same_processes(
         "0": "socket", "1": "socket", "2": "socket"}
 
 
-FORKED = SCRIPT + '''import atexit, pathlib, signal, time
+FORKED = "import sys\nSTART_MODULES = set(sys.modules)\n" + SCRIPT + '''import atexit, pathlib, signal, time
 say("torch was there before the script:", "torch" in START_MODULES)
 say("signals as new:", signal.getsignal(signal.SIGTERM) is signal.SIG_DFL,
     signal.getsignal(signal.SIGINT) is signal.default_int_handler)
@@ -125,7 +125,6 @@ if rank in ("1", "2"):  # they fail once ranks 0 and 3 have ended (else they'd b
         raise ValueError("rank 1 fails on purpose")
     sys.exit(3)
 '''
-FORKED = "import sys\nSTART_MODULES = set(sys.modules)\n" + FORKED
 
 
 @pytest.mark.slow

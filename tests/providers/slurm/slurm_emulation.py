@@ -195,13 +195,13 @@ def up(name: str, nodes: int, pubkey: str, *, image: str, gpus: int = 0,
             procs.append(subprocess.Popen(["docker", *args, image], env={**os.environ, **env},
                                           stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                           text=True))
-            if role == "controller" and procs[0].wait() != 0:
-                break
             # The controller's container is made before the others: the engine copies the
             # image's /home into the new, empty volume when the first container mounts it, and
             # two containers doing that at once can fail ("failed to mkdir
             # .../_data/user: file exists"; seen in a full run). Once it holds the copy, the
             # engine copies no more, so the compute nodes start together.
+            if role == "controller" and procs[0].wait() != 0:
+                break
         errors = [p.communicate()[1].strip() for p in procs if p.wait() != 0]
         if errors:
             raise RuntimeError("docker run failed: " + "; ".join(errors))
