@@ -1,6 +1,7 @@
 """`job`: a job that outlives the SSH session that started it, with a log on the node.
 
-    job start  --dir D [--cwd C] [--pidfile P] [--attach] [--then CMD] [--then-after S] -- CMD...
+    job start  --dir D [--cwd C] [--pidfile P] [--attach [--checkpoints C]] [--then CMD]
+               [--then-after S] -- CMD...
     job follow --dir D [--offset N] [--no-wait]
     job status --jobs J
     job cancel --dir D [--grace S]
@@ -23,7 +24,11 @@ the optional `--then` line (e.g. the node powering itself off) after `--then-aft
 Without --attach `start` prints the job's process group id and returns at once (a detached
 job). With --attach it follows the log to stdout and exits with the job's exit code, and end of
 stdin (the controller's channel closed: it crashed, or the user pressed Ctrl-C) cancels the job,
-so an attached job never outlives its controller. `follow` is the same loop for anyone else
+so an attached job never outlives its controller. After the log, an attached `start` prints
+one last line, `MGPU-JOB-END {"job": ID, "state": ..., "checkpoints": ...}`: the job's state as
+`status` would report it and, with --checkpoints C, C's manifest as `ckpt-manifest C` prints
+it. The controller reads both off the stream it follows anyway, instead of starting this
+program twice more on every node when the job ends. `follow` is the same loop for anyone else
 (`logs --follow`, a recovery watcher): it streams from byte N until `exit` appears and exits
 with the job's code (255: the supervisor vanished without writing one, e.g. a reboot).
 """
@@ -40,8 +45,9 @@ import subprocess
 import sys
 import threading
 import time
-from typing import Any, BinaryIO, NoReturn
+from typing import Any, NoReturn, Protocol
 
+from remote.ckpt import manifest
 from remote.devices import SELECTOR, DeviceSelectionError
 from remote.devices import expand as expand_devices
 from remote.files import write_atomic
@@ -56,6 +62,7 @@ THEN_LOG = "then.log"
 LOST = 255  # exit code reported when a job's supervisor is gone without an exit status
 BUSY = 75  # `idle`: a job still runs here (provision/bootstrap.py JOB_RUNNING spells it too)
 POLL_S = 0.1
+END = "MGPU-JOB-END "  # an attached start's last line (provision/job/launch.py JobEnds reads it)
 
 
 # --- small file helpers ----------------------------------------------------------------------
@@ -207,7 +214,40 @@ def _start(args: argparse.Namespace) -> int:
         print(answer.split()[1])
         return 0
     threading.Thread(target=_cancel_on_eof, args=(job_dir, args.grace), daemon=True).start()
-    return follow(job_dir, 0, sys.stdout.buffer)
+    out = _LineEnd(sys.stdout.buffer)
+    code = follow(job_dir, 0, out)
+    report: dict[str, Any] = {"job": os.path.basename(os.path.normpath(job_dir)),
+                              "state": state_of(job_dir)}
+    if args.checkpoints:
+        report["checkpoints"] = {"files": manifest(os.path.expanduser(args.checkpoints)),
+                                 "now": round(time.time(), 3)}
+    out.write(("" if out.ended else "\n").encode() + END.encode()
+              + json.dumps(report, sort_keys=True).encode() + b"\n")
+    out.flush()
+    return code
+
+
+class Sink(Protocol):
+    def write(self, data: bytes, /) -> int: ...
+
+    def flush(self) -> None: ...
+
+
+class _LineEnd:
+    """`out`, knowing whether what was written so far ends with a whole line (the end line
+    must not be glued to a last line the job left unterminated)."""
+
+    def __init__(self, out: Sink) -> None:
+        self.out = out
+        self.ended = True
+
+    def write(self, data: bytes) -> int:
+        if data:
+            self.ended = data.endswith(b"\n")
+        return self.out.write(data)
+
+    def flush(self) -> None:
+        self.out.flush()
 
 
 def _cancel_on_eof(job_dir: str, grace: float) -> None:
@@ -222,7 +262,7 @@ def exit_status(job_dir: str) -> int | None:
     return None if data is None else int(data.get("code", LOST))
 
 
-def follow(job_dir: str, offset: int, out: BinaryIO, *, wait: bool = True) -> int:
+def follow(job_dir: str, offset: int, out: Sink, *, wait: bool = True) -> int:
     """Copy node.log from byte `offset` to `out` until the job has ended (with `wait`); return
     the job's exit code (LOST if its supervisor is gone without one; with `wait=False` and a
     running job: 0 once the log so far was copied)."""
@@ -322,6 +362,8 @@ def main(command: str, argv: list[str]) -> int:
     start.add_argument("--cwd", default=None)
     start.add_argument("--pidfile", default=None)
     start.add_argument("--attach", action="store_true")
+    start.add_argument("--checkpoints", default=None,
+                       help="attached: the end line carries this folder's manifest")
     start.add_argument("--grace", type=float, default=10.0)
     start.add_argument("--then", default=None)
     start.add_argument("--then-after", type=float, default=0.0)

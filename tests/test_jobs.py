@@ -6,6 +6,7 @@ from __future__ import annotations
 import io
 import json
 import shlex
+import tarfile
 from pathlib import Path
 
 import pytest
@@ -257,3 +258,60 @@ def test_logs_prints_every_attempt_of_a_run_under_a_header() -> None:
     assert out.output.splitlines() == [
         "=== job 1, attempt 1 of 2: node lost (node-1) ===", "[node-1] before on node-1",
         "=== job 2, attempt 2 of 2 ===", "[node-1] after on node-1"]
+
+
+def _end_line(job_id: str, state: dict[str, object], files: dict[str, list[float]]) -> str:
+    from remote.jobs import END
+
+    return END + json.dumps({"job": job_id, "state": state,
+                             "checkpoints": {"files": files, "now": 4e9 + 9}}) + "\n"
+
+
+def test_what_nodes_say_as_the_job_ends_is_not_asked_again(tmp_path: Path) -> None:
+    """Each node's `job start --attach` ends with a line of the job's state and checkpoint
+    manifest there (remote/jobs.py END): run_job keeps it off the output, the record gets its
+    exit codes and end times, the last checkpoint copy its manifests; neither `job status`
+    nor `ckpt-manifest` runs on a node that said it. A line of another job is output."""
+    from provision.job.checkpoints import CheckpointKeeper
+    from provision.job.ends import JobEnds
+
+    inv = _inv()
+    rec = jobs.begin(inv, _job(), inv.nodes, detached=False)
+    fake = FakeConnector()
+    fake.on(r"job start", node="node-0", stream="step 1\nlast words" + _end_line(
+        rec.id, {"state": "exited", "exit_code": 0, "ended": 4e9}, {"model.pt": [5, 4e9 + 1]})
+        .replace("MGPU", "\nMGPU", 1))
+    fake.on(r"job start", node="node-1", stream=_end_line(
+        "77", {"state": "exited", "exit_code": 0, "ended": 1.0}, {}) + _end_line(
+        rec.id, {"state": "exited", "exit_code": 0, "ended": 4e9 + 5}, {}))
+    for node in ("node-0", "node-1"):
+        fake.files[(node, f".mgpu-cloud/jobs/{rec.id}/node.log")] = b"log\n"
+    group = NodeGroup(inv, connector=fake)
+    ends, out = JobEnds(rec.id), io.StringIO()
+    assert run_job(inv, _job(), log=lambda m: None, out=out, group=group, ends=ends) == 0
+    fake.assert_ran("node-0", rf"jobs/{rec.id} .*--attach --checkpoints \S+/checkpoints ")
+    shown = out.getvalue()
+    assert "[node-0] step 1\n" in shown and "[node-0] last words\n" in shown
+    assert shown.count("MGPU-JOB-END") == 1 and '"job": "77"' in shown  # another job's: shown
+    [rec] = jobs.refresh(inv, [rec], group, reported=ends.states())
+    assert rec.state == "succeeded" and rec.logs_saved
+    assert rec.ended_at == "2096-10-02T07:06:45+00:00"  # node-1's end, as it said
+    keeper = CheckpointKeeper(inv, tmp_path / "ckpt", log=lambda m: None, connector=fake)
+    packed = io.BytesIO()
+    with tarfile.open(fileobj=packed, mode="w:gz") as tar:
+        info = tarfile.TarInfo("model.pt")
+        info.size = 5
+        tar.addfile(info, io.BytesIO(b"12345"))
+    fake.files[("node-0", "mkdir -p .mgpu-cloud/checkpoints && tar -czf - -C "
+                          ".mgpu-cloud/checkpoints -- model.pt")] = packed.getvalue()
+    keeper.stop(known=ends.manifests())
+    assert (tmp_path / "ckpt" / "model.pt").read_bytes() == b"12345"
+    for node in ("node-0", "node-1"):
+        assert not any("job status" in c or "ckpt-manifest" in c for c in fake.commands(node))
+    # a node that said nothing (a remote.pyz from before the line, a dropped session) is asked
+    rec2 = jobs.begin(inv, _job(), inv.nodes, detached=False)
+    fake.on(r"job status", stdout=_status(**{rec2.id: {"state": "exited", "exit_code": 0}}))
+    told = {"node-0": {rec2.id: {"state": "exited", "exit_code": 0, "ended": 4e9}}}
+    jobs.refresh(inv, [rec2], group, reported=told)
+    assert not any("job status" in c for c in fake.commands("node-0"))
+    fake.assert_ran("node-1", r"job status")

@@ -57,12 +57,14 @@ class CheckpointKeeper:
         self._thread = threading.Thread(target=self._loop, daemon=True)
         self._thread.start()
 
-    def stop(self) -> None:
-        """Stop polling, after one last copy of what the reachable nodes hold."""
+    def stop(self, known: dict[str, tuple[Manifest, float]] | None = None) -> None:
+        """Stop polling, after one last copy of what the reachable nodes hold. `known`: the
+        manifests some nodes already gave as the job ended there (job/ends.py): only the
+        others are asked."""
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout=60)
-        self.sync(settle_s=0.0)
+        self.sync(settle_s=0.0, known=known)
         if self._group is not None:
             self._group.close()
             self._group = None
@@ -75,25 +77,31 @@ class CheckpointKeeper:
                 self.log(f"checkpoint copy failed ({exc}); trying again")
 
     # --- copying -------------------------------------------------------------------------------
-    def _manifests(self, group: NodeGroup) -> dict[str, tuple[Manifest, float]]:
-        """node name -> (manifest, the node's clock) for every node that answered."""
-        layout = group.layout
-        res = group.run(layout.remote_command("ckpt-manifest", layout.checkpoints))
-        out: dict[str, tuple[Manifest, float]] = {}
+    def _manifests(self, group: NodeGroup, known: dict[str, tuple[Manifest, float]] | None = None
+                   ) -> dict[str, tuple[Manifest, float]]:
+        """node name -> (manifest, the node's clock) for every node that answered (or whose
+        manifest is `known`)."""
+        layout, known = group.layout, known or {}
+        out = {n.name: known[n.name] for n in group.nodes if n.name in known}
+        ask = [n for n in group.nodes if n.name not in out]
+        if not ask:
+            return out
+        res = group.run(layout.remote_command("ckpt-manifest", layout.checkpoints), nodes=ask)
         for name, r in res.items():
             data = parse_last_json(r.value.stdout) if r.ok and r.value is not None else None
             if data is not None:
                 out[name] = (dict(data.get("files") or {}), float(data.get("now") or 0.0))
         return out
 
-    def sync(self, settle_s: float | None = None) -> int:
+    def sync(self, settle_s: float | None = None,
+             known: dict[str, tuple[Manifest, float]] | None = None) -> int:
         """One pass: copy every node's complete, changed files. Returns files copied."""
         settle = self.settle_s if settle_s is None else settle_s
         with self._lock:
             group = self._group or NodeGroup(self.inv, connector=self.connector)
             try:
                 copied = 0
-                for name, (files, now) in self._manifests(group).items():
+                for name, (files, now) in self._manifests(group, known).items():
                     if files != self._seen.get(name):
                         self._seen[name] = files
                         self.last_change = time.monotonic()

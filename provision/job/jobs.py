@@ -110,21 +110,26 @@ def _combine(rec: JobRecord) -> str:
 
 
 def refresh(inv: Inventory, recs: Iterable[JobRecord], group: NodeGroup, *,
-            store: JobStore | None = None) -> list[JobRecord]:
+            store: JobStore | None = None,
+            reported: dict[str, dict[str, Any]] | None = None) -> list[JobRecord]:
     """Ask the nodes (one command each) how the records' jobs are; save what changed; copy
     the logs of a job seen ended for the first time. Records of other clusters of that name
-    and finished ones are left as they are. Returns the records, updated."""
+    and finished ones are left as they are. Returns the records, updated. `reported`: node ->
+    {job id: state} that nodes already told (job/ends.py); a node that told of every record
+    here is not asked."""
     store = store or JobStore()
     recs = list(recs)
     todo = [r for r in recs if is_current(r, inv) and (not r.final or not r.logs_saved)]
     if not todo:
         return recs
     wanted = {name for r in todo for name in r.nodes if name not in r.streamed}
+    ids = {r.id for r in todo}
+    seen: dict[str, dict[str, Any] | None] = {
+        name: told for name, told in (reported or {}).items() if ids <= set(told)}
     layout = group.layout
-    nodes = [n for n in group.nodes if n.name in wanted]
+    nodes = [n for n in group.nodes if n.name in wanted and n.name not in seen]
     results = group.run(layout.remote_command("job", "status", "--jobs", layout.jobs),
-                        nodes=nodes, timeout=30)
-    seen: dict[str, dict[str, Any] | None] = {}
+                        nodes=nodes, timeout=30) if nodes else {}
     for name, res in results.items():
         seen[name] = None
         if res.ok and res.value is not None:

@@ -22,6 +22,7 @@ from concurrent.futures import FIRST_COMPLETED, Future, wait
 from dataclasses import dataclass
 from typing import Protocol, TextIO
 
+from provision.job.ends import JobEnds
 from provision.job.launchers import LaunchContext, get_launcher
 from provision.job.output import PrefixWriter
 from provision.model.errors import LaunchError
@@ -75,8 +76,8 @@ def supervisor_words(home: RemoteLayout, job_id: str, detach: Detach | None,
         words += ["--preempt", *preempt]
     if container is not None:
         words += ["--container", container]
-    if detach is None:
-        words.append("--attach")
+    if detach is None:  # its last line: the job's state and checkpoints there (job/ends.py)
+        words += ["--attach", "--checkpoints", home.checkpoints]
     elif detach.then:
         words += ["--then", detach.then, "--then-after", f"{detach.then_after_s:g}"]
     return [*words, "--"]
@@ -249,6 +250,7 @@ def run_job(
     monitor: JobMonitor | None = None,
     restart_count: int = 0,
     gate: JobGate | None = None,
+    ends: JobEnds | None = None,
 ) -> int:
     """Run `job` on the cluster; returns 0 or the first failing node's exit code (STOPPED when
     `monitor.poll()` asked to stop it). `gate`: the fabric gate runs first in the job's own
@@ -259,13 +261,15 @@ def run_job(
     the job's log under `job_id` (provision/job/jobs.py; default: an unrecorded ad hoc id).
     The first line printed is the open timeline's "first output line" (model/timeline.py).
     Without a monitor, a failure is explained here (job/cause.py: the first failing rank);
-    a monitor's owner explains it, knowing more (a lost node)."""
-    job_id = job_id or adhoc_job_id()
+    a monitor's owner explains it, knowing more (a lost node). `ends`: gets what each node
+    said when its part ended (job/ends.py; for `job_id`, which it then names)."""
+    job_id = ends.job_id if ends is not None else job_id or adhoc_job_id()
+    ends = ends or JobEnds(job_id)
     own_group = group is None
     group = group or NodeGroup(inv)
     nodes = launching_nodes(inv, job)
     journal: deque[str] = deque(maxlen=20000)
-    writers = _writers(inv, nodes, out or sys.stdout, monitor, gate, journal)
+    writers = _writers(inv, nodes, out or sys.stdout, monitor, gate, ends, journal)
     cancelled = threading.Event()
 
     def one(conn: NodeConnection, node: NodeRecord) -> int:
@@ -322,10 +326,10 @@ def _stopping(exc: BaseException, cluster: str, job_id: str) -> str:
 
 
 def _writers(inv: Inventory, nodes: list[NodeRecord], out: TextIO, monitor: JobMonitor | None,
-             gate: JobGate | None, journal: deque[str]) -> dict[str, PrefixWriter]:
-    """One PrefixWriter per node: lines to `monitor`, the gate's lines to `gate`, every line
-    to `journal` in arrival order, and the first line shown marked on the inventory's open
-    timeline."""
+             gate: JobGate | None, ends: JobEnds, journal: deque[str]) -> dict[str, PrefixWriter]:
+    """One PrefixWriter per node: lines to `monitor`, the gate's lines to `gate`, the node's
+    end line to `ends`, every line shown to `journal` in arrival order, and the first line
+    shown marked on the inventory's open timeline."""
     lock = threading.Lock()
     since = time.time()
     first = threading.Event()
@@ -337,7 +341,9 @@ def _writers(inv: Inventory, nodes: list[NodeRecord], out: TextIO, monitor: JobM
 
     def writer(node: NodeRecord) -> PrefixWriter:
         on_line = None if monitor is None else (lambda text: monitor.line(node, text))
-        take = None if gate is None else (lambda text: gate.take(node.name, text))
+        def take(text: str) -> bool:
+            return ends.take(node.name, text) or (gate is not None and gate.take(node.name, text))
+
         return PrefixWriter(node.name, out, lock, on_line=on_line, take=take, journal=journal,
                             on_show=shown)
 

@@ -42,6 +42,7 @@ from provision.cluster.providers import get_provider
 from provision.cluster.providers.contract import AnyProvider
 from provision.job import jobs
 from provision.job.checkpoints import CheckpointKeeper, local_checkpoint_dir
+from provision.job.ends import JobEnds
 from provision.job.gate_injob import InJobGate
 from provision.job.launch import SESSION_LOST, launching_nodes, run_job, workdir_of
 from provision.job.recap import Recap
@@ -231,18 +232,20 @@ def attempt(run: JobRun, group: NodeGroup, keeper: CheckpointKeeper, rec: JobRec
     job's own processes. A job that ended well gets its record (exit codes, logs) while the
     last copy of its checkpoints is made: each asks the nodes on connections of its own."""
     watcher = Watcher(run.inv, run.job, keeper, run.log, stop=run.stop)
+    ends = JobEnds(rec.id)  # what each node said as its part ended: state, checkpoints
     keeper.start()
     last_copy: Future[None] | None = None
     try:
         try:
             code = run_job(run.inv, run.job, log=run.log, group=group, monitor=watcher,
-                           restart_count=restarts, job_id=rec.id, out=run.out, gate=gate)
+                           restart_count=restarts, ends=ends, out=run.out, gate=gate)
             outcome = Outcome(code, watcher)
         except LaunchError as exc:
             outcome = Outcome(SESSION_LOST, watcher, launch_error=exc)
-        last_copy = background(keeper.stop)
+        last_copy = background(lambda: keeper.stop(known=ends.manifests()))
         if outcome.code == 0:  # every node ended well: its connection is fine
-            jobs.refresh(run.inv, [rec], group, store=run.records)  # exit codes, logs
+            jobs.refresh(run.inv, [rec], group, store=run.records,  # exit codes, logs
+                         reported=ends.states())
         return outcome
     finally:
         if last_copy is None:

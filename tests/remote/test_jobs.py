@@ -24,6 +24,18 @@ def job(*args: str, stdin: str | None = None, timeout: float = 30) -> subprocess
                           env={**os.environ, "PYTHONPATH": str(ROOT)})
 
 
+def attached(*args: str) -> tuple[int, str]:
+    """An attached start whose stdin stays open (the controller's channel) until it ends."""
+    proc = subprocess.Popen([sys.executable, "-m", "remote", "job", "start", "--attach", *args],
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, cwd=ROOT,
+                            env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert proc.stdout is not None and proc.stdin is not None
+    stdout = proc.stdout.read()
+    code = proc.wait(timeout=30)
+    proc.stdin.close()
+    return code, stdout
+
+
 def status(jobs_dir: Path) -> dict[str, dict[str, object]]:
     res = job("status", "--jobs", str(jobs_dir))
     assert res.returncode == 0, res.stderr
@@ -60,6 +72,34 @@ def test_detached_job_outlives_start_and_records_exit(tmp_path: Path) -> None:
     assert not (tmp_path / "job.pid").exists()
     # follow from an offset, and without waiting on an ended job
     assert job("follow", "--dir", str(d), "--offset", "4").stdout == "two\n"
+
+
+def test_attached_start_ends_with_the_jobs_state_and_checkpoints(tmp_path: Path) -> None:
+    """The last line of an attached start: what `job status` and `ckpt-manifest` would say,
+    on a line of its own even after a last line the job left unterminated; the log is the
+    job's output only."""
+    from remote.ckpt import manifest
+
+    d, ckpt = tmp_path / "jobs" / "5", tmp_path / "ckpt"
+    (ckpt / "step-2").mkdir(parents=True)
+    (ckpt / "step-2" / "model.pt").write_bytes(b"12345")
+    code, stdout = attached("--dir", str(d), "--checkpoints", str(ckpt), "--",
+                            "sh", "-c", "echo one; printf unterminated; exit 4")
+    assert code == 4
+    lines = stdout.split("\n")
+    assert lines[:2] == ["one", "unterminated"] and lines[3:] == [""]
+    assert lines[2].startswith(remote_jobs.END)
+    said = json.loads(lines[2][len(remote_jobs.END):])
+    assert said["job"] == "5" and said["state"] == status(tmp_path / "jobs")["5"]
+    assert said["state"]["exit_code"] == 4 and said["state"]["state"] == "exited"
+    assert said["checkpoints"]["files"] == manifest(str(ckpt))
+    assert list(said["checkpoints"]["files"]) == [os.path.join("step-2", "model.pt")]
+    assert (d / "node.log").read_text() == "one\nunterminated"
+    # without --checkpoints, and after a whole last line: no empty line before it
+    _, stdout = attached("--dir", str(tmp_path / "jobs" / "6"), "--", "echo", "hi")
+    first, end, rest = stdout.split("\n")
+    assert first == "hi" and rest == "" and "checkpoints" not in json.loads(
+        end[len(remote_jobs.END):])
 
 
 def test_cancel_stops_the_whole_process_group(tmp_path: Path) -> None:
