@@ -1,7 +1,6 @@
 """`job`: a job that outlives the SSH session that started it, with a log on the node.
 
-    job start  --dir D [--cwd C] [--pidfile P] [--attach [--checkpoints C]] [--then CMD]
-               [--then-after S] -- CMD...
+    job start  --dir D [--cwd C] [--pidfile P] [--attach] [--then CMD] [--then-after S] -- CMD...
     job follow --dir D [--offset N] [--no-wait]
     job status --jobs J
     job cancel --dir D [--grace S]
@@ -26,8 +25,8 @@ job). With --attach it follows the log to stdout and exits with the job's exit c
 stdin (the controller's channel closed: it crashed, or the user pressed Ctrl-C) cancels the job,
 so an attached job never outlives its controller. After the log, an attached `start` prints
 one last line, `MGPU-JOB-END {"job": ID, "state": ..., "checkpoints": ...}`: the job's state as
-`status` would report it and, with --checkpoints C, C's manifest as `ckpt-manifest C` prints
-it. The controller reads both off the stream it follows anyway, instead of starting this
+`status` would report it, and the manifest of the tool's checkpoints/ folder (beside jobs/,
+D's parent) as `ckpt-manifest` prints it. The controller reads both off the stream it follows anyway, instead of starting this
 program twice more on every node when the job ends. `follow` is the same loop for anyone else
 (`logs --follow`, a recovery watcher): it streams from byte N until `exit` appears and exits
 with the job's code (255: the supervisor vanished without writing one, e.g. a reboot).
@@ -62,7 +61,8 @@ THEN_LOG = "then.log"
 LOST = 255  # exit code reported when a job's supervisor is gone without an exit status
 BUSY = 75  # `idle`: a job still runs here (provision/bootstrap.py JOB_RUNNING spells it too)
 POLL_S = 0.1
-END = "MGPU-JOB-END "  # an attached start's last line (provision/job/launch.py JobEnds reads it)
+END = "MGPU-JOB-END "  # an attached start's last line (provision/job/ends.py reads it)
+CHECKPOINTS = "checkpoints"  # beside jobs/ (provision.nodes.RemoteLayout.checkpoints)
 
 
 # --- small file helpers ----------------------------------------------------------------------
@@ -216,11 +216,10 @@ def _start(args: argparse.Namespace) -> int:
     threading.Thread(target=_cancel_on_eof, args=(job_dir, args.grace), daemon=True).start()
     out = _LineEnd(sys.stdout.buffer)
     code = follow(job_dir, 0, out)
-    report: dict[str, Any] = {"job": os.path.basename(os.path.normpath(job_dir)),
-                              "state": state_of(job_dir)}
-    if args.checkpoints:
-        report["checkpoints"] = {"files": manifest(os.path.expanduser(args.checkpoints)),
-                                 "now": round(time.time(), 3)}
+    jobs_dir, job_id = os.path.split(os.path.normpath(job_dir))
+    report = {"job": job_id, "state": state_of(job_dir), "checkpoints": {
+        "files": manifest(os.path.join(os.path.dirname(jobs_dir), CHECKPOINTS)),
+        "now": round(time.time(), 3)}}
     out.write(("" if out.ended else "\n").encode() + END.encode()
               + json.dumps(report, sort_keys=True).encode() + b"\n")
     out.flush()
@@ -362,8 +361,6 @@ def main(command: str, argv: list[str]) -> int:
     start.add_argument("--cwd", default=None)
     start.add_argument("--pidfile", default=None)
     start.add_argument("--attach", action="store_true")
-    start.add_argument("--checkpoints", default=None,
-                       help="attached: the end line carries this folder's manifest")
     start.add_argument("--grace", type=float, default=10.0)
     start.add_argument("--then", default=None)
     start.add_argument("--then-after", type=float, default=0.0)

@@ -77,7 +77,7 @@ def supervisor_words(home: RemoteLayout, job_id: str, detach: Detach | None,
     if container is not None:
         words += ["--container", container]
     if detach is None:  # its last line: the job's state and checkpoints there (job/ends.py)
-        words += ["--attach", "--checkpoints", home.checkpoints]
+        words.append("--attach")
     elif detach.then:
         words += ["--then", detach.then, "--then-after", f"{detach.then_after_s:g}"]
     return [*words, "--"]

@@ -52,6 +52,10 @@ def wait_for(check, timeout: float = 20) -> None:  # type: ignore[no-untyped-def
 
 def test_layout_and_remote_agree_on_the_log_name() -> None:
     assert RemoteLayout("r").job_log("7") == f"r/jobs/7/{remote_jobs.LOG}"
+    # the end line's manifest: checkpoints/ beside jobs/
+    layout = RemoteLayout("r")
+    assert layout.checkpoints == os.path.join(
+        os.path.dirname(os.path.dirname(layout.job_dir("7"))), remote_jobs.CHECKPOINTS)
 
 
 def test_detached_job_outlives_start_and_records_exit(tmp_path: Path) -> None:
@@ -80,11 +84,11 @@ def test_attached_start_ends_with_the_jobs_state_and_checkpoints(tmp_path: Path)
     job's output only."""
     from remote.ckpt import manifest
 
-    d, ckpt = tmp_path / "jobs" / "5", tmp_path / "ckpt"
+    d, ckpt = tmp_path / "jobs" / "5", tmp_path / remote_jobs.CHECKPOINTS
     (ckpt / "step-2").mkdir(parents=True)
     (ckpt / "step-2" / "model.pt").write_bytes(b"12345")
-    code, stdout = attached("--dir", str(d), "--checkpoints", str(ckpt), "--",
-                            "sh", "-c", "echo one; printf unterminated; exit 4")
+    code, stdout = attached("--dir", str(d), "--", "sh", "-c",
+                            "echo one; printf unterminated; exit 4")
     assert code == 4
     lines = stdout.split("\n")
     assert lines[:2] == ["one", "unterminated"] and lines[3:] == [""]
@@ -95,11 +99,10 @@ def test_attached_start_ends_with_the_jobs_state_and_checkpoints(tmp_path: Path)
     assert said["checkpoints"]["files"] == manifest(str(ckpt))
     assert list(said["checkpoints"]["files"]) == [os.path.join("step-2", "model.pt")]
     assert (d / "node.log").read_text() == "one\nunterminated"
-    # without --checkpoints, and after a whole last line: no empty line before it
+    # after a whole last line: no empty line before it
     _, stdout = attached("--dir", str(tmp_path / "jobs" / "6"), "--", "echo", "hi")
     first, end, rest = stdout.split("\n")
-    assert first == "hi" and rest == "" and "checkpoints" not in json.loads(
-        end[len(remote_jobs.END):])
+    assert first == "hi" and rest == "" and end.startswith(remote_jobs.END)
 
 
 def test_cancel_stops_the_whole_process_group(tmp_path: Path) -> None:
