@@ -27,10 +27,14 @@ def manifest(root: str) -> dict[str, list[float]]:
     return files
 
 
+def report(root: str) -> dict[str, object]:
+    """What `ckpt-manifest` prints (and an attached job's end line carries, remote/jobs.py)."""
+    return {"files": manifest(root), "now": round(time.time(), 3)}
+
+
 def main(command: str, argv: list[str]) -> int:
     if len(argv) != 1:
         print(f"usage: remote.pyz {command} DIR")
         return 2
-    files = manifest(os.path.expanduser(argv[0]))
-    print(json.dumps({"files": files, "now": round(time.time(), 3)}, sort_keys=True))
+    print(json.dumps(report(os.path.expanduser(argv[0])), sort_keys=True))
     return 0

@@ -46,7 +46,7 @@ import threading
 import time
 from typing import Any, NoReturn, Protocol
 
-from remote.ckpt import manifest
+from remote.ckpt import report as checkpoints_report
 from remote.devices import SELECTOR, DeviceSelectionError
 from remote.devices import expand as expand_devices
 from remote.files import write_atomic
@@ -217,9 +217,9 @@ def _start(args: argparse.Namespace) -> int:
     out = _LineEnd(sys.stdout.buffer)
     code = follow(job_dir, 0, out)
     jobs_dir, job_id = os.path.split(os.path.normpath(job_dir))
-    report = {"job": job_id, "state": state_of(job_dir), "checkpoints": {
-        "files": manifest(os.path.join(os.path.dirname(jobs_dir), CHECKPOINTS)),
-        "now": round(time.time(), 3)}}
+    report = {"job": job_id, "state": state_of(job_dir),
+              "checkpoints": checkpoints_report(os.path.join(os.path.dirname(jobs_dir),
+                                                             CHECKPOINTS))}
     out.write(("" if out.ended else "\n").encode() + END.encode()
               + json.dumps(report, sort_keys=True).encode() + b"\n")
     out.flush()

@@ -18,6 +18,7 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from provision.model.errors import BootstrapError
 from provision.model.inventory import Inventory, NodeRecord
@@ -28,6 +29,12 @@ Log = Callable[[str], None]
 Manifest = dict[str, list[float]]
 INTERVAL_S = 2.0
 SETTLE_S = 1.0
+
+
+def parse_manifest(data: dict[str, Any]) -> tuple[Manifest, float]:
+    """(files, the node's clock) of what `remote.pyz ckpt-manifest` prints (remote/ckpt.py
+    report; an attached job's end line carries the same)."""
+    return dict(data.get("files") or {}), float(data.get("now") or 0.0)
 
 
 def local_checkpoint_dir(inv: Inventory) -> Path:
@@ -90,7 +97,7 @@ class CheckpointKeeper:
         for name, r in res.items():
             data = parse_last_json(r.value.stdout) if r.ok and r.value is not None else None
             if data is not None:
-                out[name] = (dict(data.get("files") or {}), float(data.get("now") or 0.0))
+                out[name] = parse_manifest(data)
         return out
 
     def sync(self, settle_s: float | None = None,

@@ -14,7 +14,7 @@ import json
 import threading
 from typing import Any
 
-from provision.job.checkpoints import Manifest
+from provision.job.checkpoints import Manifest, parse_manifest
 from remote.jobs import END
 
 
@@ -48,7 +48,5 @@ class JobEnds:
         """node -> (its checkpoint folder's manifest, the node's clock), as
         `remote.pyz ckpt-manifest` answers."""
         with self._lock:
-            found = {node: r["checkpoints"] for node, r in self._reports.items()
-                     if isinstance(r.get("checkpoints"), dict)}
-        return {node: (dict(c.get("files") or {}), float(c.get("now") or 0.0))
-                for node, c in found.items()}
+            return {node: parse_manifest(r["checkpoints"]) for node, r in self._reports.items()
+                    if isinstance(r.get("checkpoints"), dict)}
