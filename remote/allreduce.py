@@ -28,8 +28,8 @@ The fabric gate (provision/job/gate.py) adds:
   nodes all-reduces in a two-node subgroup, so a pair exercises every GPU's network path. The
   lowest rank of each pair prints {"pair": [a, b], "round": r, "busbw_gbps": ...} (a, b: node
   ranks; busbw from the best timed call: "best_busbw_gbps" of the --gate records). `--pair-rounds K` caps the rounds (default: every pair, n - 1 rounds, n for odd n).
-  Pairs below `--pair-fraction` (0.5) of the reference pair (`pair_reference`) are measured
-  once more ("confirm": true), so one busy moment does not condemn a pair.
+  Pairs below `--pair-fraction` (0.5; half of it on gloo: `pair_fraction`) of the reference
+  pair (`pair_reference`) are measured once more ("confirm": true), so one busy moment does not condemn a pair.
 
 Caveat: inside a collective every rank waits for the slowest, so per-rank times converge;
 they separate mostly when one rank's local work (its GPU, its PCIe link, a busy CPU) is slow.
@@ -47,7 +47,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from remote.gatejudge import pair_reference
+from remote.gatejudge import pair_fraction, pair_reference
 
 _UNITS = {"": 1, "K": 2**10, "M": 2**20, "G": 2**30}
 # --gate sizes per backend (min, max, factor): large enough on GPUs to approach the fabric's
@@ -304,7 +304,7 @@ def _pairwise(args: argparse.Namespace, mesh: Mesh, nodes: list[int]) -> list[tu
     schedule = [[(nodes[a], nodes[b]) for a, b in pairs]
                 for pairs in round_robin(len(nodes), args.pair_rounds)]
     first = _gathered(mesh, _measure_pairs(args, mesh, schedule, confirm=False))
-    suspects = slow_pairs(dict(first), args.pair_fraction)
+    suspects = slow_pairs(dict(first), pair_fraction(args.pair_fraction, mesh.backend))
     again = _gathered(mesh, _measure_pairs(args, mesh, disjoint_rounds(suspects), confirm=True)
                       ) if suspects else []
     return first + again

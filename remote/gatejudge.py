@@ -9,8 +9,9 @@ Rules (the thresholds are the controller's constants, passed in; docs/fabric-gat
   - wrong transport: a node whose NCCL used another network than the expected one;
   - bandwidth: the whole cluster's peak busbw below `threshold` (a published figure x 1/2);
   - pairs: reference = the median over nodes of each node's best pair; a pair is slow when it
-    is below `fraction` of the reference in BOTH of its measurements (pairs that were below
-    the line the first time are measured again, so a pair measured once was above it);
+    is below `fraction` of the reference (half of it on gloo: `pair_fraction`) in BOTH of its
+    measurements (pairs that were below the line the first time are measured again, so a
+    pair measured once was above it);
   - slow node: every pair it is in is slow (even its best one);
   - slow link: a slow pair whose two nodes are fine with other partners.
 Nodes are node ranks (0..n-1); pairs are (lower, higher) node ranks.
@@ -24,6 +25,19 @@ from dataclasses import dataclass, field
 from remote.transport import UNKNOWN, matches
 
 Pair = tuple[int, int]
+
+# On gloo (CPU tensors: docker nodes, CPU-only machines) a pair's figure is the two CPUs'
+# memory copies as much as their network, and a busy CPU halves it: on a loaded 2-core CI
+# machine a healthy pair of three docker nodes measured 0.417 GB/s twice in a row against a
+# 0.835 GB/s median pair (2026-12-02). A throttled or broken link is at 0.3-30 % of its peers
+# (20 Mbit/s tc tbf: 0.3 %; a socket fallback: 5-30 %), so a quarter still finds it.
+GLOO_FRACTION_SCALE = 0.5
+
+
+def pair_fraction(fraction: float, backend: str | None) -> float:
+    """The share of the reference pair below which a pair is slow, on `backend`: `fraction`
+    (the controller's PAIR_SLOW_FRACTION) on NCCL, GLOO_FRACTION_SCALE of it on gloo."""
+    return fraction * GLOO_FRACTION_SCALE if backend == "gloo" else fraction
 
 
 @dataclass
@@ -97,10 +111,11 @@ def judge_pairs(pairs: dict[Pair, PairFigure], fraction: float, verdict: Judgeme
 
 def judge(*, finished: bool, peak_gbps: float | None, threshold_gbps: float | None,
           expected_transport: str | None, transports: dict[int, str],
-          pairs: dict[Pair, PairFigure], fraction: float) -> Judgement:
+          pairs: dict[Pair, PairFigure], fraction: float, backend: str | None) -> Judgement:
     """The verdict (see the module doc). `transports`: node -> what its NCCL used ('socket'
     for gloo; leave it empty when the all-reduce did not run); `expected_transport` None: any
-    transport will do. `finished` False (the measuring stopped on some rank) always fails."""
+    transport will do. `finished` False (the measuring stopped on some rank) always fails.
+    `backend`: the measuring's ('nccl', 'gloo'; None when unknown), for `pair_fraction`."""
     verdict = Judgement(finished=finished)
     if expected_transport is not None:
         for node, found in sorted(transports.items()):
@@ -111,5 +126,5 @@ def judge(*, finished: bool, peak_gbps: float | None, threshold_gbps: float | No
                 verdict.wrong_transport.append(node)
     verdict.below_threshold = (threshold_gbps is not None and peak_gbps is not None
                                and peak_gbps < threshold_gbps)
-    judge_pairs(pairs, fraction, verdict)
+    judge_pairs(pairs, pair_fraction(fraction, backend), verdict)
     return verdict

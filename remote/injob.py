@@ -254,7 +254,7 @@ def _judged(args: argparse.Namespace, mesh: Mesh, summary: dict[str, Any],
     verdict = judge(finished=True, peak_gbps=peak, threshold_gbps=args.busbw_below,
                     expected_transport=args.expect_transport,
                     transports=transports, pairs=merge_pairs(measured),
-                    fraction=args.pair_fraction)
+                    fraction=args.pair_fraction, backend=mesh.backend)
     return {"verdict": "pass" if verdict.passed else "fail", "transports": transports,
             "slow_nodes": verdict.slow_nodes, "slow_links": [list(p) for p in verdict.slow_links],
             "wrong_transport": verdict.wrong_transport,

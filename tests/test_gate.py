@@ -21,6 +21,7 @@ from provision.cluster.providers.gcp.catalog import fabric_expectation as gcp_fa
 from provision.job.fabric import FIXES
 from provision.job.gate import (
     BUSBW_FAIL_FRACTION,
+    PAIR_SLOW_FRACTION,
     FabricGateError,
     evaluate,
     gate_before_job,
@@ -35,6 +36,8 @@ from provision.model.inventory import FabricExpectation, Inventory, InventorySto
 from provision.model.keys import ensure_cluster_key
 from provision.model.spec import build_job_spec
 from provision.nodes import NodeGroup
+from remote.allreduce import slow_pairs
+from remote.gatejudge import pair_fraction
 
 LOGS = Path(__file__).resolve().parent / "data" / "logs"
 EXAMPLE = str(Path(__file__).resolve().parent.parent / "examples" / "train_ddp.py")
@@ -106,6 +109,32 @@ def test_a_slow_link_names_the_pair_not_the_nodes() -> None:
         "node-0": "slow link", "node-1": "slow link", "node-2": "ok", "node-3": "ok"}
     assert any("node-0 <-> node-1" in p for p in record.problems)
     assert SLOW_LINK_FIX in record.fixes
+
+
+def test_on_gloo_a_busy_cpu_halving_a_pair_twice_is_not_a_slow_link() -> None:
+    # the figures of a CI run (2026-12-02) on a healthy 3-node docker cluster: (0, 1) at half
+    # the median pair, in both measurements
+    figures = [pair(0, 2, 0.632, 0), pair(1, 2, 0.835, 1), pair(0, 1, 0.417, 2),
+               pair(0, 1, 0.417, 3, confirm=True)]
+    on_gloo = evaluate(inventory(3), lines("node-0", summary(0.3, 3), *figures), 0, mode="on")
+    assert on_gloo.verdict == "pass", on_gloo.problems
+    assert "(25% of median pair)" in render_table(on_gloo)
+    # the same figures from NCCL (GPU nodes): half the median pair is a slow link
+    on_nccl = evaluate(inventory(3), lines("node-0", summary(0.3, 3, "nccl"), *figures), 0,
+                       mode="on")
+    assert on_nccl.verdict == "fail"
+    assert any("slow link: node-0 <-> node-1" in p for p in on_nccl.problems)
+    assert "(50% of median pair)" in render_table(on_nccl)
+
+
+def test_the_pair_line_is_the_judges_on_either_backend() -> None:
+    assert pair_fraction(PAIR_SLOW_FRACTION, "nccl") == PAIR_SLOW_FRACTION
+    assert pair_fraction(PAIR_SLOW_FRACTION, None) == PAIR_SLOW_FRACTION
+    assert pair_fraction(PAIR_SLOW_FRACTION, "gloo") == PAIR_SLOW_FRACTION / 2
+    # the nodes choose which pairs to measure again with the same line
+    first = {(0, 1): 0.3, (0, 2): 1.0, (1, 2): 1.0}  # 30 %: below 1/2, above 1/4
+    assert slow_pairs(first, pair_fraction(PAIR_SLOW_FRACTION, "nccl")) == [(0, 1)]
+    assert slow_pairs(first, pair_fraction(PAIR_SLOW_FRACTION, "gloo")) == []
 
 
 def test_a_pair_is_slow_only_when_both_measurements_are() -> None:

@@ -18,7 +18,7 @@ Then, from the output alone:
     Inventory.fabric.transport;
   - bandwidth: the peak busbw against BUSBW_FAIL_FRACTION x Inventory.fabric.busbw_gbps;
   - slow pair: below PAIR_SLOW_FRACTION of the reference (the median over nodes of each node's
-    best pair) in both of its measurements;
+    best pair; half of it on gloo) in both of its measurements;
   - slow node: every pair it is in is slow (even its best one), so it is the node;
   - slow link: a slow pair whose two nodes are fine with other partners.
 Failure -> one table, the problems, the likely fixes (provision.job.fabric's per-fabric fixes and
@@ -44,7 +44,7 @@ from provision.model.gate_record import GateNode, GatePair, GateRecord
 from provision.model.inventory import Inventory, InventoryStore
 from provision.model.spec import DEFAULT_MASTER_PORT, JobSpec
 from provision.nodes import NodeGroup, borrowed
-from remote.gatejudge import Pair, PairFigure, judge, merge_pairs
+from remote.gatejudge import Pair, PairFigure, judge, merge_pairs, pair_fraction
 
 Log = Callable[[str], None]
 
@@ -54,8 +54,9 @@ Log = Callable[[str], None]
 # 4.13 vs 77.35 GB/s; a3-high without TCPX: ~20 vs 66-88; p5: < 25 vs 444).
 BUSBW_FAIL_FRACTION = 0.5
 # A node whose best pair (or a pair) is below half the reference pair is slow. A node with a
-# broken fabric NIC is at 5-30% of its peers; a busy moment on a shared CPU or link rarely
-# halves a figure twice in a row (slow pairs are measured again before being judged).
+# broken fabric NIC is at 5-30% of its peers; a busy moment on a shared link rarely halves a
+# figure twice in a row (slow pairs are measured again before being judged). On gloo (CPU
+# nodes) a quarter: a busy CPU does halve a figure twice (remote.gatejudge.pair_fraction).
 PAIR_SLOW_FRACTION = 0.5
 # Every pair up to 17 nodes; beyond, each node still meets 16 partners (enough to tell a slow
 # node from its partners; links are then sampled, not all measured).
@@ -238,7 +239,7 @@ def evaluate(inv: Inventory, output: str, code: int, *, mode: str,
         finished=code == 0 and summary is not None, peak_gbps=record.busbw_gbps,
         threshold_gbps=limit, expected_transport=fabric.transport if fabric else None,
         transports={rank: row.transport for rank, row in rows.items()} if summary else {},
-        pairs=pairs, fraction=PAIR_SLOW_FRACTION)
+        pairs=pairs, fraction=PAIR_SLOW_FRACTION, backend=backend)
     describe(record, verdict, rows, names, pairs,
               (fabric.nominal or fabric.transport) if fabric else "", code, summary,
               [str(r["error"]) for r in records if "error" in r])
@@ -266,7 +267,8 @@ def table_rows(record: GateRecord) -> list[tuple[str, str, str, str, str]]:
     """Header + one row per node: node, transport, busbw, expected, verdict."""
     expected_t = record.expected_transport or "any"
     if record.pair_reference_gbps is not None:
-        expect_bw = f">= {PAIR_SLOW_FRACTION * record.pair_reference_gbps:.3g} (1/2 median pair)"
+        share = pair_fraction(PAIR_SLOW_FRACTION, record.backend)
+        expect_bw = f">= {share * record.pair_reference_gbps:.3g} ({share:.0%} of median pair)"
     elif record.threshold_gbps is not None:
         expect_bw = f">= {record.threshold_gbps:.3g}"
     else:

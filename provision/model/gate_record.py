@@ -60,7 +60,8 @@ class GateRecord(BaseModel):
     threshold_gbps: float | None = Field(None, description="fail below this cluster busbw")
     pair_reference_gbps: float | None = Field(None, description="median over nodes of each "
                                               "node's best pair; a node/pair is slow below "
-                                              "PAIR_SLOW_FRACTION of it")
+                                              "PAIR_SLOW_FRACTION of it (half that on "
+                                              "gloo)")
     rounds: int = 0
     nodes: list[GateNode] = Field(default_factory=list)
     pairs: list[GatePair] = Field(default_factory=list)

@@ -123,7 +123,8 @@ def test_pair_reference_is_robust_to_one_slow_node_of_three() -> None:
 @pytest.mark.slow
 def test_gate_mode_measures_every_pair_across_three_torchrun_agents(tmp_path: Path) -> None:
     """Three torchrun agents on this machine stand in for three nodes (GROUP_RANK 0..2);
-    --pair-fraction 2 makes every pair a suspect, so the confirmation round runs too."""
+    --pair-fraction 4 (2 on gloo: gatejudge.pair_fraction) makes every pair a suspect, so
+    the confirmation round runs too."""
     pytest.importorskip("torch")
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1",
            "CUDA_VISIBLE_DEVICES": ""}
@@ -133,7 +134,7 @@ def test_gate_mode_measures_every_pair_across_three_torchrun_agents(tmp_path: Pa
             [sys.executable, "-m", "torch.distributed.run", "--nnodes", "3", "--node_rank",
              str(rank), "--nproc_per_node", "1", "--master_addr", "127.0.0.1", "--master_port",
              port, "-m", "remote", "allreduce", "--gate", "--max-bytes", "2M",
-             "--pairwise-below", "inf", "--pair-fraction", "2"],
+             "--pairwise-below", "inf", "--pair-fraction", "4"],
             env=env, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         for rank in range(3)
     ]
