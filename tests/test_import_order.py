@@ -1,8 +1,8 @@
 """What `up` and `run` import before their first provider call, and what the CLI's models
 cost to build (pydantic's plugin scan, turned off in provision/cli/__init__.py).
 
-Fabric and paramiko (~0.1 s) are imported on a thread while the provider waits on its API
-(provision/cluster/pipeline.py `_import_ssh_stack`); a module-level import anywhere on the way
+Fabric and paramiko (~0.2 s) are imported on a thread while the provider waits on its API
+(provision/nodes/pool.py `ssh_stack_soon`); a module-level import anywhere on the way
 to the first call puts them back in front of it (as provision/nodes/bootstrap.py once did for
 `run`, through provision.job.lifecycle: "creating" came 0.2 s later than in round two).
 """

@@ -11,9 +11,7 @@ Functions here hold the cluster's lock; the ones they call must not take it agai
 from __future__ import annotations
 
 import contextlib
-import importlib
 import signal
-import threading
 from collections.abc import Callable, Iterator
 from types import FrameType
 from typing import TYPE_CHECKING
@@ -71,15 +69,6 @@ def plan_cluster(spec: ClusterSpec, store: InventoryStore) -> tuple[AnyProvider,
     return provider, provider.plan(spec)
 
 
-def _import_ssh_stack() -> None:
-    """Fabric and paramiko (~0.1 s of imports) while the provider waits on its API, not
-    before its first call nor after the nodes answer. Nothing on the way to the first call
-    imports them (tests/test_import_order.py keeps it so: `run` lost this overlap once, when
-    the bootstrap module imported sshconn at the top)."""
-    for module in ("provision.nodes.bootstrap", "provision.nodes.sshconn", "fabric"):
-        importlib.import_module(module)
-
-
 def create_cluster(
     provider: AnyProvider,
     spec: ClusterSpec,
@@ -106,8 +95,6 @@ def create_cluster(
     begin(inv, "up", timeline)
     store.create(inv)
     _record_cost_event("up", inv)
-    if bootstrap:
-        threading.Thread(target=_import_ssh_stack, daemon=True).start()
     try:
         log(f"creating {plan.nodes} node(s) on {spec.provider} ...")
         with timed(inv, "create call"):

@@ -236,6 +236,32 @@ def test_a_failing_container_rolls_back_everything(engine: FakeEngine, mgpu_home
     assert not store.exists("unit")
 
 
+def test_the_ssh_stack_is_imported_once_the_network_is_there(
+        engine: FakeEngine, mgpu_home: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Not as `create` begins: its imports would share the interpreter with the keys and the
+    image lookup that the containers wait for (provision/nodes/pool.py ssh_stack_soon)."""
+    seen: list[int] = []
+    monkeypatch.setattr("provision.cluster.providers.docker.provider.ssh_stack_soon",
+                        lambda: seen.append(len(engine.networks)))
+    _up(_spec(2), InventoryStore())
+    assert seen == [1]
+
+
+def test_a_failure_while_the_containers_start_rolls_back_every_one(
+        engine: FakeEngine, mgpu_home: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The NCCL preset is rendered while the engine starts the containers: its failure waits
+    for them to be recorded, so the rollback removes them all."""
+    def broken(*args: Any, **kwargs: Any) -> str:
+        raise OSError("template missing")
+
+    monkeypatch.setattr("provision.cluster.providers.docker.provider.render", broken)
+    store = InventoryStore()
+    with pytest.raises(ProvisionError, match="template missing"):
+        _up(_spec(3), store)
+    assert engine.containers == {} and engine.networks == {}
+    assert not store.exists("unit")
+
+
 def test_destroy_is_idempotent_and_sweeps_by_label(engine: FakeEngine, mgpu_home: Path) -> None:
     store = InventoryStore()
     inv = _up(_spec(2), store)

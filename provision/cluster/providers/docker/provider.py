@@ -41,6 +41,7 @@ from provision.model.render import parse_env_file, render
 from provision.model.spec import ClusterSpec
 from provision.model.timeline import reached
 from provision.nodes import background, fan_out
+from provision.nodes.pool import ssh_stack_soon
 
 if TYPE_CHECKING:
     from provision.model.keys import KeyPair
@@ -71,8 +72,9 @@ class DockerProvider(Recoverable[DockerPlan], Supervising[DockerPlan]):
     def _create(self, spec: ClusterSpec, plan: DockerPlan, inv: Inventory,
                 store: InventoryStore) -> None:
         """Engine calls go out as early as possible; the tool's own work (keys, image lookup,
-        inventory writes, the NCCL preset) happens while the engine is busy. On failure it
-        raises; the pipeline removes what the inventory recorded."""
+        inventory writes; then the NCCL preset and the SSH stack's imports) happens while
+        the engine is busy. On failure it raises; the pipeline removes what the inventory
+        recorded."""
         from provision.cluster.providers.docker.images import ensure_node_image
 
         request = plan.request
@@ -110,17 +112,26 @@ class DockerProvider(Recoverable[DockerPlan], Supervising[DockerPlan]):
                 inv.key_path = str(key_path)
                 store.save(inv)
             image = ensure_node_image(request.node_image, log=log.info, client=client)
-            # Still before the network is there (the first render imports Jinja2: ~0.03 s
-            # that would otherwise come between the network and the containers).
-            inv.nccl_env = parse_env_file(render("nccl/docker.env.j2",
-                                                 gpus=request.node_image.gpus))
-            inv.preemption = PreemptionSource(protocol="file", url=METADATA_STANDIN)
         finally:
             # On failure, wait until the network is recorded, so the rollback removes it.
             exc = net_future.exception()
         if exc is not None:
             raise exc
-        inv.nodes = fan_out(request.nodes, start)
+        started = background(lambda: fan_out(request.nodes, start))
+        try:
+            # While the engine starts the containers (~0.4 s): the SSH stack bootstrap needs,
+            # and the NCCL preset (its first render imports Jinja2, ~0.04 s).
+            ssh_stack_soon()
+            nccl_env = parse_env_file(render("nccl/docker.env.j2", gpus=request.node_image.gpus))
+            with store_lock:
+                inv.nccl_env = nccl_env
+                inv.preemption = PreemptionSource(protocol="file", url=METADATA_STANDIN)
+        finally:
+            # As above: every container recorded before a failure goes to the rollback.
+            exc = started.exception()
+        if exc is not None:
+            raise exc
+        inv.nodes = started.result()
         reached(inv, "nodes running", part_of="create call",
                 detail=f"{len(inv.nodes)} container(s)")
         store.save(inv)
