@@ -2,7 +2,7 @@
 cost to build (pydantic's plugin scan, turned off in provision/cli/__init__.py).
 
 Fabric and paramiko (~0.2 s) are imported on a thread while the provider waits on its API
-(provision/nodes/pool.py `ssh_stack_soon`); a module-level import anywhere on the way
+(provision/nodes/pool.py `import_ssh_stack_while_waiting`); a module-level import anywhere on the way
 to the first call puts them back in front of it (as provision/nodes/bootstrap.py once did for
 `run`, through provision.job.lifecycle: "creating" came 0.2 s later than in round two).
 """
@@ -40,6 +40,23 @@ def test_the_ssh_stack_is_not_imported_before_the_first_provider_call(
 
 def test_the_check_can_fail() -> None:
     assert "paramiko" in loaded_after("provision.nodes.sshconn")
+
+
+def test_the_ssh_stack_waits_for_the_provider() -> None:
+    """Asked for before `create`, imported only once the provider says it waits."""
+    code = ("import sys, threading, time\n"
+            "from provision.nodes import pool\n"
+            "pool.import_ssh_stack_while_waiting()\n"
+            "time.sleep(0.5)\n"
+            "before = 'paramiko' in sys.modules\n"
+            "pool.provider_waits()\n"
+            "end = time.monotonic() + 60\n"
+            "while 'fabric' not in sys.modules and time.monotonic() < end:\n"
+            "    time.sleep(0.01)\n"
+            "print(before, 'fabric' in sys.modules)\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True, timeout=120).stdout
+    assert out.split() == ["False", "True"]
 
 
 def pydantic_plugin_scans(env_value: str | None) -> list[str]:

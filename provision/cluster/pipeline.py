@@ -28,6 +28,7 @@ from provision.model.logsink import stderr_line
 from provision.model.plan import Plan
 from provision.model.spec import ClusterSpec
 from provision.model.timeline import Timeline, begin, finish, timed
+from provision.nodes.pool import import_ssh_stack_while_waiting
 
 if TYPE_CHECKING:
     from provision.cluster.providers.contract import AnyProvider
@@ -95,6 +96,8 @@ def create_cluster(
     begin(inv, "up", timeline)
     store.create(inv)
     _record_cost_event("up", inv)
+    if bootstrap:
+        import_ssh_stack_while_waiting()
     try:
         log(f"creating {plan.nodes} node(s) on {spec.provider} ...")
         with timed(inv, "create call"):

@@ -51,24 +51,32 @@ def background(fn: Callable[[], T]) -> Future[T]:
 # What bootstrap needs to reach nodes: Fabric and paramiko, ~0.2 s of imports.
 SSH_STACK = ("provision.nodes.bootstrap", "provision.nodes.sshconn", "fabric")
 _ssh_stack_started = threading.Event()
+_provider_waits = threading.Event()
 
 
-def ssh_stack_soon() -> None:
-    """Import the SSH stack on a thread of its own, once per process, for a bootstrap that
-    comes later. A provider calls it where it next WAITS on its API or engine (e.g. the
-    docker provider once its containers' creation is sent): imports started sooner share the
+def import_ssh_stack_while_waiting() -> None:
+    """The SSH stack imported on a thread of its own (once per process) as soon as the
+    provider says that it waits on its API or engine (`provider_waits`). The pipeline asks
+    for it before `create` when a bootstrap follows. Sooner, the imports would share the
     interpreter with the provider's own work before that call and delay it (docker: the
-    containers came 0.15 s later when the pipeline started this as `create` began). Not
-    called: bootstrap imports them itself, as slow as before, no less correct."""
+    containers came 0.15 s after the network when the imports began with `create`). A
+    provider that never says so loses nothing but time: bootstrap imports them itself."""
     if _ssh_stack_started.is_set():
         return
     _ssh_stack_started.set()
 
     def load() -> None:
+        _provider_waits.wait()
         for module in SSH_STACK:
             importlib.import_module(module)
 
     threading.Thread(target=load, daemon=True).start()
+
+
+def provider_waits() -> None:
+    """Said by a provider where it next waits on its API or engine (docker: once its
+    containers' creation is sent; the clouds: as they begin, their nodes take minutes)."""
+    _provider_waits.set()
 
 
 def poll(check: Callable[[], bool], deadline_s: float, interval_s: float = 5.0) -> bool:

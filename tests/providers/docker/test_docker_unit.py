@@ -236,12 +236,12 @@ def test_a_failing_container_rolls_back_everything(engine: FakeEngine, mgpu_home
     assert not store.exists("unit")
 
 
-def test_the_ssh_stack_is_imported_once_the_network_is_there(
+def test_the_provider_says_it_waits_once_the_network_is_there(
         engine: FakeEngine, mgpu_home: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Not as `create` begins: its imports would share the interpreter with the keys and the
-    image lookup that the containers wait for (provision/nodes/pool.py ssh_stack_soon)."""
+    image lookup that the containers wait for (provision/nodes/pool.py provider_waits)."""
     seen: list[int] = []
-    monkeypatch.setattr("provision.cluster.providers.docker.provider.ssh_stack_soon",
+    monkeypatch.setattr("provision.cluster.providers.docker.provider.provider_waits",
                         lambda: seen.append(len(engine.networks)))
     _up(_spec(2), InventoryStore())
     assert seen == [1]

@@ -14,7 +14,7 @@ from provision.cluster.providers.contract import Recoverable, Supervising
 from provision.model.errors import ProvisionError, TeardownError
 from provision.model.inventory import Inventory, InventoryStore, NodeRecord, ResourceRecord
 from provision.model.spec import ClusterSpec
-from provision.nodes.pool import ssh_stack_soon
+from provision.nodes.pool import provider_waits
 
 
 def _region_of(inv: Inventory) -> str | None:
@@ -89,7 +89,7 @@ class AwsProvider(Recoverable[AwsPlan], Supervising[AwsPlan]):
         destroys what the inventory holds."""
         from provision.cluster.providers.aws.failover import create_cluster
 
-        ssh_stack_soon()  # bootstrap's imports: the nodes take minutes to boot
+        provider_waits()  # the nodes take minutes to boot: bootstrap's imports meanwhile
         create_cluster(spec, plan, inv, store)
 
     def _destroy(self, inv: Inventory, store: InventoryStore) -> None:

@@ -41,7 +41,7 @@ from provision.model.render import parse_env_file, render
 from provision.model.spec import ClusterSpec
 from provision.model.timeline import reached
 from provision.nodes import background, fan_out
-from provision.nodes.pool import ssh_stack_soon
+from provision.nodes.pool import provider_waits
 
 if TYPE_CHECKING:
     from provision.model.keys import KeyPair
@@ -119,9 +119,9 @@ class DockerProvider(Recoverable[DockerPlan], Supervising[DockerPlan]):
             raise exc
         started = background(lambda: fan_out(request.nodes, start))
         try:
-            # While the engine starts the containers (~0.4 s): the SSH stack bootstrap needs,
-            # and the NCCL preset (its first render imports Jinja2, ~0.04 s).
-            ssh_stack_soon()
+            # While the engine starts the containers (~0.4 s): bootstrap's imports (when the
+            # pipeline asked for them) and the NCCL preset (its first render imports Jinja2).
+            provider_waits()
             nccl_env = parse_env_file(render("nccl/docker.env.j2", gpus=request.node_image.gpus))
             with store_lock:
                 inv.nccl_env = nccl_env

@@ -12,7 +12,7 @@ from provision.cluster.providers.gcp.options import GcpOptions
 from provision.model.errors import TeardownError
 from provision.model.inventory import Inventory, InventoryStore, NodeRecord, ResourceRecord
 from provision.model.spec import ClusterSpec
-from provision.nodes.pool import ssh_stack_soon
+from provision.nodes.pool import provider_waits
 
 if TYPE_CHECKING:  # the plan module loads google.cloud.compute (~1.4 s): only when used
     from provision.cluster.providers.gcp.plan import GcpPlan
@@ -101,7 +101,7 @@ class GcpProvider(Recoverable["GcpPlan"], Supervising["GcpPlan"]):
         from provision.cluster.providers.gcp import create
         from provision.cluster.providers.gcp.clients import build_clients
 
-        ssh_stack_soon()  # bootstrap's imports: the nodes take minutes to boot
+        provider_waits()  # the nodes take minutes to boot: bootstrap's imports meanwhile
         clients = build_clients(plan.layout.project)
         create.create(spec, plan, inv, store, clients, log.warning)
 
