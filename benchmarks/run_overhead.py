@@ -124,11 +124,18 @@ def torchx_run(work: Path, image: str) -> float | None:
                            "--image", image, "--script", "job.py"], cwd=work,
                           capture_output=True, text=True, timeout=600)
     took = time.perf_counter() - t0
-    # local_docker leaves its exited containers behind (labelled with the app id)
+    # local_docker leaves its exited containers behind (labelled with the app id), and the
+    # image it built of the workspace for them (untagged: one per run)
     left = subprocess.run(["docker", "ps", "-aq", "--filter", "label=torchx.pytorch.org/app-id"],
                           capture_output=True, text=True).stdout.split()
     if left:
+        built = set(subprocess.run(["docker", "inspect", "-f", "{{.Image}}", *left],
+                                   capture_output=True, text=True).stdout.split())
         subprocess.run(["docker", "rm", "-f", *left], capture_output=True)
+        base = subprocess.run(["docker", "image", "inspect", "-f", "{{.Id}}", image],
+                              capture_output=True, text=True).stdout.strip()
+        if built - {base}:
+            subprocess.run(["docker", "rmi", *(built - {base})], capture_output=True)
     if done.returncode != 0:
         raise SystemExit(f"torchx failed:\n{done.stderr[-3000:]}")
     return took
