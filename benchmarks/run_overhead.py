@@ -8,8 +8,9 @@ where the rest goes, in one run.
     run      the whole `python -m provision.cli run --nodes 2 --nproc-per-node 2 SCRIPT`
              (CLI start, plan, create, bootstrap, launch, fetch, keep logs, destroy, cost)
     overhead run - job, per run, then the median (target: <= 1.5 s)
-    engine   the Docker engine's own part of it, measured alone in the same run (the cluster
-             network and two containers made and removed through the SDK, nothing else)
+    engine   the Docker engine's own part of it, measured alone in the same run (two
+             containers made and removed through the SDK on a network that exists, as on the
+             shared one, nothing else; and apart, a network made and removed)
 
 The phase table stamps each line the CLI prints on stderr with the seconds since the command
 started (median over the repeats): the gap before a line is the step that line ends. With
@@ -84,16 +85,18 @@ def one_run(work: Path, env: dict[str, str], name: str) -> tuple[float, float, d
     return total, job, marks
 
 
-def engine_floor(image: str) -> float:
-    """What the engine alone spends on a 2-node cluster's life, no job, no sshd wait: the
-    network, two containers of the node image made and started on it in parallel (SSH port
-    published, 1 GB /dev/shm, as the provider makes them), both removed, the network removed.
-    The part of the overhead that no change of this tool's own can cut."""
+def engine_floor(image: str) -> tuple[float, float]:
+    """What the engine alone spends on a 2-node cluster's life, no job, no sshd wait: two
+    containers of the node image made and started in parallel on an existing network (SSH
+    port published, 1 GB /dev/shm, as the provider makes them on the shared one), then both
+    removed. The part of the overhead that no change of this tool's own can cut. Also timed,
+    apart: a network made and removed (what each cluster paid when it had its own)."""
     import docker
 
     api = docker.from_env().api
-    start = time.perf_counter()
+    net_start = time.perf_counter()
     net = api.create_network("bench-floor-net", driver="bridge")["Id"]
+    net_made = time.perf_counter() - net_start
 
     def one(i: int) -> str:
         cid = api.create_container(
@@ -104,11 +107,14 @@ def engine_floor(image: str) -> float:
         return str(cid["Id"])
 
     try:
+        start = time.perf_counter()
         with ThreadPoolExecutor(max_workers=2) as pool:
             ids = list(pool.map(one, range(2)))
             list(pool.map(lambda cid: api.remove_container(cid, force=True), ids))
+        floor = time.perf_counter() - start
+        net_start = time.perf_counter()
         api.remove_network(net)
-        return time.perf_counter() - start
+        return floor, net_made + time.perf_counter() - net_start
     except BaseException:  # after a failure: nothing left on the engine
         subprocess.run(["docker", "rm", "-f", "bench-floor-0", "bench-floor-1"],
                        capture_output=True)
@@ -149,6 +155,7 @@ def main() -> None:
     args = parser.parse_args()
     tx: list[float] = []
     floors: list[float] = []
+    own_nets: list[float] = []
     # tree label -> (totals, jobs, mark -> seconds)
     seen: dict[str, tuple[list[float], list[float], dict[str, list[float]]]] = {}
     image = node_image()  # the one every run, the floor and TorchX use
@@ -166,7 +173,9 @@ def main() -> None:
                 jobs.append(job)
                 for k, v in stamps.items():
                     steps.setdefault(k, []).append(v)
-            floors.append(engine_floor(image))
+            floor, own_net = engine_floor(image)
+            floors.append(floor)
+            own_nets.append(own_net)
             if args.torchx:
                 took = torchx_run(work, image)
                 if took is not None:
@@ -175,8 +184,9 @@ def main() -> None:
     print(f"run 2x2 on docker, medians of {args.repeat}, load average "
           f"{os.getloadavg()[0]:.1f} on {os.cpu_count()} cores"
           + (f"; trees interleaved: {', '.join(seen)}" if len(seen) > 1 else ""))
-    print(f"  engine floor {med(floors):5.2f} s (network + 2 containers made and removed, "
-          "no sshd, no job: no change of the tool's own can cut it)")
+    print(f"  engine floor {med(floors):5.2f} s (2 containers made and removed on a network "
+          "that exists, no sshd, no job: no change of the tool's own can cut it); a network "
+          f"of the cluster's own, made and removed, would add {med(own_nets):.2f} s")
     for label, (totals, jobs, steps) in seen.items():
         overhead = med(t - j for t, j in zip(totals, jobs, strict=True))  # per run, then median
         print(f"  [{label}] job (baseline) {med(jobs):6.2f} s   run {med(totals):6.2f} s   "

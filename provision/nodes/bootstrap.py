@@ -163,8 +163,13 @@ def _etc_hosts_files(inv: Inventory, layout: RemoteLayout) -> tuple[Files, str]:
     lines = "".join(f"{n.private_address} {n.name}\n" for n in inv.nodes)
     block = f"# >>> mgpu-cloud {inv.name} >>>\n{lines}# <<< mgpu-cloud {inv.name} <<<\n"
     staged = layout.path("hosts_block")
-    inner = f"sed -i {q(_managed_block_sed(inv.name))} /etc/hosts && cat {q(staged)} >> /etc/hosts"
-    return {staged: (block.encode(), 0o644)}, f"sudo -n sh -c {q(inner)}"
+    # Rewritten in place, not renamed over (sed -i): a container's /etc/hosts is a file the
+    # engine bind-mounts, which a rename cannot replace. Root (docker nodes) needs no sudo.
+    inner = (f"sed {q(_managed_block_sed(inv.name))} /etc/hosts > /etc/hosts.mgpu && "
+             f"cat /etc/hosts.mgpu {q(staged)} > /etc/hosts && rm -f /etc/hosts.mgpu")
+    as_root = f"sh -c {q(inner)}"
+    return ({staged: (block.encode(), 0o644)},
+            f'if [ "$(id -u)" = 0 ]; then {as_root}; else sudo -n {as_root}; fi')
 
 
 def _peer_pieces(inv: Inventory, layout: RemoteLayout) -> tuple[Files, list[str]]:

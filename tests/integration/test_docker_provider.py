@@ -158,6 +158,12 @@ def test_up_exec_status_ssh_trust_down_twice(tmp_path: Path, cleanup) -> None:  
     assert [p["phase"] for p in tl["phases"]] == ["plan", "create call", "nodes running",
                                                   "bootstrap", "ssh answers"]
     assert [n["address"] for n in rows[0]["nodes"]] == ["127.0.0.1", "127.0.0.1"]
+    # node-1 is its IP on the network every docker cluster shares, named in /etc/hosts
+    # (bootstrap's block, written in place: the engine bind-mounts that file)
+    ip = rows[0]["nodes"][1]["private_address"]
+    res = cli("exec", "it-up", "--", "getent hosts node-1")
+    answers = re.findall(r"^(\S+)\s+node-1$", res.stdout, re.M)  # node-1 also has the engine's
+    assert len(answers) >= 2 and set(answers) == {ip}, res.stdout
 
     # Containers publish SSH on loopback only.
     ports = subprocess.run(["docker", "port", "it-up-node-0", "22"], capture_output=True,
@@ -177,6 +183,10 @@ def test_up_exec_status_ssh_trust_down_twice(tmp_path: Path, cleanup) -> None:  
 
     assert cli("down", "it-up").returncode == 0
     assert leftovers("it-up") == []
+    # and keeps the shared network (made by the first `up` that missed it, as kind's "kind")
+    shared = subprocess.run(["docker", "network", "inspect", "-f", "{{.Labels}}", "mgpu-cloud"],
+                            capture_output=True, text=True)
+    assert "mgpu-cloud-network:shared" in shared.stdout, shared.stdout + shared.stderr
     again = cli("down", "it-up")
     assert again.returncode == 0 and "nothing to remove" in again.stderr
 

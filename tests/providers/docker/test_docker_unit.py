@@ -15,13 +15,14 @@ import pytest
 
 from provision.cluster import pipeline
 from provision.cluster.providers import get_provider
+from provision.cluster.providers.docker.plan import SHARED_LABEL, SHARED_NETWORK
 from provision.model.errors import (
     ClusterExistsError,
     ProviderUnavailableError,
     ProvisionError,
     TeardownError,
 )
-from provision.model.inventory import CLUSTER_TAG, Inventory, InventoryStore
+from provision.model.inventory import CLUSTER_TAG, Inventory, InventoryStore, ResourceRecord
 from provision.model.spec import build_cluster_spec
 
 
@@ -65,15 +66,29 @@ class FakeEngine:
     def create_endpoint_config(self, **kw: Any) -> dict[str, Any]:
         return kw
 
-    def create_network(self, name: str, driver: str, labels: dict[str, str]) -> dict[str, str]:
+    def create_network(self, name: str, driver: str, labels: dict[str, str],
+                       check_duplicate: bool | None = None) -> dict[str, str]:
         self._maybe_fail("create_network", name)
         with self.lock:
+            # Engines before API 1.44 make a second network of the same name unless asked to
+            # check (the SDK's check_duplicate; 1.44 always checks): 409 Conflict then.
+            if check_duplicate and any(n["Name"] == name for n in self.networks.values()):
+                raise _api_error(409, f"network with name {name} already exists")
             nid = f"net{next(self.ids):060d}"
             self.networks[nid] = {"Name": name, "Labels": labels, "Driver": driver}
         return {"Id": nid}
 
+    def inspect_network(self, name: str) -> dict[str, Any]:
+        found = [{"Id": nid, **n} for nid, n in self.networks.items() if n["Name"] == name]
+        if not found:
+            raise _api_error(404, f"network {name} not found")
+        return found[0]
+
     def create_container(self, image: str, **kw: Any) -> dict[str, str]:
         self._maybe_fail("create_container", kw["name"])
+        net = kw.get("host_config", {}).get("network_mode")
+        if net and not any(n["Name"] == net for n in self.networks.values()):
+            raise _api_error(404, f"network {net} not found")  # the engine checks at create
         with self.lock:
             cid = f"c{next(self.ids):063d}"
             self.containers[cid] = {"image": image, "running": False, **kw}
@@ -85,8 +100,10 @@ class FakeEngine:
 
     def inspect_container(self, cid: str) -> dict[str, Any]:
         port = 40000 + int(cid[1:]) % 1000
-        return {"NetworkSettings": {"Ports": {"22/tcp": [{"HostIp": "127.0.0.1",
-                                                           "HostPort": str(port)}]}}}
+        net = self.containers[cid]["host_config"]["network_mode"]
+        return {"NetworkSettings": {
+            "Ports": {"22/tcp": [{"HostIp": "127.0.0.1", "HostPort": str(port)}]},
+            "Networks": {net: {"IPAddress": f"10.9.0.{int(cid[1:]) % 250}"}}}}
 
     def remove_container(self, cid: str, force: bool) -> None:
         self._maybe_fail("remove_container", cid)
@@ -171,6 +188,10 @@ def engine(monkeypatch: pytest.MonkeyPatch) -> FakeEngine:
     return eng
 
 
+def _names(engine: FakeEngine) -> list[str]:
+    return [n["Name"] for n in engine.networks.values()]
+
+
 def _spec(nodes: int = 2, **docker: Any) -> Any:
     return build_cluster_spec({}, {"name": "unit", "nodes": nodes, "docker": docker})
 
@@ -198,18 +219,20 @@ def test_containers_of_the_name_left_on_the_engine_are_refused_before_anything_i
     with pytest.raises(ClusterExistsError) as err:
         get_provider("docker").plan(_spec())
     assert "no inventory here knows: unit-node-0" in str(err.value)
-    assert "docker rm -f unit-node-0; docker network rm unit-net" in str(err.value)
+    assert "remove them: docker rm -f unit-node-0 (" in str(err.value)
     assert len(engine.containers) == 1 and engine.networks == {}
     engine.create_container("x", name="other-node-0", labels={CLUSTER_TAG: "other"})
     del engine.containers[next(iter(engine.containers))]
-    assert get_provider("docker").plan(_spec()).request.network == "unit-net"
+    assert get_provider("docker").plan(_spec()).request.network == SHARED_NETWORK
 
 
 def test_create_records_everything_and_pins_host_keys(engine: FakeEngine, mgpu_home: Path) -> None:
     store = InventoryStore()
     inv = _up(_spec(3, cpus=1.5, memory="2g"), store)
-    assert [r.kind for r in inv.resources] == ["network", "container", "container", "container"]
-    assert len(engine.containers) == 3 and len(engine.networks) == 1
+    # the shared network is made, and not the cluster's (`down` keeps it)
+    assert [r.kind for r in inv.resources] == ["container", "container", "container"]
+    assert [(n["Name"], n["Labels"]) for n in engine.networks.values()] == [
+        (SHARED_NETWORK, {SHARED_LABEL: "shared"})]
     for rank, node in enumerate(inv.nodes):
         c = engine.containers[node.resource_id or ""]
         assert c["name"] == f"unit-node-{rank}" and c["hostname"] == f"node-{rank}"
@@ -217,11 +240,13 @@ def test_create_records_everything_and_pins_host_keys(engine: FakeEngine, mgpu_h
         host = c["host_config"]
         assert host["port_bindings"] == {22: ("127.0.0.1", None)}  # never on 0.0.0.0
         assert host["nano_cpus"] == 1_500_000_000 and host["mem_limit"] == "2g"
-        assert c["networking_config"]["unit-net"]["aliases"] == [f"node-{rank}"]
+        assert host["network_mode"] == SHARED_NETWORK
         env = c["environment"]
         assert env["MGPU_HOST_KEY"].startswith("-----BEGIN OPENSSH PRIVATE KEY-----")
         assert node.host_key and node.host_key.startswith("ssh-ed25519 ")
-        assert node.address == "127.0.0.1" and node.private_address == f"node-{rank}"
+        # the others reach it by its IP there, named in /etc/hosts by bootstrap
+        assert node.address == "127.0.0.1" and node.private_address.startswith("10.9.0.")
+    assert len({n.private_address for n in inv.nodes}) == 3 and inv.manage_etc_hosts
     assert len({n.host_key for n in inv.nodes}) == 3  # one host key per node
     assert store.load("unit").status == "ready"
     assert inv.nccl_env["GLOO_SOCKET_IFNAME"] == "eth0" and inv.nccl_env["ACCELERATE_USE_CPU"] == "1"
@@ -232,7 +257,7 @@ def test_a_failing_container_rolls_back_everything(engine: FakeEngine, mgpu_home
     engine.fail["start"] = (500, "OCI runtime create failed", "unit-node-1")
     with pytest.raises(ProvisionError, match="starting container unit-node-1 failed: OCI runtime"):
         _up(_spec(3), store)
-    assert engine.containers == {} and engine.networks == {}
+    assert engine.containers == {} and _names(engine) == [SHARED_NETWORK]
     assert not store.exists("unit")
 
 
@@ -258,7 +283,7 @@ def test_a_failure_while_the_containers_start_rolls_back_every_one(
     store = InventoryStore()
     with pytest.raises(ProvisionError, match="template missing"):
         _up(_spec(3), store)
-    assert engine.containers == {} and engine.networks == {}
+    assert engine.containers == {} and _names(engine) == [SHARED_NETWORK]
     assert not store.exists("unit")
 
 
@@ -270,7 +295,7 @@ def test_destroy_is_idempotent_and_sweeps_by_label(engine: FakeEngine, mgpu_home
     stray = engine.create_container("x", name="unit-node-9", labels={CLUSTER_TAG: "unit"})["Id"]
     provider = get_provider("docker")
     provider.destroy(inv, store)
-    assert engine.containers == {} and engine.networks == {}
+    assert engine.containers == {} and _names(engine) == [SHARED_NETWORK]
     assert stray not in engine.containers and inv.resources == []
     provider.destroy(inv, store)  # again: nothing to do, no error
 
@@ -300,7 +325,7 @@ def test_gc_finds_only_clusters_without_an_inventory(engine: FakeEngine, mgpu_ho
         ("container", "lost"), ("network", "lost")]
     provider.delete_orphans(_spec(), found)
     assert {c["name"] for c in engine.containers.values()} == {"unit-node-0"}
-    assert [n["Name"] for n in engine.networks.values()] == ["unit-net"]
+    assert _names(engine) == [SHARED_NETWORK]  # no cluster's: not an orphan
 
 
 def test_replace_of_a_container_already_gone(engine: FakeEngine, mgpu_home: Path) -> None:
@@ -318,3 +343,32 @@ def test_replace_of_a_container_already_gone(engine: FakeEngine, mgpu_home: Path
     with pytest.raises(ProvisionError, match="replacing node-1 of cluster 'unit' failed: "
                                              "device or resource busy"):
         get_provider("docker").replace(inv, store, new)
+
+
+def test_clusters_share_the_network_and_a_create_that_lost_the_race_uses_it(
+        engine: FakeEngine, mgpu_home: Path) -> None:
+    store = InventoryStore()
+    first = _up(_spec(1), store)
+    second = _up(build_cluster_spec({}, {"name": "two", "nodes": 1}), store)
+    assert _names(engine) == [SHARED_NETWORK]
+    get_provider("docker").destroy(first, store)
+    get_provider("docker").destroy(second, store)
+    assert engine.containers == {} and _names(engine) == [SHARED_NETWORK]  # kept by down
+    # another `up` made it between this one's inspect and create: 409, and it is used
+    engine.networks.clear()
+    real = engine.inspect_network
+    engine.inspect_network = lambda name: (  # type: ignore[method-assign]
+        engine.create_network(name, "bridge", {SHARED_LABEL: "shared"}), real("none"))[1]
+    inv = _up(build_cluster_spec({}, {"name": "three", "nodes": 1}), store)
+    assert _names(engine) == [SHARED_NETWORK] and len(inv.nodes) == 1
+
+
+def test_down_removes_the_own_network_an_older_inventory_records(
+        engine: FakeEngine, mgpu_home: Path) -> None:
+    """Clusters made before the shared network had NAME-net, recorded in the inventory."""
+    store = InventoryStore()
+    inv = _up(_spec(1), store)
+    nid = engine.create_network("unit-net", "bridge", {CLUSTER_TAG: "unit"})["Id"]
+    store.record(inv, ResourceRecord(kind="network", id=nid, name="unit-net"))
+    get_provider("docker").destroy(inv, store)
+    assert _names(engine) == [SHARED_NETWORK] and inv.resources == []

@@ -1,4 +1,4 @@
-"""Docker provider (local node emulation): nodes are containers on a private bridge network.
+"""Docker provider (local node emulation): nodes are containers on one shared bridge network.
 
 Cheap to import (the CLI reads INFO at start-up); the docker SDK is imported only when used.
 """
@@ -14,8 +14,8 @@ INFO = ProviderInfo(
     commands=(("image", "provision.cluster.providers.docker.cli:image_app"),),
     # sshd is the container's PID 1: TERM stops the container (it cannot remove itself).
     self_stop="kill -TERM 1",
-    self_stop_note="each node container stops itself; `down` removes the stopped containers, "
-                   "the network and the inventory",
+    self_stop_note="each node container stops itself; `down` removes the stopped containers "
+                   "and the inventory",
     monitor_note="CPU, memory and load are this machine's (docker nodes share its kernel)",
     flags=(
         Flag("--base-image", "base_image", help="base of the node image"),

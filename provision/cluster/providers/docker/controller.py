@@ -1,7 +1,7 @@
 """The docker provider's controller: one container per cluster that supervises managed runs.
 
     NAME-controller   a container of the node image (it has the tool's dependencies), on the
-                      cluster network (alias `controller`), SSH on 127.0.0.1 only (host key made
+                      nodes' network (plan.SHARED_NETWORK), SSH on 127.0.0.1 only (host key made
                       by the tool, pinned), labelled with the cluster like the nodes (so `down`,
                       rollback and `gc` remove it). Its one credential is the engine's socket:
                       the docker provider's own credential (whoever can use the engine is root
@@ -9,9 +9,10 @@
                       path, as on every node.
 
 From inside, the controller removes the cluster at the end of a `run --detach`: the node
-containers first, then it moves to the engine's default network (to keep reaching the store
-and the webhook for its last records), removes the cluster's network, and at last removes
-itself (the last call it makes; the engine kills it).
+containers first (the shared network stays, and so the store and the webhook stay reachable
+for its last records), and at last itself (the last call it makes; the engine kills it). A
+cluster made before the shared network has a network of its own: the controller moves to
+the engine's default network first, then removes it.
 """
 
 from __future__ import annotations
@@ -51,7 +52,7 @@ def _image(inv: Inventory) -> str:
 
 def create_controller(inv: Inventory, store: InventoryStore) -> NodeRecord:
     """Create and start the controller container (recorded before it starts)."""
-    from provision.cluster.providers.docker.plan import network_name
+    from provision.cluster.providers.docker.plan import SHARED_NETWORK
     from provision.model.keys import ensure_cluster_key, generate_ed25519, host_key_only
 
     api = docker_client().api
@@ -60,7 +61,7 @@ def create_controller(inv: Inventory, store: InventoryStore) -> NodeRecord:
     host_key = generate_ed25519("controller")
     _, public_key = ensure_cluster_key(store.keys_dir(inv.name))
     binds = {DOCKER_SOCKET: {"bind": DOCKER_SOCKET, "mode": "rw"}, **store_binds(inv)}
-    net = network_name(inv.name)
+    net = SHARED_NETWORK  # the cluster's nodes are there (made by their `up`)
     with map_errors(f"creating the controller {name}"):
         cid = api.create_container(
             image, name=name, hostname="controller",
@@ -68,17 +69,16 @@ def create_controller(inv: Inventory, store: InventoryStore) -> NodeRecord:
             ports=[22], environment=node_environment(host_key, public_key),
             host_config=api.create_host_config(port_bindings={22: ("127.0.0.1", None)},
                                                network_mode=net, binds=binds),
-            networking_config=api.create_networking_config(
-                {net: api.create_endpoint_config(aliases=["controller"])}),
             detach=True,
         )["Id"]
     store.record(inv, ResourceRecord(kind="container", id=cid, name=name,
                                      extra={"image": image, "role": "controller"}))
     with map_errors(f"starting the controller {name}"):
         api.start(cid)
-        ports = api.inspect_container(cid)["NetworkSettings"]["Ports"]
+        settings = api.inspect_container(cid)["NetworkSettings"]
     return NodeRecord(name="controller", rank=-1, address="127.0.0.1",
-                      port=int(ports["22/tcp"][0]["HostPort"]), private_address="controller",
+                      port=int(settings["Ports"]["22/tcp"][0]["HostPort"]),
+                      private_address=settings["Networks"][net]["IPAddress"],
                       user="root", slots=0, host_key=host_key_only(host_key.public_openssh),
                       resource_id=cid)
 
@@ -88,11 +88,11 @@ def _own_id(inv: Inventory) -> str | None:
 
 
 def teardown_from_inside(inv: Inventory, store: InventoryStore) -> None:
-    """Everything of the cluster but the controller itself: node containers, then the network
-    (after the controller left it). Idempotent; the caller then calls `remove_self`."""
+    """Everything of the cluster but the controller itself: node containers (then an old
+    cluster's own network, after the controller left it). Idempotent; the caller then calls
+    `remove_self`."""
     import docker.errors
 
-    from provision.cluster.providers.docker.plan import network_name
     from provision.nodes import fan_out
 
     client = docker_client()
@@ -109,15 +109,17 @@ def teardown_from_inside(inv: Inventory, store: InventoryStore) -> None:
         store.forget(inv, "container", cid)
 
     fan_out(sorted(ids), remove)
-    net = network_name(inv.name)
+    old = inv.resources_of("network")  # a cluster made before the shared network
+    if not old:
+        return
     me = me or socket.gethostname()
     with contextlib.suppress(docker.errors.APIError):
         # onto the engine's default network first: the store and the webhook stay reachable
         # for the last records, once the cluster's network is gone
         client.api.connect_container_to_network(me, "bridge")
-    with contextlib.suppress(docker.errors.APIError):
-        client.api.disconnect_container_from_network(me, net, force=True)
-    for r in inv.resources_of("network"):
+    for r in old:
+        with contextlib.suppress(docker.errors.APIError):
+            client.api.disconnect_container_from_network(me, r.id, force=True)
         with contextlib.suppress(docker.errors.NotFound):
             client.api.remove_network(r.id)
         store.forget(inv, "network", r.id)

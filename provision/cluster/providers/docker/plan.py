@@ -1,7 +1,9 @@
 """The docker provider's typed plan: what `create` makes, resolved from the spec once.
 
-    network     NAME-net (bridge)
-    containers  NAME-node-R with hostname and network alias node-R, SSH on 127.0.0.1 only
+    network     mgpu-cloud (bridge), shared by every docker cluster: made by the first `up`
+                that finds it missing, never removed by `down` (as kind's "kind" network)
+    containers  NAME-node-R with hostname node-R (the others reach it by name through the
+                /etc/hosts block bootstrap writes, as on the clouds), SSH on 127.0.0.1 only
 Nothing here talks to the engine except `plan`'s reachability check (in provider.py).
 """
 
@@ -15,8 +17,13 @@ from provision.model.spec import ClusterSpec
 DEFAULT_SLOTS = 2
 
 
-def network_name(cluster: str) -> str:
-    return f"{cluster}-net"
+# One network for every docker cluster. A network per cluster cost ~0.3 s of engine time in
+# each `run` (made 0.08-0.09 s, removed 0.18-0.20 s, measured on this machine's engine;
+# benchmarks/run_overhead.py): a third of a 2x2 run's overhead, for an isolation between
+# local rehearsal clusters of one user that nothing needs. Old inventories may still record a
+# NAME-net network: `down` removes what an inventory records.
+SHARED_NETWORK = "mgpu-cloud"
+SHARED_LABEL = "mgpu-cloud-network"  # = "shared"; not the cluster label: no cluster owns it
 
 
 def container_name(cluster: str, rank: int) -> str:
@@ -26,7 +33,7 @@ def container_name(cluster: str, rank: int) -> str:
 class DockerNode(StrictModel):
     rank: int
     container: str  # NAME-node-R
-    hostname: str  # node-R: hostname and network alias (how the other nodes reach it)
+    hostname: str  # node-R: its hostname, and the name the other nodes reach it by
 
 
 class DockerRequest(StrictModel):
@@ -47,7 +54,7 @@ class DockerPlan(Plan):
 
 def docker_request(spec: ClusterSpec) -> DockerRequest:
     return DockerRequest(
-        network=network_name(spec.name),
+        network=SHARED_NETWORK,
         nodes=[DockerNode(rank=r, container=container_name(spec.name, r), hostname=f"node-{r}")
                for r in range(spec.nodes)],
         slots=spec.gpus_per_node or DEFAULT_SLOTS,
@@ -58,7 +65,8 @@ def docker_request(spec: ClusterSpec) -> DockerRequest:
 def build_plan(spec: ClusterSpec) -> DockerPlan:
     request = docker_request(spec)
     resources = [PlannedResource(kind="network", name=request.network,
-                                 details={"driver": "bridge"})]
+                                 details={"driver": "bridge",
+                                          "shared": "by every docker cluster, kept after down"})]
     resources += [PlannedResource(kind="container", name=n.container,
                                   details={"hostname": n.hostname, "ssh": "127.0.0.1:<random port>"})
                   for n in request.nodes]

@@ -1,8 +1,10 @@
-"""Docker provider: nodes are containers of the node image on a private bridge network.
+"""Docker provider: nodes are containers of the node image on this machine's engine.
 
 Per cluster NAME (everything labelled mgpu-cloud-cluster=NAME):
-    network     NAME-net (bridge, private to the cluster; ranks rendezvous over it)
-    containers  NAME-node-0 .. NAME-node-(N-1), hostname and network alias node-R,
+    containers  NAME-node-0 .. NAME-node-(N-1), hostname node-R, on the network `mgpu-cloud`
+                that every docker cluster shares (plan.py SHARED_NETWORK: made when missing,
+                kept by `down`); the others reach node-R through the /etc/hosts block
+                bootstrap writes (its address: the container's IP there), as on the clouds.
                 SSH published on 127.0.0.1 only (a random port), host key made by the tool
                 and handed over in the container's environment (node-entrypoint.sh writes it
                 before sshd starts; anyone who can read it with `docker inspect` is root on
@@ -22,6 +24,7 @@ from provision.cluster.providers.contract import Recoverable, Supervising
 from provision.cluster.providers.docker.engine import docker_client, map_errors
 from provision.cluster.providers.docker.environment import node_environment, store_binds
 from provision.cluster.providers.docker.plan import (
+    SHARED_LABEL,
     DockerNode,
     DockerPlan,
     DockerRequest,
@@ -79,7 +82,6 @@ class DockerProvider(Recoverable[DockerPlan], Supervising[DockerPlan]):
 
         request = plan.request
         client = docker_client()
-        labels = {CLUSTER_TAG: spec.name}
         store_lock = threading.Lock()  # inventory writes come from several threads
 
         def record(kind: str, rid: str, name: str) -> None:
@@ -92,10 +94,8 @@ class DockerProvider(Recoverable[DockerPlan], Supervising[DockerPlan]):
         image = ""
 
         def make_network() -> None:
-            with map_errors("creating the cluster network"):
-                net_id = api.create_network(request.network, driver="bridge",
-                                            labels=labels)["Id"]
-            record("network", net_id, request.network)
+            with map_errors(f"creating the network {request.network}"):
+                ensure_shared_network(api, request.network)
 
         def start(node: DockerNode) -> NodeRecord:
             return _start_container(api, inv, request, image, node, host_keys[node.rank],
@@ -132,6 +132,7 @@ class DockerProvider(Recoverable[DockerPlan], Supervising[DockerPlan]):
         if exc is not None:
             raise exc
         inv.nodes = started.result()
+        inv.manage_etc_hosts = True  # node-R -> its IP on the shared network (bootstrap)
         reached(inv, "nodes running", part_of="create call",
                 detail=f"{len(inv.nodes)} container(s)")
         store.save(inv)
@@ -150,8 +151,9 @@ class DockerProvider(Recoverable[DockerPlan], Supervising[DockerPlan]):
         return bool(state.get("Running")) and not state.get("Paused")
 
     def _replace(self, inv: Inventory, store: InventoryStore, node: NodeRecord) -> NodeRecord:
-        """Remove the node's container; start a new one with the same name, hostname and
-        network alias (so the other nodes reach it by the same name) and a new host key."""
+        """Remove the node's container; start a new one with the same name and hostname and a
+        new host key (its IP may differ: recovery's refresh_peers gives the others its new
+        /etc/hosts line)."""
         import docker.errors
 
         from provision.model.keys import ensure_cluster_key, generate_ed25519
@@ -227,6 +229,8 @@ class DockerProvider(Recoverable[DockerPlan], Supervising[DockerPlan]):
             if not any(cid[:12] in f for f in failures):
                 store.forget(inv, "container", cid)
 
+        # Only inventories made before the shared network (plan.SHARED_NETWORK) record one, or
+        # label one with the cluster: the shared network stays.
         networks = {r.id for r in inv.resources_of("network")}
         with contextlib.suppress(docker.errors.APIError):
             networks |= {n.id for n in client.networks.list(filters=by_label)}
@@ -279,9 +283,28 @@ def _refuse_leftovers(client: Any, name: str) -> None:
         f"the Docker engine already has container(s) of a cluster named {name!r} that no "
         f"inventory here knows: {', '.join(names)} (left by a run that was killed, or made "
         "with another MGPU_CLOUD_HOME)",
-        hint=f"remove them: docker rm -f {' '.join(names)}; docker network rm {name}-net "
+        hint=f"remove them: docker rm -f {' '.join(names)} "
              "(`mgpu-cloud gc --provider docker` lists every such leftover), or pick another "
              "--name")
+
+
+def ensure_shared_network(api: Any, name: str) -> None:
+    """The network every docker cluster's containers join: made when the engine has none of
+    that name, else used as it is. Two `up`s at once: the engine refuses the second create
+    (409, CheckDuplicate, which engines before API 1.44 do not assume), and it is used."""
+    import docker.errors
+
+    try:
+        api.inspect_network(name)
+        return
+    except docker.errors.NotFound:
+        pass
+    try:
+        api.create_network(name, driver="bridge", check_duplicate=True,
+                           labels={SHARED_LABEL: "shared"})
+    except docker.errors.APIError as exc:
+        if exc.status_code != 409:
+            raise
 
 
 def _request_of(inv: Inventory, node: NodeRecord) -> DockerRequest:
@@ -325,17 +348,16 @@ def _start_container(api: Any, inv: Inventory, request: DockerRequest, image: st
             ports=[22],
             environment=node_environment(host_key, public_key),
             host_config=api.create_host_config(**host),
-            networking_config=api.create_networking_config(
-                {net_name: api.create_endpoint_config(aliases=[node.hostname])}),
             detach=True,
         )["Id"]
     record("container", cid, name)
     with map_errors(f"starting container {name}"):
         api.start(cid)
-        ports = api.inspect_container(cid)["NetworkSettings"]["Ports"]
+        settings = api.inspect_container(cid)["NetworkSettings"]
     return NodeRecord(
         name=node.hostname, rank=rank, address="127.0.0.1",
-        port=int(ports["22/tcp"][0]["HostPort"]), private_address=node.hostname, user="root",
+        port=int(settings["Ports"]["22/tcp"][0]["HostPort"]),
+        private_address=settings["Networks"][net_name]["IPAddress"], user="root",
         slots=request.slots, host_key=host_key_only(host_key.public_openssh), resource_id=cid,
     )
 
