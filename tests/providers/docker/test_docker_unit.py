@@ -21,6 +21,7 @@ from provision.model.errors import (
     ProviderUnavailableError,
     ProvisionError,
     TeardownError,
+    UserInputError,
 )
 from provision.model.inventory import CLUSTER_TAG, Inventory, InventoryStore, ResourceRecord
 from provision.model.spec import build_cluster_spec
@@ -354,13 +355,30 @@ def test_clusters_share_the_network_and_a_create_that_lost_the_race_uses_it(
     get_provider("docker").destroy(first, store)
     get_provider("docker").destroy(second, store)
     assert engine.containers == {} and _names(engine) == [SHARED_NETWORK]  # kept by down
-    # another `up` made it between this one's inspect and create: 409, and it is used
+    # another `up` made it just after this one's create looked (plan and create both found
+    # none): the create is refused (409), and the network is used
     engine.networks.clear()
-    real = engine.inspect_network
-    engine.inspect_network = lambda name: (  # type: ignore[method-assign]
-        engine.create_network(name, "bridge", {SHARED_LABEL: "shared"}), real("none"))[1]
+    looked: list[str] = []
+
+    def inspect_then_made_by_another(name: str) -> Any:
+        looked.append(name)
+        if len(looked) == 2:  # create's look
+            engine.create_network(name, "bridge", {SHARED_LABEL: "shared"})
+        raise _api_error(404, f"network {name} not found")
+
+    engine.inspect_network = inspect_then_made_by_another  # type: ignore[method-assign]
     inv = _up(build_cluster_spec({}, {"name": "three", "nodes": 1}), store)
     assert _names(engine) == [SHARED_NETWORK] and len(inv.nodes) == 1
+
+
+def test_a_network_of_that_name_the_tool_did_not_make_is_refused_at_plan(
+        engine: FakeEngine, mgpu_home: Path) -> None:
+    engine.create_network(SHARED_NETWORK, "macvlan", {"someone": "else"})
+    with pytest.raises(UserInputError, match="network named 'mgpu-cloud' that mgpu-cloud did "
+                                             "not make \\(driver 'macvlan'") as err:
+        get_provider("docker").plan(_spec())
+    assert "docker network rm mgpu-cloud" in str(err.value.hint)
+    assert engine.containers == {}
 
 
 def test_down_removes_the_own_network_an_older_inventory_records(

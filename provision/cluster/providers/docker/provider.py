@@ -31,7 +31,7 @@ from provision.cluster.providers.docker.plan import (
     build_plan,
     docker_request,
 )
-from provision.model.errors import ClusterExistsError, TeardownError
+from provision.model.errors import ClusterExistsError, TeardownError, UserInputError
 from provision.model.inventory import (
     CLUSTER_TAG,
     Inventory,
@@ -69,7 +69,9 @@ class DockerProvider(Recoverable[DockerPlan], Supervising[DockerPlan]):
     def _plan(self, spec: ClusterSpec) -> DockerPlan:
         client = docker_client()  # Docker not reachable -> clear error before anything is made
         _refuse_leftovers(client, spec.name)
-        return build_plan(spec)
+        plan = build_plan(spec)
+        _refuse_a_foreign_network(client, plan.request.network)
+        return plan
 
     # ---------------------------------------------------------------------------------------
     def _create(self, spec: ClusterSpec, plan: DockerPlan, inv: Inventory,
@@ -286,6 +288,24 @@ def _refuse_leftovers(client: Any, name: str) -> None:
         hint=f"remove them: docker rm -f {' '.join(names)} "
              "(`mgpu-cloud gc --provider docker` lists every such leftover), or pick another "
              "--name")
+
+
+def _refuse_a_foreign_network(client: Any, name: str) -> None:
+    """A network of that name that this tool did not make (not labelled as the shared one):
+    said at plan time, before anything is made, rather than joined."""
+    import docker.errors
+
+    try:
+        found = client.api.inspect_network(name)
+    except docker.errors.NotFound:
+        return
+    if (found.get("Labels") or {}).get(SHARED_LABEL) != "shared":
+        raise UserInputError(
+            f"the Docker engine has a network named {name!r} that mgpu-cloud did not make "
+            f"(driver {found.get('Driver')!r}, no label {SHARED_LABEL}=shared); every docker "
+            "cluster's nodes join the network of that name",
+            hint=f"if nothing of yours uses it: docker network rm {name} (mgpu-cloud makes "
+                 "its own on the next `up`)")
 
 
 def ensure_shared_network(api: Any, name: str) -> None:
