@@ -355,15 +355,12 @@ def test_clusters_share_the_network_and_a_create_that_lost_the_race_uses_it(
     get_provider("docker").destroy(first, store)
     get_provider("docker").destroy(second, store)
     assert engine.containers == {} and _names(engine) == [SHARED_NETWORK]  # kept by down
-    # another `up` made it just after this one's create looked (plan and create both found
-    # none): the create is refused (409), and the network is used
+    # another `up` made it just after this one's plan looked and found none: the create is
+    # refused (409), and the network is used
     engine.networks.clear()
-    looked: list[str] = []
 
     def inspect_then_made_by_another(name: str) -> Any:
-        looked.append(name)
-        if len(looked) == 2:  # create's look
-            engine.create_network(name, "bridge", {SHARED_LABEL: "shared"})
+        engine.create_network(name, "bridge", {SHARED_LABEL: "shared"})
         raise _api_error(404, f"network {name} not found")
 
     engine.inspect_network = inspect_then_made_by_another  # type: ignore[method-assign]

@@ -309,16 +309,12 @@ def _refuse_a_foreign_network(client: Any, name: str) -> None:
 
 
 def ensure_shared_network(api: Any, name: str) -> None:
-    """The network every docker cluster's containers join: made when the engine has none of
-    that name, else used as it is. Two `up`s at once: the engine refuses the second create
-    (409, CheckDuplicate, which engines before API 1.44 do not assume), and it is used."""
+    """The network every docker cluster's containers join, made unless the engine has one of
+    that name (the plan checked that it is this tool's): one call either way. The engine
+    answers 409 to a name it has (CheckDuplicate, which engines before API 1.44 do not
+    assume), whether an earlier `up` made it or one at the same time; it is used then."""
     import docker.errors
 
-    try:
-        api.inspect_network(name)
-        return
-    except docker.errors.NotFound:
-        pass
     try:
         api.create_network(name, driver="bridge", check_duplicate=True,
                            labels={SHARED_LABEL: "shared"})
