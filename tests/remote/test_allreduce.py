@@ -4,6 +4,7 @@ torchrun agents on this machine."""
 
 from __future__ import annotations
 
+import argparse
 import itertools
 import json
 import os
@@ -19,6 +20,7 @@ from remote.allreduce import (
     main,
     pair_reference,
     parse_size,
+    resolve,
     round_robin,
     sizes,
     slow_pairs,
@@ -41,6 +43,24 @@ def test_sizes_double_or_quadruple() -> None:
     assert sizes(2**20, 2**30, 4) == [2**20, 2**22, 2**24, 2**26, 2**28, 2**30]
     with pytest.raises(ValueError):
         sizes(2**20, 2**10, 2)
+
+
+def _gate_args(**given: object) -> argparse.Namespace:
+    unset = dict.fromkeys(("min_bytes", "max_bytes", "factor", "iters", "warmup", "budget_s",
+                           "timeout_s"))
+    return argparse.Namespace(**{"gate": True, **unset, **given})
+
+
+def test_gate_sizes_by_backend() -> None:
+    """The gate's defaults fill only what is unset; gloo stops at 2 MiB (GATE_SIZES)."""
+    gloo, nccl, given = _gate_args(), _gate_args(), _gate_args(max_bytes=16 * 2**20)
+    resolve(gloo, "gloo")
+    resolve(nccl, "nccl")
+    resolve(given, "gloo")
+    assert sizes(gloo.min_bytes, gloo.max_bytes, gloo.factor) == [2**18, 2**21]
+    assert sizes(nccl.min_bytes, nccl.max_bytes, nccl.factor) == [2**26, 2**28, 2**30]
+    assert (gloo.iters, gloo.warmup, gloo.budget_s) == (4, 1, 4.0)
+    assert given.max_bytes == 16 * 2**20
 
 
 def test_busbw_formula_matches_nccl_tests() -> None:
@@ -133,7 +153,7 @@ def test_gate_mode_measures_every_pair_across_three_torchrun_agents(tmp_path: Pa
         subprocess.Popen(
             [sys.executable, "-m", "torch.distributed.run", "--nnodes", "3", "--node_rank",
              str(rank), "--nproc_per_node", "1", "--master_addr", "127.0.0.1", "--master_port",
-             port, "-m", "remote", "allreduce", "--gate", "--max-bytes", "2M",
+             port, "-m", "remote", "allreduce", "--gate",
              "--pairwise-below", "inf", "--pair-fraction", "4"],
             env=env, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         for rank in range(3)
@@ -148,6 +168,7 @@ def test_gate_mode_measures_every_pair_across_three_torchrun_agents(tmp_path: Pa
     summary = next(r for r in records if r.get("summary"))
     assert summary["pairwise"] is True and summary["node_ranks"] == [0, 1, 2]
     assert [r["size_bytes"] for r in records if "size_bytes" in r] == [262144, 2097152]
+    assert {r["largest_bytes"] for r in records if "pair" in r} == {2097152}
     first = sorted(tuple(r["pair"]) for r in records if "pair" in r and not r["confirm"])
     again = sorted(tuple(r["pair"]) for r in records if "pair" in r and r["confirm"])
     assert first == again == [(0, 1), (0, 2), (1, 2)]
