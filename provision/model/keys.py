@@ -62,3 +62,28 @@ def ensure_cluster_key(key_dir: Path) -> tuple[Path, str]:
     if not path.exists():
         write_private_key(path, generate_ed25519("mgpu-cloud"))
     return path, path.with_suffix(".pub").read_text().strip()
+
+
+def ensure_controller_key(key_dir: Path) -> tuple[Path, str]:
+    """The controller's own login key at KEY_DIR/controller_ed25519 (made once, 0600); returns
+    (path, public). Only the user's machine holds it: it is never uploaded to a node nor to the
+    controller (the hand-off uploads `id_*` files only), and the controller authorizes it
+    alone, so a node holding the cluster key cannot log in to the controller."""
+    path = key_dir / "controller_ed25519"
+    if not path.exists():
+        write_private_key(path, generate_ed25519("mgpu-cloud-controller"))
+    return path, path.with_suffix(".pub").read_text().strip()
+
+
+def ensure_records_key(key_dir: Path) -> bytes:
+    """The cluster's records key at KEY_DIR/records.key (32 random bytes, made once, 0600):
+    the MAC key of what the controller writes to the store and the user's machine adopts
+    (cluster.json, job records). Held by the user's machine and the controller; never by a
+    node."""
+    path = key_dir / "records.key"
+    if not path.exists():
+        path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(os.urandom(32))
+    return path.read_bytes()

@@ -52,15 +52,21 @@ def controller_layout(inv: Inventory) -> RemoteLayout:
 
 def controller_inventory(inv: Inventory, store: InventoryStore) -> Inventory:
     """An inventory whose only node is the controller (for NodeGroup), host key pinned in a
-    known_hosts of its own."""
+    known_hosts of its own, logged in to with the controller's own key."""
     from provision.model.keys import known_hosts_line, write_known_hosts
 
     ctl = inv.controller
     if ctl is None:
         raise MgpuError(f"cluster {inv.name!r} has no controller")
-    path = store.keys_dir(inv.name) / "controller_known_hosts"
+    keys = store.keys_dir(inv.name)
+    path = keys / "controller_known_hosts"
     write_known_hosts(path, [known_hosts_line([ctl.address], ctl.port, ctl.host_key or "")])
-    return inv.model_copy(update={"nodes": [ctl], "known_hosts_path": str(path)})
+    # the controller's own login key (no node holds it); a controller made before it existed
+    # authorized the cluster key
+    own = keys / "controller_ed25519"
+    key_path = str(own) if own.exists() else inv.key_path
+    return inv.model_copy(update={"nodes": [ctl], "known_hosts_path": str(path),
+                                  "key_path": key_path})
 
 
 def _tree_files(name: str, root: Path) -> dict[str, tuple[bytes, int]]:
