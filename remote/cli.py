@@ -18,7 +18,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "ckpt-manifest": ("remote.ckpt", "list the checkpoint folder (sizes, times) as JSON"),
     "monitor": ("remote.monitor", "GPU/CPU/memory/load samples, one JSON line each"),
     "job": ("remote.jobs", "start / follow / status / cancel a job that outlives its session"),
-    "store": ("remote.store", "push files to / pull a folder from a durable store (s3, gs, file)"),
+    "store": ("remote.storesync", "push files to / pull a folder from a durable store (s3, gs, file)"),
     "injob": ("remote.injob", "the fabric gate in the job's own processes, then its script"),
 }
 

@@ -1,37 +1,26 @@
 """`store`: the durable store of a managed run (s3://, gs://, file://), from a node or anywhere.
 
-    remote.pyz store push --url URL --root DIR [--env-stdin] [--threads N] [REL...]
-    remote.pyz store pull --url URL --root DIR [--env-stdin] [--threads N]
-
-`push` uploads DIR/REL for every REL (default: every file in DIR) to URL/REL; `pull` replaces DIR with everything under URL.
-Both work on many files at once (a thread each, up to --threads) and a large file in parts
-(S3 multipart through boto3's TransferConfig; GCS chunked uploads), and print one JSON line
-{"files": N, "bytes": B, "seconds": S}. `--env-stdin`: a JSON object of environment
-variables (credentials, endpoints) is read from stdin first, so credentials never appear on
-a command line or in a file on the node.
-
-The same classes are used by the tool itself (provision/managed/): one client code for the
-nodes, the controller and the user's machine. Standard library only at import: boto3 and
-google-cloud-storage are imported when an s3:// or gs:// store is opened. Endpoints are the
-SDKs' own settings (AWS_ENDPOINT_URL_S3 / AWS_ENDPOINT_URL for boto3, STORAGE_EMULATOR_HOST
-for google-cloud-storage), so a local S3 or GCS stand-in is reached by the same code.
+One client code for the nodes (`remote.pyz store push|pull`, remote/storesync.py), the
+controller and the user's machine (provision/job/managed/). Standard library only at import:
+boto3 and google-cloud-storage are imported when an s3:// or gs:// store is opened. Endpoints
+are the SDKs' own settings (AWS_ENDPOINT_URL_S3 / AWS_ENDPOINT_URL for boto3,
+STORAGE_EMULATOR_HOST for google-cloud-storage), so a local S3 or GCS stand-in is reached by
+the same code. Every key obeys remote/storekeys.py's rule (a key that would leave its folder
+is refused before any call); `put_new` writes only a key nobody wrote yet (conditional writes:
+two writers of job ids or records never overwrite each other).
 """
 
 from __future__ import annotations
 
-import argparse
-import json
 import os
 import shutil
-import sys
 import tempfile
-import time
-from collections.abc import Callable, Iterable
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 from remote.files import is_partial, replacing
+from remote.storekeys import checked_key, inside
 
 PART_BYTES = 8 * 1024 * 1024  # multipart part / GCS chunk size
 THREADS = 8
@@ -92,6 +81,12 @@ class Store(Protocol):
 
     def put_bytes(self, key: str, data: bytes) -> None: ...
 
+    def put_new(self, key: str, data: bytes) -> bool:
+        """Write `key` only if no object has that key (S3 If-None-Match, GCS
+        if_generation_match=0, a hard link on a filesystem): False when one was there, so two
+        writers of the same key never overwrite each other."""
+        ...
+
     def get_bytes(self, key: str) -> bytes | None:
         """None when there is no such object."""
         ...
@@ -110,7 +105,8 @@ class Store(Protocol):
 
 
 def _join(url: StoreURL, key: str) -> str:
-    return "/".join(p for p in (url.prefix, key.strip("/")) if p)
+    key = key.strip("/")
+    return "/".join(p for p in (url.prefix, checked_key(key) if key else "") if p)
 
 
 def _folder(url: StoreURL, prefix: str) -> str:
@@ -126,7 +122,8 @@ class FileStore:
         self.url = url
 
     def _path(self, key: str) -> str:
-        return os.path.join(self.url.prefix, key.strip("/"))
+        key = key.strip("/")
+        return inside(self.url.prefix, key) if key else self.url.prefix
 
     def _write(self, key: str, fill: Callable[[str], None]) -> None:
         target = self._path(key)
@@ -141,6 +138,22 @@ class FileStore:
 
         self._write(key, fill)
 
+    def put_new(self, key: str, data: bytes) -> bool:
+        target = self._path(key)
+        folder, name = os.path.split(target)
+        os.makedirs(folder, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=folder, prefix=f".{name}.", suffix=".tmp")
+        try:
+            with os.fdopen(fd, "wb") as fh:
+                fh.write(data)
+            os.chmod(tmp, 0o600)
+            os.link(tmp, target)  # atomic, and refuses a name that exists
+        except FileExistsError:
+            return False
+        finally:
+            os.unlink(tmp)
+        return True
+
     def get_bytes(self, key: str) -> bytes | None:
         try:
             with open(self._path(key), "rb") as fh:
@@ -153,7 +166,7 @@ class FileStore:
         out = []
         for dirpath, _, names in os.walk(self._path(prefix) if prefix else root):
             for name in names:
-                if not is_partial(name):
+                if not is_partial(name) and not os.path.islink(os.path.join(dirpath, name)):
                     out.append(os.path.relpath(os.path.join(dirpath, name), root))
         return sorted(out)
 
@@ -191,6 +204,21 @@ class S3Store:
 
     def put_bytes(self, key: str, data: bytes) -> None:
         self.client.put_object(Bucket=self.url.bucket, Key=_join(self.url, key), Body=data)
+
+    def put_new(self, key: str, data: bytes) -> bool:
+        from botocore.exceptions import ClientError
+
+        try:
+            self.client.put_object(Bucket=self.url.bucket, Key=_join(self.url, key), Body=data,
+                                   IfNoneMatch="*")
+        except ClientError as exc:
+            # 412 PreconditionFailed: the key exists; 409 ConditionalRequestConflict: another
+            # writer's conditional write of it is in flight (it wins)
+            if exc.response.get("Error", {}).get("Code") in ("PreconditionFailed",
+                                                             "ConditionalRequestConflict"):
+                return False
+            raise
+        return True
 
     def get_bytes(self, key: str) -> bytes | None:
         try:
@@ -247,6 +275,15 @@ class GcsStore:
     def put_bytes(self, key: str, data: bytes) -> None:
         self._blob(key).upload_from_string(data, **self.bounds)
 
+    def put_new(self, key: str, data: bytes) -> bool:
+        from google.api_core.exceptions import PreconditionFailed
+
+        try:  # generation 0: only if no live object has the name
+            self._blob(key).upload_from_string(data, if_generation_match=0, **self.bounds)
+        except PreconditionFailed:
+            return False
+        return True
+
     def get_bytes(self, key: str) -> bytes | None:
         from google.api_core.exceptions import NotFound
 
@@ -282,71 +319,3 @@ def open_store(url: str | StoreURL) -> Store:
     if parsed.scheme == "s3":
         return S3Store(parsed)
     return GcsStore(parsed)
-
-
-# --- many files at once ---------------------------------------------------------------------
-def push(store: Store, root: str, rels: Iterable[str], threads: int = THREADS) -> dict[str, Any]:
-    """Upload root/REL -> REL for every REL in parallel. Returns files, bytes, seconds."""
-    rels = sorted(set(rels))
-    t0 = time.monotonic()
-    sizes = [os.path.getsize(os.path.join(root, r)) for r in rels]
-    with ThreadPoolExecutor(max_workers=max(1, min(threads, len(rels) or 1))) as pool:
-        list(pool.map(lambda r: store.upload_file(os.path.join(root, r), r), rels))
-    return {"files": len(rels), "bytes": sum(sizes), "seconds": round(time.monotonic() - t0, 3)}
-
-
-def pull(store: Store, root: str, threads: int = THREADS) -> dict[str, Any]:
-    """Replace `root` with everything in the store (downloaded in parallel into a sibling
-    folder, then swapped in, so a half-done pull never looks like a checkpoint)."""
-    t0 = time.monotonic()
-    keys = store.list()
-    parent = os.path.dirname(os.path.abspath(root)) or "."
-    os.makedirs(parent, exist_ok=True)
-    stage = tempfile.mkdtemp(dir=parent, prefix=".pull-")
-
-    def one(key: str) -> int:
-        target = os.path.join(stage, key)
-        os.makedirs(os.path.dirname(target), exist_ok=True)
-        store.download_file(key, target)
-        return os.path.getsize(target)
-
-    try:
-        with ThreadPoolExecutor(max_workers=max(1, min(threads, len(keys) or 1))) as pool:
-            sizes = list(pool.map(one, keys))
-    except BaseException:
-        shutil.rmtree(stage, ignore_errors=True)
-        raise
-    shutil.rmtree(root, ignore_errors=True)
-    os.replace(stage, root)
-    return {"files": len(keys), "bytes": sum(sizes), "seconds": round(time.monotonic() - t0, 3)}
-
-
-def _every_file(root: str) -> list[str]:
-    return [os.path.relpath(os.path.join(d, n), root) for d, _, names in os.walk(root)
-            for n in names]
-
-
-def main(command: str, argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog=f"remote.pyz {command}")
-    parser.add_argument("action", choices=("push", "pull"))
-    parser.add_argument("--url", required=True)
-    parser.add_argument("--root", required=True)
-    parser.add_argument("--env-stdin", action="store_true")
-    parser.add_argument("--threads", type=int, default=THREADS)
-    parser.add_argument("files", nargs="*")
-    args = parser.parse_intermixed_args(argv)
-    if args.env_stdin:
-        env = json.loads(sys.stdin.read() or "{}")
-        os.environ.update({str(k): str(v) for k, v in env.items()})
-    root = os.path.expanduser(args.root)
-    try:
-        store = open_store(args.url)
-        if args.action == "push":
-            result = push(store, root, args.files or _every_file(root), args.threads)
-        else:
-            result = pull(store, root, args.threads)
-    except Exception as exc:  # noqa: BLE001 - reported as one line for the controller
-        print(f"store {args.action} {args.url}: {type(exc).__name__}: {exc}", file=sys.stderr)
-        return 1
-    print(json.dumps(result))
-    return 0

@@ -112,7 +112,7 @@ def adopt(name: str) -> bool:
     from provision.model.errors import MgpuError
 
     try:
-        changed = adopt_from_store(name)
+        changed = adopt_from_store(name, warn=_err)
     except MgpuError:
         return False  # a damaged or missing inventory: the command itself reports it
     if changed:

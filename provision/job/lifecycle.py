@@ -219,8 +219,10 @@ def _default_keeper(run: JobRun) -> CheckpointKeeper:
         from provision.job.managed.checks import store_env
         from provision.job.managed.keeper import StoreKeeper
         from remote.store import parse_url
+        from remote.storekeys import data_prefix
 
-        return StoreKeeper(run.inv, parse_url(store).child(run.inv.name, "checkpoints"),
+        return StoreKeeper(run.inv, parse_url(store).child(data_prefix(run.inv.name),
+                                                           "checkpoints"),
                            store_env(), log=run.log)
     return CheckpointKeeper(run.inv, local_checkpoint_dir(run.inv), log=run.log)
 
@@ -330,6 +332,6 @@ def down(name: str, *, store: InventoryStore | None = None, log: Log = stderr_li
 
     store = store or InventoryStore()
     if store.exists(name):
-        adopt_from_store(name, store)
+        adopt_from_store(name, store, warn=log)
         stop_before_down(store.load(name), store, log)
     destroy_by_name(name, store=store, log=log, before=keep_job_logs(log))

@@ -95,7 +95,8 @@ def lose_and_resume(url: str, name: str, victim: int, job: str = "1") -> int:
     wait until rank 0 resumed again; the step it resumed from."""
     before = resumed_steps(url, name, job)
     floor = before[-1] if before else -1
-    wait_for(lambda: any(s > floor for s in steps_in(url, f"{name}/jobs/{job}/checkpoints")),
+    wait_for(lambda: any(s > floor
+                         for s in steps_in(url, f"{name}/data/jobs/{job}/checkpoints")),
              180, f"no checkpoint after step {floor} reached the store")
     kill(f"{name}-node-{victim}")
     wait_for(lambda: len(resumed_steps(url, name, job)) > len(before)
@@ -146,10 +147,11 @@ def test_unattended_run_survives_lost_nodes_and_cleans_up(
                        "replaced", "resumed", "finished", "torn_down"], got
         wait_for(lambda: leftovers(name) == [], 30, f"left behind: {leftovers(name)}")
         # the outputs and checkpoints are in the store, pushed by the nodes
-        metrics = json.loads(store.get_bytes(f"{name}/jobs/1/outputs/metrics.json") or b"{}")
+        metrics = json.loads(store.get_bytes(f"{name}/data/jobs/1/outputs/metrics.json")
+                             or b"{}")
         assert metrics["steps"] == 80 and metrics["world_size"] == 4, metrics
         assert metrics["restart"] == 2 and int(metrics["resumed_from"]) == steps[1] + 1, metrics
-        assert steps_in(url, f"{name}/jobs/1/checkpoints")[-1] == 79
+        assert steps_in(url, f"{name}/data/jobs/1/checkpoints")[-1] == 79
         # the whole history, from the store, by the CLI of this machine
         logs = cli("logs", name, "--follow", home=home, env=env)
         assert logs.returncode == 0, logs.stdout + logs.stderr
@@ -228,7 +230,7 @@ def test_a_kept_managed_cluster_recovers_syncs_back_and_goes_down_cleanly(
         assert container_id(f"{name}-node-1") in {n.resource_id for n in inv.nodes} - {old}
 
         # a preemption notice on node-0: save, replace, resume, unattended
-        saved = len(steps_in(url, f"{name}/jobs/1/checkpoints"))
+        saved = len(steps_in(url, f"{name}/data/jobs/1/checkpoints"))
         notice = json.dumps({"action": "terminate", "time": "2026-12-01T12:00:00Z"})
         subprocess.run(["docker", "exec", f"{name}-node-0", "sh", "-c",
                         f"mkdir -p /tmp/mgpu-metadata && echo '{notice}' "
@@ -238,7 +240,7 @@ def test_a_kept_managed_cluster_recovers_syncs_back_and_goes_down_cleanly(
         text = log_text(url, name)
         assert "node-0: preemption notice (terminate at 2026-12-01T12:00:00Z)" in text, text
         assert "the checkpoint saved after the notice is kept" in text
-        assert len(steps_in(url, f"{name}/jobs/1/checkpoints")) > saved
+        assert len(steps_in(url, f"{name}/data/jobs/1/checkpoints")) > saved
         assert cli("cancel", name, home=home, env={}).returncode == 0
         wait_for(lambda: "cancelled" in events(url, name), 120, "not cancelled")
         assert "torn_down" not in events(url, name)
@@ -249,23 +251,23 @@ def test_a_kept_managed_cluster_recovers_syncs_back_and_goes_down_cleanly(
         res = cli("launch", name, "--detach", "--max-restarts", "2", *long_job, home=home,
                   env={})
         assert res.returncode == 0 and res.stdout.strip() == "2", res.stdout + res.stderr
-        wait_for(lambda: steps_in(url, f"{name}/jobs/2/checkpoints"), 180, "no checkpoint")
+        wait_for(lambda: steps_in(url, f"{name}/data/jobs/2/checkpoints"), 180, "no checkpoint")
         wait_for(lambda: "checkpoint saved" in log_text(url, name, "2"), 30, "no log")
         assert "resumed from" not in log_text(url, name, "2")  # job 1's files not loaded
         step = lose_and_resume(url, name, 1, job="2")
-        assert step in steps_in(url, f"{name}/jobs/2/checkpoints")
-        assert step < steps_in(url, f"{name}/jobs/1/checkpoints")[-1]  # not job 1's newest
+        assert step in steps_in(url, f"{name}/data/jobs/2/checkpoints")
+        assert step < steps_in(url, f"{name}/data/jobs/1/checkpoints")[-1]  # not job 1's newest
         assert cli("cancel", name, home=home, env={}).returncode == 0
         wait_for(lambda: "cancelled" in events(url, name, "2"), 120, "not cancelled")
 
         # job 3 continues job 2 on purpose
-        newest = steps_in(url, f"{name}/jobs/2/checkpoints")[-1]
+        newest = steps_in(url, f"{name}/data/jobs/2/checkpoints")[-1]
         res = cli("launch", name, "--detach", "--max-restarts", "1", "--env",
                   "MGPU_RESUME_FROM=2", *long_job, home=home, env={})
         assert res.returncode == 0 and res.stdout.strip() == "3", res.stdout + res.stderr
         wait_for(lambda: resumed_steps(url, name, "3"), 120, "job 3 did not resume")
         assert resumed_steps(url, name, "3") == [newest], log_text(url, name, "3")
-        assert newest in steps_in(url, f"{name}/jobs/3/checkpoints")  # now job 3's own
+        assert newest in steps_in(url, f"{name}/data/jobs/3/checkpoints")  # now job 3's own
 
         # down while the controller replaces node-0: it is stopped first
         kill(f"{name}-node-0")

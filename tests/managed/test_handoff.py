@@ -13,7 +13,7 @@ import pytest
 
 from provision.job.managed.handoff import controller_layout, controller_payload, start_line
 from provision.job.managed.supervisor import inside_view
-from provision.model.inventory import Inventory, NodeRecord
+from provision.model.inventory import Inventory, InventoryStore, NodeRecord
 from provision.model.spec import build_cluster_spec, build_job_spec
 from remote.store import parse_url
 
@@ -89,6 +89,7 @@ def test_the_controllers_inventory_is_adopted_here_only_when_newer(
     from provision.job.managed.client import adopt_from_store
     from provision.job.managed.supervisor import inside_view, publish_inventory
     from provision.model.inventory import InventoryStore, Replacement, ResourceRecord
+    from provision.model.keys import ensure_records_key
     from remote.store import open_store
 
     monkeypatch.setenv("MGPU_CLOUD_HOME", str(tmp_path / "home"))
@@ -114,13 +115,14 @@ def test_the_controllers_inventory_is_adopted_here_only_when_newer(
                      resource_id="new-id")
     outside = {n.rank: n for n in theirs.nodes}
     theirs.nodes = [inside_view(n) for n in theirs.nodes]
-    publish_inventory(store, theirs, outside)
+    key = ensure_records_key(here.keys_dir("c1"))
+    publish_inventory(store, theirs, outside, key)
     assert adopt_from_store("c1", here) is False  # same replacements: not newer
     outside[1] = new
     theirs.nodes[1] = inside_view(new)
     theirs.resources = [ResourceRecord(kind="container", id="new-id")]
     theirs.replacements.append(Replacement(rank=1, old="old-id", new="new-id", reason="lost"))
-    publish_inventory(store, theirs, outside)
+    publish_inventory(store, theirs, outside, key)
     text = (folder / "c1" / "cluster.json").read_text()
     assert "/root/ctl" not in text and "PRIVATE" not in text  # no paths, no key material
     assert adopt_from_store("c1", here) is True
@@ -141,8 +143,10 @@ def test_resuming_a_previous_run_on_purpose_needs_its_checkpoints(tmp_path: Path
     from remote.store import open_store
 
     url = f"file://{tmp_path}"
-    assert str(checkpoints_url(parse_url(url), "c1", "3")) == f"{url}/c1/jobs/3/checkpoints"
-    open_store(url).put_bytes("c1/jobs/1/checkpoints/step_000009.pt", b"x")
+    assert str(checkpoints_url(parse_url(url), "c1", "3")) == (
+        f"{url}/c1/data/jobs/3/checkpoints")
+    open_store(url).put_bytes("c1/data/jobs/1/checkpoints/step_000009.pt", b"x")
+    open_store(url).put_bytes("c1/jobs/1/spec.json", b"{}")
     open_store(url).put_bytes("c1/jobs/2/events/000001.json", b"{}")
     fresh = build_job_spec({}, {"script": EXAMPLE})
     check_resume("c1", url, fresh)  # nothing asked: nothing checked
@@ -152,6 +156,9 @@ def test_resuming_a_previous_run_on_purpose_needs_its_checkpoints(tmp_path: Path
         check_resume("c1", url, build_job_spec({}, {"script": EXAMPLE,
                                                     "env": {"MGPU_RESUME_FROM": "2"}}))
     assert "jobs there: 1, 2" in (err.value.hint or "")
+    with pytest.raises(UserInputError, match="not a plain name"):
+        check_resume("c1", url, build_job_spec({}, {"script": EXAMPLE,
+                                                    "env": {"MGPU_RESUME_FROM": "../../x"}}))
 
 
 def test_down_asks_a_live_managed_job_to_stop_and_never_hangs_on_a_silent_controller(
@@ -166,17 +173,18 @@ def test_down_asks_a_live_managed_job_to_stop_and_never_hangs_on_a_silent_contro
     inv.spec = build_cluster_spec({}, {"name": "c1", "store": url})
     notes: list[str] = []
     store = open_store(url)
-    stop_before_down(inv, None, notes.append)  # type: ignore[arg-type] # no controller: nothing
+    here = InventoryStore(tmp_path / "home")
+    stop_before_down(inv, here, notes.append)  # no controller: nothing
     inv.controller = NodeRecord(name="controller", rank=-1, address="127.0.0.1", port=9,
                                 private_address="controller", host_key="ssh-ed25519 AAAA")
     jl = JobLog(store, "c1", "1")
     jl.record("submitted", "x")
     jl.record("finished", "done", exit_code=0)
-    stop_before_down(inv, None, notes.append)  # type: ignore[arg-type] # ended: nothing
+    stop_before_down(inv, here, notes.append)  # ended: nothing
     assert notes == [] and JobView(store, "c1", "1").records()[-1].event == "finished"
     jl = JobLog(store, "c1", "2")
     jl.record("started", "running")
-    stop_before_down(inv, None, notes.append, deadline_s=0.5)  # type: ignore[arg-type]
+    stop_before_down(inv, here, notes.append, deadline_s=0.5)
     assert store.get_bytes("c1/jobs/2/control/cancel") is not None  # asked through the store
     assert "managed job 2 is running: its controller stops it" in notes[0]
     assert "did not end job 2 within 0 s; removing it first" in notes[-1], notes

@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 from storekit import StoreServer
 
-from remote.store import open_store, parse_url, pull, push
+from remote.store import open_store, parse_url
+from remote.storesync import pull, push
 
 ROOT = Path(__file__).resolve().parents[2]
 

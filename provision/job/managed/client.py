@@ -10,11 +10,13 @@ from __future__ import annotations
 
 import contextlib
 import time
+from collections.abc import Callable
 from typing import Any, TextIO
 
 from provision.job.managed.records import CLUSTER_FILE, FINAL_STATES, JobView, Record, job_ids
+from provision.job.managed.signing import Unsigned, cluster_kind, local_key, open_sealed
 from provision.model.errors import InventoryUnreadableError, MgpuError, UserInputError
-from provision.model.inventory import InventoryStore, checked_name, state_home
+from provision.model.inventory import Inventory, InventoryStore, checked_name, state_home
 from remote.store import Store, open_store
 
 POLL_S = 1.0
@@ -44,14 +46,16 @@ def store_url_for(name: str, given: str | None) -> str | None:
     return path.read_text().strip() if path.exists() else None
 
 
-def adopt_from_store(name: str, istore: InventoryStore | None = None) -> bool:
+def adopt_from_store(name: str, istore: InventoryStore | None = None,
+                     warn: Callable[[str], None] | None = None) -> bool:
     """When the controller of cluster `name` replaced nodes since this machine's inventory was
     written, take its copy (CLUSTER/cluster.json: new container/instance ids, addresses,
-    ports, pinned host keys) and rewrite the known_hosts. Quietly nothing when the cluster is
-    not managed, the store cannot be read, or another command holds the cluster. True if the
-    inventory changed."""
+    ports, pinned host keys) and rewrite the known_hosts. Only a copy sealed with the
+    cluster's records key (the controller's; no node holds it) whose every field passes the
+    inventory's checks is taken; another one is refused and `warn` says why. Quietly nothing
+    when the cluster is not managed, the store cannot be read, or another command holds the
+    cluster. True if the inventory changed."""
     from provision.model.errors import ClusterBusyError
-    from provision.model.inventory import Inventory
     from provision.nodes.sshconn import write_cluster_known_hosts
 
     istore = istore or InventoryStore()
@@ -62,8 +66,10 @@ def adopt_from_store(name: str, istore: InventoryStore | None = None) -> bool:
         return False
     try:
         data = open_store(inv.spec.store).get_bytes(f"{name}/{CLUSTER_FILE}")
-        theirs = Inventory.model_validate_json(data) if data else None
     except Exception:  # noqa: BLE001 - an unreadable copy: this machine's stays in use
+        return False
+    theirs = _verified(name, data, local_key(istore.keys_dir(name)), warn) if data else None
+    if theirs is not None and not _same_logins(inv, theirs, warn):
         return False
     if theirs is None or len(theirs.replacements) <= len(inv.replacements):
         return False
@@ -79,8 +85,47 @@ def adopt_from_store(name: str, istore: InventoryStore | None = None) -> bool:
     return True
 
 
+def _verified(name: str, data: bytes, key: bytes | None,
+              warn: Callable[[str], None] | None) -> Inventory | None:
+    """The controller's copy of the inventory if its MAC and its fields check out."""
+    from pydantic import ValidationError
+
+    try:
+        if key is None:
+            raise Unsigned(f"{CLUSTER_FILE}: this machine has no records key of {name!r}")
+        theirs = Inventory.model_validate_json(open_sealed(key, cluster_kind(name), data))
+    except (Unsigned, ValidationError, ValueError) as exc:
+        if warn is not None:
+            why = exc.message if isinstance(exc, Unsigned) else f"invalid: {exc}"
+            warn(f"the store's {CLUSTER_FILE} of {name!r} is not adopted: {why}")
+        return None
+    return theirs
+
+
+def _same_logins(ours: Inventory, theirs: Inventory,
+                 warn: Callable[[str], None] | None) -> bool:
+    """A replacement changes a node's address, port and host key, never how it is logged in
+    to: the provider, each rank's user and jump host stay this machine's."""
+    mine = {n.rank: (n.user, n.proxy_jump) for n in ours.nodes}
+    odd = [n.name for n in theirs.nodes if mine.get(n.rank) != (n.user, n.proxy_jump)]
+    if theirs.provider == ours.provider and not odd and len(theirs.nodes) == len(ours.nodes):
+        return True
+    if warn is not None:
+        warn(f"the store's {CLUSTER_FILE} of {ours.name!r} is not adopted: it changes the "
+             f"provider, the node set or the login of {', '.join(odd) or 'the cluster'}")
+    return False
+
+
+def records_key(cluster: str) -> bytes | None:
+    """The cluster's records key on this machine (None: made elsewhere; records are then
+    read as the store gives them)."""
+    with contextlib.suppress(UserInputError):
+        return local_key(InventoryStore().home / "keys" / checked_name(cluster))
+    return None
+
+
 def summary(store: Store, cluster: str, job_id: str) -> dict[str, Any]:
-    view = JobView(store, cluster, job_id)
+    view = JobView(store, cluster, job_id, records_key(cluster))
     recs = view.records()
     spec = view.spec() or {}
     last = recs[-1] if recs else None
@@ -123,6 +168,8 @@ def forget_if_torn_down(name: str, jobs: list[dict[str, Any]]) -> bool:
     istore = InventoryStore()
     if not jobs or not jobs[-1]["torn_down"] or not istore.exists(name):
         return False
+    if records_key(name) is None:
+        return False  # its records could not be checked: `down` says what is left
     with istore.lock(name):
         inv = istore.load(name)
         try:
@@ -137,7 +184,7 @@ def print_logs(url: str, cluster: str, job_id: str, out: TextIO, *, follow: bool
                node: int | None = None) -> Record | None:
     """The job's output from its start (`[node-R] `-prefixed, the controller's own lines
     `[controller]`); with `follow` until its final record. Returns the final record."""
-    view = JobView(open_store(url), cluster, job_id)
+    view = JobView(open_store(url), cluster, job_id, records_key(cluster))
     prefix = f"[node-{node}] " if node is not None else None
     seen_log = seen_rec = 0
     final: Record | None = None

@@ -30,14 +30,16 @@ from provision.cluster.providers.contract import AnyProvider, Supervising
 from provision.job.managed.records import (
     RESUME_VAR,
     JobView,
+    claim_job_id,
     job_ids,
-    next_job_id,
 )
+from provision.job.managed.signing import KEY_FILE, local_key
 from provision.model.errors import LaunchError, MgpuError, UserInputError
 from provision.model.inventory import Inventory, InventoryStore
 from provision.model.spec import ClusterSpec, JobSpec
 from provision.nodes import HomePath, NodeGroup, RemoteLayout
 from remote.store import StoreURL, open_store, parse_url
+from remote.storekeys import UnsafeKey, job_data
 
 Log = Callable[[str], None]
 Confirm = Callable[..., bool]
@@ -96,7 +98,10 @@ def controller_payload(inv: Inventory, job: JobSpec, job_id: str, env: dict[str,
         f"{layout.root}/home/store-env.json": (json.dumps(env).encode(), 0o600),
         f"{layout.root}/jobs/{job_id}/job.json": (json.dumps(spec).encode(), 0o600),
     }
-    for key in (p for p in keys.iterdir() if p.is_file() and p.name.startswith("id_")):
+    # the cluster key (to reach the nodes) and the records key (to sign what it writes); not
+    # the controller's own login key, which stays on this machine
+    for key in (p for p in keys.iterdir() if p.is_file()
+                and (p.name.startswith("id_") or p.name == KEY_FILE)):
         entries[f"{layout.root}/home/keys/{inv.name}/{key.name}"] = (key.read_bytes(), 0o600)
     if job.deepspeed_config:
         entries[f"{work}/{Path(job.deepspeed_config).name}"] = (
@@ -215,10 +220,13 @@ def hand_off(provider: AnyProvider, inv: Inventory, store: InventoryStore, job: 
              env: dict[str, str], *, teardown: bool, log: Log) -> str:
     """Give `job` to the cluster's controller; return its id once it runs (LaunchError when
     the controller reports a failure first, or nothing within START_DEADLINE_S)."""
+    from provision.model.keys import ensure_records_key
+
     url = parse_url(inv.spec.store if inv.spec and inv.spec.store else "")
     ensure_controller(provider, inv, store, log)
+    key = ensure_records_key(store.keys_dir(inv.name))
     objects = open_store(url)
-    job_id = next_job_id(objects, inv.name)
+    job_id = claim_job_id(objects, inv.name, json.dumps(job.model_dump(mode="json")).encode())
     ctl_inv = controller_inventory(inv, store)
     layout = controller_layout(inv)
     archive = controller_payload(inv, job, job_id, env, layout)
@@ -230,12 +238,10 @@ def hand_off(provider: AnyProvider, inv: Inventory, store: InventoryStore, job: 
                                f"mkdir -p {q(layout.root)}",
                                "tar -xzf - -C ~ --no-same-owner"]).raise_for(
             "preparing the controller", LaunchError)
-        spec = job.model_dump(mode="json")
-        objects.put_bytes(f"{inv.name}/jobs/{job_id}/spec.json", json.dumps(spec).encode())
         group.run(start_line(inv, job_id, url, teardown)).raise_for(
             "starting the controller", LaunchError)
         log(f"job {job_id} handed to the controller; waiting for it to start ...")
-        wait_started(JobView(objects, inv.name, job_id), group, layout, job_id, log)
+        wait_started(JobView(objects, inv.name, job_id, key), group, layout, job_id, log)
     return job_id
 
 
@@ -279,8 +285,12 @@ def check_resume(inv_name: str, url: str, job: JobSpec) -> None:
     source = job.env.get(RESUME_VAR)
     if not source:
         return
+    try:
+        prefix = job_data(inv_name, source)
+    except UnsafeKey as exc:
+        raise UserInputError(f"{RESUME_VAR}={source}: {exc}") from None
     objects = open_store(url)
-    if not objects.list(f"{inv_name}/jobs/{source}/checkpoints"):
+    if not objects.list(f"{prefix}/checkpoints"):
         known = ", ".join(job_ids(objects, inv_name)) or "none"
         raise UserInputError(
             f"{RESUME_VAR}={source}: job {source} of {inv_name!r} has no checkpoints in {url}",
@@ -296,7 +306,8 @@ def refuse_if_running(inv: Inventory) -> None:
     ids = job_ids(objects, inv.name)
     if not ids:
         return
-    records = JobView(objects, inv.name, ids[-1]).records()
+    key = local_key(InventoryStore().keys_dir(inv.name))
+    records = JobView(objects, inv.name, ids[-1], key).records()
     if records and records[-1].state not in ("succeeded", "failed", "cancelled"):
         raise LaunchError(f"managed job {ids[-1]} is still {records[-1].state} on "
                           f"{inv.name!r}", hint=f"mgpu-cloud cancel {inv.name} {ids[-1]}")

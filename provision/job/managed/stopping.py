@@ -12,6 +12,7 @@ from provision.job.managed.handoff import (
     supervisor_ended,
 )
 from provision.job.managed.records import FINAL_STATES, JobView, job_ids
+from provision.job.managed.signing import local_key
 from provision.model.inventory import Inventory, InventoryStore
 from provision.nodes import NodeGroup
 from remote.store import open_store
@@ -32,7 +33,8 @@ def stop_before_down(inv: Inventory, store: InventoryStore, log: Log,
     try:
         objects = open_store(inv.spec.store)
         ids = job_ids(objects, inv.name)
-        view = JobView(objects, inv.name, ids[-1]) if ids else None
+        key = local_key(store.keys_dir(inv.name))
+        view = JobView(objects, inv.name, ids[-1], key) if ids else None
         records = view.records() if view is not None else []
     except Exception as exc:  # noqa: BLE001 - the store blinked: down goes on
         log(f"could not read the store of {inv.name!r} ({exc}); removing its controller first")

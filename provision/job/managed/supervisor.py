@@ -10,14 +10,15 @@ store's sinks (checkpoints through StoreKeeper, records and output through JobLo
 asked through the store), the webhook. The controller reaches the nodes at their
 private addresses (it sits in the cluster's network), so node records are seen from there.
 
-Per run, in the store (docs/ARCHITECTURE.md, "The store"):
-    CLUSTER/jobs/ID/checkpoints/   this run's checkpoints only: before the first start every
+Per run, in the store (docs/ARCHITECTURE.md, "The store"; remote/storekeys.py):
+    CLUSTER/data/jobs/ID/checkpoints/   this run's checkpoints only: before the first start every
                                    node's $MGPU_CHECKPOINT_DIR is made equal to it (empty for a
                                    new run), so a re-run never restores an earlier run's files;
                                    `--env MGPU_RESUME_FROM=ID` seeds it from run ID on purpose
     CLUSTER/cluster.json           the inventory this controller holds, as the user's machine
                                    sees the nodes (no key paths, nothing secret), written at
-                                   the start and after every replacement (client.adopt_from_store)
+                                   the start and after every replacement, sealed with the
+                                   records key (client.adopt_from_store verifies it)
 """
 
 from __future__ import annotations
@@ -34,25 +35,35 @@ from typing import Any, TextIO, cast
 from provision.cluster.providers.contract import AnyProvider, Recoverable, Supervising
 from provision.job.managed.keeper import StoreKeeper, push_outputs
 from provision.job.managed.records import CLUSTER_FILE, RESUME_VAR, JobLog, Record
+from provision.job.managed.signing import cluster_kind, local_key, seal
 from provision.model.errors import MgpuError
 from provision.model.inventory import Inventory, InventoryStore, NodeRecord, ResourceRecord
 from provision.model.spec import ClusterSpec, JobSpec
 from remote.store import Store, StoreURL, open_store, parse_url
+from remote.storekeys import job_data
 
 CANCEL_POLL_S = 2.0
 
 
 def checkpoints_url(url: StoreURL, cluster: str, job_id: str) -> StoreURL:
     """Where run `job_id`'s checkpoints live in the store: per run, never per cluster."""
-    return url.child(cluster, "jobs", job_id, "checkpoints")
+    return url.child(job_data(cluster, job_id), "checkpoints")
 
 
-def publish_inventory(store: Store, inv: Inventory, outside: dict[int, NodeRecord]) -> None:
+def outputs_url(url: StoreURL, cluster: str, job_id: str) -> StoreURL:
+    """Where node 0 pushes run `job_id`'s $MGPU_OUTPUT_DIR at its end."""
+    return url.child(job_data(cluster, job_id), "outputs")
+
+
+
+def publish_inventory(store: Store, inv: Inventory, outside: dict[int, NodeRecord],
+                      key: bytes) -> None:
     """CLUSTER/cluster.json: `inv` with its nodes as seen from outside the cluster (`outside`,
     by rank) and no paths of this machine. Host keys are public; nothing secret is in it."""
     view = inv.model_copy(update={"nodes": [outside.get(n.rank, n) for n in inv.nodes],
                                   "key_path": None, "known_hosts_path": None})
-    store.put_bytes(f"{inv.name}/{CLUSTER_FILE}", view.model_dump_json().encode())
+    store.put_bytes(f"{inv.name}/{CLUSTER_FILE}",
+                    seal(key, cluster_kind(inv.name), view.model_dump_json().encode()))
 
 
 def inside_view(node: NodeRecord) -> NodeRecord:
@@ -148,8 +159,13 @@ def supervise(provider: AnyProvider, inv: Inventory, istore: InventoryStore, job
     from provision.nodes import NodeGroup
 
     store = open_store(url)
+    key = local_key(istore.keys_dir(inv.name))
+    if key is None:
+        raise MgpuError(f"the controller of {inv.name!r} has no records key: hand the job "
+                        "over again")
     notifier = Notifier(job.notify, say) if job.notify else None
-    jlog = JobLog(store, inv.name, job_id, on_record=notifier.send if notifier else None)
+    jlog = JobLog(store, inv.name, job_id, on_record=notifier.send if notifier else None,
+                  key=key)
     jlog.start()
 
     def log(msg: str) -> None:
@@ -173,7 +189,7 @@ def supervise(provider: AnyProvider, inv: Inventory, istore: InventoryStore, job
 
     def publish() -> None:
         try:
-            publish_inventory(store, inv, outside)
+            publish_inventory(store, inv, outside, key)
         except Exception as exc:  # noqa: BLE001 - the user's copy is only older: go on
             say(f"could not write {CLUSTER_FILE} to the store: {exc}")
 
@@ -219,8 +235,7 @@ def _conclude(inv: Inventory, url: StoreURL, job_id: str, env: dict[str, str], j
     from provision.nodes import NodeGroup
 
     with NodeGroup(inv) as group:
-        failed = push_outputs(group, inv.master, url.child(inv.name, "jobs", job_id, "outputs"),
-                              env)
+        failed = push_outputs(group, inv.master, outputs_url(url, inv.name, job_id), env)
     if failed:
         log(f"could not push node-0's outputs to the store: {failed}")
     jlog.flush()
