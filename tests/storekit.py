@@ -74,7 +74,9 @@ def s3_store(_moto_server: str, monkeypatch: pytest.MonkeyPatch) -> StoreServer:
     """A fresh bucket in moto's server; the environment of this test points boto3 at it."""
     import boto3
 
-    env = {**FAKE_CREDENTIALS, "AWS_ENDPOINT_URL_S3": _moto_server}
+    # STS at the same server: the nodes get credentials narrowed to their run (issue 34)
+    env = {**FAKE_CREDENTIALS, "AWS_ENDPOINT_URL_S3": _moto_server,
+           "AWS_ENDPOINT_URL_STS": _moto_server}
     for k, v in env.items():
         monkeypatch.setenv(k, v)
     bucket = f"mgpu-test-{secrets.token_hex(4)}"

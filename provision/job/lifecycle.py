@@ -218,12 +218,15 @@ def _default_keeper(run: JobRun) -> CheckpointKeeper:
     if store:
         from provision.job.managed.checks import store_env
         from provision.job.managed.keeper import StoreKeeper
+        from provision.job.managed.nodecreds import NodeCredentials
         from remote.store import parse_url
         from remote.storekeys import data_prefix
 
-        return StoreKeeper(run.inv, parse_url(store).child(data_prefix(run.inv.name),
-                                                           "checkpoints"),
-                           store_env(), log=run.log)
+        url = parse_url(store)
+        folder = f"{data_prefix(run.inv.name)}/checkpoints"
+        creds = NodeCredentials(url, store_env(), write=[folder], name=f"mgpu-{run.inv.name}",
+                                note=run.log)
+        return StoreKeeper(run.inv, url.child(folder), creds, log=run.log)
     return CheckpointKeeper(run.inv, local_checkpoint_dir(run.inv), log=run.log)
 
 

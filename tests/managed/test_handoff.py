@@ -137,7 +137,7 @@ def test_the_controllers_inventory_is_adopted_here_only_when_newer(
 
 
 def test_resuming_a_previous_run_on_purpose_needs_its_checkpoints(tmp_path: Path) -> None:
-    from provision.job.managed.handoff import check_resume
+    from provision.job.managed.checks import check_resume
     from provision.job.managed.supervisor import checkpoints_url
     from provision.model.errors import UserInputError
     from remote.store import open_store

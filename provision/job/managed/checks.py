@@ -23,14 +23,24 @@ import os
 import secrets
 from urllib.parse import urlparse
 
-from provision.model.errors import MgpuError, ProviderUnavailableError, UserInputError
+from provision.job.managed.records import RESUME_VAR, JobView, job_ids
+from provision.job.managed.signing import local_key
+from provision.model.errors import (
+    LaunchError,
+    MgpuError,
+    ProviderUnavailableError,
+    UserInputError,
+)
+from provision.model.inventory import Inventory, InventoryStore
 from provision.model.spec import JobSpec
 from remote.store import StoreURL, open_store, parse_url
+from remote.storekeys import UnsafeKey, job_data
 
 # What reaches a store from a node or the controller (remote/store.py --env-stdin). The SDKs'
 # own variable names: credentials (where no instance role is used) and endpoints.
 STORE_ENV = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN",
              "AWS_DEFAULT_REGION", "AWS_REGION", "AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3",
+             "AWS_ENDPOINT_URL_STS", "MGPU_STORE_ROLE_ARN",
              "STORAGE_EMULATOR_HOST", "GOOGLE_CLOUD_PROJECT")
 CREDENTIAL_ENV = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN")
 # Providers whose nodes get the store's credentials only from this shell's variables
@@ -67,8 +77,9 @@ def check_node_credentials(provider: str, url: StoreURL, env: dict[str, str]) ->
             f"--store {url}: the {provider} nodes push checkpoints with this shell's AWS keys, "
             "and none are set as variables (AWS_PROFILE / SSO credentials stay on this "
             "machine)",
-            hint='export them first: eval "$(aws configure export-credentials --format env)" '
-                 "(temporary keys end with their session: use keys that outlive the run)")
+            hint='export them first: eval "$(aws configure export-credentials --format env)"; '
+                 "the nodes never get them: they get STS credentials narrowed to the run's "
+                 "folder (temporary keys need MGPU_STORE_ROLE_ARN, a role to narrow them with)")
     if url.scheme == "gs" and not env.get("STORAGE_EMULATOR_HOST"):
         raise UserInputError(
             f"--store {url}: {provider} nodes get no Cloud Storage credentials yet (no "
@@ -215,3 +226,37 @@ def attached_notify_note(job: JobSpec) -> str | None:
         return None
     return ("--notify is ignored on an attached run: it posts the state changes of a managed "
             "run (--detach --store URL); this terminal shows them")
+
+
+def check_resume(inv_name: str, url: str, job: JobSpec) -> None:
+    """`--env MGPU_RESUME_FROM=ID`: run ID of this cluster must have checkpoints in the store
+    (UserInputError before anything is handed over otherwise)."""
+    source = job.env.get(RESUME_VAR)
+    if not source:
+        return
+    try:
+        prefix = job_data(inv_name, source)
+    except UnsafeKey as exc:
+        raise UserInputError(f"{RESUME_VAR}={source}: {exc}") from None
+    objects = open_store(url)
+    if not objects.list(f"{prefix}/checkpoints"):
+        known = ", ".join(job_ids(objects, inv_name)) or "none"
+        raise UserInputError(
+            f"{RESUME_VAR}={source}: job {source} of {inv_name!r} has no checkpoints in {url}",
+            hint=f"jobs there: {known} (`mgpu-cloud jobs {inv_name}`); leave {RESUME_VAR} out "
+                 "to start fresh")
+
+
+def refuse_if_running(inv: Inventory) -> None:
+    """One managed job at a time per cluster (like attached jobs)."""
+    if not inv.spec or not inv.spec.store:
+        return
+    objects = open_store(inv.spec.store)
+    ids = job_ids(objects, inv.name)
+    if not ids:
+        return
+    key = local_key(InventoryStore().keys_dir(inv.name))
+    records = JobView(objects, inv.name, ids[-1], key).records()
+    if records and records[-1].state not in ("succeeded", "failed", "cancelled"):
+        raise LaunchError(f"managed job {ids[-1]} is still {records[-1].state} on "
+                          f"{inv.name!r}", hint=f"mgpu-cloud cancel {inv.name} {ids[-1]}")

@@ -25,21 +25,20 @@ import shlex
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from provision.cluster.providers.contract import AnyProvider, Supervising
 from provision.job.managed.records import (
     RESUME_VAR,
     JobView,
     claim_job_id,
-    job_ids,
 )
-from provision.job.managed.signing import KEY_FILE, local_key
+from provision.job.managed.signing import KEY_FILE
 from provision.model.errors import LaunchError, MgpuError, UserInputError
 from provision.model.inventory import Inventory, InventoryStore
 from provision.model.spec import ClusterSpec, JobSpec
 from provision.nodes import HomePath, NodeGroup, RemoteLayout
 from remote.store import StoreURL, open_store, parse_url
-from remote.storekeys import UnsafeKey, job_data
 
 Log = Callable[[str], None]
 Confirm = Callable[..., bool]
@@ -77,7 +76,7 @@ def _tree_files(name: str, root: Path) -> dict[str, tuple[bytes, int]]:
             if p.is_file() and "__pycache__" not in p.parts and p.suffix != ".pyc"}
 
 
-def controller_payload(inv: Inventory, job: JobSpec, job_id: str, env: dict[str, str],
+def controller_payload(inv: Inventory, job: JobSpec, job_id: str, env: dict[str, Any],
                        layout: RemoteLayout) -> bytes:
     """One archive: the tool's code, its state for this cluster, the job."""
     import provision
@@ -111,6 +110,20 @@ def controller_payload(inv: Inventory, job: JobSpec, job_id: str, env: dict[str,
                        (f"{layout.root}/lib/templates", templates_dir())):
         entries.update(_tree_files(name, root))
     return files_tar(entries, workdir_tar(job.local_workdir, job.excludes), work)
+
+
+def controller_state(inv: Inventory, url: StoreURL, job_id: str, job: JobSpec,
+                     env: dict[str, str], log: Log) -> dict[str, Any]:
+    """The controller's store-env.json: its own store variables (on aws without this
+    shell's keys) and the nodes' first credentials, minted here for the job's data prefix."""
+    from provision.job.managed.checks import controller_env
+    from provision.job.managed.nodecreds import FEDERATION_MAX_S, for_job
+
+    hours = inv.spec.max_hours if inv.spec is not None else None
+    life = int(hours * 3600) + 3600 if hours else FEDERATION_MAX_S
+    nodes = for_job(url, inv.name, job_id, env, resume_from=job.env.get(RESUME_VAR),
+                    duration_s=life, note=log)()
+    return {"env": controller_env(inv.provider, env), "nodes": nodes}
 
 
 def _inventory_yaml(inv: Inventory) -> str:
@@ -229,7 +242,8 @@ def hand_off(provider: AnyProvider, inv: Inventory, store: InventoryStore, job: 
     job_id = claim_job_id(objects, inv.name, json.dumps(job.model_dump(mode="json")).encode())
     ctl_inv = controller_inventory(inv, store)
     layout = controller_layout(inv)
-    archive = controller_payload(inv, job, job_id, env, layout)
+    archive = controller_payload(inv, job, job_id, controller_state(inv, url, job_id, job, env,
+                                                                    log), layout)
     q = shlex.quote
     with NodeGroup(ctl_inv) as group:
         group.wait_until_reachable().raise_for("reaching the controller", LaunchError)
@@ -279,40 +293,6 @@ def supervisor_ended(group: NodeGroup, layout: RemoteLayout, job_id: str) -> boo
     return '"exited"' in res.value.stdout
 
 
-def check_resume(inv_name: str, url: str, job: JobSpec) -> None:
-    """`--env MGPU_RESUME_FROM=ID`: run ID of this cluster must have checkpoints in the store
-    (UserInputError before anything is handed over otherwise)."""
-    source = job.env.get(RESUME_VAR)
-    if not source:
-        return
-    try:
-        prefix = job_data(inv_name, source)
-    except UnsafeKey as exc:
-        raise UserInputError(f"{RESUME_VAR}={source}: {exc}") from None
-    objects = open_store(url)
-    if not objects.list(f"{prefix}/checkpoints"):
-        known = ", ".join(job_ids(objects, inv_name)) or "none"
-        raise UserInputError(
-            f"{RESUME_VAR}={source}: job {source} of {inv_name!r} has no checkpoints in {url}",
-            hint=f"jobs there: {known} (`mgpu-cloud jobs {inv_name}`); leave {RESUME_VAR} out "
-                 "to start fresh")
-
-
-def refuse_if_running(inv: Inventory) -> None:
-    """One managed job at a time per cluster (like attached jobs)."""
-    if not inv.spec or not inv.spec.store:
-        return
-    objects = open_store(inv.spec.store)
-    ids = job_ids(objects, inv.name)
-    if not ids:
-        return
-    key = local_key(InventoryStore().keys_dir(inv.name))
-    records = JobView(objects, inv.name, ids[-1], key).records()
-    if records and records[-1].state not in ("succeeded", "failed", "cancelled"):
-        raise LaunchError(f"managed job {ids[-1]} is still {records[-1].state} on "
-                          f"{inv.name!r}", hint=f"mgpu-cloud cancel {inv.name} {ids[-1]}")
-
-
 # --- the commands ----------------------------------------------------------------------------
 def run_managed(spec: ClusterSpec, job: JobSpec, *, confirm: Confirm, log: Log,
                 store: InventoryStore | None = None) -> str | None:
@@ -327,7 +307,7 @@ def run_managed(spec: ClusterSpec, job: JobSpec, *, confirm: Confirm, log: Log,
     from provision.job.gate import gate_before_job
     from provision.job.jobs import before_teardown
     from provision.job.launch import workdir_of
-    from provision.job.managed.checks import check_store, store_env
+    from provision.job.managed.checks import check_resume, check_store, store_env
 
     store = store or InventoryStore()
     env = store_env()
@@ -364,7 +344,12 @@ def launch_managed(name: str, job: JobSpec, *, log: Log,
     from provision.cluster.providers import get_provider
     from provision.job.jobs import refuse_if_busy
     from provision.job.launch import workdir_of
-    from provision.job.managed.checks import check_store, store_env
+    from provision.job.managed.checks import (
+        check_resume,
+        check_store,
+        refuse_if_running,
+        store_env,
+    )
     from provision.model.inventory import ready_inventory
     from provision.nodes.bootstrap import sync_workdir
 

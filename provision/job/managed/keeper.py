@@ -5,7 +5,9 @@ decides when (a node's files changed and then stayed still, provision/checkpoint
 instead of pulling files through the supervisor it runs `remote.pyz store push` on that node
 (parallel, multipart, the node's own SDK client), and before a restart `remote.pyz store pull`
 on every node at once, replacements included. The store's credentials and endpoint go to each
-command on stdin (remote/store.py --env-stdin); nothing is written on the nodes.
+command on stdin (remote/storesync.py --env-stdin); nothing is written on the nodes. They are
+the nodes' own (nodecreds.NodeCredentials: short-lived, narrowed to the run's data prefix),
+asked for at each command, so a renewal reaches the next one.
 """
 
 from __future__ import annotations
@@ -20,23 +22,27 @@ from provision.nodes import Connector, NodeGroup
 from remote.store import StoreURL
 
 Log = Callable[[str], None]
+Creds = Callable[[], dict[str, str]]  # the environment of one node store command
 
 
 class StoreKeeper(CheckpointKeeper):
-    def __init__(self, inv: Inventory, url: StoreURL, env: dict[str, str], *, log: Log,
+    def __init__(self, inv: Inventory, url: StoreURL, creds: Creds, *, log: Log,
                  connector: Connector | None = None) -> None:
         from pathlib import Path
 
         super().__init__(inv, Path("/nonexistent"), log=log, connector=connector)
         self.url = url
-        self.env = json.dumps(env).encode()
+        self.creds = creds
         self.where = f"{url}/"
+
+    def env(self) -> bytes:
+        return json.dumps(self.creds()).encode()
 
     def _copy(self, group: NodeGroup, node: NodeRecord, files: list[str]) -> None:
         layout = group.layout
         command = layout.remote_command("store", "push", "--url", str(self.url), "--root",
                                         layout.checkpoints, "--env-stdin", *files)
-        res = group.connection(node).run(command, stdin=self.env)
+        res = group.connection(node).run(command, stdin=self.env())
         if not res.ok:
             raise BootstrapError(f"{node.name}: pushing checkpoints to {self.url} failed: "
                                  f"{res.tail()}")
@@ -51,7 +57,7 @@ class StoreKeeper(CheckpointKeeper):
         layout = group.layout
         command = layout.remote_command("store", "pull", "--url", str(self.url), "--root",
                                         layout.checkpoints, "--env-stdin")
-        results = group.run(command, stdin=self.env, timeout=3600)
+        results = group.run(command, stdin=self.env(), timeout=3600)
         results.raise_for(f"restoring the checkpoint from {self.url}", BootstrapError)
         self.mark_synced(group)
         counts = [json.loads(r.value.stdout.strip().splitlines()[-1]).get("files", 0)
@@ -59,13 +65,13 @@ class StoreKeeper(CheckpointKeeper):
         return int(max(counts, default=0))
 
 
-def push_outputs(group: NodeGroup, node: NodeRecord, url: StoreURL, env: dict[str, str]) -> str:
+def push_outputs(group: NodeGroup, node: NodeRecord, url: StoreURL, creds: Creds) -> str:
     """Node `node` pushes its whole $MGPU_OUTPUT_DIR to `url`; '' or why it failed."""
     layout = group.layout
     command = layout.remote_command("store", "push", "--url", str(url), "--root",
                                     layout.outputs, "--env-stdin")
     try:
-        res = group.connection(node).run(command, stdin=json.dumps(env).encode())
+        res = group.connection(node).run(command, stdin=json.dumps(creds()).encode())
     except Exception as exc:  # noqa: BLE001 - reported, never fatal
         return str(exc)
     return "" if res.ok else res.tail()

@@ -33,7 +33,8 @@ from pathlib import Path
 from typing import Any, TextIO, cast
 
 from provision.cluster.providers.contract import AnyProvider, Recoverable, Supervising
-from provision.job.managed.keeper import StoreKeeper, push_outputs
+from provision.job.managed.keeper import Creds, StoreKeeper, push_outputs
+from provision.job.managed.nodecreds import for_job
 from provision.job.managed.records import CLUSTER_FILE, RESUME_VAR, JobLog, Record
 from provision.job.managed.signing import cluster_kind, local_key, seal
 from provision.model.errors import MgpuError
@@ -146,7 +147,7 @@ def _throttled(check: Callable[[], bool], every_s: float) -> Callable[[], bool]:
 
 
 def supervise(provider: AnyProvider, inv: Inventory, istore: InventoryStore, job: JobSpec,
-              *, url: StoreURL, job_id: str, env: dict[str, str], teardown: bool,
+              *, url: StoreURL, job_id: str, creds: Creds, teardown: bool,
               say: Callable[[str], None] = print,
               outside: dict[int, NodeRecord] | None = None) -> int:
     """Run `job` under recovery with its state in the store; returns the job's exit code.
@@ -182,7 +183,7 @@ def supervise(provider: AnyProvider, inv: Inventory, istore: InventoryStore, job
 
     record("submitted", f"controller supervises job {job_id} (max {job.max_restarts} "
                         f"restart(s), store {url})")
-    keeper = StoreKeeper(inv, checkpoints_url(url, inv.name, job_id), env, log=log)
+    keeper = StoreKeeper(inv, checkpoints_url(url, inv.name, job_id), creds, log=log)
     outside = dict(outside or {})
     inside: AnyProvider = (InsideProvider(provider, outside)
                            if isinstance(provider, Recoverable) else provider)
@@ -207,14 +208,14 @@ def supervise(provider: AnyProvider, inv: Inventory, istore: InventoryStore, job
                  stop=_throttled(jlog.cancel_requested, CANCEL_POLL_S))
     try:
         with NodeGroup(inv) as group:
-            first_checkpoints(keeper, group, inv, job, url, env, log)
+            first_checkpoints(keeper, group, inv, job, url, creds, log)
             code = job_life(run, group)
         why = ""
     except MgpuError as exc:
         code, why = 1, exc.message
     except Exception as exc:  # noqa: BLE001 - recorded: nobody else would see it
         code, why = 1, f"{type(exc).__name__}: {exc}"
-    _conclude(inv, url, job_id, env, jlog, record, log, say, code, why)
+    _conclude(inv, url, job_id, creds, jlog, record, log, say, code, why)
     if teardown:
         _tear_down(provider, inv, istore, record, log,
                    fresh_store=lambda: setattr(jlog, "store", open_store(url)))
@@ -226,7 +227,7 @@ def supervise(provider: AnyProvider, inv: Inventory, istore: InventoryStore, job
     return code
 
 
-def _conclude(inv: Inventory, url: StoreURL, job_id: str, env: dict[str, str], jlog: JobLog,
+def _conclude(inv: Inventory, url: StoreURL, job_id: str, creds: Creds, jlog: JobLog,
               record: Callable[..., Record | None], log: Callable[[str], None],
               say: Callable[[str], None], code: int, why: str) -> None:
     """After the job: node-0's outputs pushed to the store, the final record written, and
@@ -235,7 +236,7 @@ def _conclude(inv: Inventory, url: StoreURL, job_id: str, env: dict[str, str], j
     from provision.nodes import NodeGroup
 
     with NodeGroup(inv) as group:
-        failed = push_outputs(group, inv.master, outputs_url(url, inv.name, job_id), env)
+        failed = push_outputs(group, inv.master, outputs_url(url, inv.name, job_id), creds)
     if failed:
         log(f"could not push node-0's outputs to the store: {failed}")
     jlog.flush()
@@ -252,14 +253,14 @@ def _conclude(inv: Inventory, url: StoreURL, job_id: str, env: dict[str, str], j
 
 
 def first_checkpoints(keeper: StoreKeeper, group: Any, inv: Inventory, job: JobSpec,
-                      url: StoreURL, env: dict[str, str], log: Callable[[str], None]) -> None:
+                      url: StoreURL, creds: Creds, log: Callable[[str], None]) -> None:
     """Before the first start, every node's checkpoint folder is this run's store prefix
     (empty for a new run: files an earlier job left on the nodes are not this run's). With
     MGPU_RESUME_FROM=ID, run ID's checkpoints are pulled instead and node 0 pushes them into
     this run's prefix, so a restart restores them too."""
     source = job.env.get(RESUME_VAR)
     if source:
-        StoreKeeper(inv, checkpoints_url(url, inv.name, source), env, log=log).restore(group)
+        StoreKeeper(inv, checkpoints_url(url, inv.name, source), creds, log=log).restore(group)
         keeper.push_all(group, inv.master)
         log(f"starting from the checkpoints of job {source} ({RESUME_VAR})")
     else:
@@ -299,20 +300,25 @@ def main(argv: list[str] | None = None) -> int:
     from provision.cluster.providers import get_provider
     from provision.job.managed.checks import controller_env
 
-    env = json.loads(Path(args.env_file).read_text())
+    given = json.loads(Path(args.env_file).read_text())
     istore = InventoryStore()
     inv = istore.load(args.cluster)
-    # this process's own store client: the nodes' variables, but on aws without the user's
-    # keys (the controller's instance profile is scoped to this cluster)
-    os.environ.update(controller_env(inv.provider, env))
+    # this process's own store client: on aws without the user's keys (the controller's
+    # instance profile is scoped to this cluster); the nodes': what the hand-off minted,
+    # renewed here where this environment can mint
+    env = controller_env(inv.provider, given.get("env", {}))
+    os.environ.update(env)
     outside = {n.rank: n.model_copy() for n in inv.nodes}  # as uploaded: the user's view
     localize(inv, istore)
     fields = json.loads(Path(args.job_file).read_text())
     fields.update(workdir=args.workdir, deepspeed_config=None if not fields.get(
         "deepspeed_config") else str(Path(args.workdir) / Path(fields["deepspeed_config"]).name))
     job = JobSpec.model_validate(fields)
-    return supervise(get_provider(inv.provider), inv, istore, job, url=parse_url(args.store),
-                     job_id=args.job, env=env, teardown=args.teardown,
+    url = parse_url(args.store)
+    creds = for_job(url, inv.name, args.job, env, resume_from=job.env.get(RESUME_VAR),
+                    minted=given.get("nodes"))
+    return supervise(get_provider(inv.provider), inv, istore, job, url=url,
+                     job_id=args.job, creds=creds, teardown=args.teardown,
                      say=lambda m: print(f"{time.strftime('%H:%M:%S')} {m}", flush=True),
                      outside=outside)
 
