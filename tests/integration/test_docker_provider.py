@@ -170,14 +170,18 @@ def test_up_exec_status_ssh_trust_down_twice(tmp_path: Path, cleanup) -> None:  
                            text=True).stdout
     assert ports.startswith("127.0.0.1:"), ports
 
-    # The host key arrives in the container's environment; it is written 0600 before sshd
-    # starts and is in neither sshd's environment nor a session's (a job never sees it).
+    # The host key and authorized_keys are copied in, 0600, before the start: nothing of them
+    # is in the container's configuration (`docker inspect`), nor in sshd's environment or a
+    # session's (a job never sees them).
+    inspected = subprocess.run(["docker", "inspect", "it-up-node-0", "it-up-node-1"],
+                               capture_output=True, text=True, check=True).stdout
+    assert "PRIVATE KEY" not in inspected and "MGPU_HOST_KEY" not in inspected
     res = cli("exec", "it-up", "--", "env; tr '\\0' '\\n' < /proc/1/environ; "
-              "stat -c '%a' /etc/ssh/ssh_host_ed25519_key")
+              "stat -c '%a %U' /etc/ssh/ssh_host_ed25519_key /root/.ssh/authorized_keys")
     assert res.returncode == 0, res.stdout + res.stderr
     assert "MGPU_HOST_KEY" not in res.stdout and "PRIVATE KEY" not in res.stdout
     assert "MGPU_AUTHORIZED_KEY" not in res.stdout
-    assert res.stdout.count("\n600\n") == 2, res.stdout
+    assert res.stdout.count("\n600 root\n600 root\n") == 2, res.stdout
 
     _run_to_file_over_real_ssh("it-up", tmp_path)
 
@@ -277,6 +281,43 @@ def test_down_works_from_the_inventory_after_the_controller_crashed(tmp_path: Pa
     assert leftovers("it-crash") == []
 
 
+def test_down_removes_only_what_the_engine_labels_as_the_clusters(node_image: str,
+                                                                 cleanup) -> None:  # type: ignore[no-untyped-def]
+    """An inventory naming another cluster's container and an unlabelled one (as one adopted
+    from a hostile store would): `down` removes the cluster's own, refuses those by name and
+    leaves them running; the next `down` finishes."""
+    from provision.model.inventory import InventoryStore, ResourceRecord
+
+    cleanup.append("it-own")
+    assert cli("up", "--nodes", "1", "--name", "it-own", "--no-bootstrap").returncode == 0
+    victims = {"it-own-victim-a": ["--label", "mgpu-cloud-cluster=someone-else"],
+               "it-own-victim-b": []}
+    try:
+        for victim, labels in victims.items():
+            subprocess.run(["docker", "run", "-d", "--name", victim, *labels, node_image,
+                            "sleep", "600"], check=True, capture_output=True)
+        store = InventoryStore()
+        inv = store.load("it-own")
+        for victim in victims:
+            store.record(inv, ResourceRecord(kind="container", id=_id(victim, full=True),
+                                             name="it-own-node-9"))
+        res = cli("down", "it-own")
+        assert res.returncode == 6, res.stderr
+        assert (f"container it-own-victim-a ({_id('it-own-victim-a')}) is labelled "
+                "mgpu-cloud-cluster=someone-else, not it-own's: left as it is") in res.stderr
+        assert (f"container it-own-victim-b ({_id('it-own-victim-b')}) has no "
+                "mgpu-cloud-cluster label") in res.stderr, res.stderr
+        for victim in victims:
+            running = subprocess.run(["docker", "inspect", "-f", "{{.State.Running}}", victim],
+                                     capture_output=True, text=True)
+            assert running.stdout.strip() == "true", running.stderr
+        assert leftovers("it-own") == []
+        again = cli("down", "it-own")
+        assert again.returncode == 0, again.stderr
+    finally:
+        subprocess.run(["docker", "rm", "-f", *victims], capture_output=True)
+
+
 @pytest.mark.parametrize(
     "args,code,message",
     [
@@ -325,9 +366,10 @@ def test_a_killed_runs_containers_are_named_before_anything_is_made(node_image: 
         subprocess.run(["docker", "rm", "-f", "leftover-node-0"], capture_output=True)
 
 
-def _id(container: str) -> str:
-    return subprocess.run(["docker", "inspect", "-f", "{{.Id}}", container], capture_output=True,
-                          text=True, check=True).stdout.strip()[:12]
+def _id(container: str, full: bool = False) -> str:
+    cid = subprocess.run(["docker", "inspect", "-f", "{{.Id}}", container], capture_output=True,
+                         text=True, check=True).stdout.strip()
+    return cid if full else cid[:12]
 
 
 def test_docker_not_reachable(tmp_path: Path) -> None:

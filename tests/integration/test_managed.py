@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import secrets
 import subprocess
 import time
 from pathlib import Path
@@ -123,6 +124,8 @@ def test_unattended_run_survives_lost_nodes_and_cleans_up(
     else:
         server: StoreServer = request.getfixturevalue("s3_store" if kind == "s3" else "gcs_store")
         url, env = server.url, server.env
+        if kind == "s3":  # a secret no node may ever see (issue 34): theirs are minted by STS
+            env = {**env, "AWS_SECRET_ACCESS_KEY": f"user-secret-{secrets.token_hex(6)}"}
     home = tmp_path / "home"
     home.mkdir()
     try:
@@ -137,6 +140,8 @@ def test_unattended_run_survives_lost_nodes_and_cleans_up(
         at_return = events(url, name)
         assert "started" in at_return and not TERMINAL & set(at_return), at_return
         assert own_processes(home, name) == [], own_processes(home, name)
+        if kind == "s3":
+            assert_secret_unseen(f"{name}-node-0", env["AWS_SECRET_ACCESS_KEY"])
         store = open_store(url)
         steps = [lose_and_resume(url, name, victim) for victim in victims]
         assert 0 < steps[0] < steps[1], steps  # each restart from a newer saved step
@@ -178,6 +183,19 @@ def test_unattended_run_survives_lost_nodes_and_cleans_up(
         print(f"{case}: `run --detach` returned after {returned:.1f} s")
     finally:
         force_remove(name)
+
+
+def assert_secret_unseen(container: str, secret: str) -> None:
+    """Nothing a node's code can read holds `secret`: no process's environment or command
+    line, no file of its home or /tmp, not the container's own configuration."""
+    look = ("cat /proc/[0-9]*/environ /proc/[0-9]*/cmdline 2>/dev/null | tr '\\0' '\\n'; "
+            "find ~ /tmp -type f -size -10M -exec cat {} + 2>/dev/null")
+    seen = subprocess.run(["docker", "exec", container, "sh", "-c", look], capture_output=True,
+                          text=True, errors="replace").stdout
+    assert len(seen) > 1000 and "MGPU" in seen  # it did read the node's processes and files
+    assert secret not in seen
+    assert secret not in subprocess.run(["docker", "inspect", container], capture_output=True,
+                                        text=True).stdout
 
 
 def force_remove(name: str) -> None:
@@ -315,5 +333,69 @@ def test_gc_finds_and_removes_a_controller_left_behind(tmp_path: Path,
         assert {r.name for r in mine} == {f"{name}-controller", f"{name}-net"}, mine
         prov.delete_orphans(spec, mine)
         assert controller_of(api, name) is None and leftovers(name) == []
+    finally:
+        force_remove(name)
+
+
+def test_docker_nodes_cannot_log_in_to_the_controller_nor_reach_the_stores_records(
+        tmp_path: Path) -> None:
+    """Issue 34 (docker): the controller authorizes its own login key only, so a node, which
+    holds the cluster key, is refused by its sshd (the same login to a node works); a
+    file:// store is mounted into the nodes as NAME/data only (cluster.json and the records
+    stay out of their reach), into the controller whole; the hand-off and the run work."""
+    name = "mg-trust"
+    folder = tmp_path / "shared"
+    folder.mkdir()
+    url = f"file://{folder}"
+    home = tmp_path / "home"
+    home.mkdir()
+    try:
+        up = cli("up", "--provider", "docker", "--nodes", "1", "--name", name, "--store", url,
+                 home=home, env={})
+        assert up.returncode == 0, up.stderr
+        res = cli("launch", name, "--detach", "--", EXAMPLE, "--steps", "3", "--save-every", "1",
+                  home=home, env={})
+        assert res.returncode == 0 and res.stdout.strip() == "1", res.stdout + res.stderr
+        wait_for(lambda: "finished" in events(url, name), 180, "the job did not finish")
+        assert steps_in(url, f"{name}/data/jobs/1/checkpoints"), "no checkpoint via data/"
+        inv = InventoryStore(home).load(name)
+        ctl, node = inv.controller, inv.nodes[0]
+        assert ctl is not None
+
+        def mounts(container: str) -> list[str]:
+            out = subprocess.run(["docker", "inspect", "-f", "{{json .Mounts}}", container],
+                                 capture_output=True, text=True, check=True).stdout
+            return sorted(m["Source"] for m in json.loads(out))
+
+        assert mounts(f"{name}-node-0") == [f"{folder}/{name}/data"]
+        assert str(folder) in mounts(f"{name}-controller")
+        assert (folder / name / "cluster.json").exists()
+        in_node = subprocess.run(["docker", "exec", f"{name}-node-0", "ls", f"{folder}/{name}"],
+                                 capture_output=True, text=True)
+        assert in_node.stdout.split() == ["data"], in_node.stdout + in_node.stderr
+
+        def login_from_node(address: str) -> subprocess.CompletedProcess[str]:
+            return subprocess.run(
+                ["docker", "exec", f"{name}-node-0", "ssh", "-i",
+                 f"/root/.ssh/mgpu-cloud_{name}_ed25519", "-o", "BatchMode=yes",
+                 "-o", "StrictHostKeyChecking=no", "-o", "UserKnownHostsFile=/dev/null",
+                 "-o", "ConnectTimeout=10", f"root@{address}", "echo", "in"],
+                capture_output=True, text=True, timeout=60)
+
+        assert login_from_node(node.private_address).stdout == "in\n"  # the key works...
+        refused = login_from_node(ctl.private_address)  # ...but not on the controller
+        assert refused.returncode == 255, refused.stdout + refused.stderr
+        assert "Permission denied (publickey)" in refused.stderr, refused.stderr
+        authorized = subprocess.run(["docker", "exec", f"{name}-controller", "cat",
+                                     "/root/.ssh/authorized_keys"], capture_output=True,
+                                    text=True, check=True).stdout
+        own = (home / "keys" / name / "controller_ed25519.pub").read_text()
+        assert authorized == own, authorized
+        inspected = subprocess.run(["docker", "inspect", f"{name}-controller",
+                                    f"{name}-node-0"], capture_output=True, text=True).stdout
+        assert "PRIVATE KEY" not in inspected
+        down = cli("down", name, home=home, env={})
+        assert down.returncode == 0, down.stderr
+        assert leftovers(name) == []
     finally:
         force_remove(name)

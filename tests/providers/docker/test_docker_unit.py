@@ -46,6 +46,7 @@ class FakeEngine:
     containers: dict[str, dict[str, Any]] = field(default_factory=dict)
     fail: dict[str, tuple[int, str, str]] = field(default_factory=dict)  # call -> (status, text, name)
     ids: Any = field(default_factory=lambda: itertools.count(1))
+    removed: list[str] = field(default_factory=list)  # container ids, in the order removed
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     @property
@@ -80,7 +81,7 @@ class FakeEngine:
         return {"Id": nid}
 
     def inspect_network(self, name: str) -> dict[str, Any]:
-        found = [{"Id": nid, **n} for nid, n in self.networks.items() if n["Name"] == name]
+        found = [{"Id": nid, **n} for nid, n in self.networks.items() if name in (nid, n["Name"])]
         if not found:
             raise _api_error(404, f"network {name} not found")
         return found[0]
@@ -92,19 +93,45 @@ class FakeEngine:
             raise _api_error(404, f"network {net} not found")  # the engine checks at create
         with self.lock:
             cid = f"c{next(self.ids):063d}"
-            self.containers[cid] = {"image": image, "running": False, **kw}
+            self.containers[cid] = {"image": image, "running": False, "files": {},
+                                    "labels": {}, **kw}
         return {"Id": cid}
+
+    def put_archive(self, cid: str, path: str, data: bytes) -> bool:
+        """Unpacks the tar into the container's files (path -> (mode, text)), as the engine
+        does; only before the container starts here (the provider's promise)."""
+        import io
+        import tarfile
+
+        c = self.containers[self._resolve(cid)]
+        assert not c["running"], "files copied in after the start"
+        with tarfile.open(fileobj=io.BytesIO(data)) as tar:
+            for m in tar.getmembers():
+                text = tar.extractfile(m).read().decode()  # type: ignore[union-attr]
+                c["files"][f"{path.rstrip('/')}/{m.name}"] = (m.mode, m.uid, text)
+        return True
 
     def start(self, cid: str) -> None:
         self._maybe_fail("start", self.containers[cid]["name"])
         self.containers[cid]["running"] = True
 
-    def inspect_container(self, cid: str) -> dict[str, Any]:
+    def _resolve(self, ref: str) -> str:
+        """An id or a name, as the engine takes either; 404 when neither."""
+        for cid, c in self.containers.items():
+            if ref in (cid, c["name"]):
+                return cid
+        raise _api_error(404, f"No such container: {ref}")
+
+    def inspect_container(self, ref: str) -> dict[str, Any]:
+        cid = self._resolve(ref)
+        c = self.containers[cid]
         port = 40000 + int(cid[1:]) % 1000
-        net = self.containers[cid]["host_config"]["network_mode"]
-        return {"NetworkSettings": {
-            "Ports": {"22/tcp": [{"HostIp": "127.0.0.1", "HostPort": str(port)}]},
-            "Networks": {net: {"IPAddress": f"10.9.0.{int(cid[1:]) % 250}"}}}}
+        net = (c.get("host_config") or {}).get("network_mode", "bridge")
+        return {"Id": cid, "Name": "/" + c["name"],
+                "Config": {"Image": c["image"], "Labels": c["labels"]},
+                "NetworkSettings": {
+                    "Ports": {"22/tcp": [{"HostIp": "127.0.0.1", "HostPort": str(port)}]},
+                    "Networks": {net: {"IPAddress": f"10.9.0.{int(cid[1:]) % 250}"}}}}
 
     def remove_container(self, cid: str, force: bool) -> None:
         self._maybe_fail("remove_container", cid)
@@ -112,6 +139,7 @@ class FakeEngine:
             if cid not in self.containers:
                 raise _api_error(404, "No such container")
             del self.containers[cid]
+            self.removed.append(cid)
 
     def remove_network(self, nid: str) -> None:
         self._maybe_fail("remove_network", nid)
@@ -164,12 +192,22 @@ class _Api:
 
     def containers(self, all: bool = False, filters: dict[str, Any] | None = None  # noqa: A002
                    ) -> list[dict[str, Any]]:
-        wanted = (filters or {}).get("label", [])
-        pairs = [w.partition("=") for w in ([wanted] if isinstance(wanted, str) else wanted)]
+        pairs = _label_pairs(filters)
         return [{"Id": cid, "Names": ["/" + c["name"]], "Labels": c["labels"]}
                 for cid, c in self.engine.containers.items()
                 if all or c["running"]
                 if builtins.all(k in c["labels"] and (not v or c["labels"][k] == v) for k, _, v in pairs)]
+
+    def networks(self, filters: dict[str, Any] | None = None) -> list[dict[str, Any]]:
+        pairs = _label_pairs(filters)
+        return [{"Id": nid, "Name": n["Name"], "Labels": n["Labels"]}
+                for nid, n in self.engine.networks.items()
+                if builtins.all(k in n["Labels"] and (not v or n["Labels"][k] == v) for k, _, v in pairs)]
+
+
+def _label_pairs(filters: dict[str, Any] | None) -> list[tuple[str, str, str]]:
+    wanted = (filters or {}).get("label", [])
+    return [w.partition("=") for w in ([wanted] if isinstance(wanted, str) else wanted)]
 
 
 class FakeClient:
@@ -184,6 +222,8 @@ def engine(monkeypatch: pytest.MonkeyPatch) -> FakeEngine:
     eng = FakeEngine()
     client = FakeClient(eng)
     monkeypatch.setattr("provision.cluster.providers.docker.provider.docker_client", lambda: client)
+    monkeypatch.setattr("provision.cluster.providers.docker.controller.docker_client",
+                        lambda: client)
     monkeypatch.setattr("provision.cluster.providers.docker.images.ensure_node_image",
                         lambda opts, log, client=None: "mgpu-cloud/node:test")
     return eng
@@ -242,8 +282,13 @@ def test_create_records_everything_and_pins_host_keys(engine: FakeEngine, mgpu_h
         assert host["port_bindings"] == {22: ("127.0.0.1", None)}  # never on 0.0.0.0
         assert host["nano_cpus"] == 1_500_000_000 and host["mem_limit"] == "2g"
         assert host["network_mode"] == SHARED_NETWORK
-        env = c["environment"]
-        assert env["MGPU_HOST_KEY"].startswith("-----BEGIN OPENSSH PRIVATE KEY-----")
+        # the host key and the authorized key are copied in before the start, 0600, root's;
+        # nothing of them is in the container's environment (`docker inspect` shows that)
+        assert "environment" not in c or not c["environment"], c.get("environment")
+        mode, uid, key = c["files"]["/etc/ssh/ssh_host_ed25519_key"]
+        assert (mode, uid) == (0o600, 0) and key.startswith("-----BEGIN OPENSSH PRIVATE KEY-")
+        assert c["files"]["/root/.ssh/authorized_keys"] == (
+            0o600, 0, (mgpu_home / "keys" / "unit" / "id_ed25519.pub").read_text())
         assert node.host_key and node.host_key.startswith("ssh-ed25519 ")
         # the others reach it by its IP there, named in /etc/hosts by bootstrap
         assert node.address == "127.0.0.1" and node.private_address.startswith("10.9.0.")
@@ -387,3 +432,129 @@ def test_down_removes_the_own_network_an_older_inventory_records(
     store.record(inv, ResourceRecord(kind="network", id=nid, name="unit-net"))
     get_provider("docker").destroy(inv, store)
     assert _names(engine) == [SHARED_NETWORK] and inv.resources == []
+
+
+# --- trust boundaries (issue 34) ----------------------------------------------------------
+def _foreign(engine: FakeEngine) -> tuple[str, str]:
+    """Another cluster's container and an unlabelled one, on the same engine."""
+    other = engine.create_container("x", name="other-node-0",
+                                    labels={CLUSTER_TAG: "other", "mgpu-cloud-node": "0"})["Id"]
+    bare = engine.create_container("x", name="someones-db")["Id"]
+    return other, bare
+
+
+def _adopt(store: InventoryStore, inv: Inventory, *ids: str) -> None:
+    """What an inventory adopted from a hostile store looks like: it names other containers."""
+    for cid in ids:
+        store.record(inv, ResourceRecord(kind="container", id=cid, name="x"))
+
+
+def test_down_removes_only_containers_the_engine_labels_as_the_clusters(
+        engine: FakeEngine, mgpu_home: Path) -> None:
+    store = InventoryStore()
+    inv = _up(_spec(2), store)
+    mine = {n.resource_id for n in inv.nodes}
+    other, bare = _foreign(engine)
+    _adopt(store, inv, other, "someones-db")  # by id, and by name
+    with pytest.raises(TeardownError) as err:
+        pipeline.down("unit", store=store, log=lambda m: None)
+    text = str(err.value)
+    assert f"container other-node-0 ({other[:12]}) is labelled {CLUSTER_TAG}=other, not unit's: " \
+           "left as it is" in text, text
+    assert f"container someones-db ({bare[:12]}) has no {CLUSTER_TAG} label, not unit's" in text
+    assert "dropped from it" in str(err.value.hint)
+    assert set(engine.containers) == {other, bare}  # both survive; the cluster's are gone
+    assert mine <= set(engine.removed)
+    # the inventory is kept without them: the next `down` finishes
+    assert store.load("unit").resources == []
+    pipeline.down("unit", store=store, log=lambda m: None)
+    assert not store.exists("unit") and set(engine.containers) == {other, bare}
+
+
+def test_a_network_the_inventory_names_is_removed_only_when_labelled_the_clusters(
+        engine: FakeEngine, mgpu_home: Path) -> None:
+    store = InventoryStore()
+    inv = _up(_spec(1), store)
+    shared = next(iter(engine.networks))
+    store.record(inv, ResourceRecord(kind="network", id=shared, name=SHARED_NETWORK))
+    with pytest.raises(TeardownError, match=f"network mgpu-cloud \\({shared[:12]}\\) has no "):
+        get_provider("docker").destroy(inv, store)
+    assert _names(engine) == [SHARED_NETWORK] and engine.containers == {}
+
+
+def test_replace_refuses_a_record_naming_another_clusters_container(
+        engine: FakeEngine, mgpu_home: Path) -> None:
+    store = InventoryStore()
+    inv = _up(_spec(2), store)
+    other, _ = _foreign(engine)
+    before = set(engine.containers)
+    victim = inv.nodes[1].model_copy(update={"resource_id": other})
+    with pytest.raises(ProvisionError, match="node-1 of cluster 'unit' is not replaced: its "
+                                             "record names a container that is not the "
+                                             "cluster's \\(container other-node-0"):
+        get_provider("docker").replace(inv, store, victim)
+    assert set(engine.containers) == before  # nothing removed, nothing made
+
+
+def test_gc_delete_checks_each_orphans_label_again(engine: FakeEngine, mgpu_home: Path) -> None:
+    """A list handed to delete_orphans removes only what the engine labels as the cluster
+    each record names."""
+    lost = engine.create_container("x", name="lost-node-0", labels={CLUSTER_TAG: "lost"})["Id"]
+    other, bare = _foreign(engine)
+    found = [ResourceRecord(kind="container", id=cid, name="n", extra={"cluster": "lost"})
+             for cid in (lost, other, bare)]
+    with pytest.raises(TeardownError) as err:
+        get_provider("docker").delete_orphans(_spec(), found)
+    assert "other-node-0" in str(err.value) and "someones-db" in str(err.value)
+    assert set(engine.containers) == {other, bare} and engine.removed == [lost]
+
+
+def test_the_controller_authorizes_its_own_key_only_and_tears_down_only_the_clusters(
+        engine: FakeEngine, mgpu_home: Path) -> None:
+    from provision.cluster.providers.docker.controller import (
+        create_controller,
+        remove_self,
+        teardown_from_inside,
+    )
+
+    store = InventoryStore()
+    inv = _up(_spec(2), store)
+    inv.controller = create_controller(inv, store)
+    ctl = engine.containers[inv.controller.resource_id or ""]
+    keys = mgpu_home / "keys" / "unit"
+    assert ctl["files"]["/root/.ssh/authorized_keys"] == (
+        0o600, 0, (keys / "controller_ed25519.pub").read_text())
+    cluster_key = (keys / "id_ed25519.pub").read_text().split()[1]
+    assert cluster_key not in ctl["files"]["/root/.ssh/authorized_keys"][2]
+    assert not ctl.get("environment")
+    # from inside: the nodes go, the controller stays, another's container is refused
+    other, bare = _foreign(engine)
+    _adopt(store, inv, other, bare)
+    with pytest.raises(TeardownError, match="other-node-0 .* not unit's: left as it is"):
+        teardown_from_inside(inv, store)
+    assert set(engine.containers) == {inv.controller.resource_id, other, bare}
+    # a controller record naming another container does not remove it
+    with pytest.raises(ProvisionError, match="other-node-0 .* not unit's: left as it is"):
+        remove_self(inv.model_copy(update={"controller": inv.controller.model_copy(
+            update={"resource_id": other})}))
+    assert other in engine.containers
+    remove_self(inv)
+    assert set(engine.containers) == {other, bare}
+
+
+def test_a_file_store_mounts_only_the_clusters_data_folder_into_nodes(
+        engine: FakeEngine, mgpu_home: Path, tmp_path: Path) -> None:
+    from provision.cluster.providers.docker.controller import create_controller
+
+    shared = tmp_path / "shared"
+    store = InventoryStore()
+    spec = build_cluster_spec({}, {"name": "unit", "nodes": 2, "store": f"file://{shared}/"})
+    inv = _up(spec, store)
+    data = f"{shared}/unit/data"
+    for node in inv.nodes:
+        binds = engine.containers[node.resource_id or ""]["host_config"]["binds"]
+        assert binds == {data: {"bind": data, "mode": "rw"}}
+    assert Path(data).is_dir()  # made here, not by the engine (as root, 0755)
+    ctl = create_controller(inv, store)
+    binds = engine.containers[ctl.resource_id or ""]["host_config"]["binds"]
+    assert binds[str(shared)] == {"bind": str(shared), "mode": "rw"} and data not in binds

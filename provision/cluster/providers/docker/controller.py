@@ -9,8 +9,9 @@
                       path, as on every node.
 
 From inside, the controller removes the cluster at the end of a `run --detach`: the node
-containers first (the shared network stays, and so the store and the webhook stay reachable
-for its last records), and at last itself (the last call it makes; the engine kills it). A
+containers first, only those the engine labels as the cluster's (removal.py; the shared
+network stays, and so the store and the webhook stay reachable for its last records), and at
+last itself (the last call it makes; the engine kills it). A
 cluster made before the shared network has a network of its own: the controller moves to
 the engine's default network first, then removes it.
 """
@@ -22,7 +23,12 @@ import socket
 from typing import Any
 
 from provision.cluster.providers.docker.engine import docker_client, map_errors
-from provision.cluster.providers.docker.environment import node_environment, store_binds
+from provision.cluster.providers.docker.environment import controller_binds, copy_login_files
+from provision.cluster.providers.docker.removal import (
+    owned_container,
+    remove_containers,
+    remove_networks,
+)
 from provision.model.inventory import (
     CLUSTER_TAG,
     Inventory,
@@ -53,20 +59,20 @@ def _image(inv: Inventory) -> str:
 def create_controller(inv: Inventory, store: InventoryStore) -> NodeRecord:
     """Create and start the controller container (recorded before it starts)."""
     from provision.cluster.providers.docker.plan import SHARED_NETWORK
-    from provision.model.keys import ensure_cluster_key, generate_ed25519, host_key_only
+    from provision.model.keys import ensure_controller_key, generate_ed25519, host_key_only
 
     api = docker_client().api
     name = controller_name(inv.name)
     image = _image(inv)
     host_key = generate_ed25519("controller")
-    _, public_key = ensure_cluster_key(store.keys_dir(inv.name))
-    binds = {DOCKER_SOCKET: {"bind": DOCKER_SOCKET, "mode": "rw"}, **store_binds(inv)}
+    _, public_key = ensure_controller_key(store.keys_dir(inv.name))
+    binds = {DOCKER_SOCKET: {"bind": DOCKER_SOCKET, "mode": "rw"}, **controller_binds(inv)}
     net = SHARED_NETWORK  # the cluster's nodes are there (made by their `up`)
     with map_errors(f"creating the controller {name}"):
         cid = api.create_container(
             image, name=name, hostname="controller",
             labels={CLUSTER_TAG: inv.name, ROLE_LABEL: "controller"},
-            ports=[22], environment=node_environment(host_key, public_key),
+            ports=[22],
             host_config=api.create_host_config(port_bindings={22: ("127.0.0.1", None)},
                                                network_mode=net, binds=binds),
             detach=True,
@@ -74,6 +80,7 @@ def create_controller(inv: Inventory, store: InventoryStore) -> NodeRecord:
     store.record(inv, ResourceRecord(kind="container", id=cid, name=name,
                                      extra={"image": image, "role": "controller"}))
     with map_errors(f"starting the controller {name}"):
+        copy_login_files(api, cid, host_key, public_key)
         api.start(cid)
         settings = api.inspect_container(cid)["NetworkSettings"]
     return NodeRecord(name="controller", rank=-1, address="127.0.0.1",
@@ -88,61 +95,57 @@ def _own_id(inv: Inventory) -> str | None:
 
 
 def teardown_from_inside(inv: Inventory, store: InventoryStore) -> None:
-    """Everything of the cluster but the controller itself: node containers (then an old
-    cluster's own network, after the controller left it). Idempotent; the caller then calls
-    `remove_self`."""
+    """Everything of the cluster but the controller itself, only what the engine labels as
+    the cluster's (removal.py): node containers (then an old cluster's own network, after the
+    controller left it). Idempotent; the caller then calls `remove_self`. TeardownError
+    naming what could not be removed or was refused (left as it is)."""
     import docker.errors
 
-    from provision.nodes import fan_out
-
-    client = docker_client()
+    api = docker_client().api
     me = _own_id(inv)
     by_label = {"label": f"{CLUSTER_TAG}={inv.name}"}
-    ids = {r.id for r in inv.resources_of("container")}
+    listed: set[str] = set()
     with contextlib.suppress(docker.errors.APIError):
-        ids |= {c.id for c in client.containers.list(all=True, filters=by_label)}
-    ids.discard(me or "")
-
-    def remove(cid: str) -> None:
-        with contextlib.suppress(docker.errors.NotFound):
-            client.api.remove_container(cid, force=True)
-        store.forget(inv, "container", cid)
-
-    fan_out(sorted(ids), remove)
+        listed = {c["Id"] for c in api.containers(all=True, filters=by_label)}
+    done = remove_containers(api, inv.name, [r.id for r in inv.resources_of("container")],
+                             listed=listed, keep={me} if me else set())
     old = inv.resources_of("network")  # a cluster made before the shared network
-    if not old:
-        return
-    me = me or socket.gethostname()
-    with contextlib.suppress(docker.errors.APIError):
-        # onto the engine's default network first: the store and the webhook stay reachable
-        # for the last records, once the cluster's network is gone
-        client.api.connect_container_to_network(me, "bridge")
-    for r in old:
+    if old:
+        me = me or socket.gethostname()
         with contextlib.suppress(docker.errors.APIError):
-            client.api.disconnect_container_from_network(me, r.id, force=True)
-        with contextlib.suppress(docker.errors.NotFound):
-            client.api.remove_network(r.id)
-        store.forget(inv, "network", r.id)
+            # onto the engine's default network first: the store and the webhook stay
+            # reachable for the last records, once the cluster's network is gone
+            api.connect_container_to_network(me, "bridge")
+        for r in old:
+            with contextlib.suppress(docker.errors.APIError):
+                api.disconnect_container_from_network(me, r.id, force=True)
+        remove_networks(api, inv.name, [r.id for r in old], listed=set(), into=done)
+    done.forget(inv, store)
+    done.raise_for(f"run `mgpu-cloud down {inv.name}` from the machine that made it")
 
 
 def remove_self(inv: Inventory) -> None:
-    """The controller's container removes itself: the engine kills this process during it."""
+    """The controller's container removes itself: the engine kills this process during it.
+    NotTheClusters (nothing removed) when the engine does not label it as the cluster's."""
     import docker.errors
 
     me = _own_id(inv)
     if me:
+        api = docker_client().api
         with contextlib.suppress(docker.errors.APIError):
-            docker_client().api.remove_container(me, force=True)
+            cid = owned_container(api, inv.name, me)
+            if cid is not None:
+                api.remove_container(cid, force=True)
 
 
-def controller_ids(inv: Inventory, client: Any) -> set[str]:
+def controller_ids(inv: Inventory, api: Any) -> set[str]:
     """The cluster's controller container(s), from the inventory and by label: `destroy`
     removes them before the nodes, so no replacement is made while the nodes go."""
     import docker.errors
 
     ids = {r.id for r in inv.resources_of("container") if r.extra.get("role") == "controller"}
     with contextlib.suppress(docker.errors.APIError):
-        ids |= {c["Id"] for c in client.api.containers(all=True, filters={  # ids only: no inspects
+        ids |= {c["Id"] for c in api.containers(all=True, filters={  # ids only: no inspects
             "label": [f"{CLUSTER_TAG}={inv.name}", f"{ROLE_LABEL}=controller"]})}
     return ids
 

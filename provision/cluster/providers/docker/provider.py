@@ -5,10 +5,12 @@ Per cluster NAME (everything labelled mgpu-cloud-cluster=NAME):
                 that every docker cluster shares (plan.py SHARED_NETWORK: made when missing,
                 kept by `down`); the others reach node-R through the /etc/hosts block
                 bootstrap writes (its address: the container's IP there), as on the clouds.
-                SSH published on 127.0.0.1 only (a random port), host key made by the tool
-                and handed over in the container's environment (node-entrypoint.sh writes it
-                before sshd starts; anyone who can read it with `docker inspect` is root on
-                this machine anyway), the cluster key in authorized_keys.
+                SSH published on 127.0.0.1 only (a random port); its host key (made by the
+                tool, pinned before the first login) and the cluster key's public half in
+                authorized_keys are copied in between create and start (environment.py),
+                never in the container's environment. A file:// store: only its
+                PREFIX/NAME/data folder is mounted.
+`down`, `replace` and `gc` remove only what the engine labels as the cluster's (removal.py).
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 from provision.cluster.providers.contract import Recoverable, Supervising
 from provision.cluster.providers.docker.engine import docker_client, map_errors
-from provision.cluster.providers.docker.environment import node_environment, store_binds
+from provision.cluster.providers.docker.environment import copy_login_files, node_binds
 from provision.cluster.providers.docker.plan import (
     SHARED_LABEL,
     DockerNode,
@@ -30,6 +32,12 @@ from provision.cluster.providers.docker.plan import (
     DockerRequest,
     build_plan,
     docker_request,
+)
+from provision.cluster.providers.docker.removal import (
+    NotTheClusters,
+    owned_container,
+    remove_containers,
+    remove_networks,
 )
 from provision.model.errors import ClusterExistsError, TeardownError, UserInputError
 from provision.model.inventory import (
@@ -153,21 +161,32 @@ class DockerProvider(Recoverable[DockerPlan], Supervising[DockerPlan]):
         return bool(state.get("Running")) and not state.get("Paused")
 
     def _replace(self, inv: Inventory, store: InventoryStore, node: NodeRecord) -> NodeRecord:
-        """Remove the node's container; start a new one with the same name and hostname and a
-        new host key (its IP may differ: recovery's refresh_peers gives the others its new
-        /etc/hosts line)."""
+        """Remove the node's container (only when the engine labels it as the cluster's:
+        NotTheClusters otherwise, nothing removed or made); start a new one with the same name
+        and hostname and a new host key (its IP may differ: recovery's refresh_peers gives
+        the others its new /etc/hosts line)."""
         import docker.errors
 
         from provision.model.keys import ensure_cluster_key, generate_ed25519
 
         api = docker_client().api
+        try:  # SDK errors here and below: the `errors` hook ("replacing NODE ...")
+            cid = owned_container(api, inv.name, node.resource_id) if node.resource_id else None
+        except NotTheClusters as exc:
+            raise NotTheClusters(
+                f"{node.name} of cluster {inv.name!r} is not replaced: its record names a "
+                f"container that is not the cluster's ({exc.message})",
+                hint="the inventory may come from a store a node can write; check it with "
+                     f"`mgpu-cloud status {inv.name}`, then `mgpu-cloud down {inv.name}`",
+            ) from None
         old = next((r for r in inv.resources_of("container") if r.id == node.resource_id), None)
         image = (old.extra.get("image") if old else None) or ""
-        if not image:  # SDK errors here and below: the `errors` hook ("replacing NODE ...")
-            image = api.inspect_container(node.resource_id or "")["Config"]["Image"]
-        if node.resource_id:
+        if not image:
+            image = api.inspect_container(cid or node.resource_id or "")["Config"]["Image"]
+        if cid:
             with contextlib.suppress(docker.errors.NotFound):  # already gone: fine
-                api.remove_container(node.resource_id, force=True)
+                api.remove_container(cid, force=True)
+        if node.resource_id:
             store.forget(inv, "container", node.resource_id)
         request = _request_of(inv, node)
         _, public_key = ensure_cluster_key(store.keys_dir(inv.name))
@@ -200,56 +219,32 @@ class DockerProvider(Recoverable[DockerPlan], Supervising[DockerPlan]):
 
     # ---------------------------------------------------------------------------------------
     def _destroy(self, inv: Inventory, store: InventoryStore) -> None:
+        """Every container and network the inventory names or the engine labels with the
+        cluster, the controller first; only what the engine labels as the cluster's
+        (removal.py): another one the inventory names is refused by name, left as it is and
+        dropped from the inventory."""
         import docker.errors
-
-        client = docker_client()
-        failures: list[str] = []
-        by_label = {"label": f"{CLUSTER_TAG}={inv.name}"}
-
-        containers = {r.id for r in inv.resources_of("container")}
-        # the engine's list answers ids and labels at once (containers.list inspects each)
-        with contextlib.suppress(docker.errors.APIError):
-            containers |= {c["Id"] for c in client.api.containers(all=True, filters=by_label)}
-
-        def remove(cid: str) -> None:
-            try:
-                client.api.remove_container(cid, force=True)
-            except docker.errors.NotFound:
-                pass
-            except docker.errors.APIError as exc:
-                if exc.status_code != 409:  # 409: removal already in progress
-                    failures.append(f"container {cid[:12]}: {exc.explanation or exc}")
-                    return
 
         from provision.cluster.providers.docker.controller import controller_ids
 
+        api = docker_client().api
+        by_label = {"label": f"{CLUSTER_TAG}={inv.name}"}
+        listed: set[str] = set()
+        # the engine's list answers ids and labels at once (containers.list inspects each)
+        with contextlib.suppress(docker.errors.APIError):
+            listed = {c["Id"] for c in api.containers(all=True, filters=by_label)}
         # the controller first: while the nodes go it could otherwise replace one (issue 18)
-        first = controller_ids(inv, client) & containers
-        fan_out(sorted(first), remove)
-        fan_out(sorted(containers - first), remove)
-        for cid in containers:
-            if not any(cid[:12] in f for f in failures):
-                store.forget(inv, "container", cid)
-
+        done = remove_containers(api, inv.name, [r.id for r in inv.resources_of("container")],
+                                 listed=listed, first=controller_ids(inv, api))
         # Only inventories made before the shared network (plan.SHARED_NETWORK) record one, or
         # label one with the cluster: the shared network stays.
-        networks = {r.id for r in inv.resources_of("network")}
+        nets: set[str] = set()
         with contextlib.suppress(docker.errors.APIError):
-            networks |= {n.id for n in client.networks.list(filters=by_label)}
-        for nid in networks:
-            try:
-                client.api.remove_network(nid)
-            except docker.errors.NotFound:
-                pass
-            except docker.errors.APIError as exc:
-                failures.append(f"network {nid[:12]}: {exc.explanation or exc}")
-                continue
-            store.forget(inv, "network", nid)
-        if failures:
-            raise TeardownError(
-                f"could not remove everything of cluster {inv.name!r}: " + "; ".join(failures),
-                hint=f"the inventory is kept; retry with: mgpu-cloud down {inv.name}",
-            )
+            nets = {n["Id"] for n in api.networks(filters=by_label)}
+        remove_networks(api, inv.name, [r.id for r in inv.resources_of("network")],
+                        listed=nets, into=done)
+        done.forget(inv, store)
+        done.raise_for(f"the inventory is kept; retry with: mgpu-cloud down {inv.name}")
 
     # ---------------------------------------------------------------------------------------
     def _orphans(self, spec: ClusterSpec, known: set[str]) -> list[ResourceRecord]:
@@ -268,9 +263,20 @@ class DockerProvider(Recoverable[DockerPlan], Supervising[DockerPlan]):
         return found
 
     def _delete_orphans(self, spec: ClusterSpec, resources: list[ResourceRecord]) -> None:
-        orphan = Inventory(name="gc-scope", provider="docker", resources=resources)
-        store = _NullStore()
-        self._destroy(orphan, store)  # type: ignore[arg-type]
+        """Each as the cluster its label named when `gc` listed it, checked again now: the
+        list alone removes nothing."""
+        api = docker_client().api
+        failures: list[str] = []
+        for owner in sorted({r.extra.get("cluster", "") for r in resources}):
+            mine = [r for r in resources if r.extra.get("cluster", "") == owner]
+            done = remove_containers(api, owner, [r.id for r in mine if r.kind == "container"],
+                                     listed=set())
+            remove_networks(api, owner, [r.id for r in mine if r.kind == "network"],
+                            listed=set(), into=done)
+            failures += done.failures + [why for *_, why in done.refused]
+        if failures:
+            raise TeardownError("could not remove every orphan: " + "; ".join(failures),
+                                hint="`mgpu-cloud gc --provider docker` lists what is left")
 
 
 def _refuse_leftovers(client: Any, name: str) -> None:
@@ -349,8 +355,8 @@ def _start_container(api: Any, inv: Inventory, request: DockerRequest, image: st
         host["nano_cpus"] = int(opts.cpus * 1e9)
     if opts.memory:
         host["mem_limit"] = opts.memory
-    if store_binds(inv):  # a file:// store: the shared folder every node mounts (issue 18)
-        host["binds"] = store_binds(inv)
+    if binds := node_binds(inv):  # a file:// store: its data/ folder (environment.py)
+        host["binds"] = binds
     if opts.gpus:
         import docker.types
 
@@ -362,12 +368,12 @@ def _start_container(api: Any, inv: Inventory, request: DockerRequest, image: st
             hostname=node.hostname,
             labels={CLUSTER_TAG: inv.name, NODE_LABEL: str(rank)},
             ports=[22],
-            environment=node_environment(host_key, public_key),
             host_config=api.create_host_config(**host),
             detach=True,
         )["Id"]
     record("container", cid, name)
     with map_errors(f"starting container {name}"):
+        copy_login_files(api, cid, host_key, public_key)
         api.start(cid)
         settings = api.inspect_container(cid)["NetworkSettings"]
     return NodeRecord(
@@ -376,10 +382,3 @@ def _start_container(api: Any, inv: Inventory, request: DockerRequest, image: st
         private_address=settings["Networks"][net_name]["IPAddress"], user="root",
         slots=request.slots, host_key=host_key_only(host_key.public_openssh), resource_id=cid,
     )
-
-
-class _NullStore:
-    """Stands in for the store when deleting resources that have no inventory."""
-
-    def forget(self, inv: Inventory, kind: str, resource_id: str) -> None:
-        inv.resources = [r for r in inv.resources if r.id != resource_id]
