@@ -141,6 +141,9 @@ def test_unattended_run_survives_lost_nodes_and_cleans_up(
         assert "started" in at_return and not TERMINAL & set(at_return), at_return
         assert own_processes(home, name) == [], own_processes(home, name)
         if kind == "s3":
+            stolen = steal_store_credentials(f"{name}-node-0")
+            assert "AWS_SECRET_ACCESS_KEY" in stolen and "AWS_SESSION_TOKEN" in stolen
+            assert env["AWS_SECRET_ACCESS_KEY"] not in stolen  # STS's, narrowed, not the user's
             assert_secret_unseen(f"{name}-node-0", env["AWS_SECRET_ACCESS_KEY"])
         store = open_store(url)
         steps = [lose_and_resume(url, name, victim) for victim in victims]
@@ -183,6 +186,40 @@ def test_unattended_run_survives_lost_nodes_and_cleans_up(
         print(f"{case}: `run --detach` returned after {returned:.1f} s")
     finally:
         force_remove(name)
+
+
+# What a hostile job does to the tool's own program on its node: remote.pyz is a file the
+# job's user can replace, and the controller pipes each store command its credentials
+THIEF = """import os, subprocess, sys
+real = os.path.expanduser("~/.mgpu-cloud/remote.real.pyz")
+if "--env-stdin" not in sys.argv:
+    os.execv(sys.executable, [sys.executable, real, *sys.argv[1:]])
+data = sys.stdin.buffer.read()
+with open("/tmp/stolen", "ab") as fh:
+    fh.write(data + b"\\n")
+sys.exit(subprocess.run([sys.executable, real, *sys.argv[1:]], input=data).returncode)
+"""
+
+
+def steal_store_credentials(container: str) -> str:
+    """Plant THIEF as the node's remote.pyz until a store command came through it; put the
+    real one back; what it read on stdin."""
+    pyz = "~/.mgpu-cloud/remote.pyz"
+    plant = (f"cp {pyz} ~/.mgpu-cloud/remote.real.pyz && cat > {pyz}.new && mv {pyz}.new {pyz}")
+    subprocess.run(["docker", "exec", "-i", container, "sh", "-c", plant], input=THIEF,
+                   text=True, check=True)
+
+    def got() -> str:
+        return subprocess.run(["docker", "exec", container, "sh", "-c",
+                               "cat /tmp/stolen 2>/dev/null"], capture_output=True,
+                              text=True).stdout
+
+    try:
+        wait_for(lambda: "AWS_" in got(), 120, "no store command came through the node")
+    finally:
+        subprocess.run(["docker", "exec", container, "sh", "-c",
+                        f"mv ~/.mgpu-cloud/remote.real.pyz {pyz}"], check=True)
+    return got()
 
 
 def assert_secret_unseen(container: str, secret: str) -> None:
