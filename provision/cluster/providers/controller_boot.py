@@ -4,7 +4,10 @@ The aws and gcp controllers are plain small VMs: their boot (cloud-init user dat
 startup script on GCP) runs templates/controller/setup.sh.j2 in the background, which installs
 python3's venv and the tool's dependencies that the supervisor imports, at the versions
 installed on the machine that creates the controller (the code uploaded by the hand-off is that
-machine's too), then touches READY (or writes the tail of its log to FAILED). The hand-off
+machine's too), then touches READY (or writes the tail of its log to FAILED). READY only
+when the venv's python is at least MIN_PYTHON (pyproject's requires-python: the code uses
+datetime.UTC and other 3.11 names), so an image with an older python3 fails at set-up,
+naming its version, instead of at the supervisor's first record. The hand-off
 waits for one of them before it uploads anything (handoff.wait_controller_setup). No secret is
 in the script: it reaches the VM's metadata, which every process there can read.
 """
@@ -17,6 +20,7 @@ STATE_DIR = "/var/lib/mgpu-cloud"
 READY = f"{STATE_DIR}/controller-ready"
 FAILED = f"{STATE_DIR}/controller-failed"
 VENV = "/opt/mgpu-cloud"
+MIN_PYTHON = (3, 11)  # pyproject.toml requires-python (tests/providers/aws: they agree)
 # (distribution, module the set-up imports to check it): what provision.job.managed.supervisor
 # loads on a controller (the CLI's typer/rich/docker are not needed there)
 COMMON = (("pydantic", "pydantic"), ("PyYAML", "yaml"), ("Jinja2", "jinja2"),
@@ -49,4 +53,5 @@ def setup_script(cluster: str, provider: str, store_scheme: str | None) -> str:
     pkgs = packages(provider, store_scheme)
     return render("controller/setup.sh.j2", cluster=cluster, state_dir=STATE_DIR,
                   ready=READY, failed=FAILED, venv=VENV,
+                  min_python=".".join(map(str, MIN_PYTHON)), min_python_tuple=str(MIN_PYTHON),
                   requirements=[p for p, _ in pkgs], modules=[m for _, m in pkgs])

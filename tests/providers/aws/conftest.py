@@ -85,6 +85,19 @@ def register_dlami(ec2: Any) -> str:
     return image
 
 
+# Canonical's Ubuntu 24.04 server AMIs, by the public SSM parameter's architecture (the AWS
+# controller's image): a name as Canonical gives its AMIs
+UBUNTU_PARAMETER = "/aws/service/canonical/ubuntu/server/24.04/stable/current/"
+
+
+def register_ubuntu(ec2: Any, arch: str) -> str:
+    image: str = ec2.register_image(
+        Name=f"ubuntu/images/hvm-ssd-gp3/ubuntu-noble-24.04-{arch}-server-20250601",
+        Architecture="x86_64" if arch == "amd64" else "arm64", RootDeviceName="/dev/sda1",
+        VirtualizationType="hvm")["ImageId"]
+    return image
+
+
 def _offered_zones(region: str, instance_type: str) -> list[str]:
     """The zones moto offers the type in (where the capacity fake places its offerings)."""
     found = moto_client(region).describe_instance_type_offerings(
@@ -127,6 +140,7 @@ class AwsFakes:
     rng: random.Random = field(default_factory=lambda: random.Random(1234))
     dlami: str = ""  # the DLAMI of REGION
     dlamis: dict[str, str] = field(default_factory=dict)  # other regions, registered on first use
+    ubuntu: dict[tuple[str, str], str] = field(default_factory=dict)  # (region, arch) -> AMI
     eip_quota: int | None = None
     images: dict[str, dict[str, Any]] = field(default_factory=dict)
     host_keys: dict[str, Any] = field(default_factory=dict)  # instance id -> its KeyPair
@@ -165,6 +179,12 @@ class AwsFakes:
             if region not in self.dlamis:
                 self.dlamis[region] = register_dlami(moto_client(region))
             return self.dlamis[region]
+
+    def ubuntu_in(self, region: str, arch: str) -> str:
+        with _SETUP:
+            if (region, arch) not in self.ubuntu:
+                self.ubuntu[(region, arch)] = register_ubuntu(moto_client(region), arch)
+            return self.ubuntu[(region, arch)]
 
     def attach(self, client: Any) -> None:
         events = client.meta.events
@@ -209,6 +229,11 @@ class AwsFakes:
             return self._response(200, {"Parameter": {
                 "Name": params["Name"], "Type": "String", "Value": self.dlami_in(region),
                 "Version": 1}})
+        if op == "GetParameter" and params.get("Name", "").startswith(UBUNTU_PARAMETER):
+            arch = params["Name"][len(UBUNTU_PARAMETER):].split("/")[0]
+            return self._response(200, {"Parameter": {
+                "Name": params["Name"], "Type": "String",
+                "Value": self.ubuntu_in(region, arch), "Version": 1}})
         if op == "GetConsoleOutput":
             return self._console(params["InstanceId"])
         answered = self.capacity.answer(op, params, region, _offered_zones)

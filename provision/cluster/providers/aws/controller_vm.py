@@ -5,17 +5,23 @@ supervises managed runs, made at the cluster's first managed hand-off.
                       made first (the policy names the subnets, the parking group and the
                       reservations this cluster uses: `policy_for`)
     instance          ONE `AwsOptions.controller_type` (t3.small: 2 vCPUs and 2 GiB run the
-                      supervisor's python, boto3 and an SSH fan-out to the nodes for ~$0.02/h;
-                      t4g.small when the cluster's AMI is arm64), from the cluster's AMI (its
-                      python3 and its console host-key printing are what the nodes already
-                      rely on), in node-0's zone's default subnet with a public address (the
-                      nodes' private subnet under --private-ips would have to be deleted from
-                      inside while the controller sits in it) and in the cluster's security
-                      group (SSH from the caller's range; all traffic within the group reaches
-                      the nodes' private addresses), NOT in the placement group, with the
-                      instance profile, a power-off (= terminate) at the cluster's --max-hours
-                      and the set-up of controller_boot.py in its user data; recorded (kind
-                      `instance`, extra role=controller) the moment its id exists
+                      supervisor's python, boto3 and an SSH fan-out to the nodes for ~$0.02/h),
+                      from an image of its own: Ubuntu 24.04 LTS (Canonical's public SSM
+                      parameter, amd64 or arm64 as the type's architecture), whose python3 is
+                      3.12. Not the nodes' AMI: the Ubuntu 22.04 Deep Learning AMI has
+                      python3.10, older than the code's 3.11 (datetime.UTC); its cloud-init
+                      prints host keys on the console like the nodes'. In node-0's zone's
+                      default subnet with a public address (the nodes' private subnet under
+                      --private-ips would have to be deleted from inside while the controller
+                      sits in it) and in the cluster's security group (SSH from the caller's
+                      range; all traffic within the group reaches the nodes' private
+                      addresses), NOT in the placement group, with the instance profile, a
+                      power-off (= terminate) at the cluster's --max-hours and the set-up of
+                      controller_boot.py in its user data; recorded (kind `instance`, extra
+                      role=controller) the moment its id exists
+    login             the controller's OWN key (keys.ensure_controller_key), authorized by its
+                      user data alone: no key pair, so the cluster key the nodes hold does not
+                      log in to it
     host key          read from its console and pinned, as the nodes' (hostkeys.py)
 
 From inside (its own instance profile's credentials): `teardown_from_inside` deletes the cluster
@@ -47,7 +53,9 @@ from provision.model.inventory import Inventory, InventoryStore, NodeRecord, Res
 from remote.store import parse_url
 
 ROLE = "controller"
-ARM_TYPE = "t4g.small"
+# Canonical's public SSM parameters of the current Ubuntu 24.04 LTS server AMI ("Find Ubuntu
+# images on AWS", Canonical's AWS documentation); ARCH is amd64 or arm64.
+IMAGE_PARAMETER = "/aws/service/canonical/ubuntu/server/24.04/stable/current/{arch}/hvm/ebs-gp3/ami-id"
 # RunInstances answers this while a just-made instance profile is not visible to EC2 yet (IAM
 # is eventually consistent: "Troubleshoot IAM roles", IAM User Guide)
 PROFILE_NOT_READY = "InvalidParameterValue"
@@ -77,13 +85,13 @@ def _reservations(inv: Inventory) -> list[str]:
 
 
 def launch_site(ec2: Ec2, inv: Inventory) -> dict[str, str]:
-    """Node-0's zone and AMI, that zone's default subnet and the VPC's default security
-    group (where the controller parks at the end)."""
+    """Node-0's zone, that zone's default subnet and the VPC's default security group (where
+    the controller parks at the end)."""
     nodes = node_instances(inv)
-    first = next((r for r in nodes if r.extra.get("ami") and r.zone), None)
+    first = next((r for r in nodes if r.extra.get("subnet") and r.zone), None)
     if first is None:
-        raise ProvisionError(f"cluster {inv.name!r}: its inventory does not say how its nodes "
-                             "were launched (AMI, zone)")
+        raise ProvisionError(f"cluster {inv.name!r}: its inventory does not say where its "
+                             "nodes were launched (subnet, zone)")
     zone, node_subnet = str(first.zone), first.extra.get("subnet", "")
     (vpc,) = {s["VpcId"] for s in ec2.get("describe_subnets", "Subnets",
                                            SubnetIds=[node_subnet])}
@@ -95,7 +103,7 @@ def launch_site(ec2: Ec2, inv: Inventory) -> dict[str, str]:
     if not default or not park:
         raise ProvisionError(f"the VPC {vpc} of cluster {inv.name!r} has no default subnet in "
                              f"{zone} or no default security group for the controller")
-    return {"zone": zone, "ami": first.extra["ami"], "subnet": str(default[0]["SubnetId"]),
+    return {"zone": zone, "subnet": str(default[0]["SubnetId"]),
             "park": str(park[0]["GroupId"]),
             "node_subnets": ",".join(sorted({r.extra.get("subnet", "") for r in nodes} - {""}))}
 
@@ -107,7 +115,9 @@ def policy_for(inv: Inventory, ec2: Ec2, account: str, site: dict[str, str]) -> 
                              reservations=_reservations(inv))
 
 
-def user_data(inv: Inventory, max_seconds: int) -> str:
+def user_data(inv: Inventory, max_seconds: int, login_key: str) -> str:
+    """Cloud-init user data: host keys printed on the console, the set-up, the power-off,
+    and `login_key` (the controller's own public key) as the only authorized key."""
     from provision.cluster.providers.controller_boot import setup_script
     from provision.model.render import render
 
@@ -115,26 +125,27 @@ def user_data(inv: Inventory, max_seconds: int) -> str:
     max_seconds = max(60, max_seconds)
     return render("aws/controller-user-data.yaml.j2", cluster=inv.name,
                   max_hours=f"{max_seconds / 3600:g}", max_seconds=max_seconds,
-                  max_minutes=max(1, max_seconds // 60),
+                  max_minutes=max(1, max_seconds // 60), login_key=login_key,
                   setup=setup_script(inv.name, "aws", scheme))
 
 
-def instance_type(ec2: Ec2, ami: str, wanted: str) -> str:
-    """`wanted`, or its Graviton twin when the cluster's AMI is arm64 (and t3.small asked)."""
-    from provision.cluster.providers.aws.options import CONTROLLER_TYPE
-
-    image = ec2.get("describe_images", "Images", ImageIds=[ami])
-    arch = image[0].get("Architecture") if image else None
-    return ARM_TYPE if arch == "arm64" and wanted == CONTROLLER_TYPE else wanted
+def controller_image(ec2: Ec2, itype: str) -> str:
+    """The current Ubuntu 24.04 AMI of the type's architecture (arm64 for Graviton)."""
+    (info,) = ec2.get("describe_instance_types", "InstanceTypes", InstanceTypes=[itype])
+    archs = (info.get("ProcessorInfo") or {}).get("SupportedArchitectures") or []
+    arch = "amd64" if "x86_64" in archs else "arm64" if "arm64" in archs else None
+    if arch is None:
+        raise ProvisionError(f"the controller type {itype} runs neither x86_64 nor arm64",
+                             hint="pick another aws.controller_type (default t3.small)")
+    return ec2.ssm_parameter(IMAGE_PARAMETER.format(arch=arch))
 
 
 def run_params(inv: Inventory, site: dict[str, str], itype: str, sg: str, profile: str,
                data: str) -> dict[str, Any]:
-    from provision.cluster.providers.aws.request import resource_name
-
+    """No KeyName: the cluster's key pair is the nodes' login; the user data authorizes the
+    controller's own key instead."""
     return {
         "ImageId": site["ami"], "InstanceType": itype, "MinCount": 1, "MaxCount": 1,
-        "KeyName": resource_name(inv.name),
         "NetworkInterfaces": [{"DeviceIndex": 0, "SubnetId": site["subnet"], "Groups": [sg],
                                "AssociatePublicIpAddress": True,
                                "DeleteOnTermination": True}],
@@ -187,18 +198,22 @@ def create_controller(inv: Inventory, store: InventoryStore, region: str) -> Nod
     from provision.cluster.providers.aws.options import AwsOptions
     from provision.cluster.providers.aws.plan import DEFAULT_MAX_HOURS
     from provision.cluster.providers.lifetime import remaining_seconds
+    from provision.model.keys import ensure_controller_key
 
     assert inv.spec is not None
     ec2 = Ec2(region)
     site = launch_site(ec2, inv)
+    itype = inv.spec.options_as(AwsOptions).controller_type
+    site["ami"] = controller_image(ec2, itype)
+    _, login_key = ensure_controller_key(store.keys_dir(inv.name))
     sg = _security_group(inv)
     account = str(make_client(ec2.session, "sts", region).get_caller_identity()["Account"])
     profile = create_identity(make_client(ec2.session, "iam", region), inv.name,
                               policy_for(inv, ec2, account, site),
                               lambda rec: store.record(inv, rec))
-    itype = instance_type(ec2, site["ami"], inv.spec.options_as(AwsOptions).controller_type)
     left = remaining_seconds(inv, inv.spec.max_hours or DEFAULT_MAX_HOURS)
-    inst = _run(ec2, run_params(inv, site, itype, sg, profile, user_data(inv, left)))
+    inst = _run(ec2, run_params(inv, site, itype, sg, profile,
+                                user_data(inv, left, login_key)))
     iid = str(inst["InstanceId"])
     store.record(inv, ResourceRecord(
         kind="instance", id=iid, name=f"{inv.name}-controller", region=region,

@@ -14,6 +14,8 @@ supervises managed runs, made at the cluster's first managed hand-off.
                   maxRunDuration = what is left of --max-hours (DELETE), the set-up of
                   controller_boot.py as its startup script; recorded (kind `instance`, extra
                   role=controller) before its insert is sent
+    login         the controller's OWN key (keys.ensure_controller_key) in its ssh-keys
+                  metadata, alone: the cluster key every node holds does not log in to it
     host key      its guest attribute hostkeys/ssh-ed25519, read through the API and pinned
 
 From inside (its service account): `teardown_from_inside` deletes the cluster but itself,
@@ -104,14 +106,14 @@ def create_controller(inv: Inventory, store: InventoryStore, clients: Clients) -
     from provision.cluster.providers.gcp.layout import DEFAULT_MAX_HOURS
     from provision.cluster.providers.gcp.options import GcpOptions
     from provision.cluster.providers.lifetime import remaining_seconds
-    from provision.model.keys import ensure_cluster_key
+    from provision.model.keys import ensure_controller_key
 
     assert inv.spec is not None
     zone, project, name = _node_zone(inv), clients.project, controller_name(inv.name)
     store_url = parse_url(inv.spec.store) if inv.spec.store else None
     email = create_identity(IamApi(), project, zone, inv.name, store_url,
                             lambda rec: store.record(inv, rec))
-    _, login_public = ensure_cluster_key(store.keys_dir(inv.name))
+    _, login_public = ensure_controller_key(store.keys_dir(inv.name))
     left = remaining_seconds(inv, inv.spec.max_hours or DEFAULT_MAX_HOURS)
     body = instance_body(inv, zone, email, login_public,
                          inv.spec.options_as(GcpOptions).controller_machine_type, left)
