@@ -154,33 +154,55 @@ def _gone(exc: Exception) -> bool:
     return isinstance(response, dict) and response.get("Error", {}).get("Code") == "NoSuchEntity"
 
 
+def _owner(iam: Any, r: ResourceRecord) -> tuple[str | None, str]:
+    """(the cluster tag's value, the path) of a recorded role / instance profile, read from
+    IAM now (NoSuchEntity propagates: gone)."""
+    if r.kind == "iam-role":
+        role = iam.get_role(RoleName=r.id)["Role"]
+        tags = iam.list_role_tags(RoleName=r.id)["Tags"]
+        return next((t["Value"] for t in tags if t["Key"] == CLUSTER_TAG), None), role["Path"]
+    prof = iam.get_instance_profile(InstanceProfileName=r.id)["InstanceProfile"]
+    return (next((t["Value"] for t in prof.get("Tags", []) if t["Key"] == CLUSTER_TAG), None),
+            prof["Path"])
+
+
+def _delete_one(iam: Any, r: ResourceRecord) -> None:
+    if r.kind == "iam-instance-profile":
+        for role in iam.get_instance_profile(InstanceProfileName=r.id)[
+                "InstanceProfile"]["Roles"]:
+            iam.remove_role_from_instance_profile(InstanceProfileName=r.id,
+                                                  RoleName=role["RoleName"])
+        iam.delete_instance_profile(InstanceProfileName=r.id)
+    else:
+        for policy in iam.list_role_policies(RoleName=r.id)["PolicyNames"]:
+            iam.delete_role_policy(RoleName=r.id, PolicyName=policy)
+        iam.delete_role(RoleName=r.id)
+
+
 def delete_identity(iam: Any, records: list[ResourceRecord],
-                    forget: Callable[[str, str], None]) -> list[str]:
-    """Delete the recorded profiles, then roles (inline policies first). Idempotent; returns
-    what could not be deleted (each problem one line)."""
+                    forget: Callable[[str, str], None], cluster: str | None = None) -> list[str]:
+    """Delete the recorded profiles, then roles (inline policies first), each only if IAM
+    shows it under PATH with the tag of `cluster` (None: each record's `name`, as `gc` found
+    it) at that moment: a record naming another cluster's or an untagged identity is refused
+    by name, left alone and forgotten. Idempotent; returns what could not be deleted (each
+    problem one line)."""
     problems = []
-    for r in (r for r in records if r.kind == "iam-instance-profile"):
-        try:
-            for role in iam.get_instance_profile(InstanceProfileName=r.id)[
-                    "InstanceProfile"]["Roles"]:
-                iam.remove_role_from_instance_profile(InstanceProfileName=r.id,
-                                                      RoleName=role["RoleName"])
-            iam.delete_instance_profile(InstanceProfileName=r.id)
-        except Exception as exc:  # noqa: BLE001 - classified: NoSuchEntity is done
-            if not _gone(exc):
-                problems.append(f"instance profile {r.id}: {exc}")
-                continue
-        forget("iam-instance-profile", r.id)
-    for r in (r for r in records if r.kind == "iam-role"):
-        try:
-            for policy in iam.list_role_policies(RoleName=r.id)["PolicyNames"]:
-                iam.delete_role_policy(RoleName=r.id, PolicyName=policy)
-            iam.delete_role(RoleName=r.id)
-        except Exception as exc:  # noqa: BLE001 - classified: NoSuchEntity is done
-            if not _gone(exc):
-                problems.append(f"role {r.id}: {exc}")
-                continue
-        forget("iam-role", r.id)
+    for kind, what in (("iam-instance-profile", "instance profile"), ("iam-role", "role")):
+        for r in (r for r in records if r.kind == kind):
+            want = cluster if cluster is not None else r.name
+            try:
+                owner, path = _owner(iam, r)
+                if owner != want or path != PATH:
+                    problems.append(f"refused to delete {what} {r.id}: it is not under {PATH} "
+                                    f"with {CLUSTER_TAG}={want} (path {path}, tag {owner}); "
+                                    "left alone")
+                else:
+                    _delete_one(iam, r)
+            except Exception as exc:  # noqa: BLE001 - classified: NoSuchEntity is done
+                if not _gone(exc):
+                    problems.append(f"{what} {r.id}: {exc}")
+                    continue
+            forget(kind, r.id)
     return problems
 
 

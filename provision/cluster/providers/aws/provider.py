@@ -62,7 +62,7 @@ def _delete_identity(inv: Inventory, store: InventoryStore) -> None:
         return
     region = _region_of(inv) or "us-east-1"  # IAM is global; the client needs a region
     problems = delete_identity(_iam(region), records,
-                               lambda kind, rid: store.forget(inv, kind, rid))
+                               lambda kind, rid: store.forget(inv, kind, rid), inv.name)
     if problems:
         raise TeardownError(f"cluster {inv.name!r}: " + "; ".join(problems),
                             hint=f"run `mgpu-cloud down {inv.name}` again")

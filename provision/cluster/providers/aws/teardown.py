@@ -2,6 +2,12 @@
 
 destroy_cluster works from the inventory's records plus lookups by the cluster tag, tries
 every step even when one fails, and reports everything left at the end (TeardownError).
+It deletes only what carries the cluster's own tag (mgpu-cloud-cluster=NAME) at that moment:
+a recorded id is looked up by id first (`owned`), and one that EC2 shows untagged or tagged
+for another cluster is refused by name, left alone and dropped from the inventory (an
+inventory adopted from a store a node could write must not steer `down` onto another
+cluster's resources). The same holds for `gc --delete` and the controller's teardown from
+inside (both go through Teardown).
 Order: instances (terminate, wait until terminated) -> NAT gateways (delete, wait until deleted:
 their Elastic IP stays in use until then) -> Elastic IPs -> subnets and route table of the
 --private-ips egress (retried while interfaces detach) -> placement group (retried while in
@@ -19,12 +25,31 @@ from provision.cluster.providers.aws import retry
 from provision.cluster.providers.aws.api import Ec2, cluster_filter, cluster_of
 from provision.cluster.providers.aws.errors import BUSY_CODES, describe, is_not_found
 from provision.model.errors import TeardownError
-from provision.model.inventory import ResourceRecord
+from provision.model.inventory import CLUSTER_TAG, ResourceRecord
 
 Forget = Callable[[list[tuple[str, str]]], None]
 LIVE_STATES = ["pending", "running", "stopping", "stopped", "shutting-down"]
 NAT_LIVE_STATES = ["pending", "available", "deleting", "failed"]
 CHUNK = 500  # ids per terminate call / filter
+# kind -> how one is looked up by id: (Describe operation, answer key, id filter, id field,
+# tags field). Filters, not ...Ids parameters: an id that is gone is then simply not listed
+# (an Ids parameter fails the whole call with *.NotFound).
+LOOKUP: dict[str, tuple[str, str, str, str, str]] = {
+    "elastic-ip": ("describe_addresses", "Addresses", "allocation-id", "AllocationId", "Tags"),
+    "nat-gateway": ("describe_nat_gateways", "NatGateways", "nat-gateway-id", "NatGatewayId",
+                    "Tags"),
+    "subnet": ("describe_subnets", "Subnets", "subnet-id", "SubnetId", "Tags"),
+    "route-table": ("describe_route_tables", "RouteTables", "route-table-id", "RouteTableId",
+                    "Tags"),
+    "placement-group": ("describe_placement_groups", "PlacementGroups", "group-name",
+                        "GroupName", "Tags"),
+    "security-group": ("describe_security_groups", "SecurityGroups", "group-id", "GroupId",
+                       "Tags"),
+    "key-pair": ("describe_key_pairs", "KeyPairs", "key-pair-id", "KeyPairId", "Tags"),
+    "volume": ("describe_volumes", "Volumes", "volume-id", "VolumeId", "Tags"),
+    "network-interface": ("describe_network_interfaces", "NetworkInterfaces",
+                          "network-interface-id", "NetworkInterfaceId", "TagSet"),
+}
 
 
 def _ids(records: list[ResourceRecord], kind: str) -> list[str]:
@@ -64,6 +89,7 @@ class Teardown:
         self.keep = keep or set()
         self.before_security_groups = before_security_groups
         self.problems: list[str] = []
+        self.refused: list[tuple[str, str]] = []
 
     def attempt(self, what: str, fn: Callable[[], None]) -> None:
         try:
@@ -71,16 +97,58 @@ class Teardown:
         except Exception as exc:  # keep going: report every failure at the end
             self.problems.append(f"{what}: {describe(exc)}")
 
+    # --- whose is it: the tag at deletion time, never the record ----------------------------
+    def owned(self, kind: str, seen: set[str] | frozenset[str] = frozenset()
+              ) -> dict[str, dict[str, Any]]:
+        """The recorded `kind` resources that exist now AND carry this cluster's tag, looked
+        up by id: id -> EC2's description (those in `seen`, already found by the tag lookup,
+        are not looked up again). A recorded one that EC2 no longer lists is gone
+        (forgotten); one untagged or tagged for another cluster is refused (`refuse`)."""
+        ids = [i for i in dict.fromkeys(_ids(self.records, kind))
+               if i not in self.keep and i not in seen]
+        if not ids:
+            return {}
+        operation, key, by_id, id_key, tags_key = LOOKUP[kind]
+        param = "Filter" if kind == "nat-gateway" else "Filters"
+        found: dict[str, dict[str, Any]] = {}
+        for chunk in _chunks(ids):
+            for item in self.ec2.get(operation, key, **{param: [{"Name": by_id,
+                                                                  "Values": chunk}]}):
+                found[str(item[id_key])] = item
+        mine = {}
+        for rid in ids:
+            if rid not in found:
+                self.forget([(kind, rid)])  # gone already
+            elif cluster_of(found[rid].get(tags_key)) != self.cluster:
+                self.refuse(kind, rid, cluster_of(found[rid].get(tags_key)))
+            else:
+                mine[rid] = found[rid]
+        return mine
+
+    def refuse(self, kind: str, rid: str, owner: str | None) -> None:
+        """A record naming what is not this cluster's: left alone, named, forgotten."""
+        whose = f"tagged {CLUSTER_TAG}={owner}" if owner is not None else \
+            f"without the {CLUSTER_TAG} tag"
+        self.problems.append(f"refused to delete {kind} {rid}: it is {whose}, not "
+                             f"{CLUSTER_TAG}={self.cluster} (left alone; dropped from the "
+                             "inventory)")
+        self.refused.append((kind, rid))
+        self.forget([(kind, rid)])
+
     # --- instances ---------------------------------------------------------------------------
     def instances(self) -> None:
         tag = cluster_filter(self.cluster)
         state = {"Name": "instance-state-name", "Values": LIVE_STATES}
         live = {i["InstanceId"] for i in self.ec2.instances([tag, state])} - self.keep
         recorded = [i for i in _ids(self.records, "instance") if i not in self.keep]
-        unseen = [i for i in recorded if i not in live]
-        for chunk in _chunks(unseen):  # only if the tag lookup missed some (eventual consistency)
-            live |= {i["InstanceId"] for i in self.ec2.instances(
-                [{"Name": "instance-id", "Values": chunk}, state])} - self.keep
+        unseen = [i for i in dict.fromkeys(recorded) if i not in live]
+        for chunk in _chunks(unseen):  # the tag lookup missed them: whose are they?
+            for inst in self.ec2.instances([{"Name": "instance-id", "Values": chunk}]):
+                owner = cluster_of(inst.get("Tags"))
+                if owner != self.cluster:
+                    self.refuse("instance", inst["InstanceId"], owner)
+                elif inst["State"]["Name"] in LIVE_STATES:
+                    live.add(inst["InstanceId"])
         ids = sorted(live)
         for chunk in _chunks(ids):
             self.ec2.call("terminate_instances", InstanceIds=chunk)
@@ -108,8 +176,7 @@ class Teardown:
     def elastic_ips(self) -> None:
         found = self.ec2.get("describe_addresses", "Addresses", Filters=[cluster_filter(self.cluster)])
         addresses = {a["AllocationId"]: a for a in found}
-        for rid in _ids(self.records, "elastic-ip"):
-            addresses.setdefault(rid, {"AllocationId": rid})
+        addresses.update(self.owned("elastic-ip", set(addresses)))
         for alloc, addr in addresses.items():
             if addr.get("AssociationId"):
                 _delete(self.ec2, "disassociate_address", AssociationId=addr["AssociationId"])
@@ -120,12 +187,15 @@ class Teardown:
         live = {"Name": "state", "Values": NAT_LIVE_STATES}
         found = self.ec2.get("describe_nat_gateways", "NatGateways",
                              Filter=[cluster_filter(self.cluster), live])
-        ids = {n["NatGatewayId"] for n in found} | set(_ids(self.records, "nat-gateway"))
+        ids = {n["NatGatewayId"] for n in found}
+        ids |= {n for n, item in self.owned("nat-gateway", ids).items()
+                if item.get("State") in NAT_LIVE_STATES}
         for nat in sorted(ids):
             _delete(self.ec2, "delete_nat_gateway", NatGatewayId=nat)
         if ids:
             self._wait_nat_deleted(sorted(ids))
-        self.forget([("nat-gateway", n) for n in ids])
+        self.forget([("nat-gateway", n) for n in ids | set(_ids(self.records, "nat-gateway"))
+                     if ("nat-gateway", n) not in self.refused])
 
     def _wait_nat_deleted(self, ids: list[str]) -> None:
         from botocore.exceptions import ClientError
@@ -151,7 +221,8 @@ class Teardown:
 
     def subnets(self) -> None:
         found = self.ec2.pages("describe_subnets", "Subnets", Filters=[cluster_filter(self.cluster)])
-        ids = {s["SubnetId"] for s in found} | set(_ids(self.records, "subnet"))
+        ids = {s["SubnetId"] for s in found}
+        ids |= set(self.owned("subnet", ids))
         for subnet in sorted(ids):
             _delete(self.ec2, "delete_subnet", busy=True, SubnetId=subnet)
             self.forget([("subnet", subnet)])
@@ -161,13 +232,14 @@ class Teardown:
         Amazon VPC User Guide): they are removed first (gone with their subnet on EC2)."""
         found = self.ec2.pages("describe_route_tables", "RouteTables",
                                Filters=[cluster_filter(self.cluster)])
-        ids = {r["RouteTableId"] for r in found} | set(_ids(self.records, "route-table"))
-        for table in found:
+        tables = {r["RouteTableId"]: r for r in found}
+        tables.update(self.owned("route-table", set(tables)))
+        for table in tables.values():
             for assoc in table.get("Associations", []):
                 if not assoc.get("Main") and assoc.get("RouteTableAssociationId"):
                     _delete(self.ec2, "disassociate_route_table",
                             AssociationId=assoc["RouteTableAssociationId"])
-        for rt in sorted(ids):
+        for rt in sorted(tables):
             _delete(self.ec2, "delete_route_table", busy=True, RouteTableId=rt)
             self.forget([("route-table", rt)])
 
@@ -175,7 +247,8 @@ class Teardown:
         found = self.ec2.get(
             "describe_placement_groups", "PlacementGroups", Filters=[cluster_filter(self.cluster)]
         )
-        names = {g["GroupName"] for g in found} | set(_ids(self.records, "placement-group"))
+        names = {g["GroupName"] for g in found}
+        names |= set(self.owned("placement-group", names))
         for name in sorted(names):
             _delete(self.ec2, "delete_placement_group", busy=True, GroupName=name)
             self.forget([("placement-group", name)])
@@ -184,29 +257,29 @@ class Teardown:
         found = self.ec2.get(
             "describe_security_groups", "SecurityGroups", Filters=[cluster_filter(self.cluster)]
         )
-        ids = {g["GroupId"] for g in found} | set(_ids(self.records, "security-group"))
+        ids = {g["GroupId"] for g in found}
+        ids |= set(self.owned("security-group", ids))
         for sg in sorted(ids):
             _delete(self.ec2, "delete_security_group", busy=True, GroupId=sg)
             self.forget([("security-group", sg)])
 
     def key_pairs(self) -> None:
         found = self.ec2.get("describe_key_pairs", "KeyPairs", Filters=[cluster_filter(self.cluster)])
-        names = {k["KeyPairId"]: k.get("KeyName") for k in found}
-        for r in self.records:
-            if r.kind == "key-pair":
-                names.setdefault(r.id, r.name)
-        for kp, name in sorted(names.items()):
-            # By name when known: key names are unique per region and every EC2 implementation
-            # accepts them; the id is the fallback.
+        pairs = {k["KeyPairId"]: k for k in found}
+        pairs.update(self.owned("key-pair", set(pairs)))
+        for kp, item in sorted(pairs.items()):
+            # By the name EC2 gives it (never the record's): key names are unique per region
+            # and every EC2 implementation accepts them; the id is the fallback.
+            name = item.get("KeyName")
             params = {"KeyName": name} if name else {"KeyPairId": kp}
             _delete(self.ec2, "delete_key_pair", **params)
             self.forget([("key-pair", kp)])
 
     def strays(self) -> None:
         """Volumes / interfaces that outlived their instance (only `gc` records them)."""
-        for vol in _ids(self.records, "volume"):
+        for vol in self.owned("volume"):
             _delete(self.ec2, "delete_volume", busy=True, VolumeId=vol)
-        for eni in _ids(self.records, "network-interface"):
+        for eni in self.owned("network-interface"):
             _delete(self.ec2, "delete_network_interface", busy=True, NetworkInterfaceId=eni)
 
     def run(self) -> None:
@@ -226,6 +299,13 @@ class Teardown:
         blocks = _ids(self.records, "capacity-block")
         if blocks:
             self.forget([("capacity-block", b) for b in blocks])
+        if self.problems and len(self.problems) == len(self.refused):
+            raise TeardownError(
+                f"the inventory of cluster {self.cluster!r} names resources in "
+                f"{self.ec2.region} that are not its own: " + "; ".join(self.problems),
+                hint="everything tagged for the cluster is deleted; an inventory that names "
+                "another cluster's resources may come from a store a node could write. "
+                f"`mgpu-cloud down {self.cluster}` again drops the inventory")
         if self.problems:
             raise TeardownError(
                 f"some resources of cluster {self.cluster!r} in {self.ec2.region} could not be "
