@@ -80,6 +80,7 @@ def site(home: Path) -> Iterator[Served]:
 def driver(tmp_path_factory: pytest.TempPathFactory, site: Served) -> Iterator[Any]:
     d = make_driver(tmp_path_factory.mktemp("chromium-profile"))
     try:
+        d.get(site.url)  # the printed address: its cookie opens every page after it
         yield d
     finally:
         d.quit()

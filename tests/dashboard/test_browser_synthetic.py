@@ -32,6 +32,7 @@ def site(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
 def driver(tmp_path_factory: pytest.TempPathFactory, site: Served) -> Iterator[Any]:
     d = make_driver(tmp_path_factory.mktemp("chromium-profile"))
     try:
+        d.get(site.url)  # the printed address: its cookie opens every page after it
         yield d
     finally:
         d.quit()
@@ -109,3 +110,24 @@ def test_404_page_links_back(site: Served, driver: Any, tmp_path: Path) -> None:
     driver.find_element("link text", "← back to cluster big").click()
     wait_for(lambda: driver.current_url.endswith("/clusters/big"), 30, "the cluster page")
     js_errors(driver)  # the 404 itself is logged as a failed load; that one is expected
+
+
+def test_open_page_and_a_browser_without_the_cookie(site: Served, tmp_path: Path) -> None:
+    """A fresh browser: refused without the token; `--open`'s file:// page then lands on
+    the page it names, with the cookie, and the token gone from the address bar."""
+    from provision.operations.dashboard.server import redirect_page
+
+    fresh = make_driver(tmp_path / "fresh-profile")
+    page = redirect_page(site.url.replace("/?token=", "/clusters/solo?token="))
+    try:
+        fresh.get(site.base + "/clusters/big")
+        assert "answers its owner only" in fresh.find_element("tag name", "body").text
+        fresh.get(page.as_uri())
+        wait_for(lambda: fresh.current_url == site.base + "/clusters/solo", 30,
+                 "the cluster page, without ?token=")
+        wait_for(lambda: count(fresh, "#nodes tbody tr") == 1, 30, "the page drawn")
+        fresh.get(site.base + "/cost")
+        assert "p5.48xlarge" in fresh.find_element("id", "cost").text
+    finally:
+        fresh.quit()
+        page.unlink()

@@ -1,5 +1,6 @@
 """`mgpu-cloud dashboard` as users start it: the address it prints, a busy port, a second
-dashboard, the token outside loopback, and nothing of it loaded by the rest of the CLI."""
+dashboard, the token on every interface, `--open`'s page, and nothing of it loaded by the rest
+of the CLI."""
 
 from __future__ import annotations
 
@@ -28,15 +29,17 @@ def get(url: str, headers: dict[str, str] | None = None) -> tuple[int, str]:
 def test_serves_on_loopback_and_a_second_one_on_its_port_says_so(mgpu_home: Path) -> None:
     first = serve(mgpu_home)
     try:
-        assert first.base.startswith("http://127.0.0.1:") and "token" not in first.url
-        status, body = get(first.base + "/api/health")
+        assert first.url == f"{first.base}/?token={first.token}" and len(first.token) >= 32
+        assert first.base.startswith("http://127.0.0.1:")
+        bearer = {"Authorization": f"Bearer {first.token}"}
+        status, body = get(first.base + "/api/health", bearer)
         assert status == 200 and json.loads(body) == {"app": "mgpu-cloud-dashboard"}
-        status, body = get(first.base + "/")
-        assert status == 200 and "No clusters" in body
+        with first.opener().open(first.base + "/") as resp:
+            assert resp.status == 200 and "No clusters" in resp.read().decode()
         again = cli("dashboard", "--port", str(first.port), home=mgpu_home)
         assert again.returncode == 2
         assert f"a mgpu-cloud dashboard already runs on 127.0.0.1:{first.port}" in again.stderr
-        assert f"--port {first.port + 1}" in again.stderr
+        assert "?token=" in again.stderr and f"--port {first.port + 1}" in again.stderr
     finally:
         first.stop()
 
@@ -62,6 +65,35 @@ def test_another_interface_prints_and_needs_a_token(mgpu_home: Path) -> None:
         assert get(local + "/api/clusters", {"Authorization": f"Bearer {token}"})[0] == 200
     finally:
         served.stop()
+
+
+def test_each_start_makes_a_new_token(mgpu_home: Path) -> None:
+    first = serve(mgpu_home)
+    try:
+        second = serve(mgpu_home)
+        try:
+            assert first.token != second.token
+            assert get(second.base + "/api/health",
+                       {"Authorization": f"Bearer {first.token}"})[0] == 401
+        finally:
+            second.stop()
+    finally:
+        first.stop()
+
+
+def test_the_open_page_is_the_owners_only_and_carries_the_token(mgpu_home: Path) -> None:
+    """`--open` hands the browser a file, not the address: a browser's arguments are in
+    `ps` for every local user to read."""
+    from provision.operations.dashboard.server import redirect_page
+
+    url = "http://127.0.0.1:8765/?token=abc&x=<1>"
+    page = redirect_page(url)
+    try:
+        assert page.stat().st_mode & 0o777 == 0o600
+        text = page.read_text()
+        assert 'content="0;url=http://127.0.0.1:8765/?token=abc&amp;x=&lt;1&gt;"' in text
+    finally:
+        page.unlink()
 
 
 def test_bad_host_is_a_clear_error(mgpu_home: Path) -> None:

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 from browser import wait_for
-from conftest import CSRF, make_client
+from conftest import BASE, CSRF, TOKEN, make_client
 from dash_synthetic import make_big_cluster, make_removed_cluster
 
 from provision.operations.dashboard import web
@@ -126,23 +126,81 @@ def test_buttons_need_the_pages_token_and_origin(client: Any, state: Path) -> No
     assert evil.status_code == 403 and "cross-site" in evil.json()["error"]
 
 
+def test_a_script_with_the_bearer_token_needs_no_csrf_but_a_right_origin(state: Path) -> None:
+    """A browser never adds `Authorization` by itself, so a bearer request is no CSRF; a page
+    of another site still cannot send one as ours (Origin)."""
+    c = make_client(state, login=False)
+    try:
+        url, bearer = "/api/clusters/old-run/down", {"Authorization": f"Bearer {TOKEN}"}
+        assert c.post(url).status_code == 401
+        assert c.post(url, headers={"X-CSRF-Token": CSRF}).status_code == 401
+        res = c.post(url, headers=bearer)
+        assert res.status_code == 409 and "removed already" in res.json()["error"]
+        evil = c.post(url, headers={**bearer, "Origin": "http://evil.example"})
+        assert evil.status_code == 403 and "cross-site" in evil.json()["error"]
+    finally:
+        c.dash.live.close()
+
+
 def test_loopback_only_answers_loopback_names(client: Any, state: Path) -> None:
     assert client.get("/", headers={"host": "evil.example:8765"}).status_code == 400
     assert client.get("/", headers={"host": "localhost:8765"}).status_code == 200
     assert client.get("/", headers={"host": "[::1]:8765"}).status_code == 200
 
 
-def test_another_interface_needs_the_token(state: Path) -> None:
-    c = make_client(state, token="s3cret", host="0.0.0.0")  # noqa: S104 - what --host allows
+@pytest.mark.parametrize("host", ["127.0.0.1", "0.0.0.0"])  # noqa: S104 - what --host allows
+def test_every_request_needs_the_token(state: Path, host: str) -> None:
+    c = make_client(state, token="s3cret", host=host, login=False)
     try:
-        assert c.get("/").status_code == 401
+        for url in [*PAGES, *PAGES.values(), "/api/health", "/static/dashboard.js"]:
+            res = c.get(url)
+            assert res.status_code == 401 and "?token=" in res.text, url
+            assert res.headers["www-authenticate"] == 'Bearer realm="mgpu-cloud-dashboard"'
         assert c.get("/", headers={"authorization": "Bearer nope"}).status_code == 401
+        assert c.get("/?token=nope", follow_redirects=False).status_code == 401
+        assert "set-cookie" not in c.get("/?token=nope", follow_redirects=False).headers
         assert c.get("/api/clusters", headers={"authorization": "Bearer s3cret"}).status_code \
             == 200
         res = c.get("/clusters/big?token=s3cret", follow_redirects=False)
         assert res.status_code == 303 and res.headers["location"] == "/clusters/big"
-        assert "httponly" in res.headers["set-cookie"].lower()
+        cookie = res.headers["set-cookie"].lower()
+        assert "mgpu_dashboard_8765=s3cret" in cookie and "httponly" in cookie
+        assert "samesite=strict" in cookie
         assert c.get("/clusters/big").status_code == 200, "the cookie now stands for the token"
+    finally:
+        c.dash.live.close()
+
+
+@pytest.mark.parametrize(("path", "location"), [
+    ("/clusters/big?format=json&token=T", "/clusters/big?format=json"),
+    ("//evil.example/?token=T", "/evil.example/"),
+    ("///evil.example?token=T&a=1", "/evil.example?a=1"),
+    ("/%5Cevil.example?token=T", "/evil.example"),
+    ("/%5C/evil.example?token=T", "/evil.example"),
+    ("/%09/evil.example?token=T", "/%09/evil.example"),
+    ("/%2F%2Fevil.example?token=T", "/evil.example"),
+    ("/a%5Cb?token=T", "/a%5Cb"),
+    ("/?token=T&next=//evil.example", "/?next=%2F%2Fevil.example"),
+])
+def test_the_token_redirect_stays_on_this_site(state: Path, path: str, location: str) -> None:
+    c = make_client(state, token="T", login=False)
+    try:
+        res = c.get(BASE + path, follow_redirects=False)
+        assert res.status_code == 303 and res.headers["location"] == location
+    finally:
+        c.dash.live.close()
+
+
+def test_followed_from_another_site_the_token_page_moves_on_by_itself(state: Path) -> None:
+    """`--open` opens a file:// page that goes to the printed address: a browser would not
+    send the Strict cookie on a 303 it follows from there, so the answer is a page that
+    refreshes to the same place (on this site) itself."""
+    c = make_client(state, token="T", login=False)
+    try:
+        res = c.get(BASE + "//evil.example/?token=T", headers={"sec-fetch-site": "cross-site"},
+                    follow_redirects=False)
+        assert res.status_code == 200 and "set-cookie" in res.headers
+        assert '<meta http-equiv="refresh" content="0;url=/evil.example/">' in res.text
     finally:
         c.dash.live.close()
 

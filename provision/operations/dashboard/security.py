@@ -1,29 +1,55 @@
 """Who may look and who may press a button.
 
+The dashboard shows every log and runs `cancel` and `down` with its owner's credentials, so
+it answers its owner only, wherever it listens (on 127.0.0.1 too: on a shared login node or a
+Slurm front end every local user can connect to loopback).
+
+- Every request needs the random token made at start (`secrets.token_urlsafe(24)`, new on
+  each start, never written to disk): the address `mgpu-cloud dashboard` prints (and opens
+  with `--open`) carries it as `?token=...`; that request is answered with an HttpOnly,
+  SameSite=Strict cookie (named after the port, so two dashboards on one host keep theirs)
+  and a 303 to the same page without the token. Scripts send `Authorization: Bearer TOKEN`.
+  Without it: 401 with `WWW-Authenticate: Bearer realm="mgpu-cloud-dashboard"` (how a second
+  `dashboard` on the same port knows one runs there), for pages, JSON, logs, static files
+  and the buttons alike.
+- The redirect after `?token=` is always a relative path on this site: the request's path
+  with its leading slashes and backslashes collapsed to one `/` and the rest percent-encoded
+  (`//evil.example/`, `/\\evil.example`, `http://evil.example/` in the request line: all
+  stay here).
 - Bound to a loopback address (the default, 127.0.0.1): only requests whose Host header names
   a loopback address are answered, so a web page elsewhere cannot reach the dashboard through
-  DNS rebinding.
-- Bound elsewhere (`--host`): every request needs the token printed at start, once as
-  `?token=...` (then kept in an HttpOnly, SameSite=Strict cookie) or as `Authorization:
-  Bearer ...` for scripts.
-- A POST (the cancel and down buttons) needs the page's CSRF token in `X-CSRF-Token`, and an
-  Origin header, when sent, naming this server: another site's page cannot press a button.
+  DNS rebinding. Bound elsewhere (`--host`): any Host; the token guards it.
+- A POST (the cancel and down buttons) made with the cookie needs the page's CSRF token in
+  `X-CSRF-Token`; any POST whose Origin header is sent must name this server: another site's
+  page cannot press a button. A script's `Authorization: Bearer` is no ambient credential (a
+  browser never adds it by itself), so it needs no CSRF token.
 """
 
 from __future__ import annotations
 
 import hmac
+import html
 import ipaddress
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from urllib.parse import urlsplit
+from urllib.parse import quote, urlencode, urlsplit
 
 from starlette.middleware.base import BaseHTTPMiddleware
 from starlette.requests import Request
-from starlette.responses import JSONResponse, PlainTextResponse, RedirectResponse, Response
+from starlette.responses import (
+    HTMLResponse,
+    JSONResponse,
+    PlainTextResponse,
+    RedirectResponse,
+    Response,
+)
 
 COOKIE = "mgpu_dashboard"
+REALM = "mgpu-cloud-dashboard"
 LOOPBACK_NAMES = ("localhost",)
+NEEDS_TOKEN = ("this mgpu-cloud dashboard answers its owner only: open the address "
+               "`mgpu-cloud dashboard` printed (it ends in ?token=...), or send "
+               "`Authorization: Bearer TOKEN`")
 
 
 def is_loopback(host: str) -> bool:
@@ -37,20 +63,36 @@ def is_loopback(host: str) -> bool:
 
 def host_of(header: str) -> str:
     """'127.0.0.1:8765' -> '127.0.0.1'; '[::1]:80' -> '::1'."""
-    return urlsplit(f"//{header}").hostname or ""
+    try:
+        return urlsplit(f"//{header}").hostname or ""
+    except ValueError:  # '[' without its ']'
+        return ""
+
+
+def same_site_path(path: str, query: list[tuple[str, str]]) -> str:
+    """A Location that stays on this site: one `/`, then the path without its leading
+    slashes and backslashes, percent-encoded (a browser reads `\\` as `/` and drops tabs and
+    newlines; encoded, neither can make a second leading slash), then the query."""
+    rest = quote(path.lstrip("/\\"), safe="/")
+    return "/" + rest + (f"?{urlencode(query)}" if query else "")
 
 
 @dataclass(frozen=True)
 class Access:
-    """host: the address the server is bound to; token: required on every request (None
-    when bound to loopback); csrf: required on every POST."""
+    """host: the address the server is bound to; token: required on every request;
+    csrf: required on every POST made with the cookie; port: names the cookie."""
 
     host: str
-    token: str | None
+    token: str
     csrf: str
+    port: int = 0
+
+    @property
+    def cookie(self) -> str:
+        return f"{COOKIE}_{self.port}"
 
     def host_allowed(self, header_host: str) -> bool:
-        if self.token is not None:
+        if not is_loopback(self.host):
             return True  # reachable under any name; the token guards it
         return is_loopback(host_of(header_host))
 
@@ -59,10 +101,42 @@ def _same(a: str | None, b: str) -> bool:
     return a is not None and hmac.compare_digest(a.encode(), b.encode())
 
 
+def _bearer(request: Request) -> str | None:
+    scheme, _, value = request.headers.get("authorization", "").partition(" ")
+    return value.strip() if scheme.lower() == "bearer" else None
+
+
+def refused(request: Request, status: int, message: str) -> Response:
+    """401/403 for a caller that may not: JSON for /api/, text for pages."""
+    headers = {"WWW-Authenticate": f'Bearer realm="{REALM}"'} if status == 401 else None
+    if str(request.scope["path"]).startswith("/api/"):
+        return JSONResponse({"error": message}, status, headers=headers)
+    return PlainTextResponse(message, status, headers=headers)
+
+
 class AccessMiddleware(BaseHTTPMiddleware):
     def __init__(self, app: object, access: Access) -> None:
         super().__init__(app)  # type: ignore[arg-type]
         self.access = access
+
+    def _token_login(self, request: Request) -> Response:
+        """The printed address: a wrong token is refused; the right one gives the cookie and
+        a redirect to the same page without it."""
+        if not _same(request.query_params.get("token"), self.access.token):
+            return refused(request, 401, "wrong token (each start of the dashboard makes a "
+                                         "new one): " + NEEDS_TOKEN)
+        query = [(k, v) for k, v in request.query_params.multi_items() if k != "token"]
+        where = same_site_path(request.scope["path"], query)
+        resp: Response = RedirectResponse(where, 303)
+        if request.headers.get("sec-fetch-site") == "cross-site":
+            # Followed from another site (`--open`'s file:// page): a browser sends no Strict
+            # cookie on a redirect it follows from there, so this page moves on by itself.
+            resp = HTMLResponse(f'<!doctype html><meta http-equiv="refresh" content="0;url='
+                                f'{html.escape(where)}"><a href="{html.escape(where)}">'
+                                f'continue</a>\n')
+        resp.set_cookie(self.access.cookie, self.access.token, httponly=True,
+                        samesite="strict")
+        return resp
 
     async def dispatch(self, request: Request,
                        call_next: Callable[[Request], Awaitable[Response]]) -> Response:
@@ -70,24 +144,17 @@ class AccessMiddleware(BaseHTTPMiddleware):
         host_header = request.headers.get("host", "")
         if not acc.host_allowed(host_header):
             return PlainTextResponse(f"this dashboard answers on {acc.host} only", 400)
-        if acc.token is not None:
-            given = request.query_params.get("token")
-            if _same(given, acc.token):
-                clean = request.url.remove_query_params("token")
-                resp: Response = RedirectResponse(str(clean.path) + (
-                    f"?{clean.query}" if clean.query else ""), 303)
-                resp.set_cookie(COOKIE, acc.token, httponly=True, samesite="strict")
-                return resp
-            bearer = request.headers.get("authorization", "").removeprefix("Bearer ").strip()
-            if not (_same(request.cookies.get(COOKIE), acc.token) or _same(bearer, acc.token)):
-                return PlainTextResponse(
-                    "this dashboard needs its token: open the address `mgpu-cloud dashboard` "
-                    "printed (it ends in ?token=...)", 401)
-        if request.method not in ("GET", "HEAD"):
+        get = request.method in ("GET", "HEAD")
+        if get and "token" in request.query_params:
+            return self._token_login(request)
+        by_bearer = _same(_bearer(request), acc.token)
+        if not (by_bearer or _same(request.cookies.get(acc.cookie), acc.token)):
+            return refused(request, 401, NEEDS_TOKEN)
+        if not get:
             origin = request.headers.get("origin")
             if origin is not None and urlsplit(origin).netloc != host_header:
-                return JSONResponse({"error": "cross-site request refused"}, 403)
-            if not _same(request.headers.get("x-csrf-token"), acc.csrf):
-                return JSONResponse({"error": "missing or wrong X-CSRF-Token: press the "
-                                              "button on the dashboard's page"}, 403)
+                return refused(request, 403, "cross-site request refused")
+            if not by_bearer and not _same(request.headers.get("x-csrf-token"), acc.csrf):
+                return refused(request, 403, "missing or wrong X-CSRF-Token: press the "
+                                             "button on the dashboard's page")
         return await call_next(request)
