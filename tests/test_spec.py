@@ -139,3 +139,30 @@ def test_env_pairs_and_file(tmp_path: Path) -> None:
 def test_bad_env_name() -> None:
     with pytest.raises(SpecError, match="invalid environment variable name"):
         build_job_spec({}, {"script": EXAMPLE, "env": {"A B": "1"}})
+
+
+@pytest.mark.parametrize("launcher", ["torchrun", "deepspeed", "accelerate"])
+@pytest.mark.parametrize("value,named", [("a\nb", "a newline"), ("a\rb", "a carriage return"),
+                                         ("trailing\n", "a newline"), ("a\0b", "a NUL byte")])
+def test_env_values_that_break_a_line_are_refused(launcher: str, value: str, named: str) -> None:
+    """Every launcher hands values on as lines (DeepSpeed's env file, docker's --env-file): a
+    line break is refused with the spec, before anything is made, naming the variable."""
+    with pytest.raises(SpecError, match=f"the value of TOKEN contains {named}.*base64"):
+        build_job_spec({}, {"script": EXAMPLE, "launcher": launcher,
+                            "env": parse_env_pairs([f"TOKEN={value}"])})
+
+
+def test_env_values_on_one_line_pass_as_they_are() -> None:
+    hostile = {"A": "; touch /tmp/pwned", "B": " two  spaces ", "C": "it's \"q\" $(x) `y` \\",
+               "D": "%n %h %%", "E": "", "F": "tab\there"}
+    assert build_job_spec({}, {"script": EXAMPLE, "env": hostile}).env == hostile
+
+
+def test_a_line_break_in_env_is_refused_by_the_cli_before_the_cluster_is_looked_up(
+        tmp_path: Path) -> None:
+    from kit import cli
+
+    res = cli("launch", "no-such-cluster", "--env", "TOKEN=a\nb", "--", EXAMPLE, home=tmp_path)
+    assert res.returncode == 2, res.stderr
+    assert "the value of TOKEN contains a newline" in res.stderr
+    assert "no-such-cluster" not in res.stderr

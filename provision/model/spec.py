@@ -38,6 +38,7 @@ CLUSTER_NAME_RULE = (
     "at most 40 characters (it becomes tags, labels, container names and hostnames)"
 )
 ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+ENV_VALUE_BREAKS = {"\n": "a newline", "\r": "a carriage return", "\0": "a NUL byte"}
 
 
 def validate_cluster_name(name: str) -> str:
@@ -214,9 +215,17 @@ class JobSpec(StrictModel):
     @field_validator("env")
     @classmethod
     def _env(cls, v: dict[str, str]) -> dict[str, str]:
-        for key in v:
+        for key, value in v.items():
             if not ENV_NAME_RE.match(key):
                 raise ValueError(f"invalid environment variable name {key!r}")
+            # Every launcher hands values on as lines (DeepSpeed's env file, docker's
+            # --env-file): a line break would end the value there and start another line.
+            bad = next((c for c in ENV_VALUE_BREAKS if c in value), None)
+            if bad is not None:
+                raise ValueError(
+                    f"the value of {key} contains {ENV_VALUE_BREAKS[bad]}, which no launcher "
+                    "can pass on; give it on one line (e.g. base64-encode it and decode it "
+                    "in the script), or put it in a file in the job's folder")
         return v
 
     @model_validator(mode="after")
