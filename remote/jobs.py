@@ -8,7 +8,7 @@
 
 A job's folder D (RemoteLayout.job_dir on the controller) holds:
 
-    meta.json   argv, cwd, start time, host (written before the job starts)
+    meta.json   argv, cwd, start time, host (written before the job starts; 0600)
     node.log    CMD's stdout and stderr, merged, as written (RemoteLayout.job_log)
     pid         "PGID SUPERVISOR_PID": the job's process group and its supervisor (a child
                 subreaper: every process of the job stays its descendant, remote/supervise.py)
@@ -186,9 +186,10 @@ def _start(args: argparse.Namespace) -> int:
     if os.path.exists(os.path.join(job_dir, META)):
         print(f"job start: {job_dir} already holds a job", file=sys.stderr)
         return 2
-    _write_atomic(os.path.join(job_dir, META), json.dumps({
+    # 0600: the argv may hold what the job was given (another user of the node reads no more)
+    write_atomic(os.path.join(job_dir, META), json.dumps({
         "argv": cmd, "cwd": args.cwd, "started": time.time(), "host": socket.gethostname(),
-    }))
+    }), mode=0o600)
     sys.stdout.flush()
     sys.stderr.flush()
     read_end, write_end = os.pipe()

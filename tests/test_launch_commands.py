@@ -92,7 +92,7 @@ def test_every_value_is_quoted(launcher: str, tmp_path: Path) -> None:
         (shim / prog).write_text(printer)
         (shim / prog).chmod(0o755)
     out = subprocess.run(["/bin/sh", "-c", cmd], capture_output=True, text=True,
-                         env={"PATH": str(shim), "HOME": str(tmp_path)}, timeout=30)
+                         env={"PATH": f"{shim}:/usr/bin:/bin", "HOME": str(tmp_path)}, timeout=30)
     assert not (tmp_path / "pwned").exists()
     printed = out.stdout.strip().splitlines()[-1]
     args = eval(printed)  # noqa: S307 - repr of a list of str written by the shim above
@@ -101,11 +101,18 @@ def test_every_value_is_quoted(launcher: str, tmp_path: Path) -> None:
     assert "EVIL=; echo hi" in args
     assert "NCCL_X=$(id)" in args
     assert f"MGPU_OUTPUT_DIR={tmp_path}/.mgpu-cloud/outputs" in args
-    if launcher == "deepspeed":  # the same values reach ~/.deepspeed_env, one per line
+    if launcher == "deepspeed":  # the same values reach $DS_ENV_FILE, quoted for its runner
+        from provision.job.launchers.deepspeed import env_file_line
+
         assert not (tmp_path / ".deepspeed_env").exists()  # the user's file is never touched
-        ds_env = (tmp_path / ".mgpu-cloud" / "deepspeed_env").read_text().splitlines()
-        assert "EVIL=; echo hi" in ds_env and "NCCL_X=$(id)" in ds_env
-        assert f"MGPU_OUTPUT_DIR={tmp_path}/.mgpu-cloud/outputs" in ds_env
+        ds_file = tmp_path / ".mgpu-cloud" / "deepspeed_env"
+        ds_env = ds_file.read_text().splitlines()
+        assert env_file_line("EVIL", "; echo hi") in ds_env
+        assert env_file_line("NCCL_X", "$(id)") in ds_env
+        from provision.nodes import HomePath  # $HOME expands where pdsh runs it
+
+        assert env_file_line("MGPU_OUTPUT_DIR", HomePath(".mgpu-cloud/outputs")) in ds_env
+        assert ds_file.stat().st_mode & 0o777 == 0o600  # the job's --env values are in it
 
 
 def test_home_paths_expand_on_the_node() -> None:

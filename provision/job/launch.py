@@ -38,7 +38,7 @@ from provision.nodes import (
     layout_of,
 )
 from provision.nodes.bootstrap import Workdir
-from provision.nodes.container import check_job_image, container_name, container_run_argv
+from provision.nodes.container import EnvFile, check_job_image, container_name, container_run_argv
 from provision.nodes.shell import assign, words
 
 Log = Callable[[str], None]
@@ -174,11 +174,11 @@ def node_command(
     processes (the in-job fabric gate); they learn their node as $MGPU_NODE_RANK."""
     home = RemoteLayout(HomePath(inv.remote_root))
     ctx = _context(inv, job, entry)
+    job_id = job_id or adhoc_job_id()
     preempt = None
     if inv.preemption is not None:
         preempt = (inv.preemption.protocol, inv.preemption.url, job.preempt_signal)
-    supervise = supervisor_words(home, job_id or adhoc_job_id(), detach, preempt,
-                                 job_container(inv, job))
+    supervise = supervisor_words(home, job_id, detach, preempt, job_container(inv, job))
     env = job_env(inv, job, ctx.layout, restart_count)
     if entry:
         env["MGPU_NODE_RANK"] = str(node.rank)
@@ -189,10 +189,16 @@ def node_command(
     prefix, container_extra = launcher.prepare(ctx, env)
     if ctx.in_container:
         image = job_image(inv, job) or ""
-        docker = container_run_argv(inv, image, env, mount=home.root, extra=container_extra)
-        return prefix + words(supervise + docker + argv)
+        # the job's own values through a 0600 file, not `docker run -e` (ps shows argv)
+        mine = {k: env.pop(k) for k in job.env} if inv.container_runtime == "docker" else {}
+        env_file = EnvFile(home.job_dir(job_id), ctx.layout.job_dir(job_id)) if mine else None
+        docker = container_run_argv(inv, image, env, mount=home.root, extra=container_extra,
+                                    env_file=env_file)
+        write = env_file.write(mine) if env_file is not None else ""
+        return f"{prefix}{write}exec {words(supervise + docker + argv)}"
+    # exec: no shell stays behind with the values in its command line, whatever its version
     assignments = " ".join(assign(k, v) for k, v in env.items())
-    return f"{prefix}env {assignments} {words(supervise + argv)}"
+    return f"{prefix}exec env {assignments} {words(supervise + argv)}"
 
 
 class JobMonitor(Protocol):

@@ -17,7 +17,8 @@ from dataclasses import dataclass
 
 from provision.model.errors import LaunchError, UserInputError
 from provision.model.inventory import Inventory
-from provision.nodes import CONTAINER_ROOT, HomePath
+from provision.nodes import CONTAINER_ROOT, HomePath, shell
+from provision.nodes.layout import join
 
 # NGC PyTorch 24.06: CUDA 12.5 (NVIDIA PyTorch release notes, release 24.06). Volta to Hopper.
 DEFAULT_TRAINING_IMAGE = "nvcr.io/nvidia/pytorch:24.06-py3"
@@ -162,27 +163,66 @@ def container_name(inv: Inventory) -> str:
     return f"mgpu-{inv.name}-job"
 
 
+ENV_FILE = "env"  # in the job's folder on the node (remote/jobs.py: jobs/ID/)
+
+
+@dataclass(frozen=True)
+class EnvFile:
+    """The job's --env values for `docker run --env-file`: a 0600 file in the job's folder,
+    so that no command line holds them (`ps` on the node shows every process's). `folder`:
+    the job's folder as the node's shell names it (a HomePath); `inside`: as the container
+    sees it, where the container removes the file first thing (FORGET_ENV_FILE)."""
+
+    folder: str
+    inside: str
+
+    @property
+    def on_host(self) -> str:
+        return join(self.folder, ENV_FILE)
+
+    def write(self, env: dict[str, str]) -> str:
+        """The shell step (ending in `&& `) writing `env` in docker's --env-file format: one
+        `KEY=VALUE` a line, VALUE literal to the end of its line (JobSpec refuses line
+        breaks). 0600 from its first byte: the umask is set in a subshell, so the job does
+        not inherit it. The values are in this line only while the node's shell reads it."""
+        lines = " ".join(shell.word(f"{key}={value}") for key, value in env.items())
+        return (f"(umask 077 && mkdir -p {shell.word(self.folder)} && "
+                f"printf '%s\\n' {lines} > {shell.word(self.on_host)}) && ")
+
+
+# Runs in the container before the launcher: removes the --env-file the job's values came
+# from ($0, as the container sees it), which the docker CLI has read before the container
+# started (a container user that may not remove it leaves it, 0600, in the job's folder).
+FORGET_ENV_FILE = 'rm -f -- "$0" 2>/dev/null; exec "$@"'
+
+
 def docker_run_argv(inv: Inventory, image: str, env: dict[str, str], *, mount: str,
-                    extra: list[str] | None = None) -> list[str]:
+                    extra: list[str] | None = None, env_file: EnvFile | None = None) -> list[str]:
     """`docker run` words starting the job's container: the tool's remote folder `mount`
-    (home-relative) at CONTAINER_ROOT, the job's variables, the provider's container_args and
-    the launcher's `extra`; the launcher's argv follows the image."""
+    (home-relative) at CONTAINER_ROOT, the variables `env` (`-e`, on the command line: the
+    tool's own), those of `env_file` (the job's --env values; they win), the provider's
+    container_args and the launcher's `extra`; the launcher's argv follows the image."""
     argv = ["sudo", "-n", "docker", "run", "--rm", "--name", container_name(inv), *RUN_FLAGS,
             "-v", HomePath(f"{mount}:{CONTAINER_ROOT}"), "-w", f"{CONTAINER_ROOT}/work"]
     for key, value in env.items():
         argv += ["-e", f"{key}={value}"]
+    if env_file is not None:
+        argv += ["--env-file", env_file.on_host]
     argv += [*inv.container_args, *(extra or []), image, *library_prefix(inv)]
+    if env_file is not None:
+        argv += ["sh", "-c", FORGET_ENV_FILE, f"{env_file.inside}/{ENV_FILE}"]
     return argv
 
 
 def container_run_argv(inv: Inventory, image: str, env: dict[str, str], *, mount: str,
-                       extra: list[str] | None = None) -> list[str]:
+                       extra: list[str] | None = None,
+                       env_file: EnvFile | None = None) -> list[str]:
     """The words that start the job's container with the inventory's runtime (the launcher's
     argv follows). `extra` are the launcher's `docker run` words (Docker only: Apptainer
-    binds $HOME, so e.g. ~/.ssh is there already)."""
+    binds $HOME, so e.g. ~/.ssh is there already); `env_file`: Docker only (docker_run_argv)."""
     runtime = inv.container_runtime
     if runtime == "docker":
-        return docker_run_argv(inv, image, env, mount=mount, extra=extra)
+        return docker_run_argv(inv, image, env, mount=mount, extra=extra, env_file=env_file)
     if runtime == "none":
         raise LaunchError(f"cluster {inv.name!r} cannot run container images (no Docker, "
                           "Apptainer or Singularity on its nodes)",

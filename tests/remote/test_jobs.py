@@ -78,6 +78,18 @@ def test_detached_job_outlives_start_and_records_exit(tmp_path: Path) -> None:
     assert job("follow", "--dir", str(d), "--offset", "4").stdout == "two\n"
 
 
+def test_meta_json_is_the_owners_alone(tmp_path: Path) -> None:
+    """meta.json holds the job's argv (which can carry what the job was given): 0600, not
+    readable by another user of the node, whatever the umask."""
+    d = tmp_path / "jobs" / "9"
+    res = job("start", "--dir", str(d), "--", "echo", "token=s3cr3t")
+    assert res.returncode == 0, res.stderr
+    meta = d / remote_jobs.META
+    assert json.loads(meta.read_text())["argv"] == ["echo", "token=s3cr3t"]
+    assert meta.stat().st_mode & 0o777 == 0o600
+    assert job("follow", "--dir", str(d)).returncode == 0
+
+
 def test_attached_start_ends_with_the_jobs_state_and_checkpoints(tmp_path: Path) -> None:
     """The last line of an attached start: what `job status` and `ckpt-manifest` would say,
     on a line of its own even after a last line the job left unterminated; the log is the

@@ -4,8 +4,9 @@
                     node's ranks over node-to-node SSH (set up by bootstrap)
     no_ssh          `deepspeed --no_ssh --node_rank R` on every node
 
-Variables reach every rank through $DS_ENV_FILE (a file in the tool's folder: the user's own
-~/.deepspeed_env is never written). The config is the user's --deepspeed-config or the shipped
+In pdsh mode variables reach every rank through $DS_ENV_FILE (a 0600 file in the tool's folder:
+the user's own ~/.deepspeed_env is never written), each line quoted for the way the runner
+reads it back (env_file_line). The config is the user's --deepspeed-config or the shipped
 templates/deepspeed/ds_config.json.j2, placed beside the hostfile.
 """
 
@@ -18,6 +19,7 @@ from provision.model.inventory import NodeRecord
 from provision.model.spec import JobSpec
 from provision.nodes import HomePath, RemoteLayout
 from provision.nodes.layout import Files
+from provision.nodes.shell import word
 
 CONFIG = "ds_config.json"
 ENV_FILE = "deepspeed_env"
@@ -31,6 +33,21 @@ def config_bytes(job: JobSpec, gpus: bool) -> bytes:
         return Path(job.deepspeed_config).read_bytes()
     return render("deepspeed/ds_config.json.j2", micro_batch=16, grad_accum=1, lr=1e-3,
                   zero_stage=1, bf16=gpus).encode()
+
+
+def env_file_line(key: str, value: str) -> str:
+    """The line of $DS_ENV_FILE from which DeepSpeed's pdsh runner gives every rank exactly
+    `value` (any text without a line break: JobSpec refuses those).
+
+    What the runner does with a line (deepspeed 0.19 launcher/runner.py main and
+    multinode_runner.py): `KEY=VAL` split at the first "=", VAL stripped, wrapped in double
+    quotes when it has a character outside [\\w@%+=:,./-] (add_export, no escaping inside),
+    then `export KEY=VAL; ` is put in the command pdsh runs through each node's shell, after pdsh
+    has replaced %n, %h, %u and %% in it (even inside quotes). So VAL is written as `"'...'"`:
+    always wrapped (it holds a quote), nothing stripped (it starts and ends with one), the
+    shell reads `""'...'""` as the single-quoted value, and every % is doubled for pdsh. A
+    HomePath is `""$HOME"/'...'"`: $HOME expands in the shell pdsh starts on each node."""
+    return f'{key}="' + word(value).replace("%", "%%") + '"'
 
 
 class DeepSpeed(BaseLauncher):
@@ -60,14 +77,15 @@ class DeepSpeed(BaseLauncher):
         return {layout.path(CONFIG): (config_bytes(job, gpus), 0o644)}
 
     def prepare(self, ctx: LaunchContext, env: dict[str, str]) -> tuple[str, list[str]]:
-        """The runner exports the variables of $DS_ENV_FILE on every node it starts: write
-        them there first (one quoted KEY=VALUE per line). In a container, the runner's pdsh
-        needs the node's SSH set-up."""
-        from provision.nodes.shell import assign, word
-
+        """pdsh mode: the runner exports the variables of $DS_ENV_FILE on every node it starts,
+        so they are written there first (0600: the job's --env values are in it; removed and
+        made anew, so an older file's mode does not stay). In a container, the runner's pdsh
+        needs the node's SSH set-up. no_ssh: every node's runner has them already."""
+        if ctx.job.deepspeed_launcher != "pdsh":
+            return "", []
         env["DS_ENV_FILE"] = ctx.layout.path(ENV_FILE)
-        lines = " ".join(assign(k, v) for k, v in env.items())
-        on_host = RemoteLayout(HomePath(ctx.inv.remote_root)).path(ENV_FILE)
-        prefix = f"printf '%s\\n' {lines} > {word(on_host)} && "
+        lines = " ".join(word(env_file_line(k, v)) for k, v in env.items())
+        on_host = word(RemoteLayout(HomePath(ctx.inv.remote_root)).path(ENV_FILE))
+        prefix = f"(umask 077 && rm -f {on_host} && printf '%s\\n' {lines} > {on_host}) && "
         extra = ["-v", HomePath(".ssh:/root/.ssh:ro")] if ctx.in_container else []
         return prefix, extra
