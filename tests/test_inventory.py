@@ -122,3 +122,49 @@ def test_inventory_never_holds_key_material() -> None:
     store.create(inv)
     assert (path.stat().st_mode & 0o777) == 0o600
     assert "PRIVATE KEY" not in store.path("demo").read_text()
+
+
+@pytest.mark.parametrize("field,value", [
+    ("user", "-oProxyCommand=touch /tmp/x"), ("user", "a b"), ("user", "u@h"), ("user", ""),
+    ("address", "-oProxyCommand=touch /tmp/x"), ("address", "host;id"), ("address", "h h"),
+    ("private_address", "-x"), ("name", "../x"), ("name", "-n"),
+    ("proxy_jump", "-oProxyCommand=x@host:22"), ("proxy_jump", "u@-host:22"),
+    ("proxy_jump", "u@host:22;id"), ("proxy_jump", "u@host:-1"),
+])
+def test_node_fields_that_ssh_could_read_as_options_are_refused(field: str, value: str) -> None:
+    """user, addresses, name and jump host reach ssh/pdsh/hostfile command lines: nothing
+    that starts with '-' or holds spaces, quotes, '@' or shell characters (issue 34)."""
+    from pydantic import ValidationError
+
+    fields = {"name": "node-0", "rank": 0, "address": "10.0.0.5", "private_address": "10.0.0.5",
+              field: value}
+    with pytest.raises(ValidationError, match="not starting with '-'|user@host:port"):
+        NodeRecord(**fields)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("field,value", [
+    ("user", "ubuntu"), ("user", "ec2-user"), ("user", "first.last"), ("user", "_svc"),
+    ("address", "203.0.113.7"), ("address", "ip-10-0-0-5.ec2.internal"), ("address", "::1"),
+    ("address", "fe80::1%eth0"), ("private_address", "node-1"), ("name", "mgpu-x-node-0"),
+    ("proxy_jump", "alice@login.example.org:2222"), ("proxy_jump", "bastion"),
+])
+def test_usual_logins_pass(field: str, value: str) -> None:
+    fields = {"name": "node-0", "rank": 0, "address": "10.0.0.5", "private_address": "10.0.0.5",
+              field: value}
+    assert getattr(NodeRecord(**fields), field) == value  # type: ignore[arg-type]
+
+
+def test_an_inventory_with_a_user_that_is_an_option_is_not_loaded() -> None:
+    """A cluster file written elsewhere (a node's copy adopted from a store, a hand edit) with
+    `user: -oProxyCommand=...` is refused when loaded, naming the field and the rule."""
+    from provision.model.errors import InventoryUnreadableError
+
+    store = InventoryStore()
+    inv = _inv()
+    inv.nodes.append(NodeRecord(name="node-0", rank=0, address="127.0.0.1", port=2222,
+                                private_address="node-0"))
+    store.create(inv)
+    path = store.path("demo")
+    path.write_text(path.read_text().replace("user: root", "user: -oProxyCommand=touch /tmp/x"))
+    with pytest.raises(InventoryUnreadableError, match="nodes.0.user.*not starting with '-'"):
+        store.load("demo")

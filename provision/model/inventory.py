@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator
 
 from provision.model.errors import (
     ClusterBusyError,
@@ -39,6 +39,7 @@ from provision.model.errors import (
     UserInputError,
 )
 from provision.model.gate_record import GateRecord
+from provision.model.logins import checked_login_field
 from provision.model.spec import ClusterSpec, validate_cluster_name
 from provision.model.timeline import Timeline
 from provision.model.yamltext import YAML_HINT, YamlProblem
@@ -88,6 +89,11 @@ class NodeRecord(BaseModel):
     zone: str | None = None
     identity_file: str | None = None
     proxy_jump: str | None = None
+
+    @field_validator("user", "address", "private_address", "name", "proxy_jump")
+    @classmethod
+    def _login(cls, v: str | None, info: ValidationInfo) -> str | None:
+        return v if v is None else checked_login_field(str(info.field_name), v)
 
 
 class FabricExpectation(BaseModel):

@@ -121,10 +121,11 @@ def split_ssh_args(words: list[str]) -> tuple[list[str], list[str]]:
 
 
 def ssh_command(base: list[str], words: list[str]) -> list[str]:
-    """`base` (sshconn.ssh_argv without a command: destination last) with the user's ssh
-    options before the destination and the remote command after it."""
+    """`base` (sshconn.ssh_argv without a command: `--` and the destination last) with the
+    user's ssh options before them and the remote command after the destination."""
     opts, command = split_ssh_args(words)
-    argv = [*base[:-1], *opts, base[-1]]
+    cut = len(base) - (2 if base[-2:-1] == ["--"] else 1)
+    argv = [*base[:cut], *opts, *base[cut:]]
     if command:
         argv.append(" ".join(shlex.quote(c) for c in command))
     return argv

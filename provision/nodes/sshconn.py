@@ -137,22 +137,55 @@ def _pin(conn: Any, inv: Inventory) -> None:
 
 
 def ssh_argv(inv: Inventory, rank: int, command: list[str]) -> list[str]:
-    """argv for an interactive `ssh` to the node of that rank, host key pinned."""
+    """argv for an interactive `ssh` to the node of that rank: its host key pinned, and its
+    jump host's too (a ProxyCommand running ssh with the same pinning: `-J` would check the
+    jump host against the user's own known_hosts, or trust it on first use). Destinations
+    follow `--` (with NodeRecord's user/address syntax, neither can be read as an option)."""
     nodes = [n for n in inv.nodes if n.rank == rank]
     if not nodes:
         raise UserInputError(
             f"cluster {inv.name!r} has no node {rank}; nodes are 0..{len(inv.nodes) - 1}"
         )
     node = nodes[0]
-    argv = [
-        "ssh", "-i", node_identity(inv, node), "-p", str(node.port),
-        "-o", "IdentitiesOnly=yes",
-        "-o", f"UserKnownHostsFile={inv.known_hosts_path}",
-        "-o", "StrictHostKeyChecking=yes",
-    ]
+    identity = node_identity(inv, node)
+    argv = ["ssh", "-p", str(node.port), *_pinned(inv, identity)]
     if node.proxy_jump:
-        argv += ["-J", node.proxy_jump]
-    argv.append(f"{node.user}@{node.address}")
+        argv += ["-o", f"ProxyCommand={jump_command(inv, identity, node.proxy_jump)}"]
+    argv += ["--", f"{node.user}@{node.address}"]
     if command:
         argv.append(" ".join(shlex.quote(c) for c in command))
     return argv
+
+
+def _pinned(inv: Inventory, identity: str) -> list[str]:
+    """ssh options that log in with the cluster's key alone and accept only the host keys the
+    tool pinned (what `ssh-config` writes). Paths as ssh_config(5) values (-o IdentityFile,
+    not -i: ssh drops an -i path it cannot stat before expanding its %-tokens)."""
+    return ["-o", f"IdentityFile={_path_value(identity)}", "-o", "IdentitiesOnly=yes",
+            "-o", f"UserKnownHostsFile={_path_value(str(inv.known_hosts_path))}",
+            "-o", "StrictHostKeyChecking=yes", "-o", "GlobalKnownHostsFile=/dev/null"]
+
+
+def _path_value(path: str) -> str:
+    """A path as an ssh option's value: its %-tokens kept as themselves, and double-quoted
+    when it has spaces (UserKnownHostsFile would read a list of files)."""
+    path = path.replace("%", "%%")
+    return f'"{path}"' if any(c.isspace() for c in path) else path
+
+
+def jump_command(inv: Inventory, identity: str, proxy_jump: str) -> str:
+    """The ProxyCommand reaching a node through `proxy_jump` ('user@host:port'): ssh -W to the
+    jump host, pinned like the node (the inventory's known_hosts holds the jump host's key).
+    ssh runs it through the user's shell after replacing %-tokens: every word is quoted, and
+    every % doubled but those of `-W '[%h]:%p'` (the node's host and port, as OpenSSH's own
+    ProxyJump writes it; NodeRecord's address syntax keeps quotes out of %h)."""
+    user, _, hostport = proxy_jump.rpartition("@")
+    host, _, port = hostport.partition(":")
+    before = ["ssh", "-p", port or "22", *_pinned(inv, identity)]
+    after = ["--", f"{user}@{host}" if user else host]
+    return " ".join([*map(_proxy_word, before), "-W", "'[%h]:%p'", *map(_proxy_word, after)])
+
+
+def _proxy_word(word: str) -> str:
+    """One word of a ProxyCommand: quoted for the shell, % doubled for ssh's tokens."""
+    return shlex.quote(word).replace("%", "%%")
