@@ -42,6 +42,7 @@ class Captured:
     path: str  # without /compute/v1/ and query
     query: dict[str, str]
     body: Any
+    status: int = 0  # the HTTP status answered (set once handled)
 
 
 @dataclass
@@ -187,22 +188,29 @@ class FakeCompute(NetworkMixin, CatalogMixin, GuestMixin, ProjectMixin):
         query = {k: v[0] for k, v in parse_qs(parts.query).items()}
         body = json.loads(raw) if raw else None
         with self._lock:
-            self.requests.append(Captured(method, path, query, body))
-            fault = self._take_fault(method, path)
-            if fault is not None and fault.html is not None:
-                return fault.status, fault.html
-            try:
-                if fault is not None and not fault.after:
-                    raise HttpError(fault.status, fault.reason or "injected", "injected fault")
-                status, payload = self._route(method, path, query, body)
-                if fault is not None:
-                    raise HttpError(fault.status, fault.reason or "injected", "injected fault")
-                return status, payload
-            except HttpError as exc:
-                return exc.status, {"error": {
-                    "code": exc.status, "message": exc.message,
-                    "errors": [{"message": exc.message, "domain": "global",
-                                "reason": exc.reason}]}}
+            captured = Captured(method, path, query, body)
+            self.requests.append(captured)
+            status, payload = self._handle(captured)
+            captured.status = status
+            return status, payload
+
+    def _handle(self, captured: Captured) -> tuple[int, Any]:
+        method, path, query, body = captured.method, captured.path, captured.query, captured.body
+        fault = self._take_fault(method, path)
+        if fault is not None and fault.html is not None:
+            return fault.status, fault.html
+        try:
+            if fault is not None and not fault.after:
+                raise HttpError(fault.status, fault.reason or "injected", "injected fault")
+            status, payload = self._route(method, path, query, body)
+            if fault is not None:
+                raise HttpError(fault.status, fault.reason or "injected", "injected fault")
+            return status, payload
+        except HttpError as exc:
+            return exc.status, {"error": {
+                "code": exc.status, "message": exc.message,
+                "errors": [{"message": exc.message, "domain": "global",
+                            "reason": exc.reason}]}}
 
     def _take_fault(self, method: str, path: str) -> Fault | None:
         for fault in self.faults:

@@ -47,8 +47,14 @@ class FakeIam:
         if m := re.fullmatch(r"/v1/projects/([^/]+)/serviceAccounts/([^/]+)", path):
             if method == "DELETE":
                 return (200, {}) if self.accounts.pop(m.group(2), None) else (404, {})
+            if method == "GET":  # projects.serviceAccounts.get
+                found = self.accounts.get(m.group(2))
+                return (200, found) if found else (404, {})
         if m := re.fullmatch(r"/v1/projects/([^/]+)/roles", path):
             return self._roles(method, m.group(1), body)
+        if re.fullmatch(r"/v1/projects/[^/]+/roles/[^/]+", path) and method == "GET":
+            role = self.roles.get(path[len("/v1/"):])  # projects.roles.get: deleted ones too
+            return (200, role) if role else (404, {})
         if re.fullmatch(r"/v1/projects/[^/]+/roles/[^/]+", path) and method == "DELETE":
             role = self.roles.get(path[len("/v1/"):])
             if role is None or role.get("deleted"):

@@ -19,7 +19,10 @@ ALLOWED_PERMISSION_PREFIXES = ("compute.instances.", "compute.disks.create",
                                # deleting the cluster from inside (its own names only)
                                "compute.resourcePolicies.delete", "compute.firewalls.delete",
                                "compute.networks.delete", "compute.subnetworks.delete",
-                               "compute.regionOperations.get", "compute.globalOperations.get")
+                               "compute.regionOperations.get", "compute.globalOperations.get",
+                               # reading each one first: is it the cluster's own (issue 34)
+                               "compute.resourcePolicies.get", "compute.firewalls.get",
+                               "compute.networks.get", "compute.subnetworks.get")
 TERM = re.compile(r'^resource\.name(?:\.startsWith\("([^"]+)"\)| == "([^"]+)")$')
 # names that are not the cluster's but that it must use or read: the region's default
 # subnetwork, operations (random names, read-only)
@@ -136,6 +139,8 @@ def needed(method: str, path: str, body: Any) -> list[tuple[str, str]] | None:
         return [("compute.instances.getGuestAttributes", path.rsplit("/", 1)[0])]
     if method == "DELETE" and len(parts) >= 4 and parts[-2] in DELETES:
         return [(DELETES[parts[-2]], path)]
+    if method == "GET" and len(parts) >= 4 and parts[-2] in DELETES:  # get: read before delete
+        return [(DELETES[parts[-2]].replace(".delete", ".get"), path)]
     return None
 
 

@@ -147,7 +147,7 @@ def _members(seen: list[Request], region: str, name: str) -> set[tuple[str, str]
     """(zone, VM) asked to join the policy by the requests so far and not deleted since."""
     members: set[tuple[str, str]] = set()
     for method, path, body in seen:
-        if method == "DELETE" and (m := DELETE_INSTANCE.match(path)):
+        if method in ("DELETE", "GONE") and (m := DELETE_INSTANCE.match(path)):
             members.discard((m.group(1), m.group(2)))
         elif (found := _instances(method, path, body)) is not None:
             zone, vms, props = found

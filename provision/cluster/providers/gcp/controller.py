@@ -50,6 +50,9 @@ ROLE_PERMISSIONS = [
     "compute.resourcePolicies.delete", "compute.firewalls.delete", "compute.networks.delete",
     "compute.subnetworks.delete", "compute.regionOperations.get",
     "compute.globalOperations.get",
+    # each resource is read before it is deleted: only the cluster's own goes (teardown.owner)
+    "compute.resourcePolicies.get", "compute.firewalls.get", "compute.networks.get",
+    "compute.subnetworks.get",
 ]
 Record = Callable[[ResourceRecord], None]
 
@@ -199,35 +202,76 @@ def _edit_policy(api: IamApi, project: str,
     api.call("POST", f"{api.crm}/projects/{project}:setIamPolicy", {"policy": policy})
 
 
+def _marked(api: IamApi, project: str, r: ResourceRecord) -> str | None:
+    """The cluster an account / custom role / binding's account is marked for ("description"
+    mgpu-cloud-cluster=NAME, read now); "" when it is gone (nothing to delete)."""
+    if r.kind == "iam-custom-role":
+        found = api.call("GET", f"{api.iam}/{r.id}", missing_ok=True)
+        if not found or found.get("deleted"):
+            return ""
+        return _owner(found.get("description"))
+    email = r.id if r.kind == "service-account" else r.id.split("|", 1)[1].removeprefix(
+        "serviceAccount:")
+    found = api.call("GET", f"{api.iam}/projects/{project}/serviceAccounts/{email}",
+                     missing_ok=True)
+    return _owner(found.get("description")) if found else ""
+
+
 def delete_identity(api: IamApi, records: list[ResourceRecord],
-                    forget: Callable[[str, str], None]) -> list[str]:
-    """Bindings, then the custom role, then the account. Idempotent; returns problems."""
+                    forget: Callable[[str, str], None], cluster: str | None = None) -> list[str]:
+    """Bindings, then the custom role, then the account: each only if IAM shows it (a
+    binding: its account) marked for `cluster` (None: each record's `name`, as `gc` found it)
+    at that moment; a record naming another cluster's or an unmarked one is refused by name,
+    left alone and forgotten. Idempotent; returns problems."""
     problems = []
     by_project: dict[str, list[ResourceRecord]] = {}
     for r in records:
         by_project.setdefault(r.extra.get("project", ""), []).append(r)
     for project, recs in by_project.items():
-        drop = {r.id for r in recs if r.kind == "iam-binding"}
-        if drop:
+        mine = []
+        for r in recs:
+            want = cluster if cluster is not None else r.name
             try:
-                _edit_policy(api, project, _without(drop))
-                for rid in drop:
-                    forget("iam-binding", rid)
+                marked = _marked(api, project, r)
             except IamError as exc:
-                problems.append(f"bindings in {project}: {exc}")
-        for r in (r for r in recs if r.kind == "iam-custom-role"):
-            try:
-                api.call("DELETE", f"{api.iam}/{r.id}", missing_ok=True)
+                problems.append(f"{r.kind} {r.id}: {exc}")
+                continue
+            if marked not in ("", want):
+                problems.append(f"refused to delete {r.kind} {r.id}: it is marked "
+                                f"{DESCRIPTION}{marked}, not {want} (left alone)")
                 forget(r.kind, r.id)
-            except IamError as exc:
-                problems.append(f"custom role {r.id}: {exc}")
-        for r in (r for r in recs if r.kind == "service-account"):
-            try:
-                api.call("DELETE", f"{api.iam}/projects/{project}/serviceAccounts/{r.id}",
-                         missing_ok=True)
-                forget(r.kind, r.id)
-            except IamError as exc:
-                problems.append(f"service account {r.id}: {exc}")
+            elif marked == "" and r.kind != "iam-binding":
+                forget(r.kind, r.id)  # gone already
+            else:
+                mine.append(r)
+        problems += _delete_marked(api, project, mine, forget)
+    return problems
+
+
+def _delete_marked(api: IamApi, project: str, recs: list[ResourceRecord],
+                   forget: Callable[[str, str], None]) -> list[str]:
+    problems = []
+    drop = {r.id for r in recs if r.kind == "iam-binding"}
+    if drop:
+        try:
+            _edit_policy(api, project, _without(drop))
+            for rid in drop:
+                forget("iam-binding", rid)
+        except IamError as exc:
+            problems.append(f"bindings in {project}: {exc}")
+    for r in (r for r in recs if r.kind == "iam-custom-role"):
+        try:
+            api.call("DELETE", f"{api.iam}/{r.id}", missing_ok=True)
+            forget(r.kind, r.id)
+        except IamError as exc:
+            problems.append(f"custom role {r.id}: {exc}")
+    for r in (r for r in recs if r.kind == "service-account"):
+        try:
+            api.call("DELETE", f"{api.iam}/projects/{project}/serviceAccounts/{r.id}",
+                     missing_ok=True)
+            forget(r.kind, r.id)
+        except IamError as exc:
+            problems.append(f"service account {r.id}: {exc}")
     return problems
 
 

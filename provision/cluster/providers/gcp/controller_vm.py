@@ -144,7 +144,8 @@ def teardown_from_inside(inv: Inventory, store: InventoryStore, clients: Clients
     records = [r for r in inv.resources if not is_controller(r)
                and r.name != controller_name(inv.name) and r.kind not in IDENTITY_KINDS]
     failures = teardown.delete_records(clients, records,
-                                       on_deleted=lambda r: store.forget(inv, r.kind, r.id))
+                                       on_deleted=lambda r: store.forget(inv, r.kind, r.id),
+                                       cluster=inv.name)
     if failures:
         raise TeardownError(f"could not delete every resource of cluster {inv.name!r} from "
                             "its controller: " + "; ".join(failures),
@@ -154,4 +155,4 @@ def teardown_from_inside(inv: Inventory, store: InventoryStore, clients: Clients
 def remove_self(inv: Inventory, clients: Clients) -> None:
     """Delete this VM (Compute stops it during the call: it may not return)."""
     own = [r for r in inv.resources if is_controller(r)]
-    teardown.delete_records(clients, own)
+    teardown.delete_records(clients, own, cluster=inv.name)

@@ -13,12 +13,7 @@ from provision.cluster.providers.gcp.plan import region_of
 from provision.model.errors import ProviderUnavailableError
 from provision.model.inventory import ResourceRecord
 
-
-def _owner(description: str) -> str | None:
-    if description.startswith(teardown.DESCRIPTION_PREFIX):
-        value = description.removeprefix(teardown.DESCRIPTION_PREFIX).split()
-        return value[0] if value else None
-    return None
+_owner = teardown.description_owner
 
 
 def tagged_resources(clients: Clients, zone: str | None) -> list[ResourceRecord]:

@@ -39,7 +39,8 @@ def _delete_identity(inv: Inventory, store: InventoryStore) -> list[str]:
     records = [r for r in inv.resources if r.kind in IDENTITY_KINDS]
     if not records:
         return []
-    return delete_identity(IamApi(), records, lambda kind, rid: store.forget(inv, kind, rid))
+    return delete_identity(IamApi(), records, lambda kind, rid: store.forget(inv, kind, rid),
+                           inv.name)
 
 
 class GcpProvider(Recoverable["GcpPlan"], Supervising["GcpPlan"]):
@@ -179,8 +180,9 @@ class GcpProvider(Recoverable["GcpPlan"], Supervising["GcpPlan"]):
         clients = build_clients(spec.options_as(GcpOptions).project)
         identity = [r for r in resources if r.kind in IDENTITY_KINDS]
         failures = delete_identity(IamApi(), identity, lambda kind, rid: None) if identity else []
+        # each as `gc` found it: deleted only if still marked for that cluster (extra cluster)
         failures += teardown.delete_records(
-            clients, [r for r in resources if r.kind not in IDENTITY_KINDS])
+            clients, [r for r in resources if r.kind not in IDENTITY_KINDS], cluster=None)
         if failures:
             raise TeardownError("could not delete every orphaned resource: " + "; ".join(failures),
                                 hint="run the same `mgpu-cloud gc ... --delete` again")

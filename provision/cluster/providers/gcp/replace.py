@@ -101,7 +101,8 @@ def replace_node(clients: Clients, inv: Inventory, store: InventoryStore,
     _, login_public = ensure_cluster_key(store.keys_dir(inv.name))
 
     failures = teardown.delete_records(clients, [old],
-                                       on_deleted=lambda r: store.forget(inv, r.kind, r.id))
+                                       on_deleted=lambda r: store.forget(inv, r.kind, r.id),
+                                       cluster=inv.name)
     if failures:
         raise ProvisionError(f"could not delete the lost VM of {node.name}: "
                              + "; ".join(failures))
@@ -134,4 +135,5 @@ def _undo(clients: Clients, inv: Inventory, store: InventoryStore, rec: Resource
     (the name belongs to a VM that is not ours) is left alone."""
     if any((r.kind, r.id) == (rec.kind, rec.id) for r in inv.resources):
         teardown.delete_records(clients, [rec],
-                                on_deleted=lambda r: store.forget(inv, r.kind, r.id))
+                                on_deleted=lambda r: store.forget(inv, r.kind, r.id),
+                                cluster=inv.name)

@@ -6,6 +6,13 @@ Works from the inventory (each ResourceRecord's extra["project"]) plus a label l
 instances, so a node made but not recorded is still found. Idempotent: NotFound counts as
 deleted. Each deleted resource is removed from the inventory at once (store.forget); what could
 not be deleted stays there and is named in the TeardownError raised after trying everything.
+
+Only what is the cluster's own at deletion time is deleted: each record is read first (`owner`:
+a VM's label mgpu-cloud-cluster, the description "mgpu-cloud-cluster=NAME" of a policy,
+firewall rule, network or subnetwork, which have no labels); a record naming another
+cluster's resource or one without the mark is refused by name, left alone and dropped from the
+inventory (an inventory adopted from a store a node could write must not steer `down`, the
+controller's teardown or `gc --delete` onto resources that are not the cluster's).
 """
 
 from __future__ import annotations
@@ -64,12 +71,68 @@ def _unknown_kind(rec: ResourceRecord) -> TeardownError:
         "in the Cloud console, then remove its record from the inventory")
 
 
-def _start_delete(clients: Clients, rec: ResourceRecord) -> Any:
-    """Issue the delete; returns the operation, or None when the resource is already gone."""
+def description_owner(description: str) -> str | None:
+    """NAME of a description "mgpu-cloud-cluster=NAME ..." (None without that mark)."""
+    if description.startswith(DESCRIPTION_PREFIX):
+        value = description.removeprefix(DESCRIPTION_PREFIX).split()
+        return value[0] if value else None
+    return None
+
+
+class Refused(MgpuError):
+    """A record names a resource that is not the cluster's own: left alone."""
+
+
+def _name(rec: ResourceRecord) -> str:
+    return rec.name or rec.id.rsplit("/", 1)[-1]
+
+
+def owner(clients: Clients, rec: ResourceRecord) -> tuple[bool, str | None]:
+    """(whether the resource exists, the cluster it is marked for) read from Compute now."""
     from google.cloud import compute_v1
 
+    project, name = rec.extra.get("project", clients.project), _name(rec)
+    what = f"reading {rec.kind} {rec.id} before deleting it"
+    found: Any
+    if rec.kind == INSTANCE:
+        found = clients.call_or_none(clients.instances.get, compute_v1.GetInstanceRequest(
+            project=project, zone=rec.zone, instance=name), what, TeardownError)
+        return found is not None, (dict(found.labels).get(CLUSTER_TAG) if found else None)
+    if rec.kind == POLICY:
+        found = clients.call_or_none(clients.resource_policies.get,
+                                     compute_v1.GetResourcePolicyRequest(
+                                         project=project, region=rec.region,
+                                         resource_policy=name), what, TeardownError)
+    elif rec.kind == FIREWALL:
+        found = clients.call_or_none(clients.firewalls.get, compute_v1.GetFirewallRequest(
+            project=project, firewall=name), what, TeardownError)
+    elif rec.kind == SUBNETWORK:
+        found = clients.call_or_none(clients.subnetworks.get, compute_v1.GetSubnetworkRequest(
+            project=project, region=rec.region, subnetwork=name), what, TeardownError)
+    elif rec.kind == NETWORK:
+        found = clients.call_or_none(clients.networks.get, compute_v1.GetNetworkRequest(
+            project=project, network=name), what, TeardownError)
+    else:
+        raise _unknown_kind(rec)
+    return found is not None, (description_owner(found.description) if found else None)
+
+
+def _start_delete(clients: Clients, rec: ResourceRecord, cluster: str) -> Any:
+    """Issue the delete of a resource marked for `cluster`; returns the operation, or None
+    when the resource is already gone. Refused when it is marked for another cluster or not
+    at all."""
+    from google.cloud import compute_v1
+
+    exists, marked = owner(clients, rec)
+    if not exists:
+        return None
+    if marked != cluster:
+        how = f"it is marked {CLUSTER_TAG}={marked}" if marked else \
+            f"it has no {CLUSTER_TAG} mark"
+        raise Refused(f"refused to delete {rec.kind} {rec.id}: {how}, not {cluster} (left "
+                      "alone; dropped from the inventory)")
     project = rec.extra.get("project", clients.project)
-    name = rec.name or rec.id.rsplit("/", 1)[-1]
+    name = _name(rec)
     rid = str(uuid.uuid4())  # reused by the retries of this delete
     request: Any
     method: Any
@@ -97,20 +160,32 @@ def _start_delete(clients: Clients, rec: ResourceRecord) -> Any:
 
 
 def delete_records(clients: Clients, records: Iterable[ResourceRecord],
-                   on_deleted: Callable[[ResourceRecord], None] | None = None) -> list[str]:
+                   on_deleted: Callable[[ResourceRecord], None] | None = None, *,
+                   cluster: str | None) -> list[str]:
     """Delete `records` kind by kind in ORDER: all deletes of one kind are issued, then waited.
+    Each only if Compute shows it marked for `cluster` (None: each record's extra["cluster"],
+    as `gc` found it); a record of what is not the cluster's is refused (named, never
+    deleted).
 
-    Calls `on_deleted(record)` for each one gone. Returns one line per failure (never raises
+    Calls `on_deleted(record)` for each one gone, and for each refused one (it is not the
+    cluster's: the inventory drops it). Returns one line per failure or refusal (never raises
     for a resource; the caller decides).
     """
     records = list(records)
     unknown = [_unknown_kind(r).message for r in records if r.kind not in ORDER]
     failures: list[str] = []
+    refused: list[str] = []
     for kind in ORDER:
         pending = []
         for rec in (r for r in records if r.kind == kind):
             try:
-                pending.append((rec, _start_delete(clients, rec)))
+                pending.append((rec, _start_delete(
+                    clients, rec, cluster if cluster is not None else
+                    rec.extra.get("cluster", ""))))
+            except Refused as exc:
+                refused.append(exc.message)
+                if on_deleted is not None:
+                    on_deleted(rec)
             except MgpuError as exc:
                 failures.append(exc.message)
         for rec, op in pending:
@@ -126,7 +201,7 @@ def delete_records(clients: Clients, records: Iterable[ResourceRecord],
         if failures and kind == INSTANCE:
             # The policy and firewalls still serve the instances that are left: keep them.
             break
-    return unknown + failures
+    return unknown + refused + failures
 
 
 def labelled_instances(clients: Clients, project: str, cluster: str | None,
@@ -172,7 +247,15 @@ def destroy(inv: Inventory, store: InventoryStore, clients: Clients) -> None:
         except MgpuError as exc:
             failures.append(exc.message)
     failures += delete_records(clients, list(inv.resources),
-                               on_deleted=lambda rec: store.forget(inv, rec.kind, rec.id))
+                               on_deleted=lambda rec: store.forget(inv, rec.kind, rec.id),
+                               cluster=inv.name)
+    if failures and not inv.resources and all(f.startswith("refused") for f in failures):
+        raise TeardownError(
+            f"the inventory of cluster {inv.name!r} names resources that are not its own: "
+            + "; ".join(failures),
+            hint="everything marked for the cluster is deleted; an inventory that names "
+            "another cluster's resources may come from a store a node could write. "
+            f"`mgpu-cloud down {inv.name}` again drops the inventory")
     if failures or inv.resources:
         left = ", ".join(r.id for r in inv.resources) or "none recorded"
         raise TeardownError(

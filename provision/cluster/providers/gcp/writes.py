@@ -54,6 +54,7 @@ def delete_now(clients: Clients, store: InventoryStore, inv: Inventory,
     """Delete what an attempt made (and forget each one gone); ProvisionError if some of it
     stays (it stays recorded, so `down` finds it)."""
     failures = teardown.delete_records(clients, recs,
-                                       on_deleted=lambda r: store.forget(inv, r.kind, r.id))
+                                       on_deleted=lambda r: store.forget(inv, r.kind, r.id),
+                                       cluster=inv.name)
     if failures:
         raise ProvisionError(f"could not clean up {why}: " + "; ".join(failures))
