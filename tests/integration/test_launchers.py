@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import json
 import re
+import secrets
+import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -97,3 +99,82 @@ def test_failed_launch_is_diagnosed(cluster: Path, tmp_path: Path) -> None:
     res = cli("launch", NAME, "--nproc-per-node", "1", "--", str(bad), home=cluster, cwd=tmp_path)
     assert res.returncode != 0
     assert "likely cause" in res.stderr and "batch" in res.stderr.lower(), res.stderr
+
+
+# --- issue 34: --env values reach every rank byte for byte, and run nothing ------------------
+PROBE = """import json, os
+keys = os.environ["ENVPROBE_KEYS"].split(",")
+print("ENVPROBE " + json.dumps({"rank": os.environ.get("RANK"),
+                                "env": {k: os.environ.get(k) for k in keys}}), flush=True)
+"""
+
+
+def hostile_env(marker: str) -> dict[str, str]:
+    """What a shell, DeepSpeed's runner (double quotes around what it deems special), pdsh
+    (%n, %h, %u, %% replaced in the whole command) or a line-based file would misread."""
+    return {"SEMI": f"; touch {marker}", "SUBST": f"$(touch {marker})",
+            "TICKS": f"`touch {marker}`", "BREAKOUT": f'x"; touch {marker}; "',
+            "SPACES": "  two  spaces  ", "QUOTES": "it's \"quoted\"", "DOLLAR": "$HOME ${X}",
+            "PCT": "%n %h %u %% 100%", "BACKSLASH": "a\\b\\\\", "EMPTY": "", "GLOB": "*"}
+
+
+@pytest.mark.parametrize("launcher,port", [("torchrun", 29521), ("accelerate", 29522),
+                                           ("deepspeed", 29523)])
+def test_env_values_reach_every_rank_unchanged(cluster: Path, tmp_path: Path, launcher: str,
+                                               port: int) -> None:
+    """DeepSpeed in its pdsh mode: node 0's runner reads $DS_ENV_FILE and starts node 1's
+    ranks through pdsh and that node's shell, the path the issue found broken."""
+    marker = f"/tmp/mgpu-env-pwned-{secrets.token_hex(3)}"  # noqa: S108 - on the nodes
+    values = hostile_env(marker)
+    (tmp_path / "envprobe.py").write_text(PROBE)
+    pairs = [f"--env={k}={v}" for k, v in values.items()]
+    res = cli("launch", NAME, "--launcher", launcher, "--master-port", str(port),
+              "--fabric-check", "off", *pairs, f"--env=ENVPROBE_KEYS={','.join(values)}",
+              "--", str(tmp_path / "envprobe.py"), home=cluster, cwd=tmp_path)
+    out = res.stdout + res.stderr
+    assert res.returncode == 0, out
+    seen = [json.loads(line.split("ENVPROBE ", 1)[1]) for line in res.stdout.splitlines()
+            if "ENVPROBE " in line]
+    assert sorted(int(s["rank"]) for s in seen) == [0, 1, 2, 3], out
+    for rank in seen:
+        assert rank["env"] == values, rank["rank"]
+    ran = cli("exec", NAME, "--", f"test ! -e {marker}", home=cluster)
+    assert ran.returncode == 0, ran.stdout  # no node ran a value as a command
+
+
+def test_ssh_through_a_jump_host_checks_its_pinned_key(cluster: Path, tmp_path: Path) -> None:
+    """`mgpu-cloud ssh`'s command line to node-1 through node-0 as a jump host: the jump host
+    is checked against the cluster's known_hosts (its key pinned there), never the user's own
+    or trusted on first use; with another key pinned for it, the login is refused even when
+    the user's options say accept-new."""
+    from provision.model.inventory import InventoryStore, ResourceRecord
+    from provision.model.keys import generate_ed25519, host_key_only
+    from provision.nodes.sshconfig import ssh_command
+    from provision.nodes.sshconn import ssh_argv, write_cluster_known_hosts
+
+    store = InventoryStore(cluster)
+    inv = store.load(NAME)
+    jump, node = inv.nodes[0], inv.nodes[1]
+    behind = node.model_copy(update={"address": node.private_address, "port": 22,
+                                     "proxy_jump": f"{jump.user}@{jump.address}:{jump.port}"})
+    pinned = ResourceRecord(kind="pinned-host-key", id=f"[{jump.address}]:{jump.port}",
+                            name=jump.address,
+                            extra={"port": str(jump.port), "key": str(jump.host_key)})
+    # node-0 only as the jump host (not a node: its key pinned as the jump host's alone)
+    via = inv.model_copy(update={"nodes": [behind], "resources": [pinned],
+                                 "known_hosts_path": str(tmp_path / "known_hosts")})
+    write_cluster_known_hosts(via, store)  # this copy's file only: the inventory stays
+    user = ["-o", "BatchMode=yes", "-o", "StrictHostKeyChecking=accept-new", "cat",
+            "/etc/hostname"]
+    ok = subprocess.run(ssh_command(ssh_argv(via, 1, []), user), capture_output=True,
+                        text=True, timeout=60)
+    assert ok.returncode == 0, ok.stderr
+    assert ok.stdout.strip() == node.private_address or ok.stdout.strip().endswith("node-1")
+    other = host_key_only(generate_ed25519("impostor").public_openssh)
+    wrong = via.model_copy(update={"resources": [pinned.model_copy(
+        update={"extra": {"port": str(jump.port), "key": other}})]})
+    write_cluster_known_hosts(wrong, store)
+    refused = subprocess.run(ssh_command(ssh_argv(wrong, 1, []), user), capture_output=True,
+                             text=True, timeout=60)
+    assert refused.returncode == 255 and "Host key verification failed" in refused.stderr, \
+        refused.stderr
