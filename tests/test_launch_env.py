@@ -74,8 +74,7 @@ def _run_line(cmd: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]
 def _env_words(out: str) -> dict[str, str]:
     """The variables `env` was given (its words before the command)."""
     words = json.loads(out.strip().splitlines()[-1])
-    pairs = [w for w in words[:words.index("python3")]]
-    return dict(w.split("=", 1) for w in pairs)
+    return dict(w.split("=", 1) for w in words[:words.index("python3")])
 
 
 @pytest.mark.parametrize("launcher,extra", [
