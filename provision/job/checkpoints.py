@@ -24,6 +24,7 @@ from provision.model.errors import BootstrapError
 from provision.model.inventory import Inventory, NodeRecord
 from provision.nodes import Connector, NodeGroup, NodeStepError, fetch_tree
 from provision.nodes.preflight import parse_last_json
+from remote.ckpt import step_of
 
 Log = Callable[[str], None]
 Manifest = dict[str, list[float]]
@@ -33,8 +34,11 @@ SETTLE_S = 1.0
 
 def parse_manifest(data: dict[str, Any]) -> tuple[Manifest, float]:
     """(files, the node's clock) of what `remote.pyz ckpt-manifest` prints (remote/ckpt.py
-    report; an attached job's end line carries the same)."""
-    return dict(data.get("files") or {}), float(data.get("now") or 0.0)
+    report; an attached job's end line carries the same). Files the node found cut short
+    (its writer died while saving) are left out: they are never kept."""
+    cut = set(data.get("incomplete") or [])
+    files = {rel: v for rel, v in dict(data.get("files") or {}).items() if rel not in cut}
+    return files, float(data.get("now") or 0.0)
 
 
 def local_checkpoint_dir(inv: Inventory) -> Path:
@@ -52,6 +56,8 @@ class CheckpointKeeper:
         self.last_change = time.monotonic()  # progress signal for hang detection
         self.last_copy = 0.0  # monotonic time of the last copy
         self._seen: dict[str, Manifest] = {}
+        self._cut: set[str] = set()  # files a node found cut short, said once
+        self.restored_step: int | None = None  # the newest step the last restore put back
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -98,7 +104,13 @@ class CheckpointKeeper:
             data = parse_last_json(r.value.stdout) if r.ok and r.value is not None else None
             if data is not None:
                 out[name] = parse_manifest(data)
+                self._say_cut(name, data.get("incomplete") or [])
         return out
+
+    def _say_cut(self, node: str, cut: list[str]) -> None:
+        for rel in sorted(set(cut) - self._cut):
+            self.log(f"{node}: {rel} is cut short (its writer died while saving?): not kept")
+        self._cut |= set(cut)
 
     def sync(self, settle_s: float | None = None,
              known: dict[str, tuple[Manifest, float]] | None = None) -> int:
@@ -163,6 +175,9 @@ class CheckpointKeeper:
                                       "tar -xzf - -C ~ --no-same-owner"]).raise_for(
             "restoring the checkpoint", BootstrapError)
         self.mark_synced(group)
+        steps = [s for s in (step_of(str(p.relative_to(self.local))) for p in files)
+                 if s is not None]
+        self.restored_step = max(steps, default=None)
         return len(files)
 
     def mark_synced(self, group: NodeGroup) -> None:

@@ -41,7 +41,8 @@ class StoreKeeper(CheckpointKeeper):
     def _copy(self, group: NodeGroup, node: NodeRecord, files: list[str]) -> None:
         layout = group.layout
         command = layout.remote_command("store", "push", "--url", str(self.url), "--root",
-                                        layout.checkpoints, "--env-stdin", *files)
+                                        layout.checkpoints, "--env-stdin", "--seal", node.name,
+                                        *files)
         res = group.connection(node).run(command, stdin=self.env())
         if not res.ok:
             raise BootstrapError(f"{node.name}: pushing checkpoints to {self.url} failed: "
@@ -60,9 +61,15 @@ class StoreKeeper(CheckpointKeeper):
         results = group.run(command, stdin=self.env(), timeout=3600)
         results.raise_for(f"restoring the checkpoint from {self.url}", BootstrapError)
         self.mark_synced(group)
-        counts = [json.loads(r.value.stdout.strip().splitlines()[-1]).get("files", 0)
-                  for r in results.values() if r.value is not None and r.value.stdout.strip()]
-        return int(max(counts, default=0))
+        said = [json.loads(r.value.stdout.strip().splitlines()[-1])
+                for r in results.values() if r.value is not None and r.value.stdout.strip()]
+        for skipped in sorted({s for d in said for s in d.get("skipped") or []}):
+            self.log(f"restore: checkpoint {skipped}: skipped")
+        newest = max((d["newest_step"] for d in said if d.get("newest_step") is not None),
+                     default=None)
+        if newest is not None:
+            self.restored_step = int(newest)
+        return int(max((d.get("files", 0) for d in said), default=0))
 
 
 def push_outputs(group: NodeGroup, node: NodeRecord, url: StoreURL, creds: Creds) -> str:

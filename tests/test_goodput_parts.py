@@ -1,0 +1,103 @@
+"""The parts of issue 36 that are plain arithmetic over what a run saw: the goodput ledger,
+the resume check and the straggler watch (their wiring into runs is tested on docker)."""
+
+from __future__ import annotations
+
+import math
+import random
+
+import pytest
+
+from provision.job.ledger import BUCKETS, Ledger, render, young_daly
+from provision.job.resumecheck import ResumeCheck, step_in
+from provision.job.stragglers import StragglerWatch, compute_s
+
+
+def test_the_ledger_sums_to_wall_time_times_nodes_through_two_failures() -> None:
+    led = Ledger(started=100.0, nodes=2)
+    led.switch("setup", 130.0)  # 30 s provisioning
+    led.switch("gate", 150.0)
+    led.switch("training", 155.0)
+    led.save_line("[node-0] checkpoint saved: step 50 -> /x/step_000050.pt (1.5 s)", 180.0)
+    led.failed(lost_training_s=12.0, at=200.0)  # first failure: 12 s since the save redone
+    led.resize(1, 205.0)  # a node lost: one left while the replacement comes
+    led.resize(2, 230.0)
+    led.switch("setup", 231.0)  # restore
+    led.switch("training", 235.0)
+    led.saved(2.5, 260.0)
+    led.failed(lost_training_s=7.0, at=270.0)
+    led.switch("training", 290.0)
+    led.switch("idle", 330.0)
+    got = led.close(340.0)
+    node_seconds = (205 - 100) * 2 + (230 - 205) * 1 + (340 - 230) * 2
+    assert math.isclose(sum(got.values()), node_seconds, rel_tol=0.01)
+    assert math.isclose(sum(got.values()), node_seconds, abs_tol=1e-6)  # exact, in fact
+    assert got["provisioning"] == 60 and got["gate"] == 10
+    assert got["checkpoint"] == pytest.approx((1.5 + 2.5) * 2)
+    assert got["redone"] == pytest.approx((12 + 7) * 2)
+    assert got["recovery"] == pytest.approx(5 * 2 + 25 * 1 + 1 * 2 + 20 * 2)
+    assert set(got) == set(BUCKETS)
+    data = led.to_json()
+    assert data["failures"] == 2 and data["save_cost_s"] == 2.0
+    assert data["advice_s"] == round(young_daly(2.0, 240.0 / 2), 1)
+    assert math.isclose(young_daly(2.0, 120.0), math.sqrt(2 * 2.0 * 120.0))
+    text = render(data)
+    assert "node-hours:" in text and "Young/Daly" in text and "redone" in text
+
+
+def test_no_advice_without_a_save_and_a_failure() -> None:
+    led = Ledger(started=0.0, nodes=4)
+    led.switch("training", 1.0)
+    led.close(11.0)
+    assert led.to_json()["advice_s"] is None
+    assert led.total() == 44.0
+
+
+def test_a_job_that_started_over_is_flagged_at_its_first_step() -> None:
+    assert step_in("[node-0] step 310 loss 0.1234") == 310
+    assert step_in("global_step=42 lr=3e-4") == 42
+    assert step_in("[node-0] checkpoint saved: step 300 -> x") is None
+    assert step_in("steps/s 12") is None
+    flags: list[str] = []
+    ok = ResumeCheck(300, flags.append)
+    for line in ("loading...", "[node-0] resumed from step 300 (x), restart 1",
+                 "[node-0] step 0 loss 1.0"):
+        ok.feed(line)
+    assert not flags and not ok.regressed and ok.first == 300
+    bad = ResumeCheck(300, flags.append)
+    for line in ("[node-0] rank 0/4 on node-0", "[node-0] step 0 loss 2.3", "step 10"):
+        bad.feed(line)
+    assert bad.regressed and flags == [
+        "resume regression: saved 300, restarted at 0 (the job did not load its checkpoint: "
+        "its work since then is redone)"]
+    ResumeCheck(None, flags.append).feed("step 0")  # nothing restored: nothing to check
+    assert len(flags) == 1
+
+
+def test_a_slow_node_is_named_within_a_bounded_number_of_reports() -> None:
+    assert compute_s("step 10 compute=0.031") == pytest.approx(0.031)
+    assert compute_s("compute_ms=31.5") == pytest.approx(0.0315)
+    rng = random.Random(7)
+    named = []
+    watch = StragglerWatch(["node-0", "node-1", "node-2"], fraction=0.5, patience=3,
+                           on_slow=named.append)
+    for step in range(40):
+        for node in ("node-0", "node-1", "node-2"):
+            base = 0.10 if node != "node-2" or step < 20 else 0.25  # node-2 slowed at step 20
+            watch.feed(node, f"step {step} compute={base * rng.uniform(0.9, 1.1):.4f}")
+        if named:
+            break
+    assert [s.node for s in named] == ["node-2"]
+    assert 20 <= step <= 20 + 3 + 5  # patience + the window's median catching up
+    assert "node-2 is slow" in str(named[0])
+    watch.forget("node-2")
+    assert watch.named == []
+
+
+def test_noise_alone_names_nobody() -> None:
+    rng = random.Random(3)
+    watch = StragglerWatch(["node-0", "node-1"], fraction=0.5, patience=3)
+    for step in range(200):
+        for node in ("node-0", "node-1"):
+            watch.feed(node, f"compute={0.1 * rng.uniform(0.7, 1.3):.4f}")
+    assert watch.named == []
