@@ -52,7 +52,7 @@ def whole(path: str) -> bool:
                 header = json.loads(fh.read(n))
                 end = max((v["data_offsets"][1] for k, v in header.items()
                            if k != "__metadata__"), default=0)
-                return os.path.getsize(path) >= 8 + n + end
+                return bool(os.path.getsize(path) >= 8 + n + end)
     except (OSError, ValueError, KeyError, TypeError, struct.error):
         return False
     return True
