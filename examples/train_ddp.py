@@ -51,6 +51,11 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--fail-once-at-step", type=int, default=-1,
                    help="raise on rank 0, first attempt only (testing recovery)")
     p.add_argument("--sleep", type=float, default=0.0, help="seconds per step (testing)")
+    p.add_argument("--compute-every", type=int, default=0,
+                   help="every N steps each rank prints `step S compute=SECONDS` (its forward "
+                        "pass, which waits for no other rank: how mgpu-cloud tells a slow node)")
+    p.add_argument("--ignore-checkpoint", action="store_true",
+                   help="start at step 0 even with a checkpoint there (testing the resume check)")
     return p.parse_args()
 
 
@@ -73,10 +78,11 @@ def latest_checkpoint() -> str | None:
 def save_checkpoint(model: DDP, opt: torch.optim.Optimizer, step: int) -> None:
     os.makedirs(CKPT_DIR, exist_ok=True)
     path = os.path.join(CKPT_DIR, f"step_{step:06d}.pt")
+    began = time.time()
     torch.save({"model": model.module.state_dict(), "opt": opt.state_dict(), "step": step},
                path + ".tmp")
     os.replace(path + ".tmp", path)  # a reader never sees half a file
-    say(f"checkpoint saved: step {step} -> {path}")
+    say(f"checkpoint saved: step {step} -> {path} ({time.time() - began:.3f} s)")
 
 
 def main() -> None:
@@ -102,7 +108,7 @@ def main() -> None:
     gen = torch.Generator().manual_seed(1000 + rank)  # each rank its own shard of the data
 
     start = 0
-    latest = latest_checkpoint()
+    latest = None if args.ignore_checkpoint else latest_checkpoint()
     if latest:  # every rank loads it (mgpu-cloud put the folder on every node)
         state = torch.load(latest, map_location=device)
         model.module.load_state_dict(state["model"])
@@ -119,10 +125,14 @@ def main() -> None:
         x = torch.randn(args.batch_size, 16, generator=gen)
         y = x @ true_w + 0.01 * torch.randn(args.batch_size, 1, generator=gen)
         x, y = x.to(device), y.to(device)
+        began = time.perf_counter()
         loss = nn.functional.mse_loss(model(x), y)
+        forward_s = time.perf_counter() - began  # no collective in it: this rank's own speed
         opt.zero_grad()
         loss.backward()
         opt.step()
+        if args.compute_every and step % args.compute_every == 0:
+            say(f"step {step} compute={forward_s:.4f}")
         if rank == 0 and (step == args.fail_at_step
                           or (step == args.fail_once_at_step and RESTART == 0)):
             raise RuntimeError(f"failing on purpose at step {step}")
