@@ -28,6 +28,7 @@ REGISTRY: dict[str, str] = {
     "gcp": "provision.cluster.providers.gcp",
     "ssh": "provision.cluster.providers.ssh",
     "slurm": "provision.cluster.providers.slurm",
+    "k8s": "provision.cluster.providers.k8s",
 }
 DEFAULT_PROVIDER = "docker"
 

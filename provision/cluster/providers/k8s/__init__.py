@@ -1,0 +1,31 @@
+"""Kubernetes provider: each node is a pod (all of a machine's GPUs), made as one JobSet when
+the cluster serves jobset.x-k8s.io, as plain pods + a headless Service otherwise.
+
+Cheap to import (the CLI reads INFO at start-up): the kubernetes client is imported only when
+used. docs/kubernetes.md says what was run against a real cluster and what only against the
+stand-in in tests/providers/k8s/.
+"""
+
+from provision.model.registry import Flag, ProviderInfo
+
+INFO = ProviderInfo(
+    name="k8s",
+    summary="pods on a Kubernetes cluster (JobSet or plain pods; Kueue queues)",
+    options="provision.cluster.providers.k8s.options:K8sOptions",
+    implementation="provision.cluster.providers.k8s.provider:K8sProvider",
+    # Quota in a shared cluster, not dollars this tool could show (like slurm).
+    costs_money=False,
+    connector="provision.cluster.providers.k8s.transport:connector",
+    flags=(
+        Flag("--namespace", "namespace", help="Kubernetes namespace (default: default)", gc=True),
+        Flag("--context", "context", help="kubeconfig context (default: the current one)",
+             gc=True),
+        Flag("--queue", "queue", help="Kueue LocalQueue: made suspended, waits to be admitted"),
+        Flag("--pod-image", "image",
+             help="the pods' image: sshd + python3.11 (default: $MGPU_CLOUD_K8S_IMAGE)"),
+        Flag("--k8s-api", "api", help="auto (JobSet when installed) | jobset | pods"),
+        Flag("--fabric", "fabric", help="none | efa (EKS) | tcpx | tcpxo (GKE)"),
+        Flag("--topology", "topology",
+             help="Kueue TAS level the pods must share, e.g. cloud.google.com/gce-topology-block"),
+    ),
+)

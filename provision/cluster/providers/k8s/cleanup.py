@@ -1,0 +1,156 @@
+"""Deleting a cluster's objects: only what the API shows with the cluster's label, checked
+at the source (the list is by label selector; a recorded object is looked up and its label
+read before it is deleted). `down` waits until no labelled pod is left, so nothing of the
+cluster runs once it returns.
+
+    kinds   JobSet (with its Jobs, pods and Service: foreground), Pod, Service, Secret
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from provision.cluster.providers.k8s.client import (
+    JOBSET_GROUP,
+    Kube,
+    is_not_found,
+    jobsets,
+    status_of,
+)
+from provision.cluster.providers.k8s.pods import POLL_S, selector
+from provision.model.inventory import CLUSTER_TAG
+
+GONE_TIMEOUT_S = 180.0
+KINDS = ("k8s-jobset", "k8s-pod", "k8s-service", "k8s-secret")
+
+
+@dataclass
+class Found:
+    kind: str  # k8s-jobset | k8s-pod | k8s-service | k8s-secret
+    name: str
+    uid: str
+    cluster: str  # its label's value
+
+
+@dataclass
+class Outcome:
+    deleted: list[Found] = field(default_factory=list)
+    refused: list[str] = field(default_factory=list)  # recorded, but not the cluster's
+    failures: list[str] = field(default_factory=list)
+
+
+def _meta(obj: Any) -> tuple[str, str, dict[str, str]]:
+    if isinstance(obj, dict):
+        m = obj.get("metadata") or {}
+        return m.get("name", ""), m.get("uid", ""), m.get("labels") or {}
+    return obj.metadata.name, obj.metadata.uid, obj.metadata.labels or {}
+
+
+def _lister(k: Kube, kind: str) -> Callable[..., Any]:
+    listers: dict[str, Callable[..., Any]] = {"k8s-pod": k.core.list_namespaced_pod, "k8s-service": k.core.list_namespaced_service,
+            "k8s-secret": k.core.list_namespaced_secret}
+    return listers[kind]
+
+
+def labelled(k: Kube, label_selector: str, groups: set[str] | None = None) -> list[Found]:
+    """Every object of KINDS in the namespace matching the selector (JobSets only where the
+    server serves them)."""
+    out: list[Found] = []
+    for kind in KINDS:
+        if kind == "k8s-jobset":
+            if groups is not None and JOBSET_GROUP not in groups:
+                continue
+            try:
+                items = k.custom.list_namespaced_custom_object(
+                    *jobsets(k), label_selector=label_selector).get("items", [])
+            except Exception as exc:
+                if is_not_found(exc):  # the API is not installed
+                    continue
+                raise
+        else:
+            items = _lister(k, kind)(k.namespace, label_selector=label_selector).items
+        for obj in items:
+            name, uid, labels = _meta(obj)
+            out.append(Found(kind, name, uid, labels.get(CLUSTER_TAG, "")))
+    return out
+
+
+def delete(k: Kube, found: Found) -> None:
+    """Delete one object; NotFound is success."""
+    from kubernetes import client
+
+    try:
+        if found.kind == "k8s-jobset":
+            k.custom.delete_namespaced_custom_object(
+                *jobsets(k), found.name, propagation_policy="Foreground")
+            return
+        body = client.V1DeleteOptions(propagation_policy="Background")
+        {"k8s-pod": k.core.delete_namespaced_pod,
+         "k8s-service": k.core.delete_namespaced_service,
+         "k8s-secret": k.core.delete_namespaced_secret}[found.kind](
+            found.name, k.namespace, body=body)
+    except Exception as exc:
+        if not is_not_found(exc):
+            raise
+
+
+def read_labels(k: Kube, kind: str, name: str) -> dict[str, str] | None:
+    """The labels of a recorded object as the API has it now; None when it is gone."""
+    try:
+        if kind == "k8s-jobset":
+            return _meta(k.custom.get_namespaced_custom_object(*jobsets(k), name))[2]
+        reader = {"k8s-pod": k.core.read_namespaced_pod,
+                  "k8s-service": k.core.read_namespaced_service,
+                  "k8s-secret": k.core.read_namespaced_secret}[kind]
+        return _meta(reader(name, k.namespace))[2]
+    except Exception as exc:
+        if is_not_found(exc):
+            return None
+        raise
+
+
+def delete_cluster(k: Kube, cluster: str, recorded: list[tuple[str, str]],
+                   groups: set[str] | None) -> Outcome:
+    """Everything labelled with `cluster`, plus what the inventory records (kind, name) if
+    the API still labels it so; a recorded object without the label is refused by name and
+    left alone. Then waits until no labelled pod is left (bounded)."""
+    out = Outcome()
+    targets = labelled(k, selector(cluster), groups)
+    names = {(f.kind, f.name) for f in targets}
+    for kind, name in recorded:
+        if (kind, name) in names or kind not in KINDS:
+            continue
+        have = read_labels(k, kind, name)
+        if have is None:
+            continue
+        if have.get(CLUSTER_TAG) != cluster:
+            out.refused.append(f"{kind} {name} is not labelled {CLUSTER_TAG}={cluster}: "
+                               "left as it is")
+            continue
+        targets.append(Found(kind, name, "", cluster))
+    for found in targets:  # JobSets first (KINDS order): their pods go with them
+        try:
+            delete(k, found)
+            out.deleted.append(found)
+        except Exception as exc:  # noqa: BLE001 - every object is tried, failures reported
+            status, reason, message = status_of(exc)
+            out.failures.append(f"{found.kind} {found.name}: HTTP {status} {reason} {message}")
+    wait_pods_gone(k, cluster, out)
+    return out
+
+
+def wait_pods_gone(k: Kube, cluster: str, out: Outcome,
+                   timeout_s: float = GONE_TIMEOUT_S) -> None:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        left = k.core.list_namespaced_pod(k.namespace, label_selector=selector(cluster)).items
+        if not left:
+            return
+        if time.monotonic() > deadline:
+            out.failures.append("pods still terminating after "
+                                f"{timeout_s:.0f} s: {', '.join(p.metadata.name for p in left)}")
+            return
+        time.sleep(POLL_S / 4)

@@ -1,0 +1,139 @@
+"""The Kubernetes API as this provider uses it: the real `kubernetes` client, configured from
+the user's kubeconfig ($KUBECONFIG, else ~/.kube/config) and context, and the ONE boundary
+where its errors become MgpuErrors (by HTTP status and the Status object's `reason`, never by
+message text).
+
+    401          ProviderUnavailableError  the kubeconfig's credentials are refused
+    403 Forbidden ProviderUnavailableError  naming the verb and resource the Role lacks
+    404 NotFound  ProvisionError            (callers that expect it catch ApiException first)
+    409 AlreadyExists  ClusterExistsError
+    422 Invalid   UserInputError            quoting the field the API refused
+    0 / refused   ProviderUnavailableError  the API server is not reachable
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass
+from functools import cache
+from typing import Any
+
+from provision.model.errors import (
+    ClusterExistsError,
+    MgpuError,
+    ProviderUnavailableError,
+    ProvisionError,
+    UserInputError,
+)
+
+JOBSET_GROUP, JOBSET_VERSION, JOBSETS = "jobset.x-k8s.io", "v1alpha2", "jobsets"
+KUEUE_GROUP, KUEUE_VERSION = "kueue.x-k8s.io", "v1beta1"
+
+
+@dataclass(frozen=True)
+class Kube:
+    """The API groups this provider calls, on one configured ApiClient."""
+
+    api: Any  # kubernetes.client.ApiClient
+    core: Any  # CoreV1Api
+    custom: Any  # CustomObjectsApi
+    namespace: str
+
+
+@cache
+def _api_client(kubeconfig: str, context: str | None) -> Any:
+    from kubernetes import config
+    from kubernetes.config.config_exception import ConfigException
+
+    try:
+        return config.new_client_from_config(config_file=kubeconfig or None, context=context,
+                                             persist_config=False)
+    except (ConfigException, OSError) as exc:
+        where = kubeconfig or "~/.kube/config"
+        raise ProviderUnavailableError(
+            f"no usable kubeconfig context{f' {context!r}' if context else ''} in {where} "
+            f"({exc})",
+            hint="point KUBECONFIG at your cluster's kubeconfig (kubectl config view must show "
+                 "it), or pass --context NAME") from None
+
+
+def kube(namespace: str, context: str | None) -> Kube:
+    """The client for `namespace` through the kubeconfig's `context` (None: its current)."""
+    from kubernetes import client
+
+    api = _api_client(os.environ.get("KUBECONFIG", ""), context)
+    return Kube(api=api, core=client.CoreV1Api(api), custom=client.CustomObjectsApi(api),
+                namespace=namespace)
+
+
+def status_of(exc: Any) -> tuple[int, str, str]:
+    """(HTTP status, Status reason, Status message) of an ApiException."""
+    reason, message = str(getattr(exc, "reason", "") or ""), ""
+    with contextlib.suppress(ValueError, TypeError):
+        body = json.loads(getattr(exc, "body", None) or "{}")
+        reason = body.get("reason") or reason
+        message = body.get("message") or ""
+    return int(getattr(exc, "status", 0) or 0), reason, message
+
+
+def is_not_found(exc: BaseException) -> bool:
+    from kubernetes.client.exceptions import ApiException
+
+    return isinstance(exc, ApiException) and exc.status == 404
+
+
+def translate(action: str, exc: Any, *, planning: bool = False) -> MgpuError:
+    status, reason, message = status_of(exc)
+    said = message or reason or str(exc)
+    if status == 0:
+        return ProviderUnavailableError(
+            f"{action}: the Kubernetes API server is not reachable ({said})",
+            hint="check KUBECONFIG / --context and that `kubectl get pods` answers")
+    if status == 401:
+        return ProviderUnavailableError(f"{action}: the API server refused the kubeconfig's "
+                                        f"credentials ({said})",
+                                        hint="log in again (your cloud's get-credentials)")
+    if status == 403:
+        return ProviderUnavailableError(
+            f"{action}: forbidden: {said}",
+            hint="ask for the Role in docs/kubernetes.md in this namespace")
+    if status == 409:
+        return ClusterExistsError(f"{action}: {said}",
+                                  hint="`mgpu-cloud gc --provider k8s` lists labelled leftovers")
+    if status == 422 or (planning and status == 400):
+        return UserInputError(f"{action}: the API server refused a manifest: {said}")
+    return ProvisionError(f"{action} failed: HTTP {status} {reason}: {said}")
+
+
+@contextlib.contextmanager
+def map_errors(action: str, *, planning: bool = False) -> Iterator[None]:
+    """The one boundary: kubernetes client and urllib3 errors inside become MgpuErrors."""
+    import urllib3.exceptions
+    from kubernetes.client.exceptions import ApiException, ApiValueError
+
+    try:
+        yield
+    except ApiException as exc:
+        raise translate(action, exc, planning=planning) from exc
+    except ApiValueError as exc:
+        raise UserInputError(f"{action}: {exc}") from exc
+    except (urllib3.exceptions.HTTPError, ConnectionError) as exc:
+        raise ProviderUnavailableError(
+            f"{action}: the Kubernetes API server is not reachable ({exc})",
+            hint="check KUBECONFIG / --context and that `kubectl get pods` answers") from exc
+
+
+def served_groups(k: Kube) -> set[str]:
+    """The API groups the server serves (discovery: GET /apis)."""
+    from kubernetes import client
+
+    groups = client.ApisApi(k.api).get_api_versions().groups or []
+    return {g.name for g in groups}
+
+
+def jobsets(k: Kube) -> tuple[str, str, str, str]:
+    """(group, version, namespace, plural) for CustomObjectsApi calls on JobSets."""
+    return JOBSET_GROUP, JOBSET_VERSION, k.namespace, JOBSETS

@@ -1,0 +1,108 @@
+"""The k8s provider's typed plan: the request, and the manifests it renders, shown by
+`--dry-run` (the Secret's keys as placeholders: they are made by `up`, never printed)."""
+
+from __future__ import annotations
+
+import re
+
+from provision.cluster.providers.k8s.client import JOBSET_GROUP, KUEUE_GROUP
+from provision.cluster.providers.k8s.manifests import hostname, placeholder_manifests
+from provision.cluster.providers.k8s.options import IMAGE_ENV, K8sOptions
+from provision.cluster.providers.k8s.request import K8sRequest
+from provision.model.errors import UserInputError
+from provision.model.plan import Plan, PlannedResource
+from provision.model.spec import ClusterSpec
+
+MODE_WORDS = {
+    "jobset": "JobSet (jobset.x-k8s.io/v1alpha2): one Indexed Job of N pods; its headless "
+              "Service names them",
+    "pods": "plain pods + a headless Service (the cluster serves no jobset.x-k8s.io)",
+}
+_DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+
+
+class K8sPlan(Plan):
+    request: K8sRequest
+
+    def render(self) -> str:
+        import yaml
+
+        docs = yaml.safe_dump_all(placeholder_manifests(self.request), sort_keys=False,
+                                  default_flow_style=False)
+        body = "\n".join("    " + line for line in docs.rstrip().splitlines())
+        return (f"{super().render()}\n  manifests ({MODE_WORDS[self.request.mode]}):\n{body}")
+
+
+def choose_mode(opts: K8sOptions, groups: set[str] | None) -> str:
+    """jobset | pods from --k8s-api and what the server serves (None: not asked)."""
+    if opts.api == "pods":
+        if opts.queue:
+            raise UserInputError(
+                "--queue needs the JobSet API (Kueue admits a JobSet as one unit; plain pods "
+                "would need its pod-group integration, which this provider does not make)",
+                hint="drop --k8s-api pods, or drop --queue")
+        return "pods"
+    if groups is None:
+        return "jobset"  # not asked (the API is unreachable): what most clusters serve
+    if JOBSET_GROUP in groups:
+        return "jobset"
+    if opts.api == "jobset" or opts.queue:
+        raise UserInputError(
+            f"this cluster serves no {JOBSET_GROUP} API (JobSet is not installed)"
+            + (" and --queue needs it" if opts.queue else ""),
+            hint="install JobSet (kubernetes-sigs/jobset), or use --k8s-api pods without --queue")
+    return "pods"
+
+
+def check_names(spec: ClusterSpec) -> None:
+    longest = hostname(spec.name, spec.nodes - 1)
+    if len(longest) > 63 or not _DNS_LABEL.match(longest):
+        raise UserInputError(
+            f"cluster name {spec.name!r} makes the pod hostname {longest!r}, which is not a "
+            "DNS label (a-z, 0-9, '-', at most 63 characters)",
+            hint="pick a shorter lower-case --name")
+
+
+def build_request(spec: ClusterSpec, mode: str) -> K8sRequest:
+    opts = spec.options_as(K8sOptions)
+    if not opts.image:
+        raise UserInputError(
+            "the pods' image is not set",
+            hint=f"--pod-image IMAGE (or {IMAGE_ENV}): an image with sshd and python3 >= 3.11 "
+                 "that the cluster can pull, e.g. the docker provider's node image pushed to "
+                 "your registry")
+    if opts.topology and not opts.queue:
+        raise UserInputError("--topology is Kueue's Topology-Aware Scheduling: it needs --queue",
+                             hint="add --queue LOCALQUEUE, or use k8s.placement KEY=VALUE")
+    return K8sRequest(
+        cluster=spec.name, namespace=opts.namespace, context=opts.context,
+        mode=mode,
+        nodes=spec.nodes, gpus=spec.gpus_per_node or 0,
+        slots=spec.gpus_per_node or opts.cpu_slots, image=opts.image, queue=opts.queue,
+        deadline_s=int(spec.max_hours * 3600) if spec.max_hours else None,
+        fabric=opts.fabric, efa_devices=opts.efa_devices, topology=opts.topology,
+        placement=opts.placement)
+
+
+def build_plan(spec: ClusterSpec, groups: set[str] | None, unresolved: list[str]) -> K8sPlan:
+    """Pure: the plan from the spec and the API groups the server serves."""
+    check_names(spec)
+    opts = spec.options_as(K8sOptions)
+    request = build_request(spec, choose_mode(opts, groups))
+    if opts.queue and groups is not None and KUEUE_GROUP not in groups:
+        raise UserInputError(f"--queue {opts.queue}: this cluster serves no {KUEUE_GROUP} API "
+                             "(Kueue is not installed)", hint="drop --queue")
+    resources = [PlannedResource(kind=m["kind"], name=m["metadata"]["name"],
+                                 details={"namespace": request.namespace})
+                 for m in placeholder_manifests(request)]
+    notes = [f"API: {MODE_WORDS[request.mode]}",
+             "nodes reached over SSH to each pod's sshd through the API server's port-forward"]
+    if request.queue:
+        notes.append(f"created suspended in Kueue queue {request.queue}; `up` waits until "
+                     "it is admitted")
+    if request.deadline_s:
+        notes.append(f"activeDeadlineSeconds {request.deadline_s}: the API ends the pods "
+                     "after max_hours")
+    return K8sPlan(provider="k8s", cluster=spec.name, nodes=spec.nodes,
+                   slots_per_node=request.slots, resources=resources, notes=notes,
+                   max_hours=spec.max_hours, unresolved=unresolved, request=request)

@@ -1,0 +1,288 @@
+"""Kubernetes provider: the cluster is a JobSet (or plain pods + a headless Service) in the
+user's namespace, every object labelled mgpu-cloud-cluster=NAME; the nodes are its pods,
+reached over SSH to their sshd through the API server's port-forward (transport.py).
+
+    plan     discovery (is jobset.x-k8s.io / kueue.x-k8s.io served?), the LocalQueue of
+             --queue, leftovers of a cluster of that name; the manifests (plan.py)
+    create   Secret (host keys), then the JobSet or the Service and pods, each recorded the
+             moment the API answers; with --queue: waits for Kueue's admission, saying the
+             queue's reason; then for every pod to run
+    destroy  every labelled object (cleanup.py), then until no labelled pod is left
+    replace  a lost pod alone: JobSet: the Job controller makes the new pod at that index
+             (the old one deleted if still there); plain pods: the pod made again
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from contextlib import AbstractContextManager
+from typing import Any
+
+from provision.cluster.providers.contract import Recoverable
+from provision.cluster.providers.k8s.cleanup import KINDS, delete, delete_cluster, labelled
+from provision.cluster.providers.k8s.client import (
+    KUEUE_GROUP,
+    KUEUE_VERSION,
+    Kube,
+    is_not_found,
+    jobsets,
+    kube,
+    map_errors,
+    served_groups,
+)
+from provision.cluster.providers.k8s.manifests import cluster_manifests, plain_pod
+from provision.cluster.providers.k8s.options import K8sOptions
+from provision.cluster.providers.k8s.plan import K8sPlan, build_plan
+from provision.cluster.providers.k8s.pods import selector, wait_admitted, wait_running
+from provision.cluster.providers.k8s.request import K8sRequest
+from provision.model.errors import (
+    ClusterExistsError,
+    MgpuError,
+    ProviderUnavailableError,
+    TeardownError,
+    UserInputError,
+)
+from provision.model.inventory import (
+    CLUSTER_TAG,
+    Inventory,
+    InventoryStore,
+    NodeRecord,
+    ResourceRecord,
+)
+from provision.model.spec import ClusterSpec
+from provision.model.timeline import reached
+
+log = logging.getLogger("mgpu_cloud")
+
+
+def _say(msg: str) -> None:
+    log.info(msg)
+
+
+class K8sProvider(Recoverable[K8sPlan]):
+    name = "k8s"
+
+    def plan_class(self) -> type[K8sPlan]:
+        return K8sPlan
+
+    def errors(self, action: str, *, planning: bool = False) -> AbstractContextManager[Any]:
+        return map_errors(action, planning=planning)
+
+    def _plan(self, spec: ClusterSpec) -> K8sPlan:
+        opts = spec.options_as(K8sOptions)
+        k = kube(opts.namespace, opts.context)
+        try:
+            with map_errors("asking the API server which APIs it serves"):
+                groups: set[str] | None = served_groups(k)
+        except ProviderUnavailableError as exc:
+            groups = None
+            unresolved = [exc.message]
+        else:
+            unresolved = []
+        plan = build_plan(spec, groups, unresolved)
+        if groups is not None:
+            _refuse_leftovers(k, spec.name, groups)
+            if opts.queue:
+                _check_queue(k, opts.queue)
+        return plan
+
+    def _create(self, spec: ClusterSpec, plan: K8sPlan, inv: Inventory,
+                store: InventoryStore) -> None:
+        from provision.model.keys import ensure_cluster_key, generate_ed25519, host_key_only
+
+        req = plan.request
+        k = kube(req.namespace, req.context)
+        key_path, public_key = ensure_cluster_key(store.keys_dir(spec.name))
+        host = [generate_ed25519(f"node-{r}") for r in range(req.nodes)]
+        inv.key_path = str(key_path)
+        store.save(inv)
+        for manifest in cluster_manifests(req, [h.private_openssh for h in host], public_key):
+            _record(inv, store, req, create_object(k, manifest))
+        if req.mode == "jobset" and req.queue:
+            waited = wait_admitted(k, req.cluster, req.queue, _opts(spec).queue_timeout_s, _say)
+            reached(inv, "admitted by the queue", part_of="create call",
+                    detail=f"{waited:.1f} s in {req.queue}")
+        pods = wait_running(k, req.cluster, set(range(req.nodes)), _opts(spec).ready_timeout_s,
+                            _say)
+        inv.nodes = [node_record(req, rank, pods[rank], host_key_only(host[rank].public_openssh))
+                     for rank in range(req.nodes)]
+        inv.manage_etc_hosts = True  # node-R -> its pod IP (bootstrap; refreshed on replace)
+        reached(inv, "nodes running", part_of="create call", detail=f"{len(inv.nodes)} pod(s)")
+        store.save(inv)
+
+    # --- recovery ---------------------------------------------------------------------------
+    def _node_alive(self, inv: Inventory, node: NodeRecord) -> bool:
+        """False when the node's pod is gone, failed, being deleted, or another pod now."""
+        req = _request(inv)
+        k = kube(req.namespace, req.context)
+        try:
+            pod = k.core.read_namespaced_pod(node.address, req.namespace)
+        except Exception as exc:
+            if is_not_found(exc):
+                return False
+            raise
+        return bool(pod.metadata.uid == node.resource_id and pod.status.phase == "Running"
+                    and pod.metadata.deletion_timestamp is None)
+
+    def _replace(self, inv: Inventory, store: InventoryStore, node: NodeRecord) -> NodeRecord:
+        """The lost pod alone. JobSet: its Job makes a new pod at that index once the old one
+        is gone; plain pods: the same manifest again. Same host key (the pod at index R reads
+        host-key-R), a new pod IP (recovery's refresh_peers rewrites /etc/hosts)."""
+        from provision.cluster.providers.lifetime import remaining_seconds
+
+        req = _request(inv)
+        k = kube(req.namespace, req.context)
+        old = node.resource_id or ""
+        timeout = _opts(inv.spec).ready_timeout_s if inv.spec else 600.0
+        if inv.spec is not None and inv.spec.max_hours:
+            timeout = min(timeout, max(1, remaining_seconds(inv, inv.spec.max_hours)))
+        _delete_if_ours(k, req.cluster, node.address)
+        if req.mode == "pods":
+            _wait_name_free(k, node.address)
+            store.forget(inv, "k8s-pod", old)
+            _record(inv, store, req, create_object(k, plain_pod(req, node.rank)))
+        pod = wait_running(k, req.cluster, {node.rank}, timeout, _say,
+                           exclude=frozenset({old}))[node.rank]
+        new = node_record(req, node.rank, pod, node.host_key or "")
+        inv.nodes = [new if n.rank == node.rank else n for n in inv.nodes]
+        store.save(inv)
+        return new
+
+    # --- teardown ---------------------------------------------------------------------------
+    def _destroy(self, inv: Inventory, store: InventoryStore) -> None:
+        if inv.spec is None or not isinstance(getattr(inv.spec, "k8s", None), K8sOptions):
+            raise TeardownError(f"cluster {inv.name!r}: its inventory has no k8s options")
+        opts = _opts(inv.spec)
+        k = kube(opts.namespace, opts.context)
+        recorded = [(r.kind, r.name or "") for r in inv.resources if r.kind in KINDS]
+        groups = _groups_or_none(k)
+        out = delete_cluster(k, inv.name, recorded, groups)
+        for r in list(inv.resources):
+            if r.kind in KINDS:
+                store.forget(inv, r.kind, r.id)
+        problems = out.failures + out.refused
+        if out.failures:
+            raise TeardownError(f"cluster {inv.name!r}: not every object was deleted: "
+                                + "; ".join(problems),
+                                hint=f"retry: mgpu-cloud down {inv.name}")
+        for why in out.refused:
+            _say(f"k8s: {why}")
+
+    def _orphans(self, spec: ClusterSpec, known: set[str]) -> list[ResourceRecord]:
+        opts = _opts(spec)
+        k = kube(opts.namespace, opts.context)
+        return [ResourceRecord(kind=f.kind, id=f.uid, name=f.name,
+                               extra={"cluster": f.cluster, "namespace": opts.namespace})
+                for f in labelled(k, CLUSTER_TAG, _groups_or_none(k)) if f.cluster not in known]
+
+    def _delete_orphans(self, spec: ClusterSpec, resources: list[ResourceRecord]) -> None:
+        """Each checked again now: deleted only while the API labels it with the cluster
+        `gc` listed it under."""
+        from provision.cluster.providers.k8s.cleanup import Found, read_labels
+
+        opts = _opts(spec)
+        k = kube(opts.namespace, opts.context)
+        for r in resources:
+            owner = r.extra.get("cluster", "")
+            have = read_labels(k, r.kind, r.name or "")
+            if have is not None and have.get(CLUSTER_TAG) == owner and owner:
+                delete(k, Found(r.kind, r.name or "", r.id, owner))
+
+
+def _opts(spec: ClusterSpec | None) -> K8sOptions:
+    if spec is None:
+        raise TeardownError("the inventory has no spec")
+    return spec.options_as(K8sOptions)
+
+
+def _request(inv: Inventory) -> K8sRequest:
+    """The request the cluster was made from: its spec, and the mode its records name."""
+    from provision.cluster.providers.k8s.plan import build_request
+
+    mode = next((r.extra["mode"] for r in inv.resources if r.kind in KINDS
+                 and "mode" in r.extra), None)
+    if inv.spec is None or mode is None:
+        raise MgpuError(f"cluster {inv.name!r}: its inventory holds no k8s spec or records",
+                        hint=f"remove it with `mgpu-cloud down {inv.name}`")
+    return build_request(inv.spec, mode)
+
+
+def _groups_or_none(k: Kube) -> set[str] | None:
+    try:
+        return served_groups(k)
+    except Exception:  # noqa: BLE001 - then every kind is tried (a 404 skips JobSets)
+        return None
+
+
+def _record(inv: Inventory, store: InventoryStore, req: K8sRequest, created: dict[str, Any]
+            ) -> None:
+    meta = created["metadata"]
+    kind = "k8s-" + created["kind"].lower()
+    store.record(inv, ResourceRecord(kind=kind, id=meta["uid"], name=meta["name"],
+                                     extra={"namespace": req.namespace, "mode": req.mode}))
+
+
+def create_object(k: Kube, manifest: dict[str, Any]) -> dict[str, Any]:
+    """POST one manifest; the object as the API answered it (a dict)."""
+    ns, kind = k.namespace, manifest["kind"]
+    if kind == "JobSet":
+        created: Any = k.custom.create_namespaced_custom_object(*jobsets(k), manifest)
+        return dict(created)
+    create = {"Secret": k.core.create_namespaced_secret, "Pod": k.core.create_namespaced_pod,
+              "Service": k.core.create_namespaced_service}[kind]
+    obj = create(ns, manifest)
+    return {"kind": kind, **k.api.sanitize_for_serialization(obj)}
+
+
+def node_record(req: K8sRequest, rank: int, pod: Any, host_key: str) -> NodeRecord:
+    return NodeRecord(name=f"node-{rank}", rank=rank, address=pod.metadata.name, port=22,
+                      private_address=pod.status.pod_ip, user="root", slots=req.slots,
+                      host_key=host_key, resource_id=pod.metadata.uid)
+
+
+def _refuse_leftovers(k: Kube, name: str, groups: set[str]) -> None:
+    found = labelled(k, selector(name), groups)
+    if found:
+        names = ", ".join(f"{f.kind.removeprefix('k8s-')}/{f.name}" for f in found)
+        raise ClusterExistsError(
+            f"namespace {k.namespace} already has objects of a cluster named {name!r} that no "
+            f"inventory here knows: {names}",
+            hint=f"kubectl delete -n {k.namespace} -l {selector(name)} "
+                 "jobsets,pods,services,secrets (`mgpu-cloud gc --provider k8s` lists every "
+                 "such leftover), or pick another --name")
+
+
+def _check_queue(k: Kube, queue: str) -> None:
+    try:
+        k.custom.get_namespaced_custom_object(KUEUE_GROUP, KUEUE_VERSION, k.namespace,
+                                              "localqueues", queue)
+    except Exception as exc:
+        if is_not_found(exc):
+            raise UserInputError(f"namespace {k.namespace} has no Kueue LocalQueue {queue!r}",
+                                 hint=f"kubectl get localqueues -n {k.namespace}") from None
+        raise
+
+
+def _delete_if_ours(k: Kube, cluster: str, pod_name: str) -> None:
+    from provision.cluster.providers.k8s.cleanup import Found, read_labels
+
+    have = read_labels(k, "k8s-pod", pod_name)
+    if have is not None and have.get(CLUSTER_TAG) == cluster:
+        delete(k, Found("k8s-pod", pod_name, "", cluster))
+
+
+def _wait_name_free(k: Kube, pod_name: str, timeout_s: float = 120.0) -> None:
+    """A plain pod is made again under its name: once the old one is gone."""
+    from provision.cluster.providers.k8s.pods import POLL_S
+
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            k.core.read_namespaced_pod(pod_name, k.namespace)
+        except Exception as exc:
+            if is_not_found(exc):
+                return
+            raise
+        time.sleep(POLL_S / 4)
+    raise TeardownError(f"pod {pod_name} is still terminating after {timeout_s:.0f} s")

@@ -1,0 +1,52 @@
+"""The whole stand-in cluster for a test: API server, kubelet (noop or docker), the JobSet
+controller and Kueue, a kubeconfig, and the variables a provider process needs."""
+
+from __future__ import annotations
+
+import uuid
+from pathlib import Path
+from typing import Any
+
+from standin_api import ApiServer
+from standin_controllers import JobSetController, KueueStandin
+from standin_kubelet import DockerKubelet, NoopKubelet
+
+
+class Standin:
+    def __init__(self, folder: Path, *, docker: bool = False, image: str = "standin/node:1",
+                 groups: tuple[str, ...] = ("jobset.x-k8s.io", "kueue.x-k8s.io")) -> None:
+        self.api = ApiServer(groups)
+        self.sid = uuid.uuid4().hex[:8]
+        self.kubelet: Any = (DockerKubelet(self.api, f"mgpu-k8s-{self.sid}", self.sid) if docker
+                             else NoopKubelet(self.api))
+        self.jobsets = JobSetController(self.api)
+        self.kueue = KueueStandin(self.api)
+        self.api.start()
+        self.kubeconfig = self.api.kubeconfig(folder / f"kubeconfig-{self.sid}")
+        self.image = image
+
+    @property
+    def store(self) -> Any:
+        return self.api.store
+
+    def env(self) -> dict[str, str]:
+        return {"KUBECONFIG": str(self.kubeconfig), "MGPU_CLOUD_K8S_IMAGE": self.image,
+                "MGPU_CLOUD_K8S_POLL_S": "0.1"}
+
+    def add_queue(self, name: str, ns: str = "default") -> None:
+        self.store.create("kueue.x-k8s.io/v1beta1/localqueues", ns, {
+            "metadata": {"name": name}, "spec": {"clusterQueue": "cq"}})
+
+    def labelled(self, cluster: str | None = None) -> list[str]:
+        """Every object carrying the cluster label (of `cluster`, or of any)."""
+        found = []
+        for (res, ns, name), obj in list(self.store.objects.items()):
+            labels = obj["metadata"].get("labels") or {}
+            if ("mgpu-cloud-cluster" in labels and cluster is None) or \
+                    labels.get("mgpu-cloud-cluster") == cluster:
+                found.append(f"{res}/{ns}/{name}")
+        return found
+
+    def stop(self) -> None:
+        self.kubelet.close()
+        self.api.stop()

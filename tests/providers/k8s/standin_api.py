@@ -1,0 +1,280 @@
+"""A small Kubernetes API server for the real `kubernetes` client, over HTTP on 127.0.0.1:
+what the k8s provider uses, nothing more.
+
+    GET  /version /api /apis                         discovery (JobSet/Kueue groups optional)
+    core v1: namespaces/NS/{pods,services,secrets}[/NAME]   create get list watch patch delete
+             namespaces/NS/pods/NAME/log             the kubelet's container log
+             namespaces/NS/pods/NAME/portforward     websocket (standin_ws.py) to the pod's port
+    apis/GROUP/VERSION/namespaces/NS/PLURAL[/NAME]   jobsets, workloads, localqueues
+
+Every create and patch the client sends is judged by the official schemas (k8s_schemas.py):
+a broken manifest gets 422 Invalid and is kept in `violations` (tests fail on any). Every
+request is recorded in `requests`. A bearer token is required (the kubeconfig's).
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from dataclasses import dataclass
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+from urllib.parse import parse_qs, urlsplit
+
+import k8s_schemas
+import standin_ws
+from standin_store import KINDS, ApiError, Store, now
+
+TOKEN = "standin-token"  # noqa: S105 - the stand-in's own
+GROUPS = {"jobset.x-k8s.io": "v1alpha2", "kueue.x-k8s.io": "v1beta1"}
+
+
+@dataclass
+class Seen:
+    method: str
+    path: str
+    body: Any
+
+
+def merge_patch(target: Any, patch: Any) -> Any:
+    if not isinstance(patch, dict):
+        return patch
+    out = dict(target) if isinstance(target, dict) else {}
+    for k, v in patch.items():
+        if v is None:
+            out.pop(k, None)
+        else:
+            out[k] = merge_patch(out.get(k), v)
+    return out
+
+
+class ApiServer:
+    """Start with `start()`; `kubeconfig(path)` writes a kubeconfig for it."""
+
+    def __init__(self, groups: tuple[str, ...] = ("jobset.x-k8s.io", "kueue.x-k8s.io")) -> None:
+        self.store = Store()
+        self.groups = groups
+        self.requests: list[Seen] = []
+        self.violations: list[str] = []
+        self.kubelet: Any = None  # pod address, logs, termination (standin_kubelet.py)
+        self.store.create("namespaces", "", {"metadata": {"name": "default"}})
+        self._server = ThreadingHTTPServer(("127.0.0.1", 0), _handler(self))
+        self._server.daemon_threads = True
+        self.url = f"http://127.0.0.1:{self._server.server_address[1]}"
+
+    def start(self) -> None:
+        threading.Thread(target=self._server.serve_forever, daemon=True).start()
+
+    def stop(self) -> None:
+        self._server.shutdown()
+        self._server.server_close()
+
+    def kubeconfig(self, path: Path, context: str = "standin") -> Path:
+        import yaml
+
+        path.write_text(yaml.safe_dump({
+            "apiVersion": "v1", "kind": "Config", "current-context": context,
+            "clusters": [{"name": "standin", "cluster": {"server": self.url}}],
+            "users": [{"name": "standin", "user": {"token": TOKEN}}],
+            "contexts": [{"name": context, "context": {"cluster": "standin", "user": "standin",
+                                                       "namespace": "default"}}]}))
+        return path
+
+    # --- what the handler calls -------------------------------------------------------------
+    def judge(self, obj: dict[str, Any]) -> None:
+        if obj.get("kind") in ("Workload", "LocalQueue"):  # the tests' own Kueue objects
+            return
+        found = k8s_schemas.problems(obj)
+        if found:
+            self.violations += found
+            raise ApiError(422, "Invalid", f"{obj.get('kind')} is invalid: " + "; ".join(found))
+
+    def delete(self, res: str, ns: str, name: str) -> dict[str, Any]:
+        obj = self.store.get(res, ns, name)
+        if res == "pods" and obj["spec"].get("nodeName") and self.kubelet is not None:
+            if not obj["metadata"].get("deletionTimestamp"):
+                self.store.update(res, ns, name, lambda o: o["metadata"].update(
+                    deletionTimestamp=now()))  # the kubelet ends it, then removes it
+            return obj
+        self.store.remove(res, ns, name)
+        for r, n, child in self.store.owned_by(obj["metadata"]["uid"]):
+            try:
+                self.delete(r, n, child)
+            except ApiError:
+                pass
+        return obj
+
+
+def _route(path: str) -> tuple[str, str | None, str | None, str | None]:
+    """(resource, namespace, name, subresource) of an API path; ApiError 404 otherwise."""
+    parts = [p for p in path.split("/") if p]
+    if parts[:2] == ["api", "v1"]:
+        rest, prefix = parts[2:], ""
+    elif parts[:1] == ["apis"] and len(parts) >= 3:
+        rest, prefix = parts[3:], f"{parts[1]}/{parts[2]}/"
+    else:
+        raise ApiError(404, "NotFound", f"the server could not find {path}")
+    if rest[:1] == ["namespaces"] and len(rest) >= 3:
+        ns, res = rest[1], prefix + rest[2]
+        name = rest[3] if len(rest) > 3 else None
+        sub = rest[4] if len(rest) > 4 else None
+    elif rest[:1] == ["namespaces"] and not prefix:
+        ns, res, name, sub = "", "namespaces", (rest[1] if len(rest) > 1 else None), None
+    else:
+        raise ApiError(404, "NotFound", f"the server could not find {path}")
+    if res not in KINDS:
+        raise ApiError(404, "NotFound", f"the server could not find the requested resource "
+                                        f"({res})")
+    return res, ns, name, sub
+
+
+def _handler(api: ApiServer) -> type[BaseHTTPRequestHandler]:
+    class Handler(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def log_message(self, *args: Any) -> None:
+            return None
+
+        def _send(self, code: int, body: Any, ctype: str = "application/json") -> None:
+            data = body if isinstance(body, bytes) else json.dumps(body).encode()
+            self.send_response(code)
+            self.send_header("Content-Type", ctype)
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        def _body(self) -> Any:
+            n = int(self.headers.get("Content-Length") or 0)
+            return json.loads(self.rfile.read(n)) if n else None
+
+        def _serve(self, method: str) -> None:
+            url = urlsplit(self.path)
+            query = {k: v[-1] for k, v in parse_qs(url.query).items()}
+            body = self._body() if method in ("POST", "PATCH", "PUT", "DELETE") else None
+            api.requests.append(Seen(method, url.path, body))
+            try:
+                if self.headers.get("Authorization") != f"Bearer {TOKEN}":
+                    raise ApiError(401, "Unauthorized", "Unauthorized")
+                self._dispatch(method, url.path, query, body)
+            except ApiError as exc:
+                self._send(exc.code, exc.status())
+
+        def _dispatch(self, method: str, path: str, query: dict[str, str], body: Any) -> None:
+            if path.rstrip("/") in ("/version", "/api", "/apis"):
+                return self._send(200, _discovery(api, path.rstrip("/")))
+            res, ns, name, sub = _route(path)
+            if res.split("/")[0] in GROUPS and res.split("/")[0] not in api.groups:
+                raise ApiError(404, "NotFound", "the server could not find the requested "
+                                                "resource")
+            ns = ns or ""
+            if sub == "log":
+                self.store_get(res, ns, name)
+                text = api.kubelet.logs(ns, name, query) if api.kubelet else ""
+                return self._send(200, text.encode(), "text/plain")
+            if sub == "portforward":
+                pod = self.store_get(res, ns, name)
+                target = api.kubelet.address(pod) if api.kubelet else None
+                return standin_ws.serve_portforward(self, target, query)
+            if method == "GET" and name is None and query.get("watch", "").lower() in ("true", "1"):
+                return _watch(self, api, res, ns, query)
+            self._send(*_crud(api, method, res, ns, name, query, body))
+
+        def store_get(self, res: str, ns: str, name: str | None) -> dict[str, Any]:
+            return api.store.get(res, ns, name or "")
+
+        def do_GET(self) -> None:  # noqa: N802
+            self._serve("GET")
+
+        def do_POST(self) -> None:  # noqa: N802
+            self._serve("POST")
+
+        def do_PATCH(self) -> None:  # noqa: N802
+            self._serve("PATCH")
+
+        def do_PUT(self) -> None:  # noqa: N802
+            self._serve("PUT")
+
+        def do_DELETE(self) -> None:  # noqa: N802
+            self._serve("DELETE")
+
+    return Handler
+
+
+def _discovery(api: ApiServer, path: str) -> dict[str, Any]:
+    if path == "/version":
+        return {"major": "1", "minor": "33", "gitVersion": "v1.33.0-standin"}
+    if path == "/api":
+        return {"kind": "APIVersions", "versions": ["v1"], "serverAddressByClientCIDRs": []}
+    groups = [{"name": g, "versions": [{"groupVersion": f"{g}/{GROUPS[g]}", "version": GROUPS[g]}],
+               "preferredVersion": {"groupVersion": f"{g}/{GROUPS[g]}", "version": GROUPS[g]}}
+              for g in api.groups]
+    return {"kind": "APIGroupList", "apiVersion": "v1", "groups": groups}
+
+
+def _crud(api: ApiServer, method: str, res: str, ns: str, name: str | None,
+          query: dict[str, str], body: Any) -> tuple[int, Any]:
+    store = api.store
+    if method == "POST" and name is None:
+        api.judge(body)
+        return 201, store.create(res, ns, body)
+    if method == "GET" and name is None:
+        api_version, kind = KINDS[res]
+        items = store.list(res, ns if res != "namespaces" else None,
+                           query.get("labelSelector", ""))
+        return 200, {"kind": f"{kind}List", "apiVersion": api_version, "items": items,
+                     "metadata": {"resourceVersion": str(store.rv)}}
+    if name is None:
+        raise ApiError(405, "MethodNotAllowed", f"{method} on a collection")
+    if method == "GET":
+        return 200, store.get(res, ns, name)
+    if method == "DELETE":
+        return 200, api.delete(res, ns, name)
+    if method == "PATCH":
+        current = store.get(res, ns, name)
+        if isinstance(body, list):
+            raise ApiError(415, "UnsupportedMediaType", "json-patch is not served here")
+        patched = merge_patch(current, body)
+        api.judge({k: v for k, v in patched.items() if k != "status"})
+
+        def change(obj: dict[str, Any]) -> None:
+            obj.clear()
+            obj.update(patched)
+
+        return 200, store.update(res, ns, name, change)
+    raise ApiError(405, "MethodNotAllowed", method)
+
+
+def _watch(h: Any, api: ApiServer, res: str, ns: str, query: dict[str, str]) -> None:
+    """Chunked JSON lines: ADDED for what exists (or events after resourceVersion), then
+    events as they come, until timeoutSeconds."""
+    import time
+
+    from standin_store import matches
+
+    selector = query.get("labelSelector", "")
+    deadline = time.monotonic() + float(query.get("timeoutSeconds") or 300)
+    h.send_response(200)
+    h.send_header("Content-Type", "application/json")
+    h.send_header("Transfer-Encoding", "chunked")
+    h.end_headers()
+
+    def chunk(data: bytes) -> None:
+        h.wfile.write(f"{len(data):x}\r\n".encode() + data + b"\r\n")
+        h.wfile.flush()
+
+    with api.store.lock:
+        last = api.store.rv
+        initial = api.store.list(res, ns, selector)
+    try:
+        for obj in initial:
+            chunk(json.dumps({"type": "ADDED", "object": obj}).encode() + b"\n")
+        while (left := deadline - time.monotonic()) > 0:
+            for rv, kind, r, obj in api.store.wait_events(last, min(left, 1.0)):
+                last = rv
+                if r == res and obj["metadata"].get("namespace", "") == ns and \
+                        matches(obj, selector):
+                    chunk(json.dumps({"type": kind, "object": obj}).encode() + b"\n")
+        chunk(b"")
+    except (BrokenPipeError, ConnectionResetError):
+        pass
