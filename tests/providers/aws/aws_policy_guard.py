@@ -209,7 +209,13 @@ class PolicyGuard:
     def _run(self, p: dict[str, Any]) -> list[Need]:
         a = "ec2:RunInstances"
         out: list[Need] = [(a, self.arn("image", p["ImageId"]), {})]
-        for kind in ("instance", "volume", "network-interface"):
+        kinds = ["instance", "volume", "network-interface"]
+        if (p.get("InstanceMarketOptions") or {}).get("MarketType") == "spot":
+            # a spot launch makes a spot-instances-request too ("Actions, resources, and
+            # condition keys for Amazon EC2": RunInstances; Karpenter's reference policy
+            # lists spot-instances-request/* with RunInstances and CreateTags)
+            kinds.append("spot-instances-request")
+        for kind in kinds:
             out += self.created("RunInstances", kind, _tags(p, kind))
         ifaces = p.get("NetworkInterfaces") or []
         for subnet in sorted({i["SubnetId"] for i in ifaces if i.get("SubnetId")}):

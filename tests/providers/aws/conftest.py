@@ -193,7 +193,8 @@ class AwsFakes:
         events.register(f"before-parameter-build.{service}", self._record)
         events.register(f"before-call.{service}",
                         lambda model, context, **kw: self._answer(model, context, region))
-        events.register(f"after-call.{service}.RunInstances", self._launched)
+        events.register(f"after-call.{service}.RunInstances",
+                        lambda parsed, context, **kw: self._launched(parsed, context, region))
 
     def _record(self, params: dict[str, Any], model: Any, context: dict[str, Any], **_: Any) -> None:
         snapshot = copy.deepcopy(params)
@@ -271,7 +272,16 @@ class AwsFakes:
             "InstanceId": iid, "Timestamp": dt.datetime.now(dt.UTC),
             "Output": base64.b64encode(text.encode()).decode()})
 
-    def _launched(self, parsed: dict[str, Any], context: dict[str, Any], **_: Any) -> None:
+    def _launched(self, parsed: dict[str, Any], context: dict[str, Any], region: str) -> None:
+        # moto tags no network interface at launch; EC2 tags each one the launch makes with the
+        # request's "network-interface" TagSpecifications (RunInstances, EC2 API Reference)
+        params = context.get("fake_params", {})
+        nic_tags = [t for s in params.get("TagSpecifications", [])
+                    if s.get("ResourceType") == "network-interface" for t in s.get("Tags", [])]
+        enis = [n["NetworkInterfaceId"] for i in parsed.get("Instances", [])
+                for n in i.get("NetworkInterfaces", [])]
+        if nic_tags and enis:
+            moto_client(region).create_tags(Resources=enis, Tags=nic_tags)
         target = (context.get("fake_params", {}).get("CapacityReservationSpecification") or {}
                   ).get("CapacityReservationTarget") or {}
         if target.get("CapacityReservationId"):

@@ -332,19 +332,28 @@ class FakeCompute(NetworkMixin, CatalogMixin, GuestMixin, ProjectMixin):
         mt = body.get("machineType", "").rsplit("/", 1)[-1]
         if mt not in self.zones.get(zone, []):
             raise HttpError(400, "invalid", f"machine type {mt} not in {zone}")
+        policies = []
         for link in body.get("resourcePolicies", []):
             m = re.search(r"regions/([^/]+)/resourcePolicies/([^/]+)$", link)
             if not m or (project, m.group(1), m.group(2)) not in self.policies:
                 raise HttpError(400, "invalid", f"resource policy {link} not found")
+            policies.append(f"{BASE}/projects/{project}/regions/{m.group(1)}/resourcePolicies/"
+                            f"{m.group(2)}")  # answered as full URLs, like the API
         self.require_nics(project, zone, body.get("networkInterfaces", []))
+        reservation = self.take_reservation(project, zone, dict(body, machineType=mt), 1)
         target = f"projects/{project}/zones/{zone}/instances/{name}"
         fault = self._take_op_fault("POST", f"{path}/{name}")
-        if fault is None and zone in self.stockouts:
+        if fault is None and zone in self.stockouts and reservation is None:
             fault = OpFault("POST", re.compile(""), "ZONE_RESOURCE_POOL_EXHAUSTED", 503, 1)
         op = self._new_op(project, "insert", target, ("zone", zone), fault)
         self._remember(query, op)
         if fault is None:
-            self._store_instance(project, zone, body)
+            self._store_instance(project, zone, dict(
+                body, resourcePolicies=policies,
+                machineType=f"{BASE}/projects/{project}/zones/{zone}/machineTypes/{mt}"))
+            if reservation is not None:
+                self.use_reservation(reservation, 1)
+                self.instance_reservations[(project, zone, name)] = reservation
         return 200, self._public(op)
 
     def _bulk_insert(self, project: str, zone: str, query: dict[str, str], body: Any,

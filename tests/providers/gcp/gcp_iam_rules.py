@@ -27,7 +27,6 @@ TERM = re.compile(r'^resource\.name(?:\.startsWith\("([^"]+)"\)| == "([^"]+)")$'
 # names that are not the cluster's but that it must use or read: the region's default
 # subnetwork, operations (random names, read-only)
 SHARED = (re.compile(r"^projects/[^/]+/regions/[^/]+/subnetworks/default$"),
-          re.compile(r"^projects/[^/]+/zones/[^/]+$"),  # instances.list is checked on the zone
           re.compile(r"^projects/[^/]+/(zones/[^/]+/|regions/[^/]+/|global/)operations/$"))
 
 
@@ -88,6 +87,11 @@ def check_grants(cluster: str, member: str, policy: dict[str, Any],
 # setServiceAccount for what the body sets, compute.resourcePolicies.use on its policies;
 # get, delete, getGuestAttributes: compute.instances.<method>; operations: compute.
 # {zone,region,global}Operations.get. The resource name is the path without /compute/v1/.
+# A request on a collection (bulkInsert, list) names no single resource ("Resource attributes
+# for IAM Conditions" gives instance names as projects/P/zones/Z/instances/NAME and documents
+# none for such requests): the evaluator checks it against the collection's own name
+# (.../instances), which a condition naming the cluster's VMs never matches: unverifiable is
+# refused, never assumed allowed.
 OPS = re.compile(r"^(projects/[^/]+/(?:zones/[^/]+|regions/[^/]+|global))/operations/[^/]+"
                  r"(?:/wait)?$")
 SCOPE_OF = {"zones": "zoneOperations", "regions": "regionOperations", "global": "globalOperations"}
@@ -126,13 +130,11 @@ def needed(method: str, path: str, body: Any) -> list[tuple[str, str]] | None:
         return [(f"compute.{SCOPE_OF[scope]}.get", path.removesuffix("/wait"))]
     parts = path.split("/")
     if method == "POST" and re.match(r"^projects/[^/]+/zones/[^/]+/instances/bulkInsert$", path):
-        props = body.get("instanceProperties", {})
-        return [pair for name in body.get("perInstanceProperties", {})
-                for pair in _created(parts[1], parts[3], name, props)]
+        return [("compute.instances.create", path.removesuffix("/bulkInsert"))]
     if method == "POST" and re.match(r"^projects/[^/]+/zones/[^/]+/instances$", path):
         return _created(parts[1], parts[3], body["name"], body)
     if method == "GET" and re.match(r"^projects/[^/]+/zones/[^/]+/instances$", path):
-        return [("compute.instances.list", path.rsplit("/", 1)[0])]  # on its parent, the zone
+        return [("compute.instances.list", path)]  # the collection (see above)
     if re.match(r"^projects/[^/]+/zones/[^/]+/instances/[^/]+$", path):
         return [("compute.instances.get" if method == "GET" else DELETES["instances"], path)]
     if re.match(r"^projects/[^/]+/zones/[^/]+/instances/[^/]+/getGuestAttributes$", path):
@@ -168,3 +170,42 @@ def denied(requests: list[tuple[str, str, Any]], permissions: list[str],
             elif not condition_allows(cond, resource):
                 out.append(f"{method} {path}: the condition refuses {perm} on {resource}")
     return out
+
+
+# --- Cloud Storage under a condition -----------------------------------------------------------
+# "IAM Conditions" for Cloud Storage / "Resource attributes for IAM Conditions": object
+# permissions are checked on projects/_/buckets/B/objects/NAME; storage.objects.list on the
+# bucket, projects/_/buckets/B, with the list's prefix in the API attribute
+# storage.googleapis.com/objectListPrefix (empty when the list has none).
+STORAGE_TERM = re.compile(
+    r'^(?:resource\.name\.startsWith\("([^"]+)"\)|resource\.name == "([^"]+)"|'
+    r'api\.getAttribute\("storage\.googleapis\.com/objectListPrefix", ""\)'
+    r'\.startsWith\("([^"]+)"\))$')
+
+
+def _storage_term(term: str, resource: str, prefix: str) -> bool:
+    m = STORAGE_TERM.match(term.strip())
+    if m is None:
+        raise ValueError(f"a condition term this evaluator does not read: {term!r}")
+    starts, equals, list_prefix = m.groups()
+    if starts is not None:
+        return resource.startswith(starts)
+    if equals is not None:
+        return resource == equals
+    return prefix.startswith(list_prefix)
+
+
+def storage_allows(cond: str, permission: str, bucket: str, name: str = "",
+                   prefix: str = "") -> bool:
+    """Whether `cond` allows `permission` on object `name` of `bucket` (storage.objects.list:
+    on the bucket, listing with `prefix`). Disjunctions of terms or of (a && b) groups."""
+    resource = (f"projects/_/buckets/{bucket}" if permission == "storage.objects.list"
+                else f"projects/_/buckets/{bucket}/objects/{name}")
+    for part in cond.split(" || "):
+        part = part.strip()
+        if part.startswith("("):  # a group: (a && b)
+            part = part[1:].removesuffix(")")
+        terms = part.split(" && ")
+        if all(_storage_term(t, resource, prefix) for t in terms):
+            return True
+    return False

@@ -22,6 +22,7 @@ from provision.model.spec import ClusterSpec
 MakeSpec = Callable[..., ClusterSpec]
 Up = Callable[[ClusterSpec], Inventory]
 BULK = r"zones/us-central1-a/instances/bulkInsert$"
+INSERT = r"zones/us-central1-a/instances$"
 
 
 def _hours_ago(hours: float) -> str:
@@ -30,6 +31,18 @@ def _hours_ago(hours: float) -> str:
 
 def _props(body: dict[str, Any]) -> dict[str, Any]:
     return dict(body["instanceProperties"])
+
+
+def _as_props(instance: dict[str, Any]) -> dict[str, Any]:
+    """An instances.insert body as the InstanceProperties it was made from: without its name,
+    and names where the Instance resource takes URLs."""
+    props = {k: v for k, v in instance.items() if k != "name"}
+    props["machineType"] = props["machineType"].rsplit("/", 1)[-1]
+    props["resourcePolicies"] = [p.rsplit("/", 1)[-1] for p in props["resourcePolicies"]]
+    for disk in props["disks"]:
+        disk["initializeParams"]["diskType"] = disk["initializeParams"]["diskType"].rsplit(
+            "/", 1)[-1]
+    return props
 
 
 def test_replace_deletes_the_old_vm_first_then_makes_one_like_it(
@@ -46,12 +59,18 @@ def test_replace_deletes_the_old_vm_first_then_makes_one_like_it(
 
     writes = [(r.method, r.path) for r in fake.requests[start:]
               if r.method in ("POST", "DELETE") and not r.path.endswith("/wait")]
+    # one VM by instances.insert, named (not a bulkInsert of the zone's collection: the
+    # controller's resource-name condition can allow only the former)
     assert writes == [("DELETE", f"projects/{PROJECT}/zones/us-central1-a/instances/c1-node-1"),
-                      ("POST", f"projects/{PROJECT}/zones/us-central1-a/instances/bulkInsert")]
-    first, again = (r.body for r in fake.sent("POST", BULK))
-    assert again["count"] == again["minCount"] == "1"
-    assert list(again["perInstanceProperties"]) == ["c1-node-1"]
-    before, after = _props(first), _props(again)
+                      ("POST", f"projects/{PROJECT}/zones/us-central1-a/instances")]
+    (first,) = (r.body for r in fake.sent("POST", BULK))
+    (again,) = (r.body for r in fake.sent("POST", INSERT))
+    assert again["name"] == "c1-node-1"
+    assert again["machineType"] == "zones/us-central1-a/machineTypes/a2-ultragpu-8g"
+    assert again["resourcePolicies"] == ["regions/us-central1/resourcePolicies/c1-compact"]
+    assert not [r for r in fake.requests[start:]  # read back by instances.get, no list
+                if r.method == "GET" and r.path.endswith("/instances")]
+    before, after = _props(first), _as_props(again)
     assert int(after["scheduling"].pop("maxRunDuration")["seconds"]) in range(3500, 3601)
     assert int(before["scheduling"].pop("maxRunDuration")["seconds"]) == 7200
     old_meta = {i["key"]: i["value"] for i in before.pop("metadata")["items"]}
@@ -85,10 +104,11 @@ def test_no_capacity_for_a_replacement_is_clear_and_leaves_nothing_half_made(
         get_provider("gcp").replace(inv, store, inv.nodes[1])
     assert "node-1" in str(err.value) and "us-central1-a" in str(err.value)
     assert "ZONE_RESOURCE_POOL_EXHAUSTED" in str(err.value)
-    first, again = (r.body for r in fake.sent("POST", r"instances/bulkInsert$"))  # one zone
+    (first,) = (r.body["instanceProperties"] for r in fake.sent("POST", BULK))
+    (again,) = (r.body for r in fake.sent("POST", INSERT))  # one zone
 
     def image(body: dict[str, Any]) -> str:
-        return str(body["instanceProperties"]["disks"][0]["initializeParams"]["sourceImage"])
+        return str(body["disks"][0]["initializeParams"]["sourceImage"])
 
     assert image(again) == image(first)  # resolved from the family again
     saved = store.load("c1")

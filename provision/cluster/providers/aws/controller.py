@@ -37,7 +37,13 @@ EC2_ON_CLUSTER = ["ec2:TerminateInstances", "ec2:StopInstances", "ec2:RebootInst
                   "ec2:GetConsoleOutput", "ec2:ModifyInstanceAttribute",
                   "ec2:AssociateAddress", "ec2:DisassociateAddress", "ec2:ReleaseAddress"]
 RUN_INTO = ["subnet", "security-group", "placement-group", "key-pair"]
-RUN_CREATES = ["instance", "volume", "network-interface"]
+# A spot launch also makes a spot-instances-request, tagged with the rest (create.run_params);
+# Karpenter's reference controller policy allows RunInstances and CreateTags on
+# spot-instances-request/* under the same request-tag conditions.
+RUN_CREATES = ["instance", "volume", "network-interface", "spot-instances-request"]
+# AssociateAddress with NetworkInterfaceId (network.node_addresses) acts on the elastic-ip AND
+# the network interface ("Actions, resources, and condition keys for Amazon EC2")
+ON_CLUSTER = ["instance", "elastic-ip", "network-interface"]
 # What deleting the cluster from inside takes (teardown.Teardown, controller_vm.py), on the
 # cluster's tagged resources only
 TEARDOWN = {"ec2:DeleteNatGateway": "natgateway", "ec2:DeleteSubnet": "subnet",
@@ -65,7 +71,7 @@ def controller_policy(cluster: str, region: str, account: str, store: StoreURL |
     statements: list[dict[str, Any]] = [
         {"Sid": "Describe", "Effect": "Allow", "Action": ["ec2:Describe*"], "Resource": "*"},
         {"Sid": "ClusterResources", "Effect": "Allow", "Action": EC2_ON_CLUSTER,
-         "Resource": [f"{arn}:instance/*", f"{arn}:elastic-ip/*"], "Condition": tagged},
+         "Resource": [f"{arn}:{kind}/*" for kind in ON_CLUSTER], "Condition": tagged},
         {"Sid": "RunIntoTheCluster", "Effect": "Allow", "Action": ["ec2:RunInstances"],
          "Resource": [f"{arn}:{kind}/*" for kind in RUN_INTO], "Condition": tagged},
         {"Sid": "RunPublicImages", "Effect": "Allow", "Action": ["ec2:RunInstances"],

@@ -204,3 +204,28 @@ def bulk_insert_body(layout: Layout, login_public_key: str,
                                  for n in names},
         instance_properties=instance_properties(layout, login_public_key),
     )
+
+
+def instance_body(layout: Layout, login_public_key: str, name: str, zone: str) -> Any:
+    """ONE VM for instances.insert (a replacement): `up`'s InstanceProperties with the URLs
+    the Instance resource takes ("Instance", Compute API reference: machineType, diskType,
+    acceleratorType and resourcePolicies are full or partial URLs there, names in
+    InstanceProperties). A single insert names the VM it makes (projects/P/zones/Z/instances/
+    NAME), so the controller's resource-name condition can allow it; a bulkInsert names only
+    the zone's collection."""
+    from google.cloud import compute_v1
+
+    body = compute_v1.InstanceProperties.to_dict(
+        instance_properties(layout, login_public_key), preserving_proto_field_name=True,
+        use_integers_for_enums=False, always_print_fields_with_no_presence=False)
+    body["name"] = name
+    body["machine_type"] = f"zones/{zone}/machineTypes/{layout.machine_type}"
+    for disk in body.get("disks", []):
+        params = disk.get("initialize_params") or {}
+        if params.get("disk_type"):
+            params["disk_type"] = f"zones/{zone}/diskTypes/{params['disk_type']}"
+    for acc in body.get("guest_accelerators", []):
+        acc["accelerator_type"] = f"zones/{zone}/acceleratorTypes/{acc['accelerator_type']}"
+    body["resource_policies"] = [f"regions/{layout.region}/resourcePolicies/{p}"
+                                 for p in body.get("resource_policies", [])]
+    return compute_v1.Instance(body)

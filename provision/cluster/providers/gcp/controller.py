@@ -11,7 +11,9 @@ account per cluster with the narrowest grant that can delete and insert this clu
                                              rules, networks by name, the default subnetwork,
                                              its zone's/region's operations)
                         roles/storage.objectAdmin (a gs:// store) -> only objects under
-                                             projects/_/buckets/B/objects/PREFIX/NAME/
+                                             projects/_/buckets/B/objects/PREFIX/NAME/, and
+                                             listing the bucket only with a list prefix
+                                             under PREFIX/NAME/ (objectListPrefix)
 Each piece is recorded the moment it exists (kinds `service-account`, `iam-custom-role`,
 `iam-binding`), so rollback and `down` remove it (`delete_identity`, idempotent: 404 is done)
 and `gc` finds it (`identity_orphans`). Plain REST through google-auth's AuthorizedSession (no
@@ -35,12 +37,14 @@ IAM_URL = "https://iam.googleapis.com/v1"
 CRM_URL = "https://cloudresourcemanager.googleapis.com/v3"
 DESCRIPTION = f"{CLUSTER_TAG}="
 # Replacing a node (provision/cluster/providers/gcp/replace.py): read, delete and insert
-# instances (bulkInsert included), the boot disk that comes with one, attach it to the
+# instances (one instances.insert and instances.get per VM: each names the VM, which the
+# resource-name condition can match; never bulkInsert or a zone-wide list, which name only
+# the zone's collection), the boot disk that comes with one, attach it to the
 # cluster's subnetwork and compact placement policy, set its metadata and labels, read its host
 # key (guest attributes), wait for the operations. Deleting the cluster from inside
 # (controller_vm.py): its placement policy, firewall rules and GPUDirect networks too.
 ROLE_PERMISSIONS = [
-    "compute.instances.get", "compute.instances.list", "compute.instances.create",
+    "compute.instances.get", "compute.instances.create",
     "compute.instances.delete", "compute.instances.setMetadata", "compute.instances.setLabels",
     "compute.instances.setScheduling", "compute.instances.setTags",
     "compute.instances.getGuestAttributes",
@@ -79,16 +83,25 @@ def bindings(project: str, zone: str, cluster: str, member: str, role: str,
                       "expression": condition(project, zone, cluster)},
     }]
     if store is not None and store.scheme == "gs":
-        folder = "/".join(p for p in (store.prefix, cluster) if p)
         out.append({
             "role": "roles/storage.objectAdmin", "members": [member],
-            "condition": {
-                "title": f"mgpu-cloud {cluster} store",
-                "expression": ('resource.name.startsWith("projects/_/buckets/'
-                               f'{store.bucket}/objects/{folder}/")'),
-            },
+            "condition": {"title": f"mgpu-cloud {cluster} store",
+                          "expression": store_condition(store, cluster)},
         })
     return out
+
+
+def store_condition(store: StoreURL, cluster: str) -> str:
+    """Objects under PREFIX/NAME/, and listing them. storage.objects.list is checked on the
+    BUCKET (resource.name projects/_/buckets/B), so a condition on object names alone never
+    allows a listing; the list's prefix is the API attribute
+    storage.googleapis.com/objectListPrefix ("IAM Conditions" for Cloud Storage: "Use
+    objectListPrefix to limit listing to a prefix"; Resource attributes for IAM Conditions)."""
+    folder = "/".join(p for p in (store.prefix, cluster) if p)
+    bucket = f"projects/_/buckets/{store.bucket}"
+    return (f'resource.name.startsWith("{bucket}/objects/{folder}/") || '
+            f'(resource.name == "{bucket}" && api.getAttribute('
+            f'"storage.googleapis.com/objectListPrefix", "").startsWith("{folder}/"))')
 
 
 def cluster_names(project: str, zone: str, cluster: str) -> list[tuple[str, str]]:
@@ -96,9 +109,8 @@ def cluster_names(project: str, zone: str, cluster: str) -> list[tuple[str, str]
     cluster's VMs and their boot disks (NAME-node-R, NAME-controller), its placement policy,
     firewall rules and GPUDirect networks/subnets by name (layout.py, gpudirect.py); the
     region's default subnetwork its VMs join; the operations of its zone, region and of the
-    project's global scope (read-only; their names are random); the zone itself, on which
-    instances.list is authorized (a replacement reads its new VM back with one list call,
-    placement.read_instances): the role's only permission that applies to a zone."""
+    project's global scope (read-only; their names are random). Nothing zone- or
+    project-wide: a replacement inserts and reads back its one VM by name (replace.py)."""
     p, region = f"projects/{project}", zone.rsplit("-", 1)[0]
     z, r = f"{p}/zones/{zone}", f"{p}/regions/{region}"
     return [
@@ -111,7 +123,7 @@ def cluster_names(project: str, zone: str, cluster: str) -> list[tuple[str, str]
         ("prefix", f"{p}/global/firewalls/{cluster}-gpunet-"),
         ("prefix", f"{p}/global/networks/{cluster}-gpunet-"),
         ("prefix", f"{z}/operations/"), ("prefix", f"{r}/operations/"),
-        ("prefix", f"{p}/global/operations/"), ("exact", z),
+        ("prefix", f"{p}/global/operations/"),
     ]
 
 

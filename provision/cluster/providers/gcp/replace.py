@@ -6,9 +6,12 @@ node_alive  instances.get: gone when Compute no longer has the VM (a Spot VM or 
             when Compute cannot be asked (the recovery loop then tries an SSH login).
 replace     the old VM is deleted FIRST and waited for: the cluster's COLLOCATED policy holds
             exactly vmCount = N VMs ("Placement policies": vmCount), and the new VM takes the
-            old one's name. Then ONE VM by instances.bulkInsert (count = minCount = 1, the same
-            InstanceProperties as `up`: create.instance_properties), in the same zone, under
-            the same policy, from the same boot image (recorded with each instance at `up`),
+            old one's name. Then ONE VM by instances.insert (the same InstanceProperties as
+            `up`'s bulkInsert, bodies.instance_body; read back by instances.get: a single
+            insert and a get name the VM itself, which the controller's resource-name
+            condition can allow, while a bulkInsert or a zone-wide list name only the zone),
+            in the same zone, under the same policy, from the same boot image (recorded with
+            each instance at `up`),
             with the same scheduling and a maxRunDuration of what is left of the cluster's
             --max-hours; the new VM's own host key is then read from Compute (hostkeys.py)
             and pinned. Recorded before the insert is sent, like every instance. A stockout is
@@ -18,7 +21,9 @@ replace     the old VM is deleted FIRST and waited for: the cluster's COLLOCATED
 
 from __future__ import annotations
 
-from provision.cluster.providers.gcp import hostkeys, teardown
+from typing import Any
+
+from provision.cluster.providers.gcp import bodies, hostkeys, teardown
 from provision.cluster.providers.gcp.clients import Clients
 from provision.cluster.providers.gcp.create import node_record
 from provision.cluster.providers.gcp.errors import ZoneCapacityError
@@ -29,7 +34,7 @@ from provision.cluster.providers.gcp.layout import (
     region_of,
 )
 from provision.cluster.providers.gcp.options import GcpOptions
-from provision.cluster.providers.gcp.placement import insert_in_zone
+from provision.cluster.providers.gcp.writes import insert, request_id
 from provision.cluster.providers.lifetime import remaining_seconds
 from provision.model.errors import CapacityError, MgpuError, ProvisionError
 from provision.model.inventory import Inventory, InventoryStore, NodeRecord, ResourceRecord
@@ -109,7 +114,7 @@ def replace_node(clients: Clients, inv: Inventory, store: InventoryStore,
     name, zone = node.resource_id, node.zone
     rec = teardown.instance_record(clients.project, zone, name, layout.image)
     try:
-        (inst,) = insert_in_zone(clients, store, inv, layout, zone, [name], login_public)
+        inst = _insert_one(clients, store, inv, layout, zone, name, login_public)
         keys = hostkeys.read_host_keys(clients, zone, {name: node.name})
     except ZoneCapacityError as exc:
         _undo(clients, inv, store, rec)
@@ -127,6 +132,22 @@ def replace_node(clients: Clients, inv: Inventory, store: InventoryStore,
     inv.nodes = [new if n.rank == node.rank else n for n in inv.nodes]
     store.save(inv)
     return new
+
+
+def _insert_one(clients: Clients, store: InventoryStore, inv: Inventory, layout: Layout,
+                zone: str, name: str, login_public: str) -> Any:
+    """ONE VM (recorded first), waited for and read back. ZoneCapacityError when the zone
+    has no capacity now."""
+    from google.cloud import compute_v1
+
+    rec = teardown.instance_record(clients.project, zone, name, layout.image)
+    op = insert(clients, store, inv, [rec], clients.instances.insert_unary,
+                compute_v1.InsertInstanceRequest(
+                    project=clients.project, zone=zone, request_id=request_id(),
+                    instance_resource=bodies.instance_body(layout, login_public, name, zone)))
+    clients.wait(op, f"creating {name} ({layout.machine_type}) in {zone}")
+    return clients.call(clients.instances.get, compute_v1.GetInstanceRequest(
+        project=clients.project, zone=zone, instance=name), f"reading {name} in {zone}")
 
 
 def _undo(clients: Clients, inv: Inventory, store: InventoryStore, rec: ResourceRecord) -> None:
