@@ -3,9 +3,12 @@ DescribeCapacityBlockOfferings / PurchaseCapacityBlock / DescribeCapacityReserva
 documented request and response shapes (botocore's EC2 model: CapacityBlockOffering,
 PurchaseCapacityBlockResult, CapacityReservation) and the launch rules EC2 applies to them.
 
-Offerings: `offer(region, type, zone, start_in_h, fee)` scripts them; by default a request for a
+Offerings: `offer(region, type, zone, start_in_h, fee, segments)` scripts them (`segments`:
+zones of the CapacityBlockOfferingSegments an offering is made of; a purchase then makes one
+reservation per segment, answered in CapacityReservations); by default a request for a
 type gets one offering, in the first zone moto offers the type in, starting now, at
-FAKE_RATE_USD per instance-hour (a fake figure; real prices come from AWS). A purchase makes a
+FAKE_RATE_USD per instance-hour (a fake figure; real prices come from AWS). The answer is paged
+like the API's (NextToken; `page` offerings a page, or MaxResults). A purchase makes a
 capacity-block reservation that is `payment-pending` for `pending_polls` describes, then
 `scheduled` until its start, then `active`, until its end. `odcr(...)` scripts On-Demand
 Capacity Reservations.
@@ -54,6 +57,7 @@ class CapacityFake:
     pending_polls: int = 2
     refusals: list[str] = field(default_factory=list)
     purchases: int = 0
+    page: int = 100  # offerings per answer without MaxResults
     forced_state: dict[str, str] = field(default_factory=dict)  # reservation id -> state
     members: dict[str, list[str]] = field(default_factory=dict)  # reservation -> instances
     live: Any = None  # (region, instance ids) -> how many still run (set by conftest)
@@ -63,7 +67,8 @@ class CapacityFake:
 
     # --- scripting -------------------------------------------------------------------------
     def offer(self, region: str, instance_type: str, zone: str, *, start_in_h: float = 0,
-              hours: int = 24, count: int = 2, fee: float | None = None) -> dict[str, Any]:
+              hours: int = 24, count: int = 2, fee: float | None = None,
+              segments: list[str] | None = None) -> dict[str, Any]:
         start = self.clock().replace(microsecond=0) + dt.timedelta(hours=start_in_h)
         item = {
             "CapacityBlockOfferingId": f"cb-{next(_ids):017x}", "InstanceType": instance_type,
@@ -72,6 +77,14 @@ class CapacityFake:
             "CapacityBlockDurationMinutes": 0, "CurrencyCode": "USD", "Tenancy": "default",
             "UpfrontFee": f"{fee if fee is not None else FAKE_RATE_USD * hours * count:.2f}",
         }
+        if segments:
+            share = count // len(segments)
+            item["CapacityBlockOfferingSegments"] = [{
+                "InstanceType": instance_type, "AvailabilityZone": z, "InstanceCount": share,
+                "StartDate": start, "EndDate": item["EndDate"],
+                "CapacityBlockDurationHours": hours, "CurrencyCode": "USD",
+                "UpfrontFee": f"{float(item['UpfrontFee']) / len(segments):.2f}"}
+                for z in segments]
         self.offers.setdefault((region, instance_type), []).append(item)
         return item
 
@@ -133,7 +146,12 @@ class CapacityFake:
         out = [copy.deepcopy(o) for o in self.offers.get((region, itype), [])
                if o["InstanceCount"] == count and o["CapacityBlockDurationHours"] == hours
                and (start_min is None or o["StartDate"] >= start_min - dt.timedelta(minutes=5))]
-        return 200, {"CapacityBlockOfferings": out}
+        first = int(params.get("NextToken") or 0)
+        size = int(params.get("MaxResults") or self.page)
+        answer: dict[str, Any] = {"CapacityBlockOfferings": out[first:first + size]}
+        if first + size < len(out):
+            answer["NextToken"] = str(first + size)
+        return 200, answer
 
     def _purchase(self, params: dict[str, Any], region: str) -> tuple[int, dict[str, Any]]:
         offer = next((o for (r, _), offers in self.offers.items() if r == region
@@ -145,22 +163,25 @@ class CapacityFake:
         if params.get("InstancePlatform") != "Linux/UNIX":
             return self._refuse("InvalidParameterValue", "InstancePlatform")
         self.purchases += 1
-        rid = f"cr-{next(_ids):017x}"
         tags = [t for s in params.get("TagSpecifications", []) for t in s.get("Tags", [])]
-        item = {
-            "CapacityReservationId": rid, "InstanceType": offer["InstanceType"],
-            "AvailabilityZone": offer["AvailabilityZone"], "InstancePlatform": "Linux/UNIX",
-            "Tenancy": "default", "TotalInstanceCount": offer["InstanceCount"],
-            "AvailableInstanceCount": offer["InstanceCount"], "State": "payment-pending",
-            "StartDate": offer["StartDate"], "EndDate": offer["EndDate"],
-            "EndDateType": "limited", "InstanceMatchCriteria": "targeted",
-            "ReservationType": "capacity-block", "CapacityBlockId": f"cb-{rid[3:]}",
-            "Tags": tags,
-        }
-        self.reservations[rid] = item
-        self.region_of[rid] = region
+        made = []
+        for part in offer.get("CapacityBlockOfferingSegments") or [offer]:  # one per segment
+            rid = f"cr-{next(_ids):017x}"
+            item = {
+                "CapacityReservationId": rid, "InstanceType": part["InstanceType"],
+                "AvailabilityZone": part["AvailabilityZone"], "InstancePlatform": "Linux/UNIX",
+                "Tenancy": "default", "TotalInstanceCount": part["InstanceCount"],
+                "AvailableInstanceCount": part["InstanceCount"], "State": "payment-pending",
+                "StartDate": part["StartDate"], "EndDate": part["EndDate"],
+                "EndDateType": "limited", "InstanceMatchCriteria": "targeted",
+                "ReservationType": "capacity-block", "CapacityBlockId": f"cb-{rid[3:]}",
+                "Tags": tags,
+            }
+            self.reservations[rid] = item
+            self.region_of[rid] = region
+            made.append(copy.deepcopy(item))
         self.offers = {k: [o for o in v if o is not offer] for k, v in self.offers.items()}
-        return 200, {"CapacityReservation": copy.deepcopy(item)}
+        return 200, {"CapacityReservation": made[0], "CapacityReservations": made}
 
     def _state(self, item: dict[str, Any]) -> str:
         """A block's state now: payment-pending for a few polls, scheduled, active, expired."""

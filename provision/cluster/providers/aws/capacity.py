@@ -7,7 +7,12 @@ API_CapacityBlockOffering, API_PurchaseCapacityBlock, EC2 API Reference):
 - `plan` finds offerings for N instances and a duration with DescribeCapacityBlockOfferings
   (durations "in 1-day increments up to 14 days, and in 7-day increments up to 182 days";
   "Each Capacity Block can have up to 64 instances"; offerings up to 8 weeks ahead) and shows
-  the chosen one: zone, start, end, price (paid up front). Nothing is bought.
+  the chosen one: zone, start, end, price (paid up front). Nothing is bought. The answer is
+  paginated (NextToken): every page is read. An offering made of several segments
+  (CapacityBlockOfferingSegments: "Each segment describes a distinct block of capacity with
+  its own Availability Zone, instance type, schedule, and pricing"; after purchase "a separate
+  Capacity Reservation is created for each segment", botocore's EC2 model) is skipped: the
+  nodes are launched by one RunInstances into one reservation in one zone.
 - `create` (after the user confirmed the plan) buys it with PurchaseCapacityBlock (recorded in
   the inventory at once: it is paid and cannot be cancelled, `down` only forgets it), waits
   until the reservation is `active` (payment-pending / scheduled before), and launches with
@@ -111,8 +116,9 @@ def find_block(ec2s: list[Ec2], spec: ClusterSpec, info: InstanceTypeInfo, *,
     now = now or CLOCK.now()
     hours = block_hours(spec.max_hours or 24.0)  # no --max-hours: the shortest block, 1 day
     found: list[tuple[dt.datetime, float, int, str, CapacityBlock]] = []
+    segmented = 0
     for order, ec2 in enumerate(ec2s):
-        offers = ec2.get(
+        offers = ec2.pages(
             "describe_capacity_block_offerings", "CapacityBlockOfferings",
             InstanceType=info.name, InstanceCount=spec.nodes, CapacityDurationHours=hours,
             StartDateRange=now, EndDateRange=now + dt.timedelta(weeks=SEARCH_WEEKS))
@@ -120,6 +126,9 @@ def find_block(ec2s: list[Ec2], spec: ClusterSpec, info: InstanceTypeInfo, *,
             if o.get("InstanceType") not in (None, info.name) or \
                     int(o.get("InstanceCount", spec.nodes)) < spec.nodes or \
                     (zone is not None and o.get("AvailabilityZone") != zone):
+                continue
+            if len(o.get("CapacityBlockOfferingSegments") or []) > 1:
+                segmented += 1  # several zones/schedules: not one reservation for all nodes
                 continue
             block = CapacityBlock(
                 offering_id=str(o["CapacityBlockOfferingId"]), zone=str(o["AvailabilityZone"]),
@@ -130,9 +139,12 @@ def find_block(ec2s: list[Ec2], spec: ClusterSpec, info: InstanceTypeInfo, *,
             found.append((o["StartDate"], block.upfront_usd, order, ec2.region, block))
     if not found:
         where = ", ".join(e.region for e in ec2s)
+        also = (f" ({segmented} offering(s) made of several segments were skipped: each "
+                "segment becomes a reservation of its own, and the nodes are launched into "
+                "one)") if segmented else ""
         raise UserInputError(
             f"no Capacity Block offering for {spec.nodes} x {info.name} for {hours} h in {where} "
-            f"within the next {SEARCH_WEEKS} weeks",
+            f"within the next {SEARCH_WEEKS} weeks{also}",
             hint="try fewer --nodes, a shorter --max-hours, other --regions, or later")
     _, _, _, region, block = min(found, key=lambda f: (f[0], f[1], f[2]))
     return region, block
@@ -206,6 +218,13 @@ def purchase_block(ec2: Ec2, cluster: str, block: CapacityBlock) -> dict[str, An
         if bought:
             return bought[0]
         raise
+    reservations = answer.get("CapacityReservations") or []
+    if len(reservations) > 1:  # one per segment: the plan only picks one-segment offerings
+        ids = ", ".join(str(r.get("CapacityReservationId")) for r in reservations)
+        raise ProvisionError(f"Capacity Block offering {block.offering_id} was bought as "
+                             f"{len(reservations)} reservations ({ids}); the nodes are "
+                             "launched into one", hint="they are paid and end by themselves; "
+                             "see them in the EC2 console (Capacity Reservations)")
     reservation: dict[str, Any] = answer.get("CapacityReservation") or {}
     if not reservation.get("CapacityReservationId"):
         bought = tagged_reservations(ec2, cluster)
