@@ -9,7 +9,11 @@ https://cloud.google.com/compute/docs/metadata/manage-guest-attributes):
       first boot (GoogleCloudPlatform/guest-agent instance_setup.go); until then the query
       answers 404. `hostkey_polls` (default 1) is how many queries per VM come before that:
       the first query after the VM is made finds nothing, as on a VM still booting; a VM named
-      in `silent_vms` never publishes (an image without the guest agent).
+      in `silent_vms` never publishes (an image without the guest agent);
+    - a second writer: on Ubuntu, cloud-init's GCE datasource publishes the keys IT made to
+      the same attributes (cloud-init DataSourceGCE.publish_host_keys); with `republish_at`
+      = N, the VM's N-th query finds that writer's keys (`second_keys`, made at boot: they
+      are what its sshd serves) instead of the first writer's.
 Each VM's keys are real key pairs made by the fake (`host_keys[(project, zone, name)]`, the
 public halves, "TYPE BASE64"), new for every VM made, also for one that takes an old name.
 """
@@ -57,10 +61,13 @@ class GuestMixin:
         self.guest_polls = {}
         self.hostkey_polls = 1
         self.silent_vms = set()
+        self.republish_at: int | None = None
+        self.second_keys: dict[tuple[str, str, str], dict[str, str]] = {}
 
     def vm_booted(self, key: tuple[str, str, str]) -> None:
         """A VM was made under `key`: new host keys, nothing published yet."""
         self.host_keys[key] = new_host_keys()
+        self.second_keys[key] = new_host_keys()
         self.guest_polls[key] = 0
 
     def _get_guest_attributes(self, project: str, zone: str, name: str,
@@ -77,6 +84,8 @@ class GuestMixin:
         if (self.guest_polls[key] <= self.hostkey_polls or name in self.silent_vms
                 or not path.startswith("hostkeys")):
             raise HttpError(404, "notFound", f"guest attributes {path} of {name} not found")
+        if self.guest_polls[key] == self.republish_at:
+            self.host_keys[key] = self.second_keys[key]  # the second writer's replace the first
         items = [{"namespace": "hostkeys", "key": _blob_type(line), "value": line.split()[1]}
                  for line in self.host_keys.get(key, {}).values()]
         return 200, {"kind": "compute#guestAttributes", "queryPath": path,

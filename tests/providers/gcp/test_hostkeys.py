@@ -29,7 +29,7 @@ def test_up_waits_for_each_vms_published_key_and_pins_it(
         assert node.host_key == fake.host_keys[(PROJECT, "us-central1-a",
                                                 f"c1-node-{rank}")]["ssh-ed25519"]
     queries = fake.sent("GET", GUEST)
-    assert len(queries) == 2 * 4  # two VMs, four queries each
+    assert len(queries) == 2 * 5  # two VMs, four queries each, and one that sees it again
     assert {q.query["queryPath"] for q in queries} == {"hostkeys/"}
     known = write_cluster_known_hosts(inv, store).read_text().splitlines()
     assert known == [f"{n.address} {n.host_key}" for n in inv.nodes]
@@ -48,6 +48,18 @@ def test_a_vm_that_never_publishes_is_named_and_nothing_is_left(
     assert "node-0" not in message.split("hint:")[0]
     assert "get-serial-port-output c1-node-1" in (info.value.hint or "")
     assert fake.all_resources() == [] and not store.exists("c1")
+
+
+def test_a_key_published_again_by_a_second_writer_is_the_one_pinned(
+        fake: FakeCompute, make_spec: MakeSpec, up: Up) -> None:
+    """On Ubuntu, cloud-init and the guest agent may both publish host keys to the same guest
+    attributes; the last writer's are what sshd serves. Before: the first key read was pinned
+    and the first connection then met another key and was refused."""
+    fake.republish_at = 3  # 404, the agent's keys, then cloud-init's (what sshd serves)
+    inv = up(make_spec())
+    for rank, node in enumerate(inv.nodes):
+        assert node.host_key == fake.second_keys[(PROJECT, "us-central1-a",
+                                                  f"c1-node-{rank}")]["ssh-ed25519"]
 
 
 def test_only_well_formed_keys_of_the_named_type_are_taken() -> None:

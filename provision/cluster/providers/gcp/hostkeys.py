@@ -10,6 +10,13 @@ https://cloud.google.com/compute/docs/metadata/manage-guest-attributes; `gcloud 
 --strict-host-key-checking` does the same). Until the agent has written them the call answers
 404 (or no items): polled, with a bounded wait.
 
+Two writers: on Ubuntu images cloud-init's GCE datasource also publishes the host keys it
+makes at first boot to the same guest attributes (cloud-init DataSourceGCE,
+publish_host_keys), and the guest agent may make and publish its own: the attribute can change
+once after it first appears, and the last writer's keys are the ones sshd serves. So a key is
+pinned once two consecutive reads, a poll apart, show the same one (a key that changed is read
+again); when the wait runs out, the last key read is pinned.
+
 Trust: the key comes from Compute over TLS, authenticated with the caller's credentials, about
 the VM Compute named; it is pinned (sshconn.py) and nothing else is accepted.
 """
@@ -91,16 +98,23 @@ def read_host_keys(clients: Clients, zone: str, nodes: dict[str, str],
     deadline = time.monotonic() + _seconds(DEADLINE_ENV, DEADLINE_S)
     poll = _seconds(POLL_ENV, POLL_S)
     keys: dict[str, str] = {}
+    seen: dict[str, str] = {}  # the last key read per VM, not yet read twice
     while True:
         for instance in nodes:
             if instance not in keys:
                 key = _query(clients, project, zone, instance)
-                if key is not None:
-                    keys[instance] = key
+                if key is not None and seen.get(instance) == key:
+                    keys[instance] = key  # the same key twice in a row: settled
+                elif key is not None:
+                    seen[instance] = key
         waiting = [i for i in nodes if i not in keys]
         if not waiting:
             return keys
         if time.monotonic() > deadline:
+            keys.update({i: seen[i] for i in waiting if i in seen})  # read once: the last
+            waiting = [i for i in nodes if i not in keys]
+            if not waiting:
+                return keys
             lines = [f"{nodes[i]} ({i}: {_status(clients, project, zone, i)})" for i in waiting]
             raise ProvisionError(
                 "no SSH host key was published by " + "; ".join(lines) + f" within "

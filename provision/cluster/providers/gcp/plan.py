@@ -179,9 +179,14 @@ def _purchase_notes(l_: Layout, max_hours_defaulted: bool) -> list[str]:
         notes.append(f"the VMs consume reservation {l_.reservation} (SPECIFIC_RESERVATION), "
                      "which is billed whether or not they run")
     if l_.flex_start:
-        notes.append("flex-start (DWS): `up` waits until Compute has placed all nodes (it "
-                     "gives up after 30 min per zone); flex-start prices are discounted and "
-                     "not in the catalog: the cost shown is the on-demand upper bound")
+        # compute_v1: the wait (InstanceParams.request_valid_for_duration) is a field of
+        # instances.insert's Instance only; bulkInsert's BulkInsertInstanceResource and
+        # InstanceProperties have none, so a flex-start bulkInsert is never queued
+        notes.append("flex-start (DWS): the nodes come from one bulkInsert, which does not "
+                     "queue for capacity (only a single-VM insert can wait): Compute gives "
+                     "all nodes at once or answers with a stockout, and `up` moves on to the "
+                     "next zone at once; flex-start prices are discounted and not in the "
+                     "catalog: the cost shown is the on-demand upper bound")
     if l_.spot:
         notes.append("spot VMs: the cloud may delete them at any time (preemption)")
     return notes
@@ -220,6 +225,12 @@ def layout_to_plan(layout: Layout, *, max_hours_defaulted: bool,
     )
 
 
+# Machine types whose GPUs talk over GPUDirect RDMA (RoCE, gIB: "A3 Ultra and A4 machine
+# types", Compute docs / Cluster Toolkit's a3-ultragpu and a4-highgpu blueprints), which
+# mgpu-cloud does not set up
+RDMA_TYPES = ("a3-ultragpu-", "a4-highgpu-", "a4x-")
+
+
 def _fabric_notes(l_: Layout) -> list[str]:
     """What the plan does for the machine type's GPU network, and what is not verified."""
     stack = l_.gpu_direct
@@ -227,11 +238,12 @@ def _fabric_notes(l_: Layout) -> list[str]:
         if l_.machine_type in ("a3-highgpu-8g", "a3-megagpu-8g"):
             return [f"{l_.machine_type} on one node: no GPUDirect set-up (no traffic between "
                     "nodes)"]
-        if l_.machine_type.startswith("a3-ultragpu"):
-            return [f"{l_.machine_type}: GPUDirect RDMA (RoCE VPC, gIB plugin) is not set up "
-                    "by mgpu-cloud; NCCL uses TCP over the primary gVNIC, so the fabric gate "
-                    "stops multi-node launches (--fabric-check off or --allow-slow-network to "
-                    "run anyway)"]
+        if l_.machine_type.startswith(RDMA_TYPES) and l_.nodes > 1:
+            return [f"{l_.machine_type}: GPUDirect RDMA (its RoCE VPC network, the gIB NCCL "
+                    "plugin) is NOT set up by mgpu-cloud: NCCL between the nodes uses TCP over "
+                    "the primary gVNIC, far below the machine's RDMA fabric; where the fabric "
+                    "gate has a row for the type it stops multi-node launches "
+                    "(--fabric-check off or --allow-slow-network to run anyway)"]
         return []
     flavour = "GPUDirect-TCPX" if stack.name == "tcpx" else "GPUDirect-TCPXO"
     return [
