@@ -1,0 +1,119 @@
+"""Node loss -> training again: unattended (the controller) beside attached (your terminal).
+
+    python benchmarks/recovery_unattended.py [--nodes 2 4] [--repeat 1]
+
+For each N, the same job (examples/train_ddp.py, a checkpoint every 5 steps) twice:
+    attached     `mgpu-cloud run --nodes N --max-restarts 1`: its own output, timestamped
+                 here as it arrives
+    unattended   `mgpu-cloud run --detach --store file://... --max-restarts 1`: the job's
+                 output as the controller writes it to the store (polled every 0.1 s)
+Once a checkpoint is kept, node-1's container is killed; "total" is the kill to rank 0's
+"resumed from step" line. The unattended figure includes up to one flush of the controller's
+log (records.FLUSH_S, 2 s) before the line is in the store: "seen" says when it was read,
+"logged" when the controller wrote the object holding it (its file's mtime), which is the
+fair figure. Goal (issue 36): unattended no slower than attached.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+EXAMPLE = str(ROOT / "examples" / "train_ddp.py")
+JOB = [EXAMPLE, "--steps", "100000", "--save-every", "5", "--sleep", "0.1", "--log-every",
+       "1000"]
+
+
+def cli() -> list[str]:
+    return [sys.executable, "-m", "provision.cli"]
+
+
+def kill(container: str) -> float:
+    subprocess.run(["docker", "kill", container], check=True, capture_output=True)
+    return time.time()
+
+
+def attached(n: int, home: str) -> float:
+    name = f"bench-ra-{n}"
+    os.makedirs(home, exist_ok=True)
+    env = {**os.environ, "MGPU_CLOUD_HOME": home, "PYTHONUNBUFFERED": "1"}
+    proc = subprocess.Popen([*cli(), "run", "--nodes", str(n), "--name", name,
+                             "--max-restarts", "1", *JOB], env=env, text=True, cwd=home,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    assert proc.stdout is not None
+    killed = resumed = None
+    try:
+        for line in proc.stdout:
+            if "kept checkpoint" in line and killed is None:
+                killed = kill(f"{name}-node-1")
+            elif "resumed from step" in line and killed is not None:
+                resumed = time.time()
+                break
+    finally:
+        proc.terminate()  # SIGTERM: the run tears the cluster down
+        proc.wait(timeout=300)
+    if killed is None or resumed is None:
+        raise SystemExit(f"attached N={n}: the run did not recover")
+    return resumed - killed
+
+
+def _log_files(folder: Path, name: str) -> list[Path]:
+    return sorted((folder / name / "jobs" / "1" / "log").glob("*.log"))
+
+
+def unattended(n: int, home: str) -> tuple[float, float]:
+    """(seen, logged): kill -> the resumed line read here / written by the controller."""
+    name = f"bench-ru-{n}"
+    store = Path(home) / "store"
+    store.mkdir(parents=True, exist_ok=True)
+    env = {**os.environ, "MGPU_CLOUD_HOME": home}
+    subprocess.run([*cli(), "run", "--detach", "--nodes", str(n), "--name", name, "--store",
+                    f"file://{store}", "--max-restarts", "1", *JOB], env=env, cwd=home,
+                   check=True, capture_output=True)
+    ckpts = store / name / "data" / "jobs" / "1" / "checkpoints"
+    killed = None
+    try:
+        deadline = time.time() + 600
+        while time.time() < deadline:
+            if killed is None and list(ckpts.glob("step_*.pt")):
+                killed = kill(f"{name}-node-1")
+            if killed is not None:
+                for path in _log_files(store, name):
+                    if path.stat().st_mtime >= killed - 1 and "resumed from step" in \
+                            path.read_text(errors="replace"):
+                        return time.time() - killed, path.stat().st_mtime - killed
+            time.sleep(0.1)
+        raise SystemExit(f"unattended N={n}: the run did not recover")
+    finally:
+        subprocess.run([*cli(), "down", name], env=env, capture_output=True)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--nodes", type=int, nargs="+", default=[2, 4])
+    ap.add_argument("--repeat", type=int, default=1)
+    args = ap.parse_args()
+    print(f"medians of {args.repeat} run(s); {os.cpu_count()} CPUs; seconds from the kill "
+          "to rank 0's 'resumed from step'")
+    print(f"{'N':>3} {'attached':>9} {'unattended (logged)':>20} {'(seen)':>8}")
+    with tempfile.TemporaryDirectory() as tmp:
+        for n in args.nodes:
+            att, logged, seen = [], [], []
+            for i in range(args.repeat):  # interleaved: the machine's load hits both alike
+                att.append(attached(n, f"{tmp}/a{n}-{i}"))
+                s, lg = unattended(n, f"{tmp}/u{n}-{i}")
+                seen.append(s)
+                logged.append(lg)
+            print(f"{n:>3} {statistics.median(att):>9.2f} {statistics.median(logged):>20.2f} "
+                  f"{statistics.median(seen):>8.2f}")
+
+
+if __name__ == "__main__":
+    main()
