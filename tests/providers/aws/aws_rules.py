@@ -306,6 +306,22 @@ def efa_security_group(ec2: Any, request: Params) -> list[str]:
     return out
 
 
+# The Deep Learning Base OSS Nvidia Driver GPU AMI (Ubuntu 22.04)'s release notes list the
+# EC2 instances it supports; p6-b300 is not among them (the 24.04 AMI's notes list it).
+DLAMI_2204_UNSUPPORTED = ("p6-b300.",)
+
+
+def image_supports(ec2: Any, inst: dict[str, Any]) -> list[str]:
+    if not str(inst.get("InstanceType", "")).startswith(DLAMI_2204_UNSUPPORTED):
+        return []
+    images = ec2.describe_images(ImageIds=[inst["ImageId"]])["Images"]
+    name = str(images[0].get("Name", "")) if images else ""
+    if "Deep Learning" in name and "Ubuntu 22.04" in name:
+        return [f"{inst['InstanceId']}: {inst['InstanceType']} on {name!r}, which does not "
+                "support it (launch the Ubuntu 24.04 DLAMI)"]
+    return []
+
+
 @dataclass
 class AwsRules:
     """Attached to every client the provider makes (clients.add_client_hook)."""
@@ -348,6 +364,7 @@ class AwsRules:
                 request = self.launched[inst["InstanceId"]][1]
                 self.violations += internet_path(ec2, inst, request)
                 self.violations += efa_security_group(ec2, request)
+                self.violations += image_supports(ec2, inst)
         return checked
 
 

@@ -77,9 +77,9 @@ def _moto_client(region: str) -> Any:
     return _MOTO_CLIENTS[region]
 
 
-def register_dlami(ec2: Any) -> str:
+def register_dlami(ec2: Any, ubuntu: str = "22.04") -> str:
     image: str = ec2.register_image(
-        Name="Deep Learning Base OSS Nvidia Driver GPU AMI (Ubuntu 22.04) 20250601",
+        Name=f"Deep Learning Base OSS Nvidia Driver GPU AMI (Ubuntu {ubuntu}) 20250601",
         Architecture="x86_64", RootDeviceName="/dev/sda1", VirtualizationType="hvm",
     )["ImageId"]
     return image
@@ -141,6 +141,7 @@ class AwsFakes:
     dlami: str = ""  # the DLAMI of REGION
     dlamis: dict[str, str] = field(default_factory=dict)  # other regions, registered on first use
     ubuntu: dict[tuple[str, str], str] = field(default_factory=dict)  # (region, arch) -> AMI
+    dlamis_2404: dict[str, str] = field(default_factory=dict)  # region -> the 24.04 DLAMI
     eip_quota: int | None = None
     images: dict[str, dict[str, Any]] = field(default_factory=dict)
     host_keys: dict[str, Any] = field(default_factory=dict)  # instance id -> its KeyPair
@@ -179,6 +180,12 @@ class AwsFakes:
             if region not in self.dlamis:
                 self.dlamis[region] = register_dlami(moto_client(region))
             return self.dlamis[region]
+
+    def dlami_2404_in(self, region: str) -> str:
+        with _SETUP:
+            if region not in self.dlamis_2404:
+                self.dlamis_2404[region] = register_dlami(moto_client(region), "24.04")
+            return self.dlamis_2404[region]
 
     def ubuntu_in(self, region: str, arch: str) -> str:
         with _SETUP:
@@ -227,9 +234,10 @@ class AwsFakes:
                 "AttributeName": "vpc-max-elastic-ips",
                 "AttributeValues": [{"AttributeValue": str(self.eip_quota)}]}]})
         if op == "GetParameter" and params.get("Name", "").startswith("/aws/service/deeplearning/"):
+            image = (self.dlami_2404_in(region) if "ubuntu-24.04" in params["Name"]
+                     else self.dlami_in(region))
             return self._response(200, {"Parameter": {
-                "Name": params["Name"], "Type": "String", "Value": self.dlami_in(region),
-                "Version": 1}})
+                "Name": params["Name"], "Type": "String", "Value": image, "Version": 1}})
         if op == "GetParameter" and params.get("Name", "").startswith(UBUNTU_PARAMETER):
             arch = params["Name"][len(UBUNTU_PARAMETER):].split("/")[0]
             return self._response(200, {"Parameter": {

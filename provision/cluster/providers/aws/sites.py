@@ -22,10 +22,20 @@ from provision.cluster.providers.aws.request import Site, ZoneSubnet
 from provision.model.errors import MgpuError, UserInputError
 from provision.model.spec import ClusterSpec
 
-# AWS Deep Learning Base OSS Nvidia Driver GPU AMI (Ubuntu 22.04), public SSM parameter.
-DLAMI_PARAMETER = (
-    "/aws/service/deeplearning/ami/x86_64/base-oss-nvidia-driver-gpu-ubuntu-22.04/latest/ami-id"
-)
+# AWS Deep Learning Base OSS Nvidia Driver GPU AMI, public SSM parameters ("DLAMI" developer
+# guide, each AMI's "SSM Parameter Query"); {ubuntu} is 22.04 or 24.04.
+DLAMI_PARAMETER = ("/aws/service/deeplearning/ami/x86_64/base-oss-nvidia-driver-gpu-ubuntu-"
+                   "{ubuntu}/latest/ami-id")
+# Types the Ubuntu 22.04 DLAMI no longer lists among its supported instances (its release
+# notes' "Supported EC2 instances"; p6-b300 is launched on the 24.04 family, which lists it)
+UBUNTU_2404_ONLY = ("p6-b300.",)
+
+
+def dlami_parameter(instance_type: str | None) -> str:
+    """The DLAMI for the type: Ubuntu 22.04 (what the nodes' EFA paths were checked on), or
+    24.04 where 22.04 does not support the type."""
+    newer = instance_type is not None and instance_type.startswith(UBUNTU_2404_ONLY)
+    return DLAMI_PARAMETER.format(ubuntu="24.04" if newer else "22.04")
 ANY = "any"
 MAX_PARALLEL_REGIONS = 8
 
@@ -86,7 +96,7 @@ def plan_site(session: Any | None, region: str, spec: ClusterSpec, instance_type
     opts = spec.options_as(AwsOptions)
     ec2 = Ec2(region, session)
     vpc, zones = zones_of(ec2, instance_type, zone)
-    ami, ami_name, root = ami_of(ec2, opts.ami, opts.disk_gb)
+    ami, ami_name, root = ami_of(ec2, opts.ami, opts.disk_gb, instance_type)
     egress = plan_egress(ec2, spec.nodes, interfaces, opts.private_ips)
     price = hourly_price(instance_type, region)
     return Site(region=region, vpc_id=str(vpc["VpcId"]),
@@ -177,11 +187,12 @@ def zones_of(ec2: Ec2, instance_type: str, zone: str | None) -> tuple[dict[str, 
     return vpc, zones
 
 
-def ami_of(ec2: Ec2, wanted: str | None, disk_gb: int) -> tuple[str, str, str]:
+def ami_of(ec2: Ec2, wanted: str | None, disk_gb: int,
+           instance_type: str | None = None) -> tuple[str, str, str]:
     """(AMI id, name, root device name). The root device name comes from the image (Ubuntu
     AMIs use /dev/sda1, Amazon Linux /dev/xvda: "Device names on Linux instances", EC2 User
     Guide); a mapping under another name would add a second volume instead of sizing root."""
-    ami = wanted or ec2.ssm_parameter(DLAMI_PARAMETER)
+    ami = wanted or ec2.ssm_parameter(dlami_parameter(instance_type))
     images = ec2.get("describe_images", "Images", ImageIds=[ami])
     if not images:
         raise UserInputError(f"AMI {ami!r} does not exist in {ec2.region}")
