@@ -7,6 +7,10 @@ aws:ResourceTag / aws:RequestTag / aws:TagKeys / ec2:CreateAction condition keys
 "Actions, resources, and condition keys for Amazon S3": object actions on
 arn:aws:s3:::BUCKET/KEY, ListBucket on the bucket with the s3:prefix condition key;
 "IAM JSON policy elements: Action" (a wildcard action "*" or "service:*" grants everything).
+Trust: "IAM JSON policy elements: Principal" (an account principal arn:aws:iam::ACCOUNT:root
+lets every identity of the account whose own policy allows it; a condition on
+aws:PrincipalArn narrows it to one), "Role self-assumption" (a role assumes itself only when
+its trust policy allows it explicitly). STS: sts:AssumeRole's resource is the role's ARN.
 """
 
 from __future__ import annotations
@@ -71,6 +75,11 @@ def check_policy(cluster: str, document: dict[str, Any], store_folder: str | Non
             if not (tagged or on_create or public_images or _named_only(actions, resources)):
                 out.append(f"{where}: {ec2_writes} not limited to resources tagged {cluster}")
         out += _iam_violations(where, cluster, actions, resources)
+        own_role = f":role/mgpu-cloud/mgpu-ctl-{cluster}"
+        for action in (a for a in actions if a.startswith("sts:")):
+            if action != "sts:AssumeRole" or not resources or not all(
+                    r.startswith("arn:aws:iam::") and r.endswith(own_role) for r in resources):
+                out.append(f"{where}: {action} on {resources}, not only its own role")
         for r in resources:
             if r.startswith("arn:aws:s3:::"):
                 path = r[len("arn:aws:s3:::"):]
@@ -81,4 +90,45 @@ def check_policy(cluster: str, document: dict[str, Any], store_folder: str | Non
                 elif not any(str(p).startswith(f"{store_folder}/")
                              for p in _list(flat.get("s3:prefix", []))):
                     out.append(f"{where}: ListBucket on {r} without an s3:prefix of the store")
+    return out
+
+
+def trust_allows(document: dict[str, Any], *, service: str | None = None,
+                 principal_arn: str | None = None) -> bool:
+    """Whether the trust policy lets `service`, or the identity `principal_arn` (an IAM role
+    ARN, arn:aws:iam::ACCOUNT:role/PATH/NAME), call sts:AssumeRole."""
+    for st in document.get("Statement", []):
+        if st.get("Effect") != "Allow" or "sts:AssumeRole" not in _list(st.get("Action", [])):
+            continue
+        principal = st.get("Principal", {})
+        if service is not None and service in _list(principal.get("Service", [])):
+            return True
+        if principal_arn is None:
+            continue
+        account = principal_arn.split(":")[4]
+        aws = _list(principal.get("AWS", []))
+        if principal_arn not in aws and f"arn:aws:iam::{account}:root" not in aws:
+            continue
+        wanted = {k: v for op in st.get("Condition", {}).values() for k, v in op.items()}
+        if all(principal_arn in _list(v) for k, v in wanted.items()
+               if k == "aws:PrincipalArn") and set(wanted) <= {"aws:PrincipalArn"}:
+            return True
+    return False
+
+
+def check_trust(cluster: str, account: str, document: dict[str, Any]) -> list[str]:
+    """The controller's role is assumed by EC2 and by itself, by nobody else."""
+    out = []
+    own = f"arn:aws:iam::{account}:role/mgpu-cloud/mgpu-ctl-{cluster}"
+    for i, st in enumerate(document.get("Statement", [])):
+        principal = st.get("Principal", {})
+        if principal == "*" or "*" in _list(principal.get("AWS", [])):
+            out.append(f"trust statement {i}: any principal")
+        for aws in _list(principal.get("AWS", [])):
+            arns = [v for op in st.get("Condition", {}).values()
+                    for k, v in op.items() if k == "aws:PrincipalArn"]
+            if aws != own and [own] not in [_list(a) for a in arns]:
+                out.append(f"trust statement {i}: {aws} without aws:PrincipalArn = {own}")
+    if not trust_allows(document, service="ec2.amazonaws.com"):
+        out.append("trust: EC2 cannot assume the role (the instance profile would not work)")
     return out

@@ -164,6 +164,8 @@ class PolicyGuard:
     def needs(self, prefix: str, op: str, p: dict[str, Any]) -> list[Need] | None:
         if prefix == "iam":
             return self._iam(op, p)
+        if prefix == "sts" and op == "AssumeRole":  # resource: the role assumed
+            return [("sts:AssumeRole", p["RoleArn"], {})]
         if prefix != "ec2":
             return None
         if op.startswith("Describe"):

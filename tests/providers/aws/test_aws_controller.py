@@ -19,6 +19,7 @@ from provision.model.spec import build_cluster_spec
 from remote.store import parse_url
 
 STORE = parse_url("s3://ckpt-bucket/runs")
+ACCOUNT = "123456789012"  # moto's
 
 
 def policy(cluster: str = "c1") -> dict:
@@ -63,7 +64,7 @@ def _iam() -> object:
 def test_created_recorded_and_deleted_by_down(fakes, tmp_path: Path) -> None:
     inv, store = _inventory(tmp_path, "c1")
     iam = _iam()
-    create_identity(iam, "c1", policy(), lambda r: store.record(inv, r))
+    create_identity(iam, "c1", policy(), lambda r: store.record(inv, r), account=ACCOUNT)
     assert sorted(r.kind for r in inv.resources) == ["iam-instance-profile", "iam-role"]
     [sent] = fakes.calls("PutRolePolicy")
     assert iam_rules.check_policy("c1", json.loads(sent["PolicyDocument"]), "runs/c1") == []
@@ -84,14 +85,15 @@ def test_a_failure_half_way_is_rolled_back_from_the_records(fakes, tmp_path: Pat
     inv, store = _inventory(tmp_path, "c2")
     fakes.fail("AddRoleToInstanceProfile", "LimitExceeded", 409)
     with pytest.raises(Exception, match="LimitExceeded"):
-        create_identity(_iam(), "c2", policy("c2"), lambda r: store.record(inv, r))
+        create_identity(_iam(), "c2", policy("c2"), lambda r: store.record(inv, r),
+                        account=ACCOUNT)
     assert len(inv.resources) == 2  # both recorded before the failing call
     AwsProvider().destroy(inv, store)  # what the pipeline's rollback calls
     assert inv.resources == [] and _iam().list_roles(PathPrefix="/mgpu-cloud/")["Roles"] == []
 
 
 def test_gc_finds_and_deletes_an_identity_no_inventory_knows(fakes, tmp_path: Path) -> None:
-    create_identity(_iam(), "lost", policy("lost"), lambda r: None)
+    create_identity(_iam(), "lost", policy("lost"), lambda r: None, account=ACCOUNT)
     spec = build_cluster_spec({}, {"name": "gc-scope", "provider": "aws",
                                    "aws": {"region": "us-east-1"}})
     provider = AwsProvider()
@@ -105,7 +107,8 @@ def test_gc_finds_and_deletes_an_identity_no_inventory_knows(fakes, tmp_path: Pa
 
 def test_a_role_that_cannot_be_deleted_is_named(fakes, tmp_path: Path) -> None:
     inv, store = _inventory(tmp_path, "c3")
-    create_identity(_iam(), "c3", policy("c3"), lambda r: store.record(inv, r))
+    create_identity(_iam(), "c3", policy("c3"), lambda r: store.record(inv, r),
+                    account=ACCOUNT)
     fakes.fail("DeleteRole", "AccessDenied", 403)
     with pytest.raises(TeardownError, match="role mgpu-ctl-c3"):
         AwsProvider().destroy(inv, store)

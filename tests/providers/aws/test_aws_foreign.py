@@ -105,7 +105,7 @@ def test_down_refuses_another_clusters_controller_identity(fakes, spec_for, stor
                                                            up_cluster) -> None:
     iam = clients.make_client(clients.new_session(), "iam", REGION)
     create_identity(iam, "c2", controller_policy("c2", REGION, "123456789012", None),
-                    lambda rec: None)
+                    lambda rec: None, account="123456789012")
     iam.create_role(RoleName="admin", AssumeRolePolicyDocument="{}")
     inv = up_cluster(spec_for(name="c1", instance_type="g6.xlarge"))
     inv.resources += [ResourceRecord(kind="iam-role", id="mgpu-ctl-c2", name="c1"),

@@ -1,7 +1,13 @@
 """The AWS controller's identity (issue 18; docs/ARCHITECTURE.md, managed runs): an IAM role
 and instance profile whose one inline policy reaches only this cluster's resources.
 
-    role              /mgpu-cloud/mgpu-ctl-NAME, trusted by ec2.amazonaws.com only, tagged
+    role              /mgpu-cloud/mgpu-ctl-NAME, tagged, trusted by ec2.amazonaws.com (the
+                      controller instance) and by ITSELF (`trust_policy`: the account as
+                      principal, only with aws:PrincipalArn = the role's own ARN), so the
+                      controller can mint short-lived store credentials for the nodes: an
+                      AssumeRole of its own role with a session policy on the run's data
+                      prefix (provision/job/managed/nodecreds.py); its ARN is in the
+                      controller's inventory record (extra role_arn) and the role's (arn)
     policy            inline, `controller_policy`: EC2 writes only on resources tagged with
                       the cluster (aws:ResourceTag) or created with its tag (aws:RequestTag,
                       and no other tag key); Describe* on "*" (EC2's Describe actions support
@@ -26,9 +32,6 @@ from remote.store import StoreURL
 
 PATH = "/mgpu-cloud/"
 Record = Callable[[ResourceRecord], None]
-TRUST = {"Version": "2012-10-17", "Statement": [{
-    "Effect": "Allow", "Principal": {"Service": "ec2.amazonaws.com"},
-    "Action": "sts:AssumeRole"}]}
 POLICY_NAME = "cluster-only"
 # What replacing a node takes (provision/cluster/providers/aws/replace.py): terminate the lost
 # instance, run one like it (into the cluster's subnet, security group, placement group, with
@@ -57,6 +60,25 @@ def role_name(cluster: str) -> str:
     """At most 64 characters ("IAM and AWS STS quotas": role and instance profile names):
     9 + a cluster name of at most 40."""
     return f"mgpu-ctl-{cluster}"
+
+
+def role_arn(account: str, cluster: str) -> str:
+    return f"arn:aws:iam::{account}:role{PATH}{role_name(cluster)}"
+
+
+def trust_policy(cluster: str, account: str) -> dict[str, Any]:
+    """Who may assume the controller's role: EC2 (its instance profile), and the role itself.
+    A role cannot name itself as the principal while it does not exist yet (a trust policy's
+    principals must exist: "IAM JSON policy elements: Principal"), so the account is the
+    principal and aws:PrincipalArn must be the role's own ARN ("Role self-assumption" needs
+    the role's trust policy to allow it explicitly, IAM User Guide)."""
+    return {"Version": "2012-10-17", "Statement": [
+        {"Effect": "Allow", "Principal": {"Service": "ec2.amazonaws.com"},
+         "Action": "sts:AssumeRole"},
+        {"Sid": "ItselfForNodeCredentials", "Effect": "Allow",
+         "Principal": {"AWS": f"arn:aws:iam::{account}:root"}, "Action": "sts:AssumeRole",
+         "Condition": {"ArnEquals": {"aws:PrincipalArn": role_arn(account, cluster)}}},
+    ]}
 
 
 def controller_policy(cluster: str, region: str, account: str, store: StoreURL | None, *,
@@ -96,6 +118,10 @@ def controller_policy(cluster: str, region: str, account: str, store: StoreURL |
             {"Sid": "StoreList", "Effect": "Allow", "Action": ["s3:ListBucket"],
              "Resource": [f"arn:aws:s3:::{store.bucket}"],
              "Condition": {"StringLike": {"s3:prefix": [f"{folder}/*"]}}},
+            # the nodes' store credentials: its own role assumed with a session policy on the
+            # run's data prefix (nodecreds.py); the session can never exceed this policy
+            {"Sid": "MintNodeCredentials", "Effect": "Allow", "Action": ["sts:AssumeRole"],
+             "Resource": [role_arn(account, cluster)]},
         ]
     statements += _named_statements(arn, subnets or [], park_group, reservations or [])
     statements += _teardown_statements(cluster, arn, account)
@@ -138,15 +164,18 @@ def _teardown_statements(cluster: str, arn: str, account: str) -> list[dict[str,
     ]
 
 
-def create_identity(iam: Any, cluster: str, policy: dict[str, Any], record: Record) -> str:
-    """Role + inline policy + instance profile; each recorded as soon as it exists. Raises
-    botocore errors (the caller maps them; rollback is `delete_identity`). Returns the
-    instance profile's name."""
+def create_identity(iam: Any, cluster: str, policy: dict[str, Any], record: Record, *,
+                    account: str) -> str:
+    """Role + inline policy + instance profile; each recorded as soon as it exists (the
+    role's record carries its ARN). Raises botocore errors (the caller maps them; rollback
+    is `delete_identity`). Returns the instance profile's name."""
     name = role_name(cluster)
     tags = [{"Key": CLUSTER_TAG, "Value": cluster}]
-    iam.create_role(RoleName=name, Path=PATH, AssumeRolePolicyDocument=json.dumps(TRUST),
+    iam.create_role(RoleName=name, Path=PATH,
+                    AssumeRolePolicyDocument=json.dumps(trust_policy(cluster, account)),
                     Description=f"mgpu-cloud controller of cluster {cluster}", Tags=tags)
-    record(ResourceRecord(kind="iam-role", id=name, name=cluster))
+    record(ResourceRecord(kind="iam-role", id=name, name=cluster,
+                          extra={"arn": role_arn(account, cluster)}))
     iam.put_role_policy(RoleName=name, PolicyName=POLICY_NAME,
                         PolicyDocument=json.dumps(policy))
     iam.create_instance_profile(InstanceProfileName=name, Path=PATH, Tags=tags)

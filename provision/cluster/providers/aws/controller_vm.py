@@ -44,7 +44,12 @@ from typing import Any
 
 from provision.cluster.providers.aws import retry
 from provision.cluster.providers.aws.api import Ec2, client_token, tag_spec
-from provision.cluster.providers.aws.controller import POLICY_NAME, controller_policy, role_name
+from provision.cluster.providers.aws.controller import (
+    POLICY_NAME,
+    controller_policy,
+    role_arn,
+    role_name,
+)
 from provision.cluster.providers.aws.errors import error_code
 from provision.cluster.providers.aws.request import NODE_USER
 from provision.cluster.providers.controller_boot import READY
@@ -210,15 +215,17 @@ def create_controller(inv: Inventory, store: InventoryStore, region: str) -> Nod
     account = str(make_client(ec2.session, "sts", region).get_caller_identity()["Account"])
     profile = create_identity(make_client(ec2.session, "iam", region), inv.name,
                               policy_for(inv, ec2, account, site),
-                              lambda rec: store.record(inv, rec))
+                              lambda rec: store.record(inv, rec), account=account)
     left = remaining_seconds(inv, inv.spec.max_hours or DEFAULT_MAX_HOURS)
     inst = _run(ec2, run_params(inv, site, itype, sg, profile,
                                 user_data(inv, left, login_key)))
     iid = str(inst["InstanceId"])
     store.record(inv, ResourceRecord(
         kind="instance", id=iid, name=f"{inv.name}-controller", region=region,
-        zone=site["zone"], extra={"role": ROLE, "park": site["park"],
-                                  "ready_file": READY}))
+        zone=site["zone"], extra={"role": ROLE, "park": site["park"], "ready_file": READY,
+                                  # the role it may assume to mint the nodes' store
+                                  # credentials (nodecreds.py): its own
+                                  "role_arn": role_arn(account, inv.name)}))
     inst = _wait_running(ec2, iid)
     host_key = wait_host_keys(ec2, {iid: "controller"})[iid]
     private = str(inst.get("PrivateIpAddress") or "")
