@@ -7,7 +7,7 @@ does), measured in the same run, alternating, on the same cluster.
     in-job     launch --fabric-check on   (remote.pyz injob: the gate, then the script, in
                                            the processes torchrun starts for the job)
     separate   launch --fabric-check on   with the gate forced onto its separate path
-                                           (provision.job.gate_injob.separate_reason patched in
+                                           (provision.job.gate.step.separate_reason patched in
                                            the CLI's process: the old flow, unchanged)
 
 Each is the real CLI in its own process (`python -m provision.cli launch ...`), one process
@@ -48,7 +48,7 @@ SCRIPTS = {
     "print": 'import os; print(f"job ran: rank {os.environ[\'RANK\']}", flush=True)\n',
     "torch": 'import os, torch; print(f"job ran: rank {os.environ[\'RANK\']}", flush=True)\n',
 }
-FORCE_SEPARATE = ("import provision.job.gate_injob as g; "
+FORCE_SEPARATE = ("import provision.job.gate.step as g; "
                   "g.separate_reason = lambda inv, job: 'benchmark: the separate gate'; "
                   "from provision.cli import main; main()")
 # a tree's node side onto the cluster: its remote.pyz and sitecustomize.py (bootstrap again)

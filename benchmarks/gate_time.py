@@ -5,14 +5,14 @@ pairwise rounds as a function of N.
                launch path (torchrun on every node, one process per CPU node, as the gate):
                `remote.pyz allreduce` of one 4-byte all-reduce. Starting torchrun, importing
                torch and meeting in a process group: what ANY job pays, gate or not.
-    gate(N)  = provision.job.gate.run_gate (`--fabric-check on`): the GPU probe, the bounded
+    gate(N)  = provision.job.gate.separate.run_gate (`--fabric-check on`): the GPU probe, the bounded
                all-reduce over every rank, the pairwise rounds (always on docker: no catalog
                figure), and the judging.
     gate - floor = what the gate's measuring adds on top of starting a torch job.
 
 floor and gate alternate on the same cluster (same connections), `--repeat` times; medians.
 The rounds table is pure (remote.allreduce.round_robin): n - 1 rounds for even n, n for odd n,
-capped at provision.job.gate.MAX_PAIR_ROUNDS.
+capped at provision.job.gate.judge.MAX_PAIR_ROUNDS.
 Usage: python benchmarks/gate_time.py [--repeat 3] [--nodes 2 4 8]
 """
 
@@ -33,7 +33,7 @@ FLOOR = ["@root/remote.pyz", "allreduce", "--min-bytes", "4", "--max-bytes", "4"
 
 
 def rounds_table(sizes: list[int]) -> None:
-    from provision.job.gate import MAX_PAIR_ROUNDS
+    from provision.job.gate.judge import MAX_PAIR_ROUNDS
     from remote.allreduce import round_robin
 
     print("pairwise rounds by node count (every pair once, capped at "
@@ -47,7 +47,7 @@ def rounds_table(sizes: list[int]) -> None:
 
 def bench(n: int, repeat: int, log: dict[int, str]) -> tuple[list[float], list[float], int, int]:
     from provision.cluster import pipeline
-    from provision.job.gate import gate_job, run_gate
+    from provision.job.gate.separate import gate_job, run_gate
     from provision.job.programs import run_remote_program
     from provision.model.inventory import InventoryStore
     from provision.model.spec import build_cluster_spec

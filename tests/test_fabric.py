@@ -10,7 +10,7 @@ import pytest
 
 from provision.cluster.providers.aws import catalog as aws_catalog
 from provision.cluster.providers.gcp import catalog as gcp_catalog
-from provision.job.fabric import (
+from provision.job.gate.fabric import (
     FIXES,
     fix_for,
     matches,

@@ -1,4 +1,4 @@
-"""provision/job/gate.py: the judging of the nodes' output, and the gate before a job through a
+"""provision/job/gate/ (judge.py, separate.py): the judging of the nodes' output, and the gate before a job through a
 fake transport that streams real captured NCCL logs. (The pairwise schedule itself is tested in
 tests/remote/test_allreduce.py.)
 
@@ -18,20 +18,17 @@ from fake_nodes import FakeConnector
 
 from provision.cluster.providers.aws.catalog import fabric_expectation as aws_fabric
 from provision.cluster.providers.gcp.catalog import fabric_expectation as gcp_fabric
-from provision.job.fabric import FIXES
-from provision.job.gate import (
+from provision.job.gate.fabric import FIXES
+from provision.job.gate.judge import (
     BUSBW_FAIL_FRACTION,
     PAIR_SLOW_FRACTION,
     FabricGateError,
     evaluate,
-    gate_before_job,
-    gate_job,
-    node_program,
     render_table,
-    run_gate,
     should_run,
 )
-from provision.job.gate_words import SLOW_FABRIC_FIX, SLOW_LINK_FIX, SLOW_NODE_FIX
+from provision.job.gate.separate import gate_before_job, gate_job, node_program, run_gate
+from provision.job.gate.words import SLOW_FABRIC_FIX, SLOW_LINK_FIX, SLOW_NODE_FIX
 from provision.model.inventory import FabricExpectation, Inventory, InventoryStore, NodeRecord
 from provision.model.keys import ensure_cluster_key
 from provision.model.spec import build_job_spec

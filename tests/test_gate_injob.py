@@ -1,4 +1,4 @@
-"""provision/job/gate_injob.py: the fabric gate in the job's own launch, controller side. A fake
+"""provision/job/gate/injob.py: the fabric gate in the job's own launch, controller side. A fake
 transport streams what the nodes print (remote.pyz injob's lines: the gate's JSON records and
 real captured NCCL logs, then the MGPU-GATE line, then the job's own lines); run_job must keep
 the gate's lines, print the verdict before the job's lines, and the record must come from the
@@ -16,9 +16,10 @@ from fake_nodes import FakeConnector
 from test_gate import EXAMPLE, captured, inventory, pair, raw, saved, summary
 
 from provision.cluster.providers.aws.catalog import fabric_expectation as expectation_for
-from provision.job.fabric import FIXES
-from provision.job.gate import FabricGateError
-from provision.job.gate_injob import InJobGate, entry_words, placement
+from provision.job.gate.fabric import FIXES
+from provision.job.gate.injob import InJobGate, entry_words
+from provision.job.gate.judge import FabricGateError
+from provision.job.gate.step import placement
 from provision.job.launch import run_job
 from provision.model.inventory import Inventory, InventoryStore
 from provision.model.spec import JobSpec, build_job_spec

@@ -92,6 +92,30 @@ def cross_provider_imports(graph: dict[str, set[str]], folders: set[str]) -> lis
     return bad
 
 
+MANAGED = "provision.job.managed"
+
+
+def folder_edges(graph: dict[str, set[str]], inner: str, outer: str) -> dict[str, list[str]]:
+    """The imports between package `inner` and the rest of `outer` (its parent), by
+    direction: {"down": outer's modules importing inner's, "up": inner's importing outer's}."""
+    def side(module: str) -> str | None:
+        if module == inner or module.startswith(inner + "."):
+            return "inner"
+        if module == outer or module.startswith(outer + "."):
+            return "outer"
+        return None
+
+    edges: dict[str, list[str]] = {"down": [], "up": []}
+    for module, deps in sorted(graph.items()):
+        for dep in sorted(deps):
+            pair = (side(module), side(dep))
+            if pair == ("outer", "inner"):
+                edges["down"].append(f"{module} -> {dep}")
+            elif pair == ("inner", "outer"):
+                edges["up"].append(f"{module} -> {dep}")
+    return edges
+
+
 def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
     """Strongly connected components of more than one module (Tarjan)."""
     index: dict[str, int] = {}
@@ -152,6 +176,15 @@ def test_no_import_circles() -> None:
     assert cycles(GRAPH) == []
 
 
+def test_job_and_job_managed_form_no_loop() -> None:
+    """job/managed/ (the store, the controller, the choice of supervision) sits on top of the
+    rest of job/ (the lifecycle, the supervisions it can run alone): managed imports the
+    lifecycle, never the other way, so the two folders form no loop in either direction."""
+    edges = folder_edges(GRAPH, MANAGED, "provision.job")
+    assert edges["up"], "managed/ runs the attached supervision's code (supervisor.py)"
+    assert edges["down"] == [], "job/ outside managed/ imports managed/"
+
+
 def test_the_checks_can_fail() -> None:
     """A wrong-direction import and a circle are reported (so the two tests above can fail)."""
     graph = {k: set(v) for k, v in GRAPH.items()}
@@ -165,6 +198,9 @@ def test_the_checks_can_fail() -> None:
     assert cross_provider_imports(graph, FOLDERS) == [
         "provision.cluster.providers.slurm.plan (slurm) -> provision.cluster.providers.ssh.hosts"
         " (ssh)"]
+    graph["provision.job.lifecycle"].add("provision.job.managed.client")
+    assert folder_edges(graph, MANAGED, "provision.job")["down"] == [
+        "provision.job.lifecycle -> provision.job.managed.client"]
 
 
 def test_an_added_wrong_import_is_found(tmp_path: Path) -> None:

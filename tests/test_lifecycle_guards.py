@@ -2,7 +2,7 @@
 mutation of each survived the suite before):
 
 - a launch on a cluster whose job still runs is refused before anything is synced or started
-  (lifecycle.live's `jobs.refuse_if_busy`);
+  (the `jobs.refuse_if_busy` of lifecycle.start's common steps, in every supervision mode);
 - a checkpoint restore from the store that failed on any node fails the restore, naming the
   node: a job must never start from a folder a node could not fill (keeper.restore's
   `raise_for`).
@@ -17,7 +17,10 @@ import pytest
 from fake_nodes import FakeConnector
 
 from provision.job import jobs, lifecycle
+from provision.job.attached import Attached
+from provision.job.detached import SelfStopping
 from provision.job.managed.keeper import StoreKeeper
+from provision.job.supervision import Supervision
 from provision.model.errors import BootstrapError, LaunchError
 from provision.model.inventory import Inventory, InventoryStore, NodeRecord
 from provision.model.spec import build_job_spec
@@ -33,8 +36,9 @@ def _inv() -> Inventory:
     return Inventory(name="busy", provider="docker", nodes=nodes, status="ready")
 
 
+@pytest.mark.parametrize("mode", [Attached(), SelfStopping()], ids=["attached", "detached"])
 def test_a_launch_while_a_job_runs_is_refused_before_anything_moves(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+        mode: Supervision, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("MGPU_CLOUD_HOME", str(tmp_path / "home"))
     fake = FakeConnector()
     monkeypatch.setattr(group, "default_connector", lambda inv: fake)
@@ -45,7 +49,7 @@ def test_a_launch_while_a_job_runs_is_refused_before_anything_moves(
     jobs.begin(inv, job, inv.nodes, detached=True)  # job 1, started earlier
     fake.on(r"job status", stdout=json.dumps({"1": {"state": "running"}}))
     with pytest.raises(LaunchError, match="job 1 .* is still running"):
-        lifecycle.launch("busy", job, store=store, log=lambda m: None)
+        lifecycle.start("busy", job, mode, store=store, log=lambda m: None)
     for node in ("node-0", "node-1"):
         assert fake.stdin(node) == []  # no workdir upload
         assert not any("job start" in c or "injob" in c for c in fake.commands(node))

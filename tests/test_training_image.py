@@ -90,6 +90,7 @@ def test_launch_refuses_it_before_the_workdir_is_synced(tmp_path, monkeypatch):
     from fake_nodes import FakeConnector
 
     from provision.job import lifecycle
+    from provision.job.attached import Attached
     from provision.model.inventory import InventoryStore
     from provision.nodes import group
 
@@ -102,7 +103,7 @@ def test_launch_refuses_it_before_the_workdir_is_synced(tmp_path, monkeypatch):
     store.create(inv)
     job = _job("nvcr.io/nvidia/pytorch:24.06-py3")
     with pytest.raises(UserInputError, match="need CUDA 12.8 or newer"):
-        lifecycle.launch("b200", job, store=store, log=lambda m: None)
+        lifecycle.start("b200", job, Attached(), store=store, log=lambda m: None)
     for node in ("node-0", "node-1"):
         assert fake.stdin(node) == []  # no workdir upload
         assert not any("job start" in c for c in fake.commands(node))

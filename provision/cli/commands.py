@@ -1,4 +1,8 @@
-"""Cluster commands: up, down, launch, run, status, exec, ssh, check, gc."""
+"""Cluster commands: up, down, launch, run, status, exec, ssh, check, gc.
+
+`run` and `launch` parse, pick the job's supervision (provision/job/managed/modes.py) and hand
+both to provision/job/lifecycle.start: which flags contradict which mode is the supervision's
+own check, made before anything is created."""
 
 import contextlib
 import os
@@ -65,7 +69,7 @@ def up(
 @guard
 def down(name: Annotated[str, typer.Argument(help="cluster name")]) -> None:
     """Delete every resource of a cluster (idempotent; works from the inventory alone)."""
-    from provision.job import lifecycle
+    from provision.job.managed import stopping
     from provision.model.errors import InventoryUnreadableError
     from provision.model.inventory import InventoryStore
 
@@ -74,13 +78,28 @@ def down(name: Annotated[str, typer.Argument(help="cluster name")]) -> None:
         typer.echo(f"no cluster named {name!r}: nothing to remove", err=True)
         return
     try:
-        lifecycle.down(name, store=store)
+        stopping.down(name, store=store)
     except InventoryUnreadableError as exc:  # nothing deleted: say what can still be done
         raise InventoryUnreadableError(
             f"cannot remove cluster {name!r}: {exc.message}. `down` deletes exactly the "
             "resources the inventory recorded, so without it nothing was deleted (its "
             "nodes may still be running and billed)", hint=exc.hint, path=exc.path,
             cluster=name, provider=exc.provider) from None
+
+
+def _echo(message: str) -> None:
+    typer.echo(message, err=True)
+
+
+def _report(started: Any, opts: dict[str, Any]) -> None:
+    """What `run`/`launch` end with: a detached job's id on stdout, else the exit code (a
+    declined plan: planned_only's)."""
+    if started.declined:
+        raise typer.Exit(planned_only(opts))
+    if started.job_id is not None:
+        typer.echo(started.job_id)
+        return
+    raise typer.Exit(started.code)
 
 
 # launch NAME [options] [--] SCRIPT ARGS: options follow NAME; the script's words follow it
@@ -99,30 +118,14 @@ def launch(
 
     Options go before SCRIPT: `launch NAME --nproc-per-node 2 train.py --lr 3e-4` (--lr is
     the script's)."""
+    from provision.cli.managed import adopt, managed_url
     from provision.job import lifecycle
+    from provision.job.managed.modes import supervision
 
     job = job_spec(*script_and_args(script, args), jopts, {})
-    from provision.cli.managed import adopt
-    from provision.job.managed import checks
-
     adopt(name)  # a managed cluster's controller may have replaced nodes (issue 18)
-
-    if detach:
-        from provision.cli.managed import managed_url
-
-        if managed_url(name, None):  # a cluster with a store: its controller supervises
-            from provision.job.managed.handoff import launch_managed
-
-            typer.echo(launch_managed(name, job, log=lambda m: typer.echo(m, err=True)))
-            return
-        checks.refuse_unsupervised(job, name)  # nothing would act on them (issue 18)
-        from provision.job.detached import launch_detached
-
-        typer.echo(launch_detached(name, job).id)
-        return
-    if note := checks.attached_notify_note(job):
-        typer.echo(note, err=True)
-    raise typer.Exit(lifecycle.launch(name, job))
+    mode = supervision(detach=detach, store=managed_url(name, None))
+    _report(lifecycle.start(name, job, mode, log=_echo), {})
 
 
 @app.command()
@@ -140,46 +143,17 @@ def run(
 
     Options go before SCRIPT: `run --nodes 2 --keep train.py --steps 20` (--steps is the
     script's). A dry run prints the plan and exits 0."""
+    from provision.cluster.pipeline import NewCluster
     from provision.job import lifecycle
+    from provision.job.managed.modes import supervision
 
     spec, file_values = cluster_spec(opts)
     job = job_spec(*script_and_args(script, args), opts, file_values)
-    if detach:
-        from provision.job.detached import run_detached
-        from provision.model.errors import UserInputError
-
-        if keep:
-            raise UserInputError("--keep and --detach contradict each other",
-                                 hint="--detach hands teardown to the nodes; leave out --keep")
-        if not spec.store:  # nothing would act on them (issue 18)
-            from provision.job.managed.checks import refuse_unsupervised
-
-            refuse_unsupervised(job)
-        if spec.store:  # managed: the cluster's controller supervises and tears down
-            from provision.job.managed.handoff import run_managed
-
-            job_id = run_managed(spec, job, confirm=confirmer(opts),
-                                 log=lambda m: typer.echo(m, err=True))
-            if job_id is None:
-                raise typer.Exit(planned_only(opts))
-            typer.echo(job_id)
-            return
-        rec = run_detached(spec, job, confirm=confirmer(opts), idle_minutes=idle_minutes)
-        if rec is None:
-            raise typer.Exit(planned_only(opts))
-        typer.echo(rec.id)
-        return
-    from provision.job.managed.checks import attached_notify_note
-
-    if note := attached_notify_note(job):
-        typer.echo(note, err=True)
+    mode = supervision(detach=detach, store=spec.store, idle_minutes=idle_minutes)
     with _progress() as store:
-        if spec.store:  # checkpoints go to the store: refused now if it cannot (issue 18)
-            from provision.job.managed.checks import check_store
-
-            check_store(spec.provider, spec.store)
-        code = lifecycle.run(spec, job, confirm=confirmer(opts), keep=keep, store=store)
-    raise typer.Exit(0 if opts.get("dry_run") else code)  # a dry run ends at its plan: done
+        started = lifecycle.start(NewCluster(spec, confirmer(opts), keep=keep), job, mode,
+                                  store=store, log=_echo)
+    _report(started, opts)
 
 
 @app.command()
@@ -324,7 +298,7 @@ def check(
     # the fabric gate: its last result, or a new one with --fabric
     gate = inv.fabric_gate
     if fabric:
-        from provision.job.gate import check_fabric
+        from provision.job.gate.separate import check_fabric
 
         gate = check_fabric(name, log=lambda m: typer.echo(m, err=True))
         if gate.verdict == "fail":
@@ -351,7 +325,7 @@ def check(
             typer.echo(fit_lines(f"peak busbw {summary.peak_busbw_gbps:.2f} GB/s on "
                                  f"{summary.interconnect}: {summary.verdict}"))
         if gate is not None:
-            from provision.job.gate import render_table
+            from provision.job.gate.judge import render_table
 
             when = "now" if fabric else f"last run {gate.checked_at}"
             typer.echo(fit_lines(f"{render_table(gate)}\n  ({when}; `check {name} --fabric` "

@@ -1,10 +1,23 @@
 """A cluster's life: spec -> plan -> create -> inventory -> bootstrap ... destroy.
 
-`up` is plan + create_cluster (with bootstrap); `down` is destroy_cluster. A failure anywhere
-in create_cluster is rolled back here, once, by the provider's `destroy` of what the
-inventory recorded (providers' `create` only raise). A job's life on a cluster (launch, run)
-is provision.job.lifecycle, which calls create_cluster / destroy_cluster. SIGTERM is turned
-into an exception (sigterm_raises) so that teardown in `finally` blocks runs for it too.
+    with temporary_cluster(NewCluster(spec, confirm), store=..., log=..., workdir=...) as made:
+        ... made.inv ...                  the cluster's lock is held; SIGTERM raises
+        made.hand_over("the nodes")       its removal is someone else's from now on
+
+`temporary_cluster` is the ONE set-up sequence of every command that makes a cluster: plan
+(read-only) -> `checks` (what the caller refuses before anything is made) -> confirm -> the
+plan's `creatable` -> the cluster's lock and SIGTERM raising -> create_cluster (bootstrap,
+the job's workdir; a failure anywhere is rolled back here, once, by the provider's `destroy`
+of what the inventory recorded: providers' `create` only raise) -> the block -> removal.
+`run` uses it in each of its modes (provision/job/lifecycle.py) and so does `scale`; `up` is
+the same sequence with the cluster handed over to the user; `down` is destroy_cluster.
+
+Teardown policy (the handle's, `Made`): when the block ends the cluster is destroyed, after
+`before` (the job layer keeping the jobs' logs) and with its cost said, on success and on any
+failure (an exception, Ctrl-C, SIGTERM), unless it was kept (`run --keep`: in every case, as
+its help says) or handed over once the job had started (`run --detach`: its nodes stop
+themselves; `--detach --store`: its controller removes it; `up`: the user does). A declined
+plan (or a dry run) creates nothing: Declined is raised before anything is written.
 Functions here hold the cluster's lock; the ones they call must not take it again.
 """
 
@@ -13,6 +26,7 @@ from __future__ import annotations
 import contextlib
 import signal
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from types import FrameType
 from typing import TYPE_CHECKING
 
@@ -24,17 +38,16 @@ from provision.model.errors import (
     UserInputError,
 )
 from provision.model.inventory import Inventory, InventoryStore
-from provision.model.logsink import stderr_line
+from provision.model.logsink import Log, stderr_line
 from provision.model.plan import Plan
 from provision.model.spec import ClusterSpec
-from provision.model.timeline import Timeline, begin, finish, timed
+from provision.model.timeline import Command, Timeline, begin, finish, timed
 from provision.nodes.pool import import_ssh_stack_while_waiting
 
 if TYPE_CHECKING:
     from provision.cluster.providers.contract import AnyProvider
     from provision.nodes.bootstrap import Workdir
 
-Log = Callable[[str], None]
 Confirm = Callable[[Plan], bool]
 BeforeDestroy = Callable[[Inventory], None]  # e.g. the job layer keeping the jobs' logs
 
@@ -173,21 +186,13 @@ def up(
     log: Log = stderr_line,
 ) -> Inventory | None:
     """Create and bootstrap a cluster. Returns None when the user declined the plan."""
-    store = store or InventoryStore()
-    clock = Timeline.begin("up")
-    provider, plan = plan_cluster(spec, store)
-    clock.add("plan", since=clock.started_at)
-    if not confirm(plan):
+    try:
+        with temporary_cluster(NewCluster(spec, confirm), store=store or InventoryStore(),
+                               log=log, bootstrap=bootstrap, command="up") as made:
+            made.hand_over("the user (`mgpu-cloud down`)")
+            return made.inv
+    except Declined:
         return None
-    provider.creatable(plan)  # refused here, before anything is written, when unresolved
-    with store.lock(spec.name), sigterm_raises():
-        inv = create_cluster(provider, spec, plan, store, bootstrap=bootstrap, workdir=None,
-                             log=log, timeline=clock)
-        finished = finish(inv)
-        store.save(inv)
-    if finished is not None:
-        log(finished.summary())
-    return inv
 
 
 def down(name: str, *, store: InventoryStore | None = None, log: Log = stderr_line,
@@ -197,3 +202,92 @@ def down(name: str, *, store: InventoryStore | None = None, log: Log = stderr_li
     with store.lock(name), sigterm_raises():
         inv = store.load(name)
         destroy_cluster(get_provider(inv.provider), inv, store, log, before=before)
+
+
+# --- a cluster for one command -------------------------------------------------------------
+class Declined(Exception):  # noqa: N818 - an outcome, not a failure
+    """The plan was declined (or only printed: --dry-run); nothing was created."""
+
+
+@dataclass(frozen=True)
+class NewCluster:
+    """A cluster to make for one command: its spec, who confirms its plan, and `keep` (left
+    running afterwards in every case: `run --keep`)."""
+
+    spec: ClusterSpec
+    confirm: Confirm
+    keep: bool = False
+
+
+@dataclass
+class Made:
+    """The handle of a temporary cluster inside its block (the module doc's policy)."""
+
+    provider: AnyProvider
+    inv: Inventory
+    store: InventoryStore
+    clock: Timeline  # begun before the plan; kept in the inventory
+    keep: bool = False
+    handed_to: str | None = None  # who removes it now (None: the block's end)
+
+    def hand_over(self, to: str) -> None:
+        """The cluster is `to`'s to remove from now on (the nodes, the controller, the user):
+        the block's end leaves it, even when it ends by an exception."""
+        self.handed_to = to
+
+    @property
+    def stays(self) -> bool:
+        return self.keep or self.handed_to is not None
+
+
+@contextlib.contextmanager
+def temporary_cluster(new: NewCluster, *, store: InventoryStore, log: Log,
+                      workdir: Callable[[Inventory], Workdir] | None = None,
+                      bootstrap: bool = True, before: BeforeDestroy | None = None,
+                      checks: Callable[[AnyProvider], None] | None = None,
+                      command: Command = "run") -> Iterator[Made]:
+    """Plan, check, confirm and create `new` (rollback on failure), yield it with its lock
+    held, then remove it unless it was kept or handed over (the module doc). Declined when
+    the plan was declined. `workdir`: what a job places on the nodes at bootstrap;
+    `checks(provider)`: the caller's refusals, after the plan and before the confirmation;
+    `command`: the timeline's name (`status --timeline`)."""
+    spec = new.spec
+    clock = Timeline.begin(command)
+    provider, plan = plan_cluster(spec, store)
+    clock.add("plan", since=clock.started_at)
+    if checks is not None:
+        checks(provider)
+    if not new.confirm(plan):
+        raise Declined(f"the plan of {spec.name!r} was not confirmed: nothing was created")
+    provider.creatable(plan)  # an unresolved plan is refused before anything is written
+    with store.lock(spec.name), sigterm_raises():
+        inv = create_cluster(provider, spec, plan, store, bootstrap=bootstrap, workdir=workdir,
+                             log=log, timeline=clock)
+        made = Made(provider, inv, store, clock, keep=new.keep)
+        try:
+            yield made
+        except BaseException:
+            if not made.stays:
+                log(f"removing cluster {spec.name!r} ...")
+            raise
+        finally:
+            _end(made, spec, log, before)
+
+
+def _end(made: Made, spec: ClusterSpec, log: Log, before: BeforeDestroy | None) -> None:
+    """The block's end: removed (its cost said) unless kept or handed over; the timeline
+    closed and summed up."""
+    inv = made.inv
+    finish(inv)
+    if made.stays:
+        made.store.save(inv)
+        if made.handed_to is None:
+            log(f"--keep: cluster {spec.name!r} left running; remove it with "
+                f"`mgpu-cloud down {spec.name}`")
+    else:
+        from provision.cluster.cost import describe
+
+        with sigterm_raises():
+            destroy_cluster(made.provider, inv, made.store, log, before=before)
+        log(describe(inv.hourly_cost_usd, inv.created_at, None, spec.spot))
+    log(made.clock.summary())  # where the bring-up's time went, the slowest phase named

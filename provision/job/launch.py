@@ -218,7 +218,7 @@ class JobMonitor(Protocol):
 
 
 class JobGate(Protocol):
-    """The fabric gate inside the job's launch (provision/job/gate_injob.py InJobGate)."""
+    """The fabric gate inside the job's launch (provision/job/gate/injob.py InJobGate)."""
 
     entry: list[str]  # words before the job's script in its launcher ("@root/" paths)
 
@@ -260,7 +260,7 @@ def run_job(
 ) -> int:
     """Run `job` on the cluster; returns 0 or the first failing node's exit code (STOPPED when
     `monitor.poll()` asked to stop it). `gate`: the fabric gate runs first in the job's own
-    processes (provision/job/gate_injob.py; the caller asks it for the verdict afterwards).
+    processes (provision/job/gate/injob.py; the caller asks it for the verdict afterwards).
 
     `program` (words; a leading "@root/" means the node's remote folder) replaces the job's
     script: `check --bandwidth` runs `@root/remote.pyz allreduce` this way. Each node keeps

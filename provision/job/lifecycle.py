@@ -1,340 +1,117 @@
-"""A job's life on a cluster, in order; each step is a call into the module that owns it:
+"""A job's life on a cluster, in order: the ONE entry of `run` and `launch`, in every mode.
 
-    refuse if busy   job.jobs        one job at a time, asked before any node is touched
-    sync             nodes.bootstrap the script's folder (+ the launcher's files) on every node
-    gate             job.gate        the network between the nodes proven first (multi-node)
-    start, follow    job.launch      every node at once, `[node-R]` output, stop on failure
-      keep checkpoints  job.checkpoints   $MGPU_CHECKPOINT_DIR copied off the nodes as it changes
-      detect         job.recovery    node lost / rank crash / hang / preemption (a Watcher)
-      recover        job.recovery    replace only what failed, restore, start again
-    record           job.jobs        every attempt is a job record of its own, linked to the
-                                     one it restarts; a lost node's log kept as streamed
-    explain, recap   job.recovery, job.cause, job.recap   the failure's cause first; a run
-                                     that restarted ends with a recap of every attempt
-    fetch            job.collect     rank 0's outputs back
+    start(cluster, job, supervision)
+      cluster       a name: an existing cluster (`launch`), its lock held throughout; or a
+                    NewCluster (`run`): made for the job, removed at the end unless kept or
+                    handed over (cluster.pipeline.temporary_cluster)
+      supervision   who supervises the job once it runs (provision/job/supervision.py):
+                    this process (attached.py), the nodes alone (detached.py), the cluster's
+                    controller (managed/handoff.py); picked by managed/modes.py
 
-    launch(name, job)   the life above on an existing cluster (lock held); its exit code
-    run(spec, job)      cluster.pipeline.create_cluster + the life above + destroy_cluster
-    down(name)          the jobs' logs kept, then the cluster destroyed
+    check            supervision.check   flags that contradict the mode, the store: before
+                                         anything is made (a new cluster: after its plan,
+                                         before its confirmation)
+    (new cluster)    cluster.pipeline    plan, confirm, create, bootstrap with the workdir
+    refuse if busy   job.jobs            one job at a time, asked before any node is touched
+    sync             nodes.bootstrap     the script's folder (+ the launcher's files) on every
+                                         node (an existing cluster; a new one got it at
+                                         bootstrap)
+    gate             job.gate.step       the network between the nodes proven first
+                                         (multi-node): in the job's own processes where this
+                                         process follows them, else a run of its own
+    start            supervision.start   attached: follow, keep checkpoints, detect, recover,
+                                         record, fetch (attached.py); detached: started, the
+                                         nodes stop themselves after it; managed: handed to
+                                         the controller
+    (new cluster)    removed             unless --keep, or handed over (the nodes, the
+                                         controller); the jobs' logs kept first
 
-A job's life takes what it needs as arguments (`JobRun`: inventory, provider, stores, log
-sink) and never reads the terminal: the same code can supervise a job from elsewhere.
+A job's life takes what it needs as arguments (inventory, provider, stores, log sink) and
+never reads the terminal: the same code supervises a job from elsewhere.
 """
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
-from concurrent.futures import Future
-from dataclasses import dataclass, field
-from pathlib import Path
-from typing import TextIO
 
-from provision.cluster.pipeline import (
-    Confirm,
-    create_cluster,
-    destroy_cluster,
-    plan_cluster,
-    sigterm_raises,
-)
-from provision.cluster.pipeline import down as destroy_by_name
+from provision.cluster.pipeline import Declined, NewCluster, sigterm_raises, temporary_cluster
 from provision.cluster.providers import get_provider
 from provision.cluster.providers.contract import AnyProvider
 from provision.job import jobs
-from provision.job.checkpoints import CheckpointKeeper, local_checkpoint_dir
-from provision.job.ends import JobEnds
-from provision.job.gate_injob import InJobGate
-from provision.job.launch import SESSION_LOST, launching_nodes, run_job, workdir_of
-from provision.job.recap import Recap
-from provision.job.recovery import (
-    CANCELLED,
-    FAILURE_EVENTS,
-    Failure,
-    OnEvent,
-    Outcome,
-    Recovery,
-    Watcher,
-    classify,
-    give_up_message,
-)
+from provision.job.gate.step import gate_step
+from provision.job.launch import workdir_of
+from provision.job.supervision import Ready, Started, Supervision, Target
 from provision.model import timeline
-from provision.model.errors import LaunchError, MgpuError
 from provision.model.inventory import Inventory, InventoryStore, ready_inventory
-from provision.model.jobstore import JobRecord, JobStore
-from provision.model.logsink import stderr_line
-from provision.model.spec import ClusterSpec, JobSpec
-from provision.nodes import NodeGroup, background, borrowed
-
-Log = Callable[[str], None]
+from provision.model.logsink import Log, stderr_line
+from provision.model.spec import JobSpec
+from provision.nodes import NodeGroup
 
 
-@dataclass
-class JobRun:
-    """Everything one job's life needs, passed in (never read from the environment)."""
-
-    inv: Inventory
-    provider: AnyProvider
-    store: InventoryStore
-    job: JobSpec
-    log: Log
-    records: JobStore = field(default_factory=JobStore)
-    outputs: Path | None = None  # where rank 0's outputs go (default ./mgpu-outputs/NAME)
-    # a managed run's sinks (provision/job/managed/; None: an attached run, as always):
-    keeper: CheckpointKeeper | None = None  # where checkpoints go (the store)
-    out: TextIO | None = None  # the nodes' [node-R] output (the store's log)
-    on_event: OnEvent | None = None  # every state change: started, node_lost, replaced ...
-    stop: Callable[[], bool] | None = None  # True: end the job for good (a cancel)
-    # each attempt's fabric gate in the job's own processes (job/gate_injob.py; set by live)
-    gate: Callable[[], InJobGate] | None = None
-
-    def event(self, event: str, message: str, nodes: list[str] | None = None) -> None:
-        if self.on_event is not None:
-            self.on_event(event, message, nodes or [])
-
-
-# --- the job's life -----------------------------------------------------------------------------
-def live(run: JobRun, *, sync: bool = True) -> int:
-    """The job's whole life on a ready cluster whose lock the caller holds. Returns its exit
-    code (0, or the last failure's); raises LaunchError (e.g. the gate failed: exit 8)."""
-    from provision.job.gate_injob import gate_step
-    from provision.nodes.bootstrap import sync_workdir
-
-    try:
-        with NodeGroup(run.inv) as group:
-            jobs.refuse_if_busy(run.inv, group, store=run.records)
-            if sync:
-                sync_workdir(run.inv, workdir_of(run.inv, run.job), log=run.log, group=group)
-            run.gate = gate_step(run.inv, run.job, store=run.store, log=run.log, group=group)
-            code = supervise(run, group)
-            # the same connections when no node changed (saves a round of SSH logins)
-            _fetch(run, code, group if group.nodes == sorted(run.inv.nodes,
-                                                            key=lambda n: n.rank) else None)
-    finally:
-        timeline.finish(run.inv)  # gate, first output line (and recoveries) recorded
-        run.store.save(run.inv)
-    return code
-
-
-def _fetch(run: JobRun, code: int, group: NodeGroup | None) -> None:
-    """Rank 0's outputs back; a failure to copy them fails only a job that succeeded."""
-    from provision.job.collect import fetch_outputs
-
-    outputs = run.outputs or Path("mgpu-outputs") / run.inv.name
-    try:
-        fetch_outputs(run.inv, outputs, log=run.log, group=group)
-    except MgpuError as exc:
-        if code == 0:
-            raise
-        run.log(f"could not copy the outputs back: {exc.message}")  # the failure matters more
-
-
-def supervise(run: JobRun, group: NodeGroup) -> int:
-    """start -> follow (checkpoints kept, failures detected) -> record; on a failure, recover
-    and start again, at most job.max_restarts times. Each attempt is a job of its own, linked
-    to the one it restarts (JobRecord.parent); a run that restarted ends with a recap."""
-    keeper = run.keeper or _default_keeper(run)
-    recovery = Recovery(run.provider, run.inv, run.store, run.job, run.log, keeper,
-                        run.on_event)
-    recap = Recap(run.inv.hourly_cost_usd)
-    restarts = 0
-    nodes: NodeGroup | None = group
-    rec: JobRecord | None = None
-    try:
-        while True:
-            with borrowed(run.inv, nodes) as current:
-                rec = _begin(run, current, parent=rec)
-                recap.begin(rec.id, time.monotonic())
-                run.event("resumed" if restarts else "started",
-                          f"restart {restarts} of {run.job.max_restarts}: running again"
-                          if restarts else
-                          f"running on {len(run.inv.nodes)} node(s): {run.job.script_in_workdir}")
-                gate = run.gate() if run.gate is not None else None
-                outcome = attempt(run, current, keeper, rec, restarts, gate)
-            failure = _ended(run, rec, outcome, recap, keeper)
-            nodes = None
-            if gate is not None and (gate.record is not None or outcome.code == 0):
-                gate.finish(outcome.code)  # FabricGateError: the gate kept the job from starting
-            if outcome.code == 0:
-                return 0
-            if failure is None:  # cancelled
-                return CANCELLED
-            if gate is not None and gate.record is None and failure.kind != "node lost":
-                gate.finish(outcome.code)  # the gate never finished (a lost node is recovered)
-            if outcome.launch_error is not None and failure.kind != "node lost":
-                raise outcome.launch_error  # e.g. the nodes cannot run the image: no restart
-            _tell(run, failure)
-            if restarts >= run.job.max_restarts:
-                if outcome.launch_error is not None:
-                    raise outcome.launch_error
-                run.log(give_up_message(failure, restarts, run.job.max_restarts))
-                return outcome.code
-            restarts += 1
-            run.log(f"restart {restarts} of {run.job.max_restarts}: recovering from "
-                    f"{failure.describe()}")
-            t0 = time.monotonic()
-            recovery.bring_back(failure)
-            recap.recovered(time.monotonic() - t0)
-    finally:
-        for line in recap.lines(time.monotonic()):
-            run.log(line)
-
-
-def _ended(run: JobRun, rec: JobRecord, outcome: Outcome, recap: Recap,
-           keeper: CheckpointKeeper) -> Failure | None:
-    """After an attempt: what went wrong (None: it succeeded or was cancelled), the record
-    updated (a lost node's log kept as streamed, why it ended), the recap told."""
-    failure = None
-    if outcome.code != 0 and outcome.watcher.reason != "cancelled":
-        failure = classify(outcome, run.provider, run.inv)
-        if failure.kind == "node lost":
-            jobs.keep_streamed(rec, [n.name for n in failure.nodes], outcome.watcher.output,
-                               store=run.records)
-    if outcome.code != 0:  # a node may be gone or replaced: fresh connections
-        with NodeGroup(run.inv) as fresh:
-            jobs.refresh(run.inv, [rec], fresh, store=run.records)  # exit codes, logs here
-    if failure is not None:
-        rec.failure = failure.describe() + (f": {failure.cause}" if failure.cause else "")
-        run.records.save(rec)
-    outcome_text = "succeeded" if outcome.code == 0 else rec.failure or "cancelled"
-    kept = keeper.last_copy if keeper.last_copy > 0 else None
-    recap.end(outcome_text, time.monotonic(), outcome.watcher.output, kept)
-    return failure
-
-
-def _tell(run: JobRun, failure: Failure) -> None:
-    """The failure's story (the cause first), its classification, and its record."""
-    for line in failure.story:
-        run.log(line)
-    run.log(f"failure: {failure.describe()}")
-    run.event(FAILURE_EVENTS[failure.kind],
-              failure.describe() + (f": {failure.cause}" if failure.cause else ""),
-              [n.name for n in failure.nodes])
-
-
-def _default_keeper(run: JobRun) -> CheckpointKeeper:
-    """Checkpoints kept here (./mgpu-outputs/NAME/checkpoints), or, when the cluster has a
-    store, pushed by the nodes straight to it (issue 18)."""
-    store = run.inv.spec.store if run.inv.spec is not None else None
-    if store:
-        from provision.job.managed.checks import store_env
-        from provision.job.managed.keeper import StoreKeeper
-        from provision.job.managed.nodecreds import NodeCredentials
-        from remote.store import parse_url
-        from remote.storekeys import data_prefix
-
-        url = parse_url(store)
-        folder = f"{data_prefix(run.inv.name)}/checkpoints"
-        creds = NodeCredentials(url, store_env(), write=[folder], name=f"mgpu-{run.inv.name}",
-                                note=run.log)
-        return StoreKeeper(run.inv, url.child(folder), creds, log=run.log)
-    return CheckpointKeeper(run.inv, local_checkpoint_dir(run.inv), log=run.log)
-
-
-def attempt(run: JobRun, group: NodeGroup, keeper: CheckpointKeeper, rec: JobRecord,
-            restarts: int, gate: InJobGate | None = None) -> Outcome:
-    """One start of the job on every node, followed to its end, its checkpoints kept and a
-    Watcher looking for hangs and preemption notices. `gate`: the fabric gate first, in the
-    job's own processes. A job that ended well gets its record (exit codes, logs) while the
-    last copy of its checkpoints is made: each asks the nodes on connections of its own."""
-    watcher = Watcher(run.inv, run.job, keeper, run.log, stop=run.stop)
-    ends = JobEnds(rec.id)  # what each node said as its part ended: state, checkpoints
-    keeper.start()
-    last_copy: Future[None] | None = None
-    try:
-        try:
-            code = run_job(run.inv, run.job, log=run.log, group=group, monitor=watcher,
-                           restart_count=restarts, ends=ends, out=run.out, gate=gate)
-            outcome = Outcome(code, watcher)
-        except LaunchError as exc:
-            outcome = Outcome(SESSION_LOST, watcher, launch_error=exc)
-        last_copy = background(lambda: keeper.stop(known=ends.manifests()))
-        if outcome.code == 0:  # every node ended well: its connection is fine
-            jobs.refresh(run.inv, [rec], group, store=run.records,  # exit codes, logs
-                         reported=ends.states())
-        return outcome
-    finally:
-        if last_copy is None:
-            keeper.stop()
-        else:
-            last_copy.result()
-
-
-def _begin(run: JobRun, group: NodeGroup, parent: JobRecord | None = None) -> JobRecord:
-    """The attempt's record (its id names its log on the nodes and here); `parent`: the
-    attempt it restarts."""
-    rec = jobs.begin(run.inv, run.job, launching_nodes(run.inv, run.job), detached=False,
-                     store=run.records, parent=parent)
-    again = f", restart {rec.attempt - 1} of job {rec.parent}" if rec.parent else ""
-    run.log(f"job {rec.id}{again} (its log: mgpu-cloud logs {run.inv.name} {rec.id})")
-    return rec
-
-
-# --- the commands -------------------------------------------------------------------------------
-def launch(
-    name: str, job: JobSpec, *, store: InventoryStore | None = None, log: Log = stderr_line
-) -> int:
-    """Run `job` on an existing cluster; copies rank 0's outputs back. Returns the exit code."""
+def start(cluster: str | NewCluster, job: JobSpec, supervision: Supervision, *,
+          store: InventoryStore | None = None, log: Log = stderr_line) -> Started:
+    """`job` on `cluster` under `supervision` (the module doc). Returns the attached job's
+    exit code or the detached job's id; `declined` when a new cluster's plan was declined."""
     store = store or InventoryStore()
+    if isinstance(cluster, str):
+        return _on_existing(cluster, job, supervision, store, log)
+
+    def check(provider: AnyProvider) -> None:
+        spec = cluster.spec
+        supervision.check(job, Target(spec.name, provider, spec.provider, spec.store, new=True,
+                                      keep=cluster.keep), log)
+
+    try:
+        with temporary_cluster(cluster, store=store, log=log, checks=check,
+                               workdir=lambda inv: workdir_of(inv, job),
+                               before=keep_job_logs(log)) as made:
+            started = _on_ready(made.inv, made.provider, store, job, supervision, log, new=True)
+            if supervision.hands_over is not None:
+                made.hand_over(supervision.hands_over)
+            return started
+    except Declined:
+        return Started(declined=True)
+
+
+def _on_existing(name: str, job: JobSpec, supervision: Supervision, store: InventoryStore,
+                 log: Log) -> Started:
     with store.lock(name), sigterm_raises():
+        inv = store.load(name)
+        provider = get_provider(inv.provider)
+        supervision.check(job, Target(name, provider, inv.provider,
+                                      inv.spec.store if inv.spec is not None else None,
+                                      new=False, inv=inv), log)
         inv = ready_inventory(store, name)
         clock = timeline.begin(inv, "launch")
         try:
-            return live(JobRun(inv, get_provider(inv.provider), store, job, log))
+            return _on_ready(inv, provider, store, job, supervision, log, new=False)
         finally:
             if clock.phases:
                 log(clock.summary())
+            else:  # nothing timed (a detached job without a gate): `up`'s stays the latest
+                inv.timelines = [t for t in inv.timelines if t is not clock]
+                store.save(inv)
 
 
-def run(
-    spec: ClusterSpec,
-    job: JobSpec,
-    *,
-    confirm: Confirm,
-    keep: bool = False,
-    store: InventoryStore | None = None,
-    log: Log = stderr_line,
-) -> int:
-    """create + the job's life + destroy; destroy in every case unless `keep`."""
-    store = store or InventoryStore()
-    clock = timeline.Timeline.begin("run")
-    provider, plan = plan_cluster(spec, store)
-    clock.add("plan", since=clock.started_at)
-    if not confirm(plan):
-        return 1
-    provider.creatable(plan)  # an unresolved plan is refused before anything is written
-    with store.lock(spec.name), sigterm_raises():
-        inv = create_cluster(provider, spec, plan, store, bootstrap=True,
-                             workdir=lambda inv: workdir_of(inv, job), log=log, timeline=clock)
-        try:
-            # bootstrap already placed the workdir
-            return live(JobRun(inv, provider, store, job, log), sync=False)
-        finally:
-            if keep:
-                log(f"--keep: cluster {spec.name!r} left running; remove it with "
-                    f"`mgpu-cloud down {spec.name}`")
-            else:
-                with sigterm_raises():
-                    destroy_cluster(provider, inv, store, log, before=keep_job_logs(log))
-                from provision.cluster.cost import describe
+def _on_ready(inv: Inventory, provider: AnyProvider, store: InventoryStore, job: JobSpec,
+              supervision: Supervision, log: Log, *, new: bool) -> Started:
+    """The steps every supervision shares on a ready cluster whose lock the caller holds:
+    refuse if busy, sync (an existing cluster), the gate step; then the supervision's start."""
+    from provision.nodes.bootstrap import sync_workdir
 
-                log(describe(inv.hourly_cost_usd, inv.created_at, None, spec.spot))
-            log(clock.summary())  # where the bring-up's time went, the slowest phase named
+    try:
+        with NodeGroup(inv) as group:
+            jobs.refuse_if_busy(inv, group)
+            if not new:  # a new cluster's bootstrap placed the workdir
+                sync_workdir(inv, workdir_of(inv, job), log=log, group=group)
+            gate = gate_step(inv, job, store=store, log=log, group=group,
+                             followed=supervision.follows_output)
+            return supervision.start(Ready(inv, provider, store, job, group, log, gate, new))
+    finally:
+        timeline.finish(inv)  # gate, first output line (and recoveries) recorded
+        store.save(inv)
 
 
 def keep_job_logs(log: Log) -> Callable[[Inventory], None]:
     """The `before` hook of a destroy: job logs not copied yet come here (best effort)."""
     return lambda inv: jobs.before_teardown(inv, log)
-
-
-def down(name: str, *, store: InventoryStore | None = None, log: Log = stderr_line) -> None:
-    """`mgpu-cloud down`: the jobs' logs kept, then everything the inventory recorded deleted.
-    A managed cluster's controller first takes back what it replaced and ends its job (issue
-    18: it must not make a node while the cluster is removed)."""
-    from provision.job.managed.client import adopt_from_store
-    from provision.job.managed.stopping import stop_before_down
-
-    store = store or InventoryStore()
-    if store.exists(name):
-        adopt_from_store(name, store, warn=log)
-        stop_before_down(store.load(name), store, log)
-    destroy_by_name(name, store=store, log=log, before=keep_job_logs(log))

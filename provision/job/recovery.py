@@ -10,7 +10,7 @@ Detection (a Watcher is the launch.JobMonitor of the run):
                  every rank's Python stack is dumped into the run's output first
     preemption   a node's supervisor saw a notice (remote/preempt.py) and signalled its ranks;
                  the other nodes' ranks get the same signal, the save is copied, then stop
-Recovery (the loop is provision/job/lifecycle.supervise), at most --max-restarts times:
+Recovery (the loop is provision/job/attached.supervise), at most --max-restarts times:
     keep the last checkpoint -> lost / preempted nodes: replace (Recoverable.replace), or wait
     for the same hosts (--on-node-loss restart), or stop (fail) -> bootstrap the new nodes and
     update the others -> restore the checkpoint on every node -> launch again with
@@ -41,7 +41,7 @@ Log = Callable[[str], None]
 OnEvent = Callable[[str, str, list[str]], None]
 FAILURE_EVENTS = {"node lost": "node_lost", "preemption": "preempted", "hang": "hang",
                   "rank crash": "crashed"}
-CANCELLED = 130  # lifecycle.supervise's code when JobRun.stop asked for the job to end
+CANCELLED = 130  # attached.supervise's code when JobRun.stop asked for the job to end
 EVENT_PREFIX = "MGPU-EVENT "  # remote/supervise.py prints events with this prefix
 PREEMPT_SAVE_DEADLINE_S = 90.0  # AWS gives ~120 s, GCP ~30 s: what a save may take at most
 REACHABLE_DEADLINE_S = 10.0  # a fresh login to a node said to be alive

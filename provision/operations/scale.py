@@ -26,9 +26,9 @@ from typing import Any
 
 from provision.model.errors import UserInputError
 from provision.model.inventory import Inventory, NodeRecord
+from provision.model.logsink import Log
 from provision.model.spec import JobSpec
 
-Log = Callable[[str], None]
 THROUGHPUT = re.compile(r"samples/s\s*[=:]\s*([0-9]+(?:\.[0-9]*)?(?:[eE][-+]?[0-9]+)?)")
 
 
@@ -140,10 +140,10 @@ def scale(job: JobSpec, sizes: list[int], *, spec: Any = None, cluster: str | No
     end in every case). Returns {"cluster", "provider", "hourly_cost_usd", "rows"}, or None
     when the plan was declined."""
     from provision.cluster.pipeline import (
-        create_cluster,
-        destroy_cluster,
-        plan_cluster,
+        Declined,
+        NewCluster,
         sigterm_raises,
+        temporary_cluster,
     )
     from provision.job.launch import workdir_of
     from provision.job.lifecycle import keep_job_logs
@@ -155,18 +155,14 @@ def scale(job: JobSpec, sizes: list[int], *, spec: Any = None, cluster: str | No
             inv = store.load(cluster)
             runs = run_sizes(inv, job, sizes, log=log)
     else:
-        provider, plan = plan_cluster(spec, store)
-        if confirm is not None and not confirm(plan):
-            return None
-        provider.creatable(plan)
-        with store.lock(spec.name), sigterm_raises():
-            inv = create_cluster(provider, spec, plan, store, bootstrap=True,
-                                 workdir=lambda inv: workdir_of(inv, job), log=log)
-            try:
+        new = NewCluster(spec, confirm or (lambda plan: True))
+        try:
+            with temporary_cluster(new, store=store, log=log, before=keep_job_logs(log),
+                                   workdir=lambda inv: workdir_of(inv, job)) as made:
+                inv = made.inv
                 runs = run_sizes(inv, job, sizes, log=log, sync=False)
-            finally:
-                with sigterm_raises():
-                    destroy_cluster(provider, inv, store, log, before=keep_job_logs(log))
+        except Declined:
+            return None
     per_node = inv.hourly_cost_usd / max(1, len(inv.nodes))
     return {"cluster": inv.name, "provider": inv.provider,
             "hourly_cost_usd": inv.hourly_cost_usd, "rows": analyse(runs, per_node)}

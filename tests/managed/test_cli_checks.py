@@ -10,7 +10,10 @@ import pytest
 from typer.testing import CliRunner
 
 from provision.cli import app
-from provision.job.managed.checks import attached_notify_note, unsupervised_flags
+from provision.cluster.providers import get_provider
+from provision.job.attached import Attached
+from provision.job.detached import unsupervised_flags
+from provision.job.supervision import Target
 from provision.model.inventory import Inventory, InventoryStore
 from provision.model.spec import build_cluster_spec, build_job_spec, load_config_file
 
@@ -60,8 +63,12 @@ def test_launch_detach_on_a_cluster_without_a_store_refuses_them(home: Path) -> 
 
 def test_notify_on_an_attached_run_is_said_to_be_ignored(home: Path) -> None:
     job = build_job_spec({}, {"script": EXAMPLE, "notify": "https://hooks.example.com/x"})
-    assert "ignored on an attached run" in (attached_notify_note(job) or "")
-    assert attached_notify_note(build_job_spec({}, {"script": EXAMPLE})) is None
+    target = Target("busy", get_provider("docker"), "docker", None, new=False)
+    said: list[str] = []
+    Attached().check(job, target, said.append)
+    assert len(said) == 1 and "ignored on an attached run" in said[0]
+    Attached().check(build_job_spec({}, {"script": EXAMPLE}), target, said.append)
+    assert len(said) == 1
     InventoryStore(home).create(Inventory(name="busy", provider="docker", status="creating"))
     code, out = invoke("launch", "busy", "--notify", "https://hooks.example.com/x", "--",
                        EXAMPLE)

@@ -10,8 +10,9 @@
     the nodes will have credentials for it     aws/gcp: AWS keys as variables for s3:// (a
                                                profile/SSO login stays here); gs:// not yet
     --notify is http(s)                        spec.py
-    a --detach job without a store             refused when given supervision flags (nothing
-                                               would act on them: unsupervised_flags)
+    MGPU_RESUME_FROM names a run with          check_resume
+    checkpoints
+(A --detach job without a store is refused supervision flags in provision/job/detached.py.)
 The SDKs' errors are classified once here, by error code (botocore's Error.Code, the HTTP
 status of google.api_core), never by message text.
 """
@@ -189,43 +190,6 @@ def check_store(provider: str, store_url: str, env: dict[str, str] | None = None
     check_node_credentials(provider, url, env)
     check_writable(url)
     return url
-
-
-# What only a supervisor acts on: an attached run's own process, or a managed run's controller.
-SUPERVISION_FLAGS = {"max_restarts": "--max-restarts", "stall_timeout": "--stall-timeout",
-                     "on_node_loss": "--on-node-loss", "preempt_signal": "--preempt-signal",
-                     "notify": "--notify"}
-
-
-def unsupervised_flags(job: JobSpec) -> list[str]:
-    """The supervision flags `job` sets to something other than their default."""
-    return [flag for name, flag in SUPERVISION_FLAGS.items()
-            if getattr(job, name) != JobSpec.model_fields[name].default]
-
-
-def refuse_unsupervised(job: JobSpec, cluster: str | None = None) -> None:
-    """A `--detach` job without a store has no supervisor (the nodes run it alone): refuse
-    the flags that would be silently ignored, before anything is created."""
-    flags = unsupervised_flags(job)
-    if not flags:
-        return
-    fix = (f"the cluster {cluster!r} has no store: make one with `mgpu-cloud up --store URL`"
-           if cluster else "add --store s3://BUCKET/PREFIX (or gs://, file://)")
-    raise UserInputError(
-        f"{', '.join(flags)} need{'s' if len(flags) == 1 else ''} a supervisor, and a --detach "
-        "job without --store has none: nothing would restart, watch or report it",
-        hint=f"{fix} (its controller then supervises the detached job), or run attached "
-             f"(without --detach), or leave out {', '.join(flags)}")
-
-
-def attached_notify_note(job: JobSpec) -> str | None:
-    """--notify on an attached run: ignored, and said so (the terminal shows every state
-    change; the webhook reads a managed run's records, which an attached run does not
-    write)."""
-    if job.notify is None:
-        return None
-    return ("--notify is ignored on an attached run: it posts the state changes of a managed "
-            "run (--detach --store URL); this terminal shows them")
 
 
 def check_resume(inv_name: str, url: str, job: JobSpec) -> None:

@@ -1,8 +1,14 @@
 """The user's side of a managed run: make the controller, give it the job, return once it runs.
 
-    run --detach --store URL    plan + store/webhook checks (before anything is made) -> up ->
-                                fabric gate -> hand_off(teardown=True) -> the job id
-    launch --detach (a cluster with a store)   workdir sync -> hand_off(teardown=False)
+    Controller                  the supervision (provision/job/supervision.py) of `--detach`
+                                on a cluster with a store; provision/job/lifecycle.start runs
+                                it like any other:
+      check                     the store (reachable, writable, credentials for the nodes),
+                                a provider that can make a controller, MGPU_RESUME_FROM, no
+                                managed job running: before anything is made
+      start                     the nodes' store SDK checked, then hand_off (teardown=True
+                                for `run --detach --store`, whose controller removes the
+                                cluster; False for `launch --detach`) -> the job id
 
 hand_off: the controller is created the first time (Supervising.create_controller, recorded
 in the inventory), gets ONE upload (the tool's code as installed here, the inventory, the
@@ -23,25 +29,25 @@ from __future__ import annotations
 import json
 import shlex
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from provision.cluster.providers.contract import AnyProvider, Supervising
+from provision.job.detached import refuse_keep
 from provision.job.managed.records import (
     RESUME_VAR,
     JobView,
     claim_job_id,
 )
 from provision.job.managed.signing import KEY_FILE
+from provision.job.supervision import Ready, Started, Supervision, Target
 from provision.model.errors import LaunchError, MgpuError, UserInputError
 from provision.model.inventory import Inventory, InventoryStore
-from provision.model.spec import ClusterSpec, JobSpec
+from provision.model.logsink import Log
+from provision.model.spec import JobSpec
 from provision.nodes import HomePath, NodeGroup, RemoteLayout
 from remote.store import StoreURL, open_store, parse_url
 
-Log = Callable[[str], None]
-Confirm = Callable[..., bool]
 CONTROLLER_DIR = "controller"  # under the controller's remote folder
 START_DEADLINE_S = 600.0
 SETUP_DEADLINE_S = 900.0  # a cloud controller's first boot: apt + pip of the dependencies
@@ -293,78 +299,35 @@ def supervisor_ended(group: NodeGroup, layout: RemoteLayout, job_id: str) -> boo
     return '"exited"' in res.value.stdout
 
 
-# --- the commands ----------------------------------------------------------------------------
-def run_managed(spec: ClusterSpec, job: JobSpec, *, confirm: Confirm, log: Log,
-                store: InventoryStore | None = None) -> str | None:
-    """`run --detach --store`: None when the plan was declined. If the hand-off fails, the
-    cluster is removed before the error is raised."""
-    from provision.cluster.pipeline import (
-        create_cluster,
-        destroy_cluster,
-        plan_cluster,
-        sigterm_raises,
-    )
-    from provision.job.gate import gate_before_job
-    from provision.job.jobs import before_teardown
-    from provision.job.launch import workdir_of
-    from provision.job.managed.checks import check_resume, check_store, store_env
+# --- the supervision ----------------------------------------------------------------------
+class Controller(Supervision):
+    """The cluster's controller supervises the job (`--detach` on a cluster with a store):
+    checked before anything is made, handed over once the cluster is ready (a new cluster's
+    removal with it), returned as soon as it runs. Returns the job's id."""
 
-    store = store or InventoryStore()
-    env = store_env()
-    provider, plan = plan_cluster(spec, store)
-    check_store(spec.provider, spec.store or "", env)  # before anything is created
-    refuse_unsupervised(provider, spec.provider)
-    check_resume(spec.name, spec.store or "", job)
-    if not confirm(plan):
-        return None
-    provider.creatable(plan)  # an unresolved plan is refused before anything is written
-    with store.lock(spec.name), sigterm_raises():
-        inv = create_cluster(provider, spec, plan, store, bootstrap=True,
-                             workdir=lambda inv: workdir_of(inv, job), log=log)
-        try:
-            gate_before_job(inv, job, store=store, log=log)
-            with NodeGroup(inv) as group:
-                check_node_sdk(inv, group)
-            job_id = hand_off(provider, inv, store, job, env, teardown=True, log=log)
-        except BaseException:
-            log("the job could not be handed to the controller; removing the cluster ...")
-            destroy_cluster(provider, inv, store, log,
-                            before=lambda inv: before_teardown(inv, log))
-            raise
-    from provision.job.managed.client import remember
+    hands_over = "the controller"
 
-    remember(spec.name, spec.store or "")
-    return job_id
+    def __init__(self, env: dict[str, str] | None = None) -> None:
+        from provision.job.managed.checks import store_env
 
+        self.env = store_env() if env is None else env  # what reaches a store from here
 
-def launch_managed(name: str, job: JobSpec, *, log: Log,
-                   store: InventoryStore | None = None) -> str:
-    """`launch --detach` on a cluster with a store: the controller supervises the job."""
-    from provision.cluster.pipeline import sigterm_raises
-    from provision.cluster.providers import get_provider
-    from provision.job.jobs import refuse_if_busy
-    from provision.job.launch import workdir_of
-    from provision.job.managed.checks import (
-        check_resume,
-        check_store,
-        refuse_if_running,
-        store_env,
-    )
-    from provision.model.inventory import ready_inventory
-    from provision.nodes.bootstrap import sync_workdir
+    def check(self, job: JobSpec, target: Target, log: Log) -> None:
+        from provision.job.managed.checks import check_resume, check_store, refuse_if_running
 
-    store = store or InventoryStore()
-    with store.lock(name), sigterm_raises():
-        inv = ready_inventory(store, name)
-        env = store_env()
-        check_store(inv.provider, inv.spec.store if inv.spec and inv.spec.store else "", env)
-        check_resume(name, inv.spec.store if inv.spec and inv.spec.store else "", job)
-        refuse_if_running(inv)
-        with NodeGroup(inv) as group:
-            # an attached or plain detached job of this machine: the controller cannot see
-            # it, and would reset the nodes' checkpoint folder under it
-            refuse_if_busy(inv, group)
-            sync_workdir(inv, workdir_of(inv, job), log=log, group=group)
-            check_node_sdk(inv, group)
-        return hand_off(get_provider(inv.provider), inv, store, job, env, teardown=False,
-                        log=log)
+        refuse_keep(target)
+        check_store(target.provider_name, target.store or "", self.env)
+        refuse_unsupervised(target.provider, target.provider_name)
+        check_resume(target.name, target.store or "", job)
+        if target.inv is not None:
+            refuse_if_running(target.inv)
+
+    def start(self, ready: Ready) -> Started:
+        from provision.job.managed.client import remember
+
+        check_node_sdk(ready.inv, ready.group)
+        job_id = hand_off(ready.provider, ready.inv, ready.store, ready.job, self.env,
+                          teardown=ready.new, log=ready.log)
+        if ready.new and ready.inv.spec is not None and ready.inv.spec.store:
+            remember(ready.inv.name, ready.inv.spec.store)  # `jobs`, `logs` after it is gone
+        return Started(job_id=job_id)

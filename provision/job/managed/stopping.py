@@ -1,11 +1,16 @@
-"""`down` of a cluster whose controller may be supervising a job (issue 18): the job is ended
-through the store first, so the controller makes no node while the cluster is removed."""
+"""`down` of any cluster: the jobs' logs kept, then everything its inventory recorded deleted;
+a cluster whose controller may be supervising a job (issue 18) first has that job ended
+through the store, so the controller makes no node while the cluster is removed.
+
+    down(name)                 `mgpu-cloud down` and the dashboard's Remove
+    stop_before_down(inv)      the managed part: cancel through the store, wait for the end
+"""
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
 
+from provision.job.lifecycle import keep_job_logs
 from provision.job.managed.handoff import (
     controller_inventory,
     controller_layout,
@@ -14,12 +19,26 @@ from provision.job.managed.handoff import (
 from provision.job.managed.records import FINAL_STATES, JobView, job_ids
 from provision.job.managed.signing import local_key
 from provision.model.inventory import Inventory, InventoryStore
+from provision.model.logsink import Log, stderr_line
 from provision.nodes import NodeGroup
 from remote.store import open_store
 
-Log = Callable[[str], None]
 STOP_DEADLINE_S = 180.0  # down: how long a controller may take to end a job (mid-recovery)
 EXIT_DEADLINE_S = 30.0  # down: then for its supervisor to write the last log and exit
+
+
+def down(name: str, *, store: InventoryStore | None = None, log: Log = stderr_line) -> None:
+    """`mgpu-cloud down`: the jobs' logs kept, then everything the inventory recorded deleted.
+    A managed cluster's controller first takes back what it replaced and ends its job (issue
+    18: it must not make a node while the cluster is removed)."""
+    from provision.cluster.pipeline import down as destroy_by_name
+    from provision.job.managed.client import adopt_from_store
+
+    store = store or InventoryStore()
+    if store.exists(name):
+        adopt_from_store(name, store, warn=log)
+        stop_before_down(store.load(name), store, log)
+    destroy_by_name(name, store=store, log=log, before=keep_job_logs(log))
 
 
 def stop_before_down(inv: Inventory, store: InventoryStore, log: Log,

@@ -4,7 +4,7 @@
 
 runs ON the cluster's controller (docs/ARCHITECTURE.md, managed runs) with MGPU_CLOUD_HOME set to the
 controller's own state folder (the inventory and the cluster key, uploaded by handoff.py).
-`supervise` is the job lifecycle's `supervise` (provision/job/lifecycle.py) with everything it
+`supervise` is the attached supervision's `supervise` (provision/job/attached.py) with everything it
 needs given as arguments (JobRun): the inventory and its store, the provider, the durable
 store's sinks (checkpoints through StoreKeeper, records and output through JobLog, a cancel
 asked through the store), the webhook. The controller reaches the nodes at their
@@ -153,8 +153,8 @@ def supervise(provider: AnyProvider, inv: Inventory, istore: InventoryStore, job
     """Run `job` under recovery with its state in the store; returns the job's exit code.
     With `teardown`, the whole cluster (this controller last) is removed at the end.
     `outside`: the nodes as the user's machine reaches them, by rank (for cluster.json)."""
-    from provision.job.lifecycle import JobRun
-    from provision.job.lifecycle import supervise as job_life
+    from provision.job.attached import JobRun
+    from provision.job.attached import supervise as job_life
     from provision.job.managed.notify import Notifier
     from provision.model.jobstore import JobStore
     from provision.nodes import NodeGroup

@@ -1,6 +1,6 @@
 """The only changes the dashboard makes: `cancel` a job and `down` a cluster, through the code
-the CLI runs for them (provision/job/jobs.py cancel + refresh; provision/job/lifecycle.py down:
-the jobs' logs kept, then the cluster destroyed). The pages ask for confirmation before calling
+the CLI runs for them (provision/job/jobs.py cancel + refresh; provision/job/managed/stopping.py
+down: the jobs' logs kept, a managed job ended through its store, then the cluster destroyed). The pages ask for confirmation before calling
 these; the web layer checks the request's token.
 """
 
@@ -68,7 +68,7 @@ class Removals:
         return dict(entry)
 
     def _run(self, name: str, entry: dict[str, Any], before: Callable[[], None] | None) -> None:
-        from provision.job import lifecycle
+        from provision.job.managed import stopping
 
         def log(line: str) -> None:
             with self._lock:
@@ -77,7 +77,7 @@ class Removals:
         try:
             if before is not None:
                 before()
-            lifecycle.down(name, store=InventoryStore(self.home), log=log)
+            stopping.down(name, store=InventoryStore(self.home), log=log)
             state, error = "done", None
         except MgpuError as exc:
             state, error = "failed", str(exc)

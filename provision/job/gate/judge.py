@@ -1,29 +1,31 @@
-"""The fabric gate: before a multi-node job starts, prove that the network between the nodes
-delivers what it should, or stop with the node(s) to blame and the likely fix.
+"""The fabric gate's judgement: from the nodes' output alone (pure), whether the network
+between the nodes delivers what it should, and if not, the node(s) to blame and the likely fix.
 
-    gate_before_job(inv, job, store=..., log=...)  the pipeline's hook (launch, run)
-    run_gate(inv, job, mode=...)                   measure + judge -> GateRecord (no raising)
-    evaluate(inv, output, code, mode=...)          judge the nodes' output (pure)
+    should_run(inv, mode)                          whether the gate runs at all, and why not
+    evaluate(inv, output, code, mode=...)          judge the nodes' output -> GateRecord
     render_table(record)                           node | transport | busbw | expected | verdict
+    gate_error(record)                             the FabricGateError that stops the job
 
-One torchrun of `remote.pyz allreduce --gate` on every GPU of every node (gloo on CPU nodes),
-with NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=INIT,NET, does all the measuring in one process group:
+The nodes measure (provision/job/gate/separate.py: one torchrun of `remote.pyz allreduce
+--gate` before the job; provision/job/gate/injob.py: the same in the job's own processes), with
+NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=INIT,NET, in one process group:
   1. a short all-reduce sweep over every rank (bounded: a few sizes, a time budget);
   2. when its peak busbw is below the threshold (always, when the fabric has no expected
      figure: docker, ssh, unmeasured types), node pairs in parallel rounds: a round-robin
      schedule, n - 1 rounds of n/2 disjoint pairs (n rounds for odd n), at most
      MAX_PAIR_ROUNDS; pairs below PAIR_SLOW_FRACTION of the reference are measured again.
 Then, from the output alone:
-  - transport: each node's NCCL INFO lines -> provision.job.fabric.transport_of, compared with
-    Inventory.fabric.transport;
+  - transport: each node's NCCL INFO lines -> provision.job.gate.fabric.transport_of, compared
+    with Inventory.fabric.transport;
   - bandwidth: the peak busbw against BUSBW_FAIL_FRACTION x Inventory.fabric.busbw_gbps;
   - slow pair: below PAIR_SLOW_FRACTION of the reference (the median over nodes of each node's
     best pair; half of it on gloo) in both of its measurements;
   - slow node: every pair it is in is slow (even its best one), so it is the node;
   - slow link: a slow pair whose two nodes are fine with other partners.
-Failure -> one table, the problems, the likely fixes (provision.job.fabric's per-fabric fixes and
-the provision.job.diagnose signatures found in the output), FabricGateError before the job; with
---allow-slow-network a warning instead. The result is kept in Inventory.fabric_gate.
+Failure -> one table, the problems, the likely fixes (provision.job.gate.fabric's per-fabric
+fixes and the provision.job.diagnose signatures found in the output), FabricGateError before
+the job; with --allow-slow-network a warning instead. The result is kept in
+Inventory.fabric_gate.
 
 Modes (JobSpec.fabric_check): `auto` runs for multi-node clusters whose provider set
 Inventory.fabric (aws, gcp); `on` runs for every multi-node cluster; `off` never.
@@ -32,21 +34,15 @@ Inventory.fabric (aws, gcp); `on` runs for every multi-node cluster; `off` never
 from __future__ import annotations
 
 import datetime as dt
-import time
-from collections.abc import Callable
 from typing import Any
 
-from provision.job.fabric import UNKNOWN, Transport, transport_of
-from provision.job.gate_words import add_diagnosis, describe
-from provision.job.programs import json_lines, run_remote_program
+from provision.job.gate.fabric import UNKNOWN, Transport, transport_of
+from provision.job.gate.words import add_diagnosis, describe
+from provision.job.programs import json_lines
 from provision.model.errors import LaunchError
 from provision.model.gate_record import GateNode, GatePair, GateRecord
-from provision.model.inventory import Inventory, InventoryStore
-from provision.model.spec import DEFAULT_MASTER_PORT, JobSpec
-from provision.nodes import NodeGroup, borrowed
+from provision.model.inventory import Inventory
 from remote.gatejudge import Pair, PairFigure, judge, merge_pairs, pair_fraction
-
-Log = Callable[[str], None]
 
 # A cluster whose peak all-reduce busbw is below half the type's published nccl-tests figure
 # fails. The published figures are at 1-2 GB messages and the gate stops at 1 GiB with few
@@ -61,6 +57,7 @@ PAIR_SLOW_FRACTION = 0.5
 # Every pair up to 17 nodes; beyond, each node still meets 16 partners (enough to tell a slow
 # node from its partners; links are then sampled, not all measured).
 MAX_PAIR_ROUNDS = 16
+
 
 class FabricGateError(LaunchError):
     """The fabric gate failed: the job was not started."""
@@ -84,85 +81,6 @@ def threshold_gbps(inv: Inventory) -> float | None:
     if inv.fabric is None or inv.fabric.busbw_gbps is None:
         return None
     return BUSBW_FAIL_FRACTION * inv.fabric.busbw_gbps
-
-
-def node_program(inv: Inventory) -> list[str]:
-    """The words torchrun runs on every node (remote.pyz is the node's copy)."""
-    limit = threshold_gbps(inv)
-    return ["@root/remote.pyz", "allreduce", "--gate",
-            "--pairwise-below", "inf" if limit is None else f"{limit:g}",
-            "--pair-rounds", str(MAX_PAIR_ROUNDS), "--pair-fraction", f"{PAIR_SLOW_FRACTION:g}"]
-
-
-def gate_job(job: JobSpec | None, *, gpus: bool = True) -> JobSpec:
-    """The gate runs as the job will (its env, image, processes per node, port), under
-    torchrun, with NCCL's INFO lines on (they name the transport). Without GPUs (`gpus`
-    False: gloo on CPU) one process per node: every CPU process shares the node's one
-    network path, so more processes would measure CPU contention, and each costs a torch
-    import (seconds on a small machine)."""
-    env = dict(job.env) if job is not None else {}
-    env.pop("NCCL_DEBUG_FILE", None)  # the lines must reach the output
-    env.update({"NCCL_DEBUG": "INFO", "NCCL_DEBUG_SUBSYS": "INIT,NET"})
-    nproc = job.nproc_per_node if job is not None else None
-    # model_construct: no validation (the "script" lives on the nodes)
-    return JobSpec.model_construct(
-        script="remote.pyz", launcher="torchrun", excludes=[], env=env, rdzv=False,
-        nproc_per_node=nproc if gpus else 1,
-        master_port=job.master_port if job is not None else DEFAULT_MASTER_PORT,
-        image=job.image if job is not None else None, nccl_debug=False)
-
-
-GPU_COUNT = "nvidia-smi -L 2>/dev/null | grep -c '^GPU ' || true"
-
-
-def any_gpu(group: NodeGroup) -> bool:
-    """Whether any node lists a GPU (one command on the group's connections; a node that
-    does not answer counts as none: the gate's run then reports it)."""
-    counts = []
-    for res in group.run(GPU_COUNT).values():
-        out = res.value.stdout.strip() if res.value is not None else ""
-        counts.append(int(out) if out.isdigit() else 0)
-    return any(counts)
-
-
-# ------------------------------------------------------------------------------- running
-def run_gate(inv: Inventory, job: JobSpec | None, *, mode: str, log: Log = print,
-             group: NodeGroup | None = None) -> GateRecord:
-    """Measure and judge. Never raises for a bad fabric (that is the record's verdict)."""
-    t0 = time.monotonic()
-    with borrowed(inv, group) as nodes:
-        # the probe opens the connections the gate's launch then reuses
-        code, output = run_remote_program(inv, gate_job(job, gpus=any_gpu(nodes)),
-                                          node_program(inv),
-                                          log=lambda m: log(f"fabric gate: {m}"), group=nodes)
-    return evaluate(inv, output, code, mode=mode, seconds=time.monotonic() - t0)
-
-
-def gate_before_job(inv: Inventory, job: JobSpec, *, store: InventoryStore, log: Log,
-                    group: NodeGroup | None = None) -> GateRecord | None:
-    """The pipeline's hook before a job: run the gate when the mode says so, keep its result
-    in the inventory, and raise FabricGateError when it failed (unless
-    job.allow_slow_network: then a warning, and the job goes on). None when skipped."""
-    run, why = should_run(inv, job.fabric_check)
-    if not run:
-        if job.fabric_check == "on":
-            log(f"fabric gate: skipped ({why})")
-        return None
-    log(f"fabric gate: all-reduce on {len(inv.nodes)} nodes before the job "
-        "(--fabric-check off skips it) ...")
-    record = run_gate(inv, job, mode=job.fabric_check, log=log, group=group)
-    record.overridden = record.verdict == "fail" and job.allow_slow_network
-    inv.fabric_gate = record
-    store.save(inv)
-    if record.verdict == "pass":
-        log(f"fabric gate: {pass_line(record)}")
-        return record
-    log(render_table(record))
-    if job.allow_slow_network:
-        log("warning: the fabric gate failed; --allow-slow-network: running the job anyway, "
-            "at the speed measured above")
-        return record
-    raise gate_error(record)
 
 
 def gate_error(record: GateRecord) -> FabricGateError:
@@ -296,21 +214,3 @@ def render_table(record: GateRecord) -> str:
     out += [f"  note: {n}" for n in record.notes]
     out += [f"  likely fix: {f}" for f in record.fixes]
     return "\n".join(out)
-
-
-def check_fabric(name: str, *, store: InventoryStore | None = None,
-                 log: Log = print) -> GateRecord:
-    """`check NAME --fabric`: the gate now, as `--fabric-check on` would run it before a job
-    (the job's defaults: every slot, port 29500, no image); the result is kept."""
-    from provision.model.errors import UserInputError
-
-    store = store or InventoryStore()
-    with store.lock(name):
-        inv = store.load(name)
-        run, why = should_run(inv, "on")
-        if not run:
-            raise UserInputError(f"no fabric gate for cluster {name!r}: {why}")
-        record = run_gate(inv, None, mode="on", log=log)
-        inv.fabric_gate = record
-        store.save(inv)
-    return record

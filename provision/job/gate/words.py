@@ -1,4 +1,4 @@
-"""The fabric gate's judgement in words (provision/job/gate.py judges; this says it): each
+"""The fabric gate's judgement in words (provision/job/gate/judge.py judges; this says it): each
 node row's verdict, the problems, the likely fixes and the failure signatures found in the
 output. The fractions quoted come from the record and the judgement themselves."""
 
@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from provision.job.fabric import fix_for
+from provision.job.gate.fabric import fix_for
 from provision.model.gate_record import GateNode, GateRecord
 from remote.gatejudge import Judgement, Pair, PairFigure
 

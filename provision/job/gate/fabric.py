@@ -5,7 +5,7 @@ the providers' catalogs: aws/catalog.py and gcp/catalog.py FABRIC, Inventory.fab
     matches(expected, found)       -> bool
     fix_for(expected, found)       -> the likely fix when NCCL did not use the expected fabric
 
-Pure: no I/O. The gate (provision/job/gate.py) runs the all-reduce with NCCL_DEBUG=INFO
+Pure: no I/O. The gate (provision/job/gate/) runs the all-reduce with NCCL_DEBUG=INFO
 NCCL_DEBUG_SUBSYS=INIT,NET and hands each node's lines here. The line parsing (rules, the real
 captured logs it was checked against) lives in remote/transport.py, because the nodes judge
 the gate with it too (remote/injob.py); it is re-exported here.

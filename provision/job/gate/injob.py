@@ -1,8 +1,5 @@
 """The fabric gate inside the job's own launch (the controller's half of remote/injob.py).
 
-    gates = gate_step(inv, job, ...)       the lifecycle's gate step: the separate gate runs
-                                           now, or each attempt's InJobGate comes from `gates`
-    where = placement(inv, job)            "in-job" | "separate" (and why) | None (no gate)
     gate = InJobGate(inv, job, store, log) one per launch attempt; run_job streams through it
     gate.entry                             the words before the job's script in its launcher
     gate.take(node, line)                  the node's gate lines are kept, not printed
@@ -11,17 +8,10 @@
 
 The job's launcher starts `remote.pyz injob [gate options] -- SCRIPT ARGS` in every process;
 rank 0 judges there (remote.gatejudge) and the script starts only on a pass. Each node's
-output up to its `MGPU-GATE` line is the gate's: it is kept for provision.job.gate.evaluate (the
-same rules, from the same lines) and for the node log, not printed. Job lines that arrive
+output up to its `MGPU-GATE` line is the gate's: it is kept for provision.job.gate.judge.evaluate
+(the same rules, from the same lines) and for the node log, not printed. Job lines that arrive
 before every node has passed wait, so the pass line (or the failed gate's table) comes first.
-
-The separate gate (one torchrun of `remote.pyz allreduce --gate` before the job,
-provision/job/gate.py) remains where the job's processes cannot run it:
-  - DeepSpeed's pdsh mode: node 0 starts every node's ranks over pdsh, so each node's output
-    arrives inside node 0's stream and the per-node variables (MGPU_NODE_RANK) cannot differ;
-  - a script that is not Python (the gate runs in the interpreter the launcher starts);
-  - a job that sets NCCL_DEBUG_FILE (the gate reads NCCL's lines from the process's stdout,
-    and NCCL keeps its debug settings for the process: the job's file would not be used).
+Where it runs instead of the separate gate: provision/job/gate/step.py.
 """
 
 from __future__ import annotations
@@ -29,83 +19,24 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable
-from pathlib import Path
 
-from provision.job.gate import (
+from provision.job.gate.judge import (
     MAX_PAIR_ROUNDS,
     PAIR_SLOW_FRACTION,
     evaluate,
-    gate_before_job,
     gate_error,
     pass_line,
     render_table,
-    should_run,
     threshold_gbps,
 )
 from provision.model.gate_record import GateRecord
 from provision.model.inventory import Inventory, InventoryStore
+from provision.model.logsink import Log
 from provision.model.spec import JobSpec
 from provision.model.timeline import mark
-from provision.nodes import NodeGroup
 from remote.injob import MARKER
 
-Log = Callable[[str], None]
 PrintLine = Callable[[str, str], None]  # (node, line): print it as the job's output
-
-
-def separate_reason(inv: Inventory, job: JobSpec) -> str | None:
-    """Why this job's processes cannot run the gate themselves (None: they can)."""
-    if job.launcher == "deepspeed" and job.deepspeed_launcher == "pdsh":
-        return "DeepSpeed's pdsh mode starts every node from node 0"
-    if not _is_python(job):
-        return f"{job.script_in_workdir} is not a Python script"
-    if "NCCL_DEBUG_FILE" in job.env:
-        return "the job sets NCCL_DEBUG_FILE"
-    return None
-
-
-def _is_python(job: JobSpec) -> bool:
-    script = Path(job.script)
-    if script.suffix == ".py":
-        return True
-    path = script if script.is_absolute() else job.local_workdir / job.script_in_workdir
-    try:
-        with path.open("rb") as fh:
-            first = fh.readline(200)
-    except OSError:
-        return False
-    return first.startswith(b"#!") and b"python" in first
-
-
-def placement(inv: Inventory, job: JobSpec) -> tuple[str | None, str]:
-    """("in-job" | "separate" | None, why): where the gate runs for this job, if at all."""
-    run, why = should_run(inv, job.fabric_check)
-    if not run:
-        return None, why
-    reason = separate_reason(inv, job)
-    return ("separate", reason) if reason else ("in-job", "")
-
-
-def gate_step(inv: Inventory, job: JobSpec, *, store: InventoryStore, log: Log,
-              group: NodeGroup | None = None) -> Callable[[], InJobGate] | None:
-    """Where the job's processes can run the gate themselves, the factory of each launch
-    attempt's InJobGate; else the separate gate runs now (FabricGateError when it fails and
-    the job did not say --allow-slow-network; the result recorded either way). None: no
-    gate, or it ran already."""
-    where, why = placement(inv, job)
-    if where == "in-job":
-        log(f"fabric gate: in the job's own processes on {len(inv.nodes)} nodes, before its "
-            "script (--fabric-check off skips it)")
-        return lambda: InJobGate(inv, job, store, log)
-    if where == "separate":
-        log(f"fabric gate: a run of its own before the job ({why})")
-    before, since = inv.fabric_gate, time.time()
-    try:
-        gate_before_job(inv, job, store=store, log=log, group=group)
-    finally:
-        if inv.fabric_gate is not None and inv.fabric_gate is not before:  # it ran
-            mark(inv, "gate", since=since, detail=f"a run of its own: {inv.fabric_gate.verdict}")
-    return None
 
 
 def entry_words(inv: Inventory, job: JobSpec) -> list[str]:
