@@ -42,8 +42,8 @@ class Standin:
         found = []
         for (res, ns, name), obj in list(self.store.objects.items()):
             labels = obj["metadata"].get("labels") or {}
-            if ("mgpu-cloud-cluster" in labels and cluster is None) or \
-                    labels.get("mgpu-cloud-cluster") == cluster:
+            if "mgpu-cloud-cluster" in labels and cluster in (None,
+                                                              labels["mgpu-cloud-cluster"]):
                 found.append(f"{res}/{ns}/{name}")
         return found
 

@@ -137,12 +137,12 @@ class DockerKubelet(Kubelet):
             cid = self._create(pod)
         except docker.errors.ImageNotFound as exc:
             return self.waiting(pod, "ErrImagePull", str(exc.explanation or exc))
-        self.containers[meta["uid"]] = cid
-        self.pods[meta["uid"]] = pod
         for vol in spec.get("volumes", []):
             if "secret" in vol:
                 self._copy_secret(cid, pod, vol)
         self.docker.start(cid)
+        self.pods[meta["uid"]] = pod
+        self.containers[meta["uid"]] = cid  # watched from now on (not before it started)
         info = self.docker.inspect_container(cid)
         self.running(pod, info["NetworkSettings"]["Networks"][self.network]["IPAddress"])
 

@@ -59,6 +59,9 @@ def serve_portforward(h: Any, target: tuple[str, int] | None, query: dict[str, s
     h.send_header("Sec-WebSocket-Accept", accept)
     h.send_header("Sec-WebSocket-Protocol", "v4.channel.k8s.io")
     h.end_headers()
+    # frames go out as they are made: without it each small SSH packet waits for the
+    # client's delayed ACK (measured: 48 ms per round trip, 1.6 MiB/s uploads)
+    h.connection.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     lock = threading.Lock()
 
     def send(payload: bytes, opcode: int = BINARY) -> None:
@@ -86,14 +89,14 @@ def serve_portforward(h: Any, target: tuple[str, int] | None, query: dict[str, s
         try:
             while data := upstream.recv(1 << 16):
                 send(b"\x00" + data)
-        except OSError:
+        except (OSError, ValueError):  # ValueError: the client's side closed first
             pass
         finally:
             done.set()
             try:
                 send(b"", CLOSE)
                 h.connection.shutdown(socket.SHUT_RDWR)  # ends the reading loop below
-            except OSError:
+            except (OSError, ValueError):
                 pass
 
     threading.Thread(target=pod_to_client, daemon=True).start()

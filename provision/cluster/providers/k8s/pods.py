@@ -96,6 +96,8 @@ def tail_of(k: Kube, pod: Any, lines: int = 10) -> str:
                                              tail_lines=lines)
     except Exception:  # noqa: BLE001 - a log is a courtesy in an error message
         return ""
+    if isinstance(text, bytes):
+        text = text.decode(errors="replace")
     text = " | ".join(str(text).strip().splitlines()[-lines:])
     return f": {text}" if text else ""
 

@@ -12,51 +12,120 @@ credentials, plus the pinned host key of each pod.
 
 from __future__ import annotations
 
+import select
 from typing import Any
 
 from provision.model.inventory import Inventory, NodeRecord
 from provision.nodes.transport import Connector, NodeConnection, SshConnection
 
 SSH_PORT = 22
+CHANNEL_DATA, CHANNEL_ERROR = 0, 1
+
+
+class PortForwardSocket:
+    """The socket paramiko reads and writes, carried by one pods/portforward websocket: what
+    paramiko sends goes out as data-channel frames, what comes back is unframed. The
+    websocket stays blocking (a send is never cut by a timeout mid-frame); paramiko's read
+    timeouts are a select() on it before a frame is read. The kubernetes client's own
+    PortForward relays through a socketpair and a thread, which prints a traceback each
+    time a connection closes with bytes unread."""
+
+    def __init__(self, ws: Any, port: int) -> None:
+        self.ws, self.port = ws, port
+        self._buf = b""
+        self._opened: set[int] = set()  # channels whose first frame (the port) came
+        self._timeout: float | None = None
+        self._eof = False
+        self._closed = False  # paramiko's Transport.stop_thread reads it, as on a socket
+
+    def settimeout(self, timeout: float | None) -> None:
+        self._timeout = timeout
+
+    def gettimeout(self) -> float | None:
+        return self._timeout
+
+    def _readable(self) -> bool:
+        sock = self.ws.sock
+        if sock is None:
+            return True
+        if hasattr(sock, "pending") and sock.pending():  # TLS: bytes already decrypted
+            return True
+        return bool(select.select([sock], [], [], self._timeout)[0])
+
+    def recv(self, n: int) -> bytes:
+        from websocket import ABNF, WebSocketConnectionClosedException
+
+        while not self._buf and not self._eof:
+            if not self._readable():
+                raise TimeoutError("timed out")  # socket.timeout, as paramiko polls
+            try:
+                opcode, frame = self.ws.recv_data_frame(True)
+            except (WebSocketConnectionClosedException, OSError):
+                self._eof = True
+                break
+            if opcode == ABNF.OPCODE_CLOSE:
+                self._eof = True
+            elif opcode == ABNF.OPCODE_BINARY and frame.data:
+                channel, data = frame.data[0], frame.data[1:]
+                if channel not in self._opened:
+                    self._opened.add(channel)  # its first frame: the port number
+                elif channel == CHANNEL_ERROR:
+                    raise ConnectionError(f"port-forward to port {self.port}: "
+                                          f"{data.decode(errors='replace')}")
+                else:
+                    self._buf += data
+        out, self._buf = self._buf[:n], self._buf[n:]
+        return out
+
+    def send(self, data: bytes) -> int:
+        self.ws.send_binary(bytes([CHANNEL_DATA]) + bytes(data))
+        return len(data)
+
+    def sendall(self, data: bytes) -> None:
+        self.send(data)
+
+    def close(self) -> None:
+        self._eof = self._closed = True
+        self.ws.close()
+
+
+def open_portforward(api: Any, namespace: str, pod: str, port: int = SSH_PORT
+                     ) -> PortForwardSocket:
+    """A websocket to the pod's `port` through the API server, authenticated as the
+    kubeconfig says (a bearer token, refreshed by its exec plugin; or a client certificate)."""
+    from kubernetes.stream.ws_client import create_websocket, get_websocket_url
+
+    cfg = api.configuration
+    url = get_websocket_url(f"{cfg.host}/api/v1/namespaces/{namespace}/pods/{pod}/portforward",
+                            [("ports", str(port))])
+    # the key's name differs between client versions ("BearerToken" in 36, "authorization"
+    # before); auth_settings() names the header and runs the exec plugin's refresh
+    headers = {s["key"]: s["value"] for s in cfg.auth_settings().values()
+               if s.get("in") == "header" and s.get("value")}
+    return PortForwardSocket(create_websocket(cfg, url, headers), port)
 
 
 class PodGateway:
     """What Fabric asks of a gateway (`open()`, `transport.open_channel(...)`): here the
-    channel is a new port-forward stream to the pod's port 22. Truthy, as Fabric tests it."""
+    channel is a new port-forward to the pod's port 22. Truthy, as Fabric tests it."""
 
-    def __init__(self, core: Any, namespace: str, pod: str) -> None:
-        self.core, self.namespace, self.pod = core, namespace, pod
+    def __init__(self, api: Any, namespace: str, pod: str) -> None:
+        self.api, self.namespace, self.pod = api, namespace, pod
         self.transport = self
-        self._forwards: list[Any] = []
 
     def open(self) -> None:
         return None
 
     def open_channel(self, kind: str, dest_addr: Any = None, src_addr: Any = None) -> Any:
-        from kubernetes.stream import portforward
-
-        pf = portforward(self.core.connect_get_namespaced_pod_portforward, self.pod,
-                         self.namespace, ports=str(SSH_PORT))
-        self._forwards.append(pf)
-        return pf.socket(SSH_PORT)
-
-    def close(self) -> None:
-        for pf in self._forwards:
-            pf.close()
-        self._forwards.clear()
+        return open_portforward(self.api, self.namespace, self.pod)
 
 
 class PodSshConnection(SshConnection):
     """SshConnection (pinned host keys, the cluster key) whose socket is a port-forward."""
 
-    def __init__(self, inv: Inventory, node: NodeRecord, core: Any, namespace: str) -> None:
+    def __init__(self, inv: Inventory, node: NodeRecord, api: Any, namespace: str) -> None:
         super().__init__(inv, node)
-        self._gateway = PodGateway(core, namespace, node.address)
-        self._conn.gateway = self._gateway
-
-    def close(self) -> None:
-        super().close()
-        self._gateway.close()
+        self._conn.gateway = PodGateway(api, namespace, node.address)
 
 
 def connector(inv: Inventory) -> Connector:
@@ -70,6 +139,6 @@ def connector(inv: Inventory) -> Connector:
     k = kube(opts.namespace, opts.context)
 
     def make(inv: Inventory, node: NodeRecord) -> NodeConnection:
-        return PodSshConnection(inv, node, k.core, opts.namespace)
+        return PodSshConnection(inv, node, k.api, opts.namespace)
 
     return make

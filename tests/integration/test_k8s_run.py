@@ -1,0 +1,160 @@
+"""`mgpu-cloud run --provider k8s` for real on the stand-in cluster: the API server of
+tests/providers/k8s/ and a kubelet that runs each pod as a container of the node image on the
+local engine, reached over SSH through the API's port-forward. One stand-in for the module.
+
+Each run: every rank sees world 4, rank 0's outputs come back, and afterwards no object
+carries the cluster's label and no pod container is left; the queue holds a run until Kueue
+admits it; a pod killed mid-run is replaced alone and the job resumes from its checkpoint.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from kit import cli_env
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "providers" / "k8s"))
+
+from standin import Standin  # noqa: E402
+from standin_kubelet import STANDIN_LABEL  # noqa: E402
+
+pytestmark = [pytest.mark.docker, pytest.mark.usefixtures("node_image")]
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module")
+def standin(tmp_path_factory: pytest.TempPathFactory, node_image: str) -> Iterator[Standin]:
+    s = Standin(tmp_path_factory.mktemp("k8s-standin"), docker=True, image=node_image)
+    try:
+        yield s
+    finally:
+        s.stop()
+    assert s.api.violations == [], "\n".join(s.api.violations)
+    assert pod_containers(s) == []
+
+
+def pod_containers(s: Standin) -> list[str]:
+    return subprocess.run(["docker", "ps", "-aq", "--filter", f"label={STANDIN_LABEL}={s.sid}"],
+                          capture_output=True, text=True, check=True).stdout.split()
+
+
+class K8sRun:
+    """`mgpu-cloud run --provider k8s` as a process read line by line."""
+
+    def __init__(self, s: Standin, name: str, args: list[str], cwd: Path) -> None:
+        self.lines: list[str] = []
+        env = cli_env(None, {**s.env(), "PYTHONUNBUFFERED": "1"})
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "provision.cli", "run", "--provider", "k8s", "--name", name,
+             "--nodes", "2", *args], cwd=cwd, env=env, text=True,
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+
+    def wait_for(self, pattern: str, timeout: float = 240) -> None:
+        assert self.proc.stdout is not None
+        timer = threading.Timer(timeout, self.proc.kill)
+        timer.start()
+        try:
+            for line in self.proc.stdout:
+                self.lines.append(line)
+                if re.search(pattern, line):
+                    return
+        finally:
+            timer.cancel()
+        raise AssertionError(f"{pattern!r} never appeared:\n{self.output}")
+
+    def finish(self, timeout: float = 400) -> int:
+        out, _ = self.proc.communicate(timeout=timeout)
+        self.lines.append(out)
+        return self.proc.returncode
+
+    @property
+    def output(self) -> str:
+        return "".join(self.lines)
+
+
+def ranks_seen(out: str, world: int) -> None:
+    found = sorted(int(m.group(1)) for m in re.finditer(rf"rank (\d+)/{world} on ", out))
+    assert found == list(range(world)), out
+    assert not re.search(r"rank \d+/1 on", out), "a process ran alone (world size 1)"
+
+
+def left_nothing(s: Standin, name: str) -> None:
+    assert s.labelled(name) == [], s.labelled(name)
+    assert pod_containers(s) == []
+
+
+@pytest.mark.parametrize("args,script", [
+    ([], "train_ddp.py"),
+    (["--launcher", "deepspeed", "--master-port", "29521"], "train_deepspeed.py"),
+    (["--launcher", "accelerate", "--master-port", "29522"], "train_accelerate.py"),
+], ids=["torchrun", "deepspeed", "accelerate"])
+def test_run_trains_world_4_and_leaves_nothing(standin: Standin, tmp_path: Path,
+                                               args: list[str], script: str) -> None:
+    name = "k8s-" + script.split("_")[1].split(".")[0]
+    run = K8sRun(standin, name, [*args, str(ROOT / "examples" / script), "--steps", "6"],
+                 tmp_path)
+    code = run.finish()
+    out = run.output
+    assert code == 0, out
+    ranks_seen(out, 4)
+    assert "done: world_size=4" in out, out
+    assert "JobSet (jobset.x-k8s.io/v1alpha2)" in out
+    fetched = [p for p in (tmp_path / "mgpu-outputs" / name).rglob("*") if p.is_file()]
+    assert fetched, "rank 0's outputs were not copied back"
+    left_nothing(standin, name)
+
+
+def test_queue_holds_the_run_until_admitted(standin: Standin, tmp_path: Path) -> None:
+    standin.add_queue("team-q")
+    standin.kueue.quota_pods = 0
+    run = K8sRun(standin, "k8s-queued", ["--queue", "team-q", str(ROOT / "examples" /
+                                                                   "train_ddp.py"),
+                                         "--steps", "2"], tmp_path)
+    run.wait_for(r"waiting in queue team-q \(.*insufficient unused quota")
+    assert not standin.store.list("pods", "default", "mgpu-cloud-cluster=k8s-queued")
+    standin.kueue.set_quota(8)
+    code = run.finish()
+    out = run.output
+    assert code == 0, out
+    assert "admitted by queue team-q" in out and "done: world_size=4" in out, out
+    left_nothing(standin, "k8s-queued")
+
+
+def test_a_killed_pod_is_replaced_alone_and_the_run_resumes(standin: Standin,
+                                                            tmp_path: Path) -> None:
+    name = "k8s-lost"
+    run = K8sRun(standin, name, ["--max-restarts", "1", "--max-hours", "1",
+                                 str(ROOT / "examples" / "train_ddp.py"), "--steps", "40",
+                                 "--save-every", "5", "--sleep", "0.25"], tmp_path)
+    run.wait_for(r"kept checkpoint from node-0: .*step_0000(09|14)")
+    pods = standin.store.list("pods", "default", f"mgpu-cloud-cluster={name}")
+    assert all(p["spec"]["activeDeadlineSeconds"] == 3600 for p in pods)
+    lost = next(p for p in pods
+                if p["metadata"]["labels"]["batch.kubernetes.io/job-completion-index"] == "1")
+    kept = next(p for p in pods if p is not lost)
+    subprocess.run(["docker", "kill", f"k8s-default-{lost['metadata']['name']}"], check=True,
+                   capture_output=True)
+    code = run.finish()
+    out = run.output
+    assert code == 0, out
+    assert re.search(r"failure: node lost \(node-1\)", out), out
+    assert "replacing node-1 (node lost)" in out and "restart 1 of 1" in out, out
+    resumed = re.search(r"resumed from step (\d+)", out)
+    assert resumed and int(resumed.group(1)) >= 9, out
+    metrics = json.loads((tmp_path / "mgpu-outputs" / name / "metrics.json").read_text())
+    assert metrics["steps"] == 40 and metrics["world_size"] == 4 and metrics["restart"] == 1
+    # alone: node-0's pod is the one it was; node-1's was made again at the same index
+    ends = [e for _, kind, res, e in standin.store.events if res == "pods" and kind == "ADDED"
+            and e["metadata"]["labels"].get("mgpu-cloud-cluster") == name]
+    assert [e["metadata"]["labels"]["batch.kubernetes.io/job-completion-index"]
+            for e in ends] .count("0") == 1, [e["metadata"]["name"] for e in ends]
+    assert kept["metadata"]["uid"] in {e["metadata"]["uid"] for e in ends}
+    left_nothing(standin, name)
+
