@@ -185,6 +185,37 @@ def test_job_and_job_managed_form_no_loop() -> None:
     assert edges["down"] == [], "job/ outside managed/ imports managed/"
 
 
+# The modules of each kind of job record: this machine's (read over SSH) and a managed run's
+# store. Outside job/ they are read through the one interface (provision/job/jobrecords.py).
+RECORD_KINDS = {"local": {"provision.model.jobstore", "provision.job.jobs"},
+                "store": {"provision.job.managed.records", "provision.job.managed.client"}}
+
+
+def kind_branching(graph: dict[str, set[str]]) -> list[str]:
+    """Modules outside job/ that reach both kinds of job record (directly, or through other
+    modules outside job/): the ones that would branch on the kind. A layer's package itself
+    (`provision.cli`, which mounts every command) and `__main__` only gather modules."""
+    outside = {m for m in graph if m.startswith("provision.") and layer_of(m) != "job"
+               and m.count(".") > 1 and not m.endswith(".__main__")}
+    bad = []
+    for module in sorted(outside):
+        seen, todo = {module}, [module]
+        while todo:
+            for dep in graph.get(todo.pop(), ()):
+                if dep not in seen and dep in outside:
+                    seen.add(dep)
+                    todo.append(dep)
+        reached = set().union(*(graph.get(m, set()) for m in seen))
+        kinds = sorted(k for k, mods in RECORD_KINDS.items() if reached & mods)
+        if len(kinds) > 1:
+            bad.append(f"{module} reaches {' and '.join(kinds)} records")
+    return bad
+
+
+def test_no_module_outside_job_branches_on_the_record_kind() -> None:
+    assert kind_branching(GRAPH) == []
+
+
 def test_the_checks_can_fail() -> None:
     """A wrong-direction import and a circle are reported (so the two tests above can fail)."""
     graph = {k: set(v) for k, v in GRAPH.items()}
@@ -198,6 +229,9 @@ def test_the_checks_can_fail() -> None:
     assert cross_provider_imports(graph, FOLDERS) == [
         "provision.cluster.providers.slurm.plan (slurm) -> provision.cluster.providers.ssh.hosts"
         " (ssh)"]
+    graph["provision.operations.dashboard.joblogs"].add("provision.job.managed.records")
+    assert ("provision.operations.dashboard.joblogs reaches local and store records"
+            in kind_branching(graph))
     graph["provision.job.lifecycle"].add("provision.job.managed.client")
     assert folder_edges(graph, MANAGED, "provision.job")["down"] == [
         "provision.job.lifecycle -> provision.job.managed.client"]

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 from dash_synthetic import iso, make_big_cluster, make_removed_cluster, train_log
 
+from provision.job.jobrecords import summary_of
 from provision.model.jobstore import JobStore
 from provision.operations.dashboard import metrics, views
 from provision.operations.dashboard.joblogs import MAX_LINES, NodeLog
@@ -139,7 +140,7 @@ def test_exit_codes_stay_short_on_many_nodes() -> None:
 
 def test_recovery_events_keep_to_the_job_window(mgpu_home: Path) -> None:
     inv = make_big_cluster(mgpu_home, nodes=4)  # node-3 replaced at minute 95
-    done, failed = JobStore().load("big", "1"), JobStore().load("big", "2")  # 5..90, 91..96
+    done, failed = (summary_of(JobStore().load("big", i), inv) for i in ("1", "2"))  # 5..90, 91..96
     assert [e["kind"] for e in views.recovery_events(done, inv)] == ["start", "end"]
     events = views.recovery_events(failed, inv, [{"event": "preemption", "node": "node-2",
                                                  "t": views.epoch(iso(93)), "detail": "x"}])

@@ -1,4 +1,7 @@
-"""`jobs`, `logs`, `cancel` and `attach` for managed runs: read (and write) the job's store.
+"""A managed run's store from the user's side: its records read (and a cancel written) for
+`jobs`, `logs`, `cancel`, `attach` and the dashboard, which ask them through the one
+job-record interface (storerecords.StoreRecords); the controller's copy of the inventory
+adopted (`adopt_from_store`); a cluster its controller removed finished here.
 
 They need only the store URL and credentials, never the cluster's inventory: from the machine
 that started the run, the URL comes from the inventory or from `$MGPU_CLOUD_HOME/attached/NAME`

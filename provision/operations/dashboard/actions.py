@@ -1,5 +1,5 @@
 """The only changes the dashboard makes: `cancel` a job and `down` a cluster, through the code
-the CLI runs for them (provision/job/jobs.py cancel + refresh; provision/job/managed/stopping.py
+the CLI runs for them (provision/job/localrecords.py cancel; provision/job/managed/stopping.py
 down: the jobs' logs kept, a managed job ended through its store, then the cluster destroyed). The pages ask for confirmation before calling
 these; the web layer checks the request's token.
 """
@@ -12,35 +12,21 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from provision.job.jobs import cancel as cancel_job_on_nodes
-from provision.job.jobs import refresh
+from provision.job.localrecords import LocalRecords
 from provision.model.errors import MgpuError
 from provision.model.inventory import InventoryStore
-from provision.model.jobstore import JobStore, is_current
-from provision.nodes import NodeGroup
 
 CANCEL_GRACE_S = 10.0  # as `mgpu-cloud cancel`'s --grace default
 
 
 def cancel_job(name: str, job_id: str, grace: float = CANCEL_GRACE_S,
                home: Path | None = None) -> dict[str, Any]:
-    """`mgpu-cloud cancel NAME ID`: TERM to every rank's process group, KILL after `grace`;
-    then the record is refreshed. Returns {"ok", "state", "message"}; MgpuError when the
-    cluster or job is unknown or the job ran on an earlier cluster of that name."""
-    inv = InventoryStore(home).load(name)
-    store = JobStore(home)
-    rec = store.load(name, job_id)
-    if not is_current(rec, inv):
-        raise MgpuError(f"job {rec.id} ran on an earlier cluster named {name!r}")
-    with NodeGroup(inv) as group:
-        refresh(inv, [rec], group, store=store)
-        if rec.final:
-            return {"ok": True, "state": rec.state,
-                    "message": f"job {rec.id} has already ended: {rec.state}"}
-        cancel_job_on_nodes(rec, group, grace=grace)
-        refresh(inv, [rec], group, store=store)
-    return {"ok": rec.state == "cancelled" or rec.final, "state": rec.state,
-            "message": f"job {rec.id}: {rec.state}"}
+    """`mgpu-cloud cancel NAME ID` (the same records and code: LocalRecords.cancel): TERM to
+    every rank's process group, KILL after `grace`; then the record is refreshed. Returns
+    {"ok", "state", "message"}; MgpuError when the cluster or job is unknown or the job ran
+    on an earlier cluster of that name."""
+    job, said = LocalRecords(name, home=home).cancel(job_id, grace=grace)
+    return {"ok": job.state == "cancelled" or job.final, "state": job.state, "message": said}
 
 
 class Removals:

@@ -5,15 +5,15 @@ Every page is one of these views rendered by a template, and the same dict is th
 samples, log lines) comes from provision/operations/dashboard/live.py and is merged in by the
 web layer.
 
-Sources, the same as the CLI's: inventories (InventoryStore), job records (JobStore), the cost
-history (provision/cluster/cost.py), managed runs' store. Three small functions are the seams
-for state that other work adds to the inventory or beside it, each the ONE place to change:
+Sources, the same as the CLI's: inventories (InventoryStore), the job records through the one
+job-record interface (provision/job/jobrecords.py: this machine's records, and a managed
+cluster's store), the cost history (provision/cluster/cost.py). Two small functions are the
+seams for state that other work adds to the inventory or beside it, each the ONE place to
+change:
 
     bringup_phases(inv)       the latest bring-up timeline -> [{phase, start_s, seconds, detail}]
                               (Inventory.timelines; empty for clusters made before them)
     unattended_runs(name)     managed runs from their durable store -> [{id, state, ...}]
-    restarts_of(rec)          how often a job was restarted by recovery -> int | None
-                              (None: the job records do not say it)
 
 Contract: a view never raises for state that is merely missing or old (a removed cluster, a
 job without logs); it raises NotFound for a name or id that nothing knows.
@@ -26,6 +26,8 @@ from pathlib import Path
 from typing import Any
 
 from provision.cluster.cost import cost_usd, report
+from provision.job.jobrecords import JobSummary, summary_of
+from provision.job.localrecords import LocalRecords
 from provision.model.errors import UserInputError
 from provision.model.gate_record import GateRecord
 from provision.model.inventory import Inventory, InventoryStore, checked_name
@@ -72,28 +74,23 @@ def bringup_phases(inv: Inventory) -> list[dict[str, Any]]:
 def unattended_runs(name: str, home: Path | None = None) -> list[dict[str, Any]]:
     """Managed runs of cluster `name` from their durable store (issue 18: the store named by
     the inventory's spec or by `attach`, as `mgpu-cloud jobs` finds it): {"id", "state",
-    "started_at", "restarts", "detail"} each, oldest first. A store that cannot be read is
-    one row saying why (the page never fails for it); no store: none. `home` is not used:
-    the store's pointer lives in $MGPU_CLOUD_HOME as the CLI reads it."""
-    from provision.job.managed.client import all_jobs, store_url_for
+    "started_at", "restarts", "detail"} each, oldest first, as recorded (nothing is acted on).
+    A store that cannot be read is one row saying why (the page never fails for it); no
+    store: none. `home` is not used: the store's pointer lives in $MGPU_CLOUD_HOME as the
+    CLI reads it."""
+    from provision.job.managed.storerecords import store_records
 
-    url = store_url_for(name, None)
-    if url is None:
+    records = store_records(name)
+    if records is None:
         return []
     try:
-        jobs = all_jobs(url, name)
+        jobs = records.list(fresh=False)
     except Exception as exc:  # noqa: BLE001 - a store we cannot read is shown, not raised
         return [{"id": "-", "state": "unknown", "started_at": None, "restarts": None,
-                 "detail": f"the store {url} could not be read: {type(exc).__name__}: {exc}"}]
-    return [{"id": j["id"], "state": j["state"], "started_at": j["started_at"],
-             "restarts": j["restarts"],
-             "detail": f"{j['command']} · {' → '.join(j['events'][-4:])}"} for j in jobs]
-
-
-def restarts_of(rec: JobRecord) -> int | None:
-    """How often recovery restarted `rec` (None: not recorded; the job records do not say
-    yet, issue 18's run store will)."""
-    return None
+                 "detail": f"the store {records.url} could not be read: "
+                           f"{type(exc).__name__}: {exc}"}]
+    return [{"id": j.id, "state": j.state, "started_at": j.started_at, "restarts": j.restarts,
+             "detail": f"{j.command} · {' → '.join(j.events[-4:])}"} for j in jobs]
 
 
 # --- clusters -------------------------------------------------------------------------------
@@ -155,7 +152,7 @@ def cluster_view(name: str, home: Path | None = None, runs: bool = True) -> dict
     its managed runs (read from their store: remote for s3/gs, so not on every poll)."""
     name = _known_name(name)
     inv = _inventory(name, home)
-    recs = JobStore(home).all(name)
+    recs = LocalRecords(name, home=home).list(fresh=False)  # as recorded: no node is asked
     history = [r for r in report(name, home=home)["clusters"] if r["cluster"] == name]
     if inv is None and not recs and not history:
         known = ", ".join(InventoryStore(home).names()) or "none"
@@ -164,7 +161,7 @@ def cluster_view(name: str, home: Path | None = None, runs: bool = True) -> dict
         "name": name, "exists": inv is not None,
         "cluster": cluster_row(inv) if inv is not None else None,
         "history": history, "nodes": [], "gate": None, "replacements": [], "bringup": [],
-        "jobs": [job_row(r, inv) for r in reversed(recs)],
+        "jobs": [job_row(r) for r in reversed(recs)],
         "runs": unattended_runs(name, home) if runs else [],
     }
     if inv is not None:
@@ -216,19 +213,18 @@ def exit_summary(codes: list[int | None]) -> str:
     return ", ".join(f"{w} x{n}" for w, n in counts.items())
 
 
-def job_row(rec: JobRecord, inv: Inventory | None) -> dict[str, Any]:
+def job_row(job: JobSummary) -> dict[str, Any]:
     """One job as the jobs table and the job page show it."""
     return {
-        "id": rec.id, "state": rec.state, "detached": rec.detached, "command": rec.command,
-        "launcher": rec.launcher, "started_at": rec.started_at, "ended_at": rec.ended_at,
-        "duration_s": rec.duration_s(), "exit_code": rec.exit_code,
-        "exit_codes": {name: nj.exit_code for name, nj in rec.nodes.items()},
-        "exit_summary": exit_summary([nj.exit_code for nj in sorted(
-            rec.nodes.values(), key=lambda nj: nj.rank)]),
-        "nodes": [{"name": name, "rank": nj.rank, "state": nj.state, "exit_code": nj.exit_code}
-                  for name, nj in sorted(rec.nodes.items(), key=lambda kv: kv[1].rank)],
-        "restarts": restarts_of(rec), "logs_saved": rec.logs_saved,
-        "current": is_current(rec, inv), "final": rec.final,
+        "id": job.id, "state": job.state, "detached": job.note == "detached",
+        "command": job.command, "launcher": job.launcher, "started_at": job.started_at,
+        "ended_at": job.ended_at, "duration_s": job.duration_s(), "exit_code": job.exit_code,
+        "exit_codes": {n.name: n.exit_code for n in job.nodes},
+        "exit_summary": exit_summary([n.exit_code for n in job.nodes]),
+        "nodes": [{"name": n.name, "rank": n.rank, "state": n.state, "exit_code": n.exit_code}
+                  for n in job.nodes],
+        "restarts": job.restarts, "logs_saved": job.logs_here,
+        "current": job.current, "final": job.final,
     }
 
 
@@ -247,7 +243,7 @@ def load_job(name: str, job_id: str, home: Path | None = None) -> tuple[JobRecor
     return rec, inv if is_current(rec, inv) else None
 
 
-def recovery_events(rec: JobRecord, inv: Inventory | None,
+def recovery_events(rec: JobSummary, inv: Inventory | None,
                     log_events: list[dict[str, Any]] | None = None) -> list[dict[str, Any]]:
     """What happened to the job, oldest first, each {"t": epoch s, "at": ISO, "kind", "node",
     "detail"}: its start and end, nodes replaced while it ran (the inventory's recovery
@@ -282,8 +278,9 @@ def job_view(rec: JobRecord, inv: Inventory | None,
              log_events: list[dict[str, Any]] | None = None) -> dict[str, Any]:
     """`/clusters/NAME/jobs/ID` without the live log lines and metrics (the web layer adds
     them): the record, and its recovery events (`log_events` from the job's log)."""
+    job = summary_of(rec, inv)
     return {"cluster": rec.cluster, "cluster_exists": inv is not None,
-            "job": job_row(rec, inv), "events": recovery_events(rec, inv, log_events)}
+            "job": job_row(job), "events": recovery_events(job, inv, log_events)}
 
 
 # --- cost -----------------------------------------------------------------------------------
