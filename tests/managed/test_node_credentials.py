@@ -149,3 +149,27 @@ def test_the_aws_controller_is_handed_no_user_key(s3_store: StoreServer) -> None
                               parse_url(s3_store.url), "4", job, env, print)
     assert docker["env"]["AWS_ACCESS_KEY_ID"] == "testing"
     assert docker["nodes"]["AWS_ACCESS_KEY_ID"] != "testing"
+
+
+def test_an_aws_controller_renews_them_through_its_own_role(s3_store: StoreServer) -> None:
+    """No user keys on an aws controller: it assumes the role its provider recorded (its own:
+    aws/controller.py trusts itself), with the same session policy."""
+    from provision.job.managed.supervisor import mint_identity
+    from provision.model.inventory import Inventory, ResourceRecord
+
+    arn = "arn:aws:iam::123456789012:role/mgpu-cloud/mgpu-ctl-c1"
+    inv = Inventory(name="c1", provider="aws", resources=[
+        ResourceRecord(kind="instance", id="i-1", extra={"role_arn": arn})])
+    bare = {k: v for k, v in s3_store.env.items()
+            if k not in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY")}
+    env = {**bare, **mint_identity(inv, bare)}
+    assert env["MGPU_STORE_ROLE_ARN"] == arn
+    assert mint_identity(inv, s3_store.env) == {}  # user keys: federation, no role needed
+    sts, sent = _recorded(s3_store.env)  # stands for the instance profile's credentials
+    creds = for_job(parse_url(s3_store.url), "c1", "2", env)
+    creds._sts = sts
+    got = creds()
+    assert got["AWS_SESSION_TOKEN"] and "MGPU_STORE_ROLE_ARN" not in got
+    assert sent[0]["RoleArn"] == arn and sent[0]["DurationSeconds"] <= 3600
+    assert json.loads(sent[0]["Policy"]) == session_policy(
+        parse_url(s3_store.url), ["c1/data/jobs/2"], [])

@@ -34,7 +34,7 @@ from typing import Any, TextIO, cast
 
 from provision.cluster.providers.contract import AnyProvider, Recoverable, Supervising
 from provision.job.managed.keeper import Creds, StoreKeeper, push_outputs
-from provision.job.managed.nodecreds import for_job
+from provision.job.managed.nodecreds import ROLE_VAR, for_job
 from provision.job.managed.records import CLUSTER_FILE, RESUME_VAR, JobLog, Record
 from provision.job.managed.signing import cluster_kind, local_key, seal
 from provision.model.errors import MgpuError
@@ -287,6 +287,16 @@ def _tear_down(provider: AnyProvider, inv: Inventory, istore: InventoryStore,
                          f"{inv.name}`", code=1)
 
 
+def mint_identity(inv: Inventory, env: dict[str, str]) -> dict[str, str]:
+    """What lets this controller renew the nodes' store credentials itself when it holds
+    no user keys: on aws the role its provider recorded it may assume (its own, narrowed by
+    each session's policy: aws/controller.py)."""
+    if env.get("AWS_ACCESS_KEY_ID") or env.get(ROLE_VAR):
+        return {}
+    arns = [r.extra["role_arn"] for r in inv.resources if r.extra.get("role_arn")]
+    return {ROLE_VAR: arns[0]} if arns else {}
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="provision.job.managed.supervisor")
     parser.add_argument("--cluster", required=True)
@@ -308,6 +318,7 @@ def main(argv: list[str] | None = None) -> int:
     # renewed here where this environment can mint
     env = controller_env(inv.provider, given.get("env", {}))
     os.environ.update(env)
+    env.update(mint_identity(inv, env))
     outside = {n.rank: n.model_copy() for n in inv.nodes}  # as uploaded: the user's view
     localize(inv, istore)
     fields = json.loads(Path(args.job_file).read_text())
