@@ -9,7 +9,9 @@ importing a provider's `__init__` stays cheap (no SDK, no pydantic), because the
 every provider's flags when it starts. Adding a provider is its folder plus one line in
 REGISTRY; the spec, the CLI and the pipeline learn everything else from INFO.
 
-The contract a provider implements is provision.cluster.providers.contract.Provider.
+The contract a provider implements is provision.cluster.providers.contract.Provider, a
+launcher's provision.job.launchers.Launcher: `load_class` checks an entry against it when it
+is loaded (tests/test_registry.py loads every entry).
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from __future__ import annotations
 import importlib
 from dataclasses import dataclass
 from functools import cache
-from typing import Any
+from typing import Any, TypeVar
 
 from provision.model.errors import UserInputError
 
@@ -79,9 +81,25 @@ def provider_names() -> tuple[str, ...]:
     return tuple(REGISTRY)
 
 
+T = TypeVar("T")
+
+
 def load_ref(ref: str) -> Any:
+    """What `ref` ("module:attribute") names, its module imported now."""
     module, _, attr = ref.partition(":")
     return getattr(importlib.import_module(module), attr)
+
+
+def load_class(ref: str, base: type[T]) -> type[T]:
+    """The class `ref` names, checked as it is loaded to be a subclass of `base` (the
+    contract its registry promises: contract.Provider for REGISTRY's implementations,
+    launchers.Launcher for LAUNCHERS): TypeError naming both otherwise. The caller passes
+    `base`, so this module imports no layer above it."""
+    found = load_ref(ref)
+    if not (isinstance(found, type) and issubclass(found, base)):
+        raise TypeError(f"registry entry {ref!r} is {found!r}, not a subclass of "
+                        f"{base.__module__}.{base.__qualname__}")
+    return found
 
 
 @cache

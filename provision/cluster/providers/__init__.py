@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from provision.model.errors import ProviderUnavailableError
-from provision.model.registry import load_ref, provider_info
+from provision.model.registry import load_class, provider_info
 
 if TYPE_CHECKING:  # the contract imports pydantic models: not at the CLI's start
     from provision.cluster.providers.contract import AnyProvider
@@ -18,9 +18,12 @@ if TYPE_CHECKING:  # the contract imports pydantic models: not at the CLI's star
 
 def get_provider(name: str) -> AnyProvider:
     """A new instance of provider `name`; its SDK is imported only now."""
+    from provision.cluster.providers.contract import Provider
+
     info = provider_info(name)
     try:
-        cls = load_ref(info.implementation)
+        # TypeError: not a Provider (an ABC may stand for type[T]: python/mypy#4717)
+        cls = load_class(info.implementation, Provider)  # type: ignore[type-abstract]
     except ImportError as exc:
         raise ProviderUnavailableError(
             f"provider {name!r} cannot be loaded: {exc}",

@@ -13,19 +13,19 @@ here plus one line in provision.model.registry.LAUNCHERS.
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from functools import cache
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, ClassVar
 
 from provision.model.errors import UserInputError
-from provision.model.registry import LAUNCHERS, load_ref
+from provision.model.registry import LAUNCHERS, load_class
 from provision.nodes.layout import Files
 
 if TYPE_CHECKING:
     from provision.model.inventory import Inventory, NodeRecord
     from provision.model.spec import JobSpec
     from provision.nodes import RemoteLayout
-
 
 
 @dataclass(frozen=True)
@@ -61,39 +61,28 @@ class LaunchContext:
         return str(self.job.nproc_per_node)
 
 
-class Launcher(Protocol):
-    name: str
+class Launcher(ABC):
+    """The contract every launcher names in its class line (`class Torchrun(Launcher)`): the
+    argv is its own; the rest has defaults (start on every node, no extra files, the env on
+    the command line). provision.model.registry loads a LAUNCHERS entry only as a subclass."""
 
+    name: ClassVar[str] = ""
+
+    @abstractmethod
     def argv(self, ctx: LaunchContext, node: NodeRecord, program: list[str] | None) -> list[str]:
         """The launcher's command on `node`. `program` replaces the job's script and args."""
-        ...
 
     def starting_nodes(self, ctx: LaunchContext) -> list[NodeRecord]:
         """Where the launcher is started (every node, or node 0 for a runner that fans out)."""
-        ...
+        return sorted(ctx.inv.nodes, key=lambda n: n.rank)
 
     def files(self, job: JobSpec, layout: RemoteLayout, gpus: bool) -> Files:
         """Extra files placed on every node with the workdir (`layout`: home-relative)."""
-        ...
+        return {}
 
     def prepare(self, ctx: LaunchContext, env: dict[str, str]) -> tuple[str, list[str]]:
         """(shell prefix run before the launcher, extra `docker run` arguments): how `env`
         reaches every rank when the launcher starts processes itself on other nodes."""
-        ...
-
-
-class BaseLauncher:
-    """Defaults: start on every node, no extra files, env passed on the command line."""
-
-    name = ""
-
-    def starting_nodes(self, ctx: LaunchContext) -> list[NodeRecord]:
-        return sorted(ctx.inv.nodes, key=lambda n: n.rank)
-
-    def files(self, job: JobSpec, layout: RemoteLayout, gpus: bool) -> Files:
-        return {}
-
-    def prepare(self, ctx: LaunchContext, env: dict[str, str]) -> tuple[str, list[str]]:
         return "", []
 
 
@@ -101,5 +90,5 @@ class BaseLauncher:
 def get_launcher(name: str) -> Launcher:
     if name not in LAUNCHERS:
         raise UserInputError(f"unknown launcher {name!r}; choose one of: {', '.join(LAUNCHERS)}")
-    launcher: Launcher = load_ref(LAUNCHERS[name])()
-    return launcher
+    # TypeError: not a Launcher (an ABC may stand for type[T]: python/mypy#4717)
+    return load_class(LAUNCHERS[name], Launcher)()  # type: ignore[type-abstract]

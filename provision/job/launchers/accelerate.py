@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from provision.job.launchers import BaseLauncher, LaunchContext
+from provision.job.launchers import LaunchContext, Launcher
 from provision.model.inventory import NodeRecord
 
 
-class Accelerate(BaseLauncher):
+class Accelerate(Launcher):
     name = "accelerate"
 
     def argv(self, ctx: LaunchContext, node: NodeRecord, program: list[str] | None) -> list[str]:

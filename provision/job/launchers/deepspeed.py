@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from provision.job.launchers import BaseLauncher, LaunchContext
+from provision.job.launchers import LaunchContext, Launcher
 from provision.model.inventory import NodeRecord
 from provision.model.spec import JobSpec
 from provision.nodes import HomePath, RemoteLayout
@@ -50,7 +50,7 @@ def env_file_line(key: str, value: str) -> str:
     return f'{key}="' + word(value).replace("%", "%%") + '"'
 
 
-class DeepSpeed(BaseLauncher):
+class DeepSpeed(Launcher):
     name = "deepspeed"
 
     def argv(self, ctx: LaunchContext, node: NodeRecord, program: list[str] | None) -> list[str]:

@@ -12,11 +12,11 @@ process count is "gpu": the agent would ask CUDA for the count."""
 
 from __future__ import annotations
 
-from provision.job.launchers import BaseLauncher, LaunchContext
+from provision.job.launchers import LaunchContext, Launcher
 from provision.model.inventory import NodeRecord
 
 
-class Torchrun(BaseLauncher):
+class Torchrun(Launcher):
     name = "torchrun"
 
     def argv(self, ctx: LaunchContext, node: NodeRecord, program: list[str] | None) -> list[str]:
