@@ -16,17 +16,16 @@ import shlex
 import tarfile
 import threading
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from provision.model.errors import BootstrapError
 from provision.model.inventory import Inventory, NodeRecord
+from provision.model.logsink import Log
 from provision.nodes import Connector, NodeGroup, NodeStepError, fetch_tree
 from provision.nodes.preflight import parse_last_json
 from remote.ckpt import step_of
 
-Log = Callable[[str], None]
 Manifest = dict[str, list[float]]
 INTERVAL_S = 2.0
 SETTLE_S = 1.0

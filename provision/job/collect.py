@@ -2,14 +2,12 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from pathlib import Path
 
 from provision.model.errors import MgpuError
 from provision.model.inventory import Inventory
+from provision.model.logsink import Log
 from provision.nodes import NodeGroup, NodeStepError, borrowed, fetch_tree
-
-Log = Callable[[str], None]
 
 
 def fetch_outputs(inv: Inventory, dest: Path, *, log: Log = print,

@@ -15,7 +15,7 @@ import datetime as dt
 import json
 import os
 import shlex
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any, TextIO
 
 from provision.job.launch import Detach, node_command
@@ -30,12 +30,11 @@ from provision.model.jobstore import (
     is_current,
     now_iso,
 )
+from provision.model.logsink import Log
 from provision.nodes import GroupResult, NodeConnection, NodeGroup, get_file
 
 if TYPE_CHECKING:
     from provision.model.spec import JobSpec
-
-Log = Callable[[str], None]
 
 
 def begin(inv: Inventory, job: JobSpec, nodes: list[NodeRecord], *, detached: bool,

@@ -27,6 +27,7 @@ from provision.job.launchers import LaunchContext, get_launcher
 from provision.job.output import PrefixWriter
 from provision.model.errors import LaunchError
 from provision.model.inventory import Inventory, NodeRecord
+from provision.model.logsink import Log
 from provision.model.spec import JobSpec
 from provision.model.timeline import mark
 from provision.nodes import (
@@ -41,7 +42,6 @@ from provision.nodes.bootstrap import Workdir
 from provision.nodes.container import EnvFile, check_job_image, container_name, container_run_argv
 from provision.nodes.shell import assign, words
 
-Log = Callable[[str], None]
 SESSION_LOST = -1  # a node's exit code when its session ended without one (node gone?)
 STOPPED = 143  # run_job's code when a monitor stopped the job
 POLL_S = 0.5  # how often run_job asks its monitor whether to stop the job

@@ -6,15 +6,13 @@ from __future__ import annotations
 
 import io
 import json
-from collections.abc import Callable
 from typing import Any
 
 from provision.job.launch import run_job
 from provision.model.inventory import Inventory
+from provision.model.logsink import Log
 from provision.model.spec import DEFAULT_MASTER_PORT, JobSpec
 from provision.nodes import NodeGroup
-
-Log = Callable[[str], None]
 
 
 def run_allreduce(

@@ -33,10 +33,10 @@ from provision.job.launch import job_container
 from provision.model import timeline
 from provision.model.errors import LaunchError, MgpuError
 from provision.model.inventory import Inventory, InventoryStore, NodeRecord, Replacement
+from provision.model.logsink import Log
 from provision.model.spec import JobSpec
 from provision.nodes import NodeGroup
 
-Log = Callable[[str], None]
 # A managed run's record sink (provision/job/managed/): (event, message, node names).
 OnEvent = Callable[[str, str, list[str]], None]
 FAILURE_EVENTS = {"node lost": "node_lost", "preemption": "preempted", "hang": "hang",

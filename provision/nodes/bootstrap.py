@@ -17,7 +17,7 @@ import tarfile
 import tempfile
 import time
 import zipapp
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from functools import cache
 from pathlib import Path
@@ -25,6 +25,7 @@ from pathlib import Path
 from provision.model.assets import remote_package_dir, templates_dir
 from provision.model.errors import BootstrapError, LaunchError
 from provision.model.inventory import Inventory, InventoryStore, NodeRecord, state_home
+from provision.model.logsink import Log
 from provision.model.render import render
 from provision.model.timeline import reached
 from provision.nodes import (
@@ -40,7 +41,6 @@ from provision.nodes import (
 )
 from provision.nodes.layout import Files
 
-Log = Callable[[str], None]
 SSH_DEADLINE_S = float(os.environ.get("MGPU_CLOUD_SSH_DEADLINE", "180"))
 GPU_DEADLINE_S = float(os.environ.get("MGPU_CLOUD_GPU_DEADLINE", "600"))
 

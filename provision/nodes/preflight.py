@@ -7,14 +7,11 @@ and gathers its JSON.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
 from typing import Any
 
 from provision.model.inventory import Inventory
 from provision.model.spec import DEFAULT_MASTER_PORT
 from provision.nodes import NodeGroup, borrowed
-
-Log = Callable[[str], None]
 
 
 def parse_last_json(text: str) -> dict[str, Any] | None:

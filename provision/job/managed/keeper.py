@@ -18,10 +18,10 @@ from collections.abc import Callable
 from provision.job.checkpoints import CheckpointKeeper
 from provision.model.errors import BootstrapError
 from provision.model.inventory import Inventory, NodeRecord
+from provision.model.logsink import Log
 from provision.nodes import Connector, NodeGroup
 from remote.store import StoreURL
 
-Log = Callable[[str], None]
 Creds = Callable[[], dict[str, str]]  # the environment of one node store command
 
 

@@ -18,13 +18,13 @@ import shutil
 import subprocess
 import sys
 import tempfile
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from provision.cluster.providers.docker.options import DEFAULT_BASE_IMAGE, DockerOptions
 from provision.model.assets import dockerfile_path, templates_dir
 from provision.model.errors import ProviderUnavailableError
+from provision.model.logsink import Log
 
 LOCAL_BASE = "mgpu-cloud/base:bookworm"
 NODE_REPO = "mgpu-cloud/node"
@@ -32,7 +32,6 @@ BASE_PACKAGES = (
     "python3,python3-venv,openssh-server,iproute2,procps,netcat-openbsd,ca-certificates,"
     "pdsh,g++,python3-dev,ninja-build"
 )
-Log = Callable[[str], None]
 
 
 def cache_dir() -> Path:

@@ -25,8 +25,8 @@ from provision.cluster.providers.slurm.slurmcmd import (
     shell,
 )
 from provision.model.errors import CapacityError, ProvisionError
+from provision.model.logsink import Log
 
-Log = Callable[[str], None]
 SETTLE_S = 10.0  # a PartitionConfig reason this old is not the submission's first moment
 POLL_MIN_S, POLL_MAX_S = 0.25, 5.0
 ENDED = {

@@ -25,6 +25,7 @@ import paramiko
 
 from provision.model.errors import ProvisionError
 from provision.model.inventory import Inventory, InventoryStore, NodeRecord, ResourceRecord
+from provision.model.logsink import Log
 from provision.model.spec import DEFAULT_MASTER_PORT
 from provision.nodes import Connector, NodeConnection, NodeGroup, NodeStepError, RemoteLayout
 from provision.nodes.checks import Finding, compare_preflights
@@ -32,7 +33,6 @@ from provision.nodes.hostkeys import describe_connect_error
 from provision.nodes.preflight import parse_last_json
 from provision.nodes.sshconn import UnknownHostKeyError
 
-Log = Callable[[str], None]
 PREFLIGHT_TIMEOUT_S = 10.0
 
 
