@@ -17,7 +17,7 @@ can name a rank that is far slower than the median. Rank 0 prints one JSON line 
 a line with "summary": true; other ranks print nothing. Exit 0, or 1 with an {"error": ...}
 line on rank 0 (or on stderr elsewhere) when the run fails.
 
-The fabric gate (provision/job/gate.py) adds:
+The fabric gate (provision/job/gate/separate.py) adds:
 - `--gate`: short, bounded defaults (sizes by backend, see GATE_SIZES; 1 warm-up, 4 timed
   calls; 4 s budget per measurement; 120 s process-group timeout); explicit flags still win.
 - `--budget-s S`: stop the sweep before a size whose projected time (the last size's slowest

@@ -2,7 +2,7 @@
 
 One function decides, wherever the gate runs: rank 0 of the job's own processes judges with it
 before the job's script starts (remote/injob.py), and the controller judges the same output
-with it afterwards (provision/job/gate.py `evaluate`, which adds the table, texts and fixes). So
+with it afterwards (provision/job/gate/judge.py `evaluate`, which adds the table, texts and fixes). So
 the nodes and the record can never disagree on pass or fail.
 
 Rules (the thresholds are the controller's constants, passed in; docs/fabric-gate.md):

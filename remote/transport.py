@@ -4,7 +4,7 @@
     matches(expected, found)  -> bool
 
 Shared by the nodes (remote/injob.py judges the fabric gate inside the job's own processes)
-and the controller (provision/job/fabric.py re-exports these; provision/job/gate.py judges the same
+and the controller (provision/job/gate/fabric.py re-exports these; provision/job/gate/judge.py judges the same
 output), so both read the same lines the same way. The patterns were checked against real
 captured logs: tests/data/logs/nccl-*.log (sources in tests/data/logs/SOURCES.md).
 

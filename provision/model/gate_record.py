@@ -1,7 +1,7 @@
 """The fabric gate's result as the inventory keeps it (`Inventory.fabric_gate`).
 
-Plain data, no logic: provision/job/gate.py fills it, `status` and `check` show it. Kept apart from
-gate.py so that inventory.py can import it without importing the gate.
+Plain data, no logic: provision/job/gate/ fills it, `status` and `check` show it. Kept apart from
+the gate so that inventory.py can import it without importing the gate.
 """
 
 from __future__ import annotations

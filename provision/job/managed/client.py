@@ -13,13 +13,13 @@ from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import Callable
 from typing import Any, TextIO
 
 from provision.job.managed.records import CLUSTER_FILE, FINAL_STATES, JobView, Record, job_ids
 from provision.job.managed.signing import Unsigned, cluster_kind, local_key, open_sealed
 from provision.model.errors import InventoryUnreadableError, MgpuError, UserInputError
 from provision.model.inventory import Inventory, InventoryStore, checked_name, state_home
+from provision.model.logsink import Log
 from remote.store import Store, open_store
 
 POLL_S = 1.0
@@ -50,7 +50,7 @@ def store_url_for(name: str, given: str | None) -> str | None:
 
 
 def adopt_from_store(name: str, istore: InventoryStore | None = None,
-                     warn: Callable[[str], None] | None = None) -> bool:
+                     warn: Log | None = None) -> bool:
     """When the controller of cluster `name` replaced nodes since this machine's inventory was
     written, take its copy (CLUSTER/cluster.json: new container/instance ids, addresses,
     ports, pinned host keys) and rewrite the known_hosts. Only a copy sealed with the
@@ -89,7 +89,7 @@ def adopt_from_store(name: str, istore: InventoryStore | None = None,
 
 
 def _verified(name: str, data: bytes, key: bytes | None,
-              warn: Callable[[str], None] | None) -> Inventory | None:
+              warn: Log | None) -> Inventory | None:
     """The controller's copy of the inventory if its MAC and its fields check out."""
     from pydantic import ValidationError
 
@@ -106,7 +106,7 @@ def _verified(name: str, data: bytes, key: bytes | None,
 
 
 def _same_logins(ours: Inventory, theirs: Inventory,
-                 warn: Callable[[str], None] | None) -> bool:
+                 warn: Log | None) -> bool:
     """A replacement changes a node's address, port and host key, never how it is logged in
     to: the provider, each rank's user and jump host stay this machine's."""
     mine = {n.rank: (n.user, n.proxy_jump) for n in ours.nodes}

@@ -1,7 +1,7 @@
 """Checkpoints of a managed run: from the nodes straight to the store, and back.
 
 StoreKeeper is recovery's CheckpointKeeper with the copy done ON the nodes: the keeper still
-decides when (a node's files changed and then stayed still, provision/checkpoints.py), but
+decides when (a node's files changed and then stayed still, provision/job/checkpoints.py), but
 instead of pulling files through the supervisor it runs `remote.pyz store push` on that node
 (parallel, multipart, the node's own SDK client), and before a restart `remote.pyz store pull`
 on every node at once, replacements included. The store's credentials and endpoint go to each

@@ -25,9 +25,9 @@ from __future__ import annotations
 
 import datetime as dt
 import threading
-from collections.abc import Callable
 from typing import Any
 
+from provision.model.logsink import Log
 from remote.store import StoreURL
 
 KEYS = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN")
@@ -81,7 +81,7 @@ class NodeCredentials:
     def __init__(self, url: StoreURL, env: dict[str, str], *, write: list[str],
                  read: list[str] | None = None, duration_s: int = FEDERATION_MAX_S,
                  minted: dict[str, str] | None = None, name: str = "mgpu-node",
-                 note: Callable[[str], None] | None = None, sts: Any = None) -> None:
+                 note: Log | None = None, sts: Any = None) -> None:
         self.url, self.env, self.write, self.read = url, dict(env), write, read or []
         self.duration_s, self.name, self._sts, self.note = duration_s, name, sts, note
         self._bundle = dict(minted) if minted else None
@@ -161,7 +161,7 @@ def _iso(value: Any) -> str:
 def for_job(url: StoreURL, cluster: str, job_id: str, env: dict[str, str], *,
             resume_from: str | None = None, minted: dict[str, str] | None = None,
             duration_s: int = FEDERATION_MAX_S,
-            note: Callable[[str], None] | None = None) -> NodeCredentials:
+            note: Log | None = None) -> NodeCredentials:
     """A managed run's node credentials: CLUSTER/data/jobs/ID/ (checkpoints, outputs), and
     the resumed run's folder to read."""
     from remote.storekeys import job_data

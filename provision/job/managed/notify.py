@@ -12,12 +12,12 @@ import json
 import queue
 import threading
 import urllib.request
-from collections.abc import Callable
 from dataclasses import asdict
 from urllib.parse import urlparse
 
 from provision.job.managed.records import Record
 from provision.model.errors import UserInputError
+from provision.model.logsink import Log
 
 TIMEOUT_S = 5.0
 ICONS = {"finished": "white_check_mark", "failed": "x", "cancelled": "octagonal_sign",
@@ -47,7 +47,7 @@ def message(rec: Record) -> dict[str, object]:
 class Notifier:
     """Call `send(record)` from anywhere; posts happen in order on one thread."""
 
-    def __init__(self, url: str, log: Callable[[str], None]) -> None:
+    def __init__(self, url: str, log: Log) -> None:
         self.url, self.log = url, log
         self._queue: queue.Queue[Record | None] = queue.Queue()
         self._thread = threading.Thread(target=self._loop, daemon=True)

@@ -39,6 +39,7 @@ from provision.job.managed.records import CLUSTER_FILE, RESUME_VAR, JobLog, Reco
 from provision.job.managed.signing import cluster_kind, local_key, seal
 from provision.model.errors import MgpuError
 from provision.model.inventory import Inventory, InventoryStore, NodeRecord, ResourceRecord
+from provision.model.logsink import Log
 from provision.model.spec import ClusterSpec, JobSpec
 from remote.store import Store, StoreURL, open_store, parse_url
 from remote.storekeys import job_data
@@ -148,7 +149,7 @@ def _throttled(check: Callable[[], bool], every_s: float) -> Callable[[], bool]:
 
 def supervise(provider: AnyProvider, inv: Inventory, istore: InventoryStore, job: JobSpec,
               *, url: StoreURL, job_id: str, creds: Creds, teardown: bool,
-              say: Callable[[str], None] = print,
+              say: Log = print,
               outside: dict[int, NodeRecord] | None = None) -> int:
     """Run `job` under recovery with its state in the store; returns the job's exit code.
     With `teardown`, the whole cluster (this controller last) is removed at the end.
@@ -228,8 +229,8 @@ def supervise(provider: AnyProvider, inv: Inventory, istore: InventoryStore, job
 
 
 def _conclude(inv: Inventory, url: StoreURL, job_id: str, creds: Creds, jlog: JobLog,
-              record: Callable[..., Record | None], log: Callable[[str], None],
-              say: Callable[[str], None], code: int, why: str) -> None:
+              record: Callable[..., Record | None], log: Log,
+              say: Log, code: int, why: str) -> None:
     """After the job: node-0's outputs pushed to the store, the final record written, and
     the log flushed so that whoever follows it sees the end before they stop reading."""
     from provision.job.recovery import CANCELLED
@@ -253,7 +254,7 @@ def _conclude(inv: Inventory, url: StoreURL, job_id: str, creds: Creds, jlog: Jo
 
 
 def first_checkpoints(keeper: StoreKeeper, group: Any, inv: Inventory, job: JobSpec,
-                      url: StoreURL, creds: Creds, log: Callable[[str], None]) -> None:
+                      url: StoreURL, creds: Creds, log: Log) -> None:
     """Before the first start, every node's checkpoint folder is this run's store prefix
     (empty for a new run: files an earlier job left on the nodes are not this run's). With
     MGPU_RESUME_FROM=ID, run ID's checkpoints are pulled instead and node 0 pushes them into
@@ -269,7 +270,7 @@ def first_checkpoints(keeper: StoreKeeper, group: Any, inv: Inventory, job: JobS
 
 
 def _tear_down(provider: AnyProvider, inv: Inventory, istore: InventoryStore,
-               record: Callable[..., Record | None], log: Callable[[str], None],
+               record: Callable[..., Record | None], log: Log,
                fresh_store: Callable[[], None]) -> None:
     """The cluster removed but this controller. `fresh_store` then replaces the store client:
     the controller may have changed networks, and a pooled connection over the old one would
