@@ -10,15 +10,14 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Callable
 from typing import Any
 
 from provision.cluster.providers.k8s.client import KUEUE_GROUP, KUEUE_VERSION, Kube, jobsets
 from provision.cluster.providers.k8s.manifests import INDEX_LABEL, RANK_LABEL
 from provision.model.errors import CapacityError, ProvisionError
 from provision.model.inventory import CLUSTER_TAG
+from provision.model.logsink import Log
 
-Log = Callable[[str], None]
 POLL_S = float(os.environ.get("MGPU_CLOUD_K8S_POLL_S", "1"))
 # waiting reasons that will not fix themselves
 STUCK = {"ErrImagePull", "ImagePullBackOff", "InvalidImageName", "CreateContainerConfigError",
