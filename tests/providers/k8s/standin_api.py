@@ -58,6 +58,7 @@ class ApiServer:
         self.requests: list[Seen] = []
         self.violations: list[str] = []
         self.kubelet: Any = None  # pod address, logs, termination (standin_kubelet.py)
+        self.faults: list[tuple[str, str, ApiError]] = []  # (method, path part, error)
         self.store.create("namespaces", "", {"metadata": {"name": "default"}})
         self._server = ThreadingHTTPServer(("127.0.0.1", 0), _handler(self))
         self._server.daemon_threads = True
@@ -156,6 +157,9 @@ def _handler(api: ApiServer) -> type[BaseHTTPRequestHandler]:
             try:
                 if self.headers.get("Authorization") != f"Bearer {TOKEN}":
                     raise ApiError(401, "Unauthorized", "Unauthorized")
+                for m, part, error in api.faults:  # injected by a test
+                    if m == method and part in url.path:
+                        raise error
                 self._dispatch(method, url.path, query, body)
             except ApiError as exc:
                 self._send(exc.code, exc.status())
