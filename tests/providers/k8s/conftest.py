@@ -13,6 +13,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
 
+import rbac  # noqa: E402
 from standin import Standin  # noqa: E402
 
 from provision.model.inventory import Inventory, InventoryStore  # noqa: E402
@@ -29,6 +30,9 @@ def standin(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Standin
     s.stop()
     assert s.api.violations == [], "manifests broke the official schemas:\n" + \
         "\n".join(s.api.violations)
+    denied = rbac.denied([r for r in s.api.requests if r.who == "user"])
+    assert denied == [], "requests the Role of docs/kubernetes.md does not allow:\n" + \
+        "\n".join(denied)
 
 
 @pytest.fixture

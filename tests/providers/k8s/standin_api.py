@@ -26,7 +26,8 @@ import k8s_schemas
 import standin_ws
 from standin_store import KINDS, ApiError, Store, now
 
-TOKEN = "standin-token"  # noqa: S105 - the stand-in's own
+TOKEN = "standin-token"  # noqa: S105 - the stand-in's own: the user's kubeconfig
+KUEUE_TOKEN = "kueue-controller"  # noqa: S105 - the Kueue stand-in's (not the user's Role)
 GROUPS = {"jobset.x-k8s.io": "v1alpha2", "kueue.x-k8s.io": "v1beta1"}
 
 
@@ -35,6 +36,8 @@ class Seen:
     method: str
     path: str
     body: Any
+    query: dict[str, str]
+    who: str  # "user" (the kubeconfig's token) | "kueue"
 
 
 def merge_patch(target: Any, patch: Any) -> Any:
@@ -153,9 +156,11 @@ def _handler(api: ApiServer) -> type[BaseHTTPRequestHandler]:
             url = urlsplit(self.path)
             query = {k: v[-1] for k, v in parse_qs(url.query).items()}
             body = self._body() if method in ("POST", "PATCH", "PUT", "DELETE") else None
-            api.requests.append(Seen(method, url.path, body))
+            auth = self.headers.get("Authorization")
+            who = {f"Bearer {TOKEN}": "user", f"Bearer {KUEUE_TOKEN}": "kueue"}.get(auth or "")
+            api.requests.append(Seen(method, url.path, body, query, who or "nobody"))
             try:
-                if self.headers.get("Authorization") != f"Bearer {TOKEN}":
+                if who is None:
                     raise ApiError(401, "Unauthorized", "Unauthorized")
                 for m, part, error in api.faults:  # injected by a test
                     if m == method and part in url.path:

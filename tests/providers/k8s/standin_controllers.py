@@ -158,7 +158,7 @@ class KueueStandin:
 
         cfg = client.Configuration()
         cfg.host = self.api.url
-        cfg.api_key = {"authorization": "Bearer standin-token"}
+        cfg.api_key = {"authorization": "Bearer kueue-controller"}  # its own identity
         with client.ApiClient(cfg) as api:
             client.CustomObjectsApi(api).patch_namespaced_custom_object(
                 "jobset.x-k8s.io", "v1alpha2", ns, "jobsets", name, {"spec": {"suspend": False}})
