@@ -14,14 +14,16 @@ import re
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from kit import cli_env
+from kit import cli, cli_env
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "providers" / "k8s"))
 
+import rbac  # noqa: E402
 from standin import Standin  # noqa: E402
 from standin_kubelet import STANDIN_LABEL  # noqa: E402
 
@@ -34,10 +36,14 @@ def standin(tmp_path_factory: pytest.TempPathFactory, node_image: str) -> Iterat
     s = Standin(tmp_path_factory.mktemp("k8s-standin"), docker=True, image=node_image)
     try:
         yield s
+        left = pod_containers(s)  # before stop(), which removes whatever is left
     finally:
         s.stop()
     assert s.api.violations == [], "\n".join(s.api.violations)
-    assert pod_containers(s) == []
+    assert left == []
+    denied = rbac.denied([r for r in s.api.requests if r.who == "user"])
+    assert denied == [], "requests the Role of docs/kubernetes.md does not allow:\n" + \
+        "\n".join(denied)
 
 
 def pod_containers(s: Standin) -> list[str]:
@@ -158,3 +164,33 @@ def test_a_killed_pod_is_replaced_alone_and_the_run_resumes(standin: Standin,
     assert kept["metadata"]["uid"] in {e["metadata"]["uid"] for e in ends}
     left_nothing(standin, name)
 
+
+
+def test_day2_jobs_logs_exec_cancel_monitor(standin: Standin, tmp_path: Path) -> None:
+    """The day-2 commands through the pods' transport, as on the other providers."""
+    name, env = "k8s-day2", standin.env()
+    res = cli("up", "--provider", "k8s", "--nodes", "2", "--name", name, home=tmp_path, env=env)
+    assert res.returncode == 0, res.stderr
+    try:
+        res = cli("launch", name, "-d", "--", str(ROOT / "examples" / "train_ddp.py"),
+                  "--steps", "100000", "--sleep", "0.2", home=tmp_path, env=env)
+        assert res.returncode == 0, res.stderr
+        job = res.stdout.strip()
+        deadline = time.monotonic() + 180
+        while "step 0 loss" not in cli("logs", name, job, home=tmp_path, env=env).stdout:
+            assert time.monotonic() < deadline, "the job never started training"
+            time.sleep(1)
+        running = cli("exec", name, "--", "pgrep -c -f '[t]rain_ddp.py'", home=tmp_path, env=env)
+        assert running.stdout.count("exit 0") == 2, running.stdout
+        mon = cli("monitor", name, "--once", "--json", home=tmp_path, env=env)
+        assert mon.returncode == 0, mon.stderr
+        assert [n["node"] for n in json.loads(mon.stdout)["nodes"]] == ["node-0", "node-1"]
+        res = cli("cancel", name, job, "--grace", "5", home=tmp_path, env=env)
+        assert res.returncode == 0 and f"job {job}: cancelled" in res.stdout, res.stderr
+        left = cli("exec", name, "--", "pgrep -f '[t]rain_ddp.py' || echo none", home=tmp_path,
+                   env=env)
+        assert left.stdout.count("none") == 2, left.stdout
+    finally:
+        down = cli("down", name, home=tmp_path, env=env)
+        assert down.returncode == 0, down.stderr
+    left_nothing(standin, name)
