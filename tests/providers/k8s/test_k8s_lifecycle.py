@@ -165,3 +165,46 @@ def test_unreachable_api_and_bad_credentials_are_clear(
     monkeypatch.setenv("KUBECONFIG", str(tmp_path / "missing"))
     plan = get_provider("k8s").plan(make_spec())  # --dry-run still shows the manifests
     assert "kubeconfig" in plan.unresolved[0] and "kind: JobSet" in plan.render()
+
+
+def test_context_picks_the_kubeconfig_entry(standin: Standin, tmp_path: Any,
+                                            make_spec: Callable[..., ClusterSpec],
+                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    import yaml
+
+    config = yaml.safe_load(standin.kubeconfig.read_text())
+    config["clusters"].append({"name": "far", "cluster": {"server": "http://127.0.0.1:9"}})
+    config["contexts"].append({"name": "far", "context": {"cluster": "far", "user": "standin"}})
+    path = tmp_path / "two-contexts"
+    path.write_text(yaml.safe_dump(config))
+    monkeypatch.setenv("KUBECONFIG", str(path))
+    prov = get_provider("k8s")
+    assert prov.plan(make_spec()).unresolved == []  # the current context: the stand-in
+    far = prov.plan(make_spec(k8s={"context": "far"}))
+    assert far.unresolved and "not reachable" in far.unresolved[0]
+    missing = prov.plan(make_spec(k8s={"context": "nope"}))
+    assert "no usable kubeconfig context 'nope'" in missing.unresolved[0]
+
+
+def test_cli_dry_run_and_gc(standin: Standin, make_spec: Callable[..., ClusterSpec],
+                            up: Callable[[ClusterSpec], Inventory], tmp_path: Any) -> None:
+    from kit import cli
+
+    env = standin.env()
+    dry = cli("up", "--provider", "k8s", "--nodes", "2", "--name", "dry", "--dry-run",
+              "--queue", "q", "--k8s-api", "pods", home=tmp_path, env=env)
+    assert dry.returncode != 0 and "--queue needs the JobSet API" in dry.stderr
+    dry = cli("up", "--provider", "k8s", "--nodes", "2", "--name", "dry", "--dry-run",
+              "--gpus-per-node", "8", "--fabric", "efa", "--namespace", "default",
+              home=tmp_path, env=env)
+    assert dry.returncode == 0, dry.stderr
+    assert "manifests (JobSet (jobset.x-k8s.io/v1alpha2)" in dry.stderr
+    assert "vpc.amazonaws.com/efa: '4'" in dry.stderr and "not priced" in dry.stderr
+    assert "dry run: nothing was created" in dry.stderr
+    up(make_spec())  # made under the test's own home: another home's gc does not know it
+    res = cli("gc", "--provider", "k8s", "--namespace", "default", home=tmp_path, env=env)
+    assert res.returncode == 0, res.stderr
+    assert "k8s-jobset" in res.stdout and "4 orphaned resource(s)" in res.stderr  # + 2 pods
+    res = cli("gc", "--provider", "k8s", "--delete", home=tmp_path, env=env)
+    assert res.returncode == 0 and "deleted 4 resource(s)" in res.stderr, res.stderr
+    assert standin.labelled("c1") == []

@@ -16,6 +16,8 @@ INFO = ProviderInfo(
     # Quota in a shared cluster, not dollars this tool could show (like slurm).
     costs_money=False,
     connector="provision.cluster.providers.k8s.transport:connector",
+    monitor_note="CPU, memory and load are those of the machine each pod runs on (a pod "
+                 "reads its node's /proc)",
     flags=(
         Flag("--namespace", "namespace", help="Kubernetes namespace (default: default)", gc=True),
         Flag("--context", "context", help="kubeconfig context (default: the current one)",

@@ -30,7 +30,11 @@ class K8sPlan(Plan):
         docs = yaml.safe_dump_all(placeholder_manifests(self.request), sort_keys=False,
                                   default_flow_style=False)
         body = "\n".join("    " + line for line in docs.rstrip().splitlines())
-        return (f"{super().render()}\n  manifests ({MODE_WORDS[self.request.mode]}):\n{body}")
+        # not "local": the pods run on a cluster whose cost is its owner's quota, not a price
+        head = super().render().replace(
+            "  cost: $0.00 (local)", "  cost: not priced (pods count against the namespace's "
+            "quota on your cluster)")
+        return f"{head}\n  manifests ({MODE_WORDS[self.request.mode]}):\n{body}"
 
 
 def choose_mode(opts: K8sOptions, groups: set[str] | None) -> str:
