@@ -57,6 +57,8 @@ JOB_OPTIONS = [
     Opt("stall_timeout", float | None, typer.Option(None, "--stall-timeout", help="seconds without output or checkpoint = a hang (off)"), ("stall_timeout",)),
     Opt("on_node_loss", str | None, typer.Option(None, "--on-node-loss", help="replace (default) | restart | fail"), ("on_node_loss",)),
     Opt("preempt_signal", str | None, typer.Option(None, "--preempt-signal", help="sent to every rank on a preemption notice (SIGUSR1)"), ("preempt_signal",)),
+    Opt("replace_slow", bool | None, typer.Option(None, "--replace-slow", help="a node whose ranks compute slower than the others' (the job's `compute=` markers) is replaced: save, replace, resume"), ("replace_slow",)),
+    Opt("slow_fraction", float | None, typer.Option(None, "--slow-fraction", help="slow = compute time above (1 + this) x the other nodes' (0.5)"), ("slow_fraction",)),
     Opt("fabric_check", str | None, typer.Option(None, "--fabric-check", help="auto (default: on for multi-node clusters whose provider knows the fabric, i.e. aws/gcp) | on | off"), ("fabric_check",)),
     Opt("notify", str | None, typer.Option(None, "--notify", help="webhook URL: one JSON POST (Slack-compatible) per state change of a managed job"), ("notify",)),
     Opt("allow_slow_network", bool | None, typer.Option(None, "--allow-slow-network", help="run even when the fabric gate fails (with a warning)"), ("allow_slow_network",)),
@@ -87,7 +89,8 @@ def in_panel(title: str, options: list[Opt]) -> list[Opt]:
     return options
 
 
-_RECOVERY = {"max_restarts", "stall_timeout", "on_node_loss", "preempt_signal", "notify"}
+_RECOVERY = {"max_restarts", "stall_timeout", "on_node_loss", "preempt_signal", "notify",
+             "replace_slow", "slow_fraction"}
 _FABRIC = {"fabric_check", "allow_slow_network"}
 in_panel(JOB, [o for o in JOB_OPTIONS if o.name not in _RECOVERY | _FABRIC])
 in_panel(RECOVERY, [o for o in JOB_OPTIONS if o.name in _RECOVERY])

@@ -31,6 +31,7 @@ from types import FrameType
 from typing import TYPE_CHECKING
 
 from provision.cluster.providers import get_provider
+from provision.model import blocklist
 from provision.model.errors import (
     MgpuError,
     ProvisionError,
@@ -80,7 +81,16 @@ def plan_cluster(spec: ClusterSpec, store: InventoryStore) -> tuple[AnyProvider,
             hint=f"pick another --name, or remove it first: mgpu-cloud down {spec.name}",
         )
     provider = get_provider(spec.provider)
-    return provider, provider.plan(spec)
+    plan = provider.plan(spec)
+    slow = blocklist.hosts(spec.provider)
+    if slow:  # remembered, and said: no provider here can be asked to avoid a host
+        last = slow[-1]
+        plan.notes.append(
+            f"{len(slow)} {spec.provider} node(s) were named slow and replaced before (the "
+            f"last: {last['resource']} of {last['cluster']}, {last['at']}; "
+            f"{blocklist.FILE}); {spec.provider} cannot be asked to avoid a host: another "
+            "zone or instance type can")
+    return provider, plan
 
 
 def create_cluster(

@@ -38,6 +38,7 @@ from provision.job.ends import JobEnds
 from provision.job.gate.injob import InJobGate
 from provision.job.gate.step import GateFactory
 from provision.job.launch import SESSION_LOST, launching_nodes, run_job
+from provision.job.ledger import Ledger, from_timeline, render
 from provision.job.recap import Recap
 from provision.job.recovery import (
     CANCELLED,
@@ -50,9 +51,11 @@ from provision.job.recovery import (
     classify,
     give_up_message,
 )
+from provision.job.resumecheck import ResumeCheck
 from provision.job.supervision import Ready, Started, Supervision, Target
+from provision.model import timeline
 from provision.model.errors import LaunchError, MgpuError
-from provision.model.inventory import Inventory, InventoryStore
+from provision.model.inventory import Inventory, InventoryStore, NodeRecord
 from provision.model.jobstore import JobRecord, JobStore
 from provision.model.logsink import Log
 from provision.model.spec import JobSpec
@@ -132,6 +135,7 @@ def supervise(run: JobRun, group: NodeGroup) -> int:
     recovery = Recovery(run.provider, run.inv, run.store, run.job, run.log, keeper,
                         run.on_event)
     recap = Recap(run.inv.hourly_cost_usd)
+    ledger = from_timeline(timeline.current(run.inv), len(run.inv.nodes), time.time())
     restarts = 0
     nodes: NodeGroup | None = group
     rec: JobRecord | None = None
@@ -140,13 +144,15 @@ def supervise(run: JobRun, group: NodeGroup) -> int:
             with borrowed(run.inv, nodes) as current:
                 rec = _begin(run, current, parent=rec)
                 recap.begin(rec.id, time.monotonic())
+                ledger.switch("training", time.time())
                 run.event("resumed" if restarts else "started",
                           f"restart {restarts} of {run.job.max_restarts}: running again"
                           if restarts else
                           f"running on {len(run.inv.nodes)} node(s): {run.job.script_in_workdir}")
                 gate = run.gate() if run.gate is not None else None
-                outcome = attempt(run, current, keeper, rec, restarts, gate)
+                outcome = attempt(run, current, keeper, rec, restarts, gate, ledger)
             failure = _ended(run, rec, outcome, recap, keeper)
+            _account(ledger, failure, keeper)
             nodes = None
             if gate is not None and (gate.record is not None or outcome.code == 0):
                 gate.finish(outcome.code)  # FabricGateError: the gate kept the job from starting
@@ -173,6 +179,32 @@ def supervise(run: JobRun, group: NodeGroup) -> int:
     finally:
         for line in recap.lines(time.monotonic()):
             run.log(line)
+        _close(run, ledger, rec)
+
+
+def _account(ledger: Ledger, failure: Failure | None, keeper: CheckpointKeeper) -> None:
+    """After an attempt: a failure's lost work (since the last kept checkpoint) is redone
+    work, and recovery starts; a success or a cancel is the end of the training."""
+    now = time.time()
+    if failure is None:
+        ledger.switch("idle", now)
+        return
+    since = time.monotonic() - keeper.last_copy if keeper.last_copy > 0 else None
+    trained = ledger.seconds["training"] / max(ledger.nodes, 1)
+    ledger.failed(min(since, trained) if since is not None else trained, now)
+
+
+def _close(run: JobRun, ledger: Ledger, rec: JobRecord | None) -> None:
+    """The ledger ends with the job: shown, kept in the last attempt's record, told."""
+    ledger.close(time.time())
+    data = ledger.to_json()
+    text = render(data)
+    for line in text.splitlines():
+        run.log(line)
+    if rec is not None:
+        rec.ledger = data
+        run.records.save(rec)
+    run.event("ledger", text)
 
 
 def _ended(run: JobRun, rec: JobRecord, outcome: Outcome, recap: Recap,
@@ -208,12 +240,22 @@ def _tell(run: JobRun, failure: Failure) -> None:
 
 
 def attempt(run: JobRun, group: NodeGroup, keeper: CheckpointKeeper, rec: JobRecord,
-            restarts: int, gate: InJobGate | None = None) -> Outcome:
+            restarts: int, gate: InJobGate | None = None,
+            ledger: Ledger | None = None) -> Outcome:
     """One start of the job on every node, followed to its end, its checkpoints kept and a
     Watcher looking for hangs and preemption notices. `gate`: the fabric gate first, in the
     job's own processes. A job that ended well gets its record (exit codes, logs) while the
     last copy of its checkpoints is made: each asks the nodes on connections of its own."""
-    watcher = Watcher(run.inv, run.job, keeper, run.log, stop=run.stop)
+    check = ResumeCheck(keeper.restored_step if restarts or keeper.restored_step else None,
+                        lambda text: _regressed(run, text))
+
+    def on_line(node: NodeRecord, text: str) -> None:
+        check.feed(text)
+        if ledger is not None:
+            ledger.save_line(text, time.time())
+
+    watcher = Watcher(run.inv, run.job, keeper, run.log, stop=run.stop, on_line=on_line,
+                      on_event=run.on_event)
     ends = JobEnds(rec.id)  # what each node said as its part ended: state, checkpoints
     keeper.start()
     last_copy: Future[None] | None = None
@@ -234,6 +276,11 @@ def attempt(run: JobRun, group: NodeGroup, keeper: CheckpointKeeper, rec: JobRec
             keeper.stop()
         else:
             last_copy.result()
+
+
+def _regressed(run: JobRun, text: str) -> None:
+    run.log(text)
+    run.event("resume_regression", text)
 
 
 def _begin(run: JobRun, group: NodeGroup, parent: JobRecord | None = None) -> JobRecord:

@@ -22,11 +22,18 @@ from __future__ import annotations
 import math
 import re
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from provision.model.timeline import Timeline
 
 BUCKETS = ("provisioning", "setup", "gate", "training", "checkpoint", "redone", "recovery",
            "idle")
 SAVE_COST = re.compile(r"checkpoint saved.*?\((\d+(?:\.\d+)?) ?s\)")
+# a bring-up's timeline phases (model/timeline.py) -> the ledger's buckets
+PHASE_BUCKET = {"plan": "provisioning", "create call": "provisioning",
+                "bootstrap": "setup", "sync": "setup", "restore": "setup", "gate": "gate",
+                "replacement": "recovery", "nodes back": "recovery"}
 
 
 @dataclass
@@ -111,6 +118,24 @@ class Ledger:
             return None
         wall = (self._end if self._end is not None else self._since) - self.started
         return round(young_daly(median(self.saves), wall / self.failures), 1)
+
+
+def from_timeline(tl: Timeline | None, nodes: int, now: float) -> Ledger:
+    """A ledger for a run whose bring-up `tl` recorded (unix times), its phases that ended
+    before `now` in their buckets and the gaps between them idle; it is in "setup" from the
+    last one on."""
+    if tl is None:
+        return Ledger(started=now, nodes=nodes, phase="setup")
+    led = Ledger(started=tl.started_at, nodes=nodes)
+    for ph in sorted((p for p in tl.phases if not p.part_of and p.seconds is not None),
+                     key=lambda p: p.start_s):
+        end = tl.started_at + ph.start_s + (ph.seconds or 0.0)
+        if end > now:
+            break
+        led.switch(PHASE_BUCKET.get(ph.phase, "setup"), tl.started_at + ph.start_s)
+        led.switch("idle", end)
+    led.switch("setup", now)
+    return led
 
 
 def young_daly(cost_s: float, mtbf_s: float) -> float:

@@ -10,6 +10,12 @@ Detection (a Watcher is the launch.JobMonitor of the run):
                  every rank's Python stack is dumped into the run's output first
     preemption   a node's supervisor saw a notice (remote/preempt.py) and signalled its ranks;
                  the other nodes' ranks get the same signal, the save is copied, then stop
+    slow node    (issue 36) a node whose ranks compute slower than the others' for a while
+                 (job/stragglers.py, from the job's `compute=` markers) is named; with
+                 --replace-slow it is handled like a preemption notice: every rank saves,
+                 the save is copied, the node is replaced and the job resumes
+    resume       (issue 36) after a restore, the job's first step line below the restored
+                 step is flagged: `resume regression: saved S, restarted at F`
 Recovery (the loop is provision/job/attached.supervise), at most --max-restarts times:
     keep the last checkpoint -> lost / preempted nodes: replace (Recoverable.replace), or wait
     for the same hosts (--on-node-loss restart), or stop (fail) -> bootstrap the new nodes and
@@ -30,6 +36,7 @@ from typing import Any
 from provision.cluster.providers.contract import AnyProvider, Recoverable
 from provision.job.checkpoints import CheckpointKeeper
 from provision.job.launch import job_container
+from provision.job.stragglers import Slow, StragglerWatch
 from provision.model import timeline
 from provision.model.errors import LaunchError, MgpuError
 from provision.model.inventory import Inventory, InventoryStore, NodeRecord, Replacement
@@ -40,7 +47,8 @@ from provision.nodes import NodeGroup
 # A managed run's record sink (provision/job/managed/): (event, message, node names).
 OnEvent = Callable[[str, str, list[str]], None]
 FAILURE_EVENTS = {"node lost": "node_lost", "preemption": "preempted", "hang": "hang",
-                  "rank crash": "crashed"}
+                  "rank crash": "crashed", "slow node": "slow_node"}
+REPLACED_KINDS = ("node lost", "preemption", "slow node")  # failures whose nodes are replaced
 CANCELLED = 130  # attached.supervise's code when JobRun.stop asked for the job to end
 EVENT_PREFIX = "MGPU-EVENT "  # remote/supervise.py prints events with this prefix
 PREEMPT_SAVE_DEADLINE_S = 90.0  # AWS gives ~120 s, GCP ~30 s: what a save may take at most
@@ -79,10 +87,33 @@ class Watcher:
     stop: Callable[[], bool] | None = None  # True: stop the job for good (a managed cancel)
     # every node's lines, `[node-R] `-prefixed, in the order they arrived (for the diagnosis)
     output: deque[str] = field(default_factory=lambda: deque(maxlen=20000))
+    on_line: Callable[[NodeRecord, str], None] | None = None  # resume check, ledger ...
+    stragglers: StragglerWatch | None = None
+    on_event: OnEvent | None = None
+
+    def __post_init__(self) -> None:
+        if self.stragglers is None and len(self.inv.nodes) > 1:
+            self.stragglers = StragglerWatch([n.name for n in self.inv.nodes],
+                                             fraction=self.job.slow_fraction,
+                                             on_slow=self._slow)
+
+    def _slow(self, slow: Slow) -> None:
+        self.log(f"{slow}" + ("; replacing it (--replace-slow)" if self.job.replace_slow else
+                              " (--replace-slow would replace it)"))
+        if self.on_event is not None:
+            self.on_event("slow_node", str(slow), [slow.node])
+        if self.job.replace_slow:
+            with self.lock:  # the preemption path: save, copy, stop, replace, resume
+                self.preempted.setdefault(slow.node, {"action": "slow", "signalled": "no"})
+                self.notice_at = self.notice_at or time.monotonic()
 
     def line(self, node: NodeRecord, text: str) -> None:
         self.last_output = time.monotonic()
         self.output.append(f"[{node.name}] {text}")
+        if self.on_line is not None:
+            self.on_line(node, text)
+        if self.stragglers is not None:
+            self.stragglers.feed(node.name, text)
         if text.startswith(EVENT_PREFIX):
             try:
                 event = json.loads(text[len(EVENT_PREFIX):])
@@ -123,11 +154,14 @@ class Watcher:
         names = sorted(self.preempted)
         first = self.preempted[names[0]]
         signame = self.job.preempt_signal
-        self.log(f"{', '.join(names)}: preemption notice ({first.get('action', '?')}"
-                 f"{' at ' + first['time'] if first.get('time') else ''}); every rank is asked "
-                 f"to save now ({signame}); waiting for the checkpoint")
+        what = ("slow" if first.get("action") == "slow" else
+                f"preemption notice ({first.get('action', '?')}"
+                f"{' at ' + first['time'] if first.get('time') else ''})")
+        self.log(f"{', '.join(names)}: {what}; every rank is asked to save now ({signame}); "
+                 "waiting for the checkpoint")
         with NodeGroup(self.inv) as group:  # the notified nodes signalled their own ranks
-            others = [n for n in self.inv.nodes if n.name not in self.preempted]
+            others = [n for n in self.inv.nodes if n.name not in self.preempted
+                      or self.preempted[n.name].get("signalled") == "no"]
             layout = group.layout
             group.run(layout.remote_command("signal", "--pidfile", layout.pidfile,
                                             "--signal", signame,
@@ -138,6 +172,8 @@ class Watcher:
         else:
             self.log(f"no checkpoint was saved within {PREEMPT_SAVE_DEADLINE_S:.0f} s of the "
                      "notice; the last one kept will be used")
+        if first.get("action") == "slow":
+            return f"slow node {', '.join(names)}"
         return f"preemption notice on {', '.join(names)}"
 
 
@@ -200,7 +236,8 @@ def classify(outcome: Outcome, provider: AnyProvider, inv: Inventory) -> Failure
     code, watcher = outcome.code, outcome.watcher
     if watcher.reason == "preemption":
         nodes = [n for n in inv.nodes if n.name in watcher.preempted]
-        return Failure("preemption", nodes, code)
+        slow = all(watcher.preempted[n.name].get("action") == "slow" for n in nodes)
+        return Failure("slow node" if slow and nodes else "preemption", nodes, code)
     lost = [n for n in inv.nodes if not _alive(provider, inv, n)]
     if lost:
         names = ", ".join(n.name for n in lost)
@@ -241,14 +278,14 @@ class Recovery:
         Its phases begin a "recovery" timeline (the relaunch adds gate, first output line)."""
         timeline.begin(self.inv, "recovery")
         t0 = time.monotonic()
-        nodes = failure.nodes if failure.kind in ("node lost", "preemption") else []
+        nodes = failure.nodes if failure.kind in REPLACED_KINDS else []
         replaced: list[NodeRecord] = []
         if nodes:
             mode = self.job.on_node_loss
             if mode == "fail":
                 raise MgpuError(f"{failure.describe()}: --on-node-loss fail")
             with timeline.timed(self.inv, "replacement" if mode == "replace" else "nodes back"):
-                if mode == "replace":
+                if mode == "replace" or failure.kind == "slow node":
                     replaced = self._replace(nodes, failure.kind)
                 else:
                     self._wait_for(nodes)
@@ -282,6 +319,10 @@ class Recovery:
         new_nodes = []
         for node in nodes:
             self.log(f"replacing {node.name} ({why}) ...")
+            if why == "slow node":
+                from provision.model.blocklist import remember
+
+                remember(self.inv.provider, self.inv.name, node, why)
             new = self.provider.replace(self.inv, self.store, node)
             self.inv.replacements.append(Replacement(rank=node.rank, old=node.resource_id,
                                                      new=new.resource_id, reason=why))

@@ -69,6 +69,8 @@ class JobRecord(BaseModel):
     failure: str | None = Field(None, description="why the attempt ended, as the run said")
     streamed: list[str] = Field(default_factory=list,
                                 description="nodes whose log copy is what the run saw streamed")
+    ledger: dict[str, Any] | None = Field(
+        None, description="where the run's node-seconds went (job/ledger.py): its last attempt")
 
     @property
     def final(self) -> bool:

@@ -165,6 +165,10 @@ class JobSpec(StrictModel):
         None, gt=0, description="seconds without output or checkpoint save = a hang")
     on_node_loss: Literal["replace", "restart", "fail"] = "replace"
     preempt_signal: str = Field("SIGUSR1", description="sent to every rank on a notice")
+    # issue 36: a node slower than the others (job/stragglers.py), from the job's markers
+    replace_slow: bool = Field(False, description="save, replace a slow node, resume")
+    slow_fraction: float = Field(0.5, gt=0, le=10,
+                                 description="slow: its compute time above (1+this) x others'")
     # the fabric gate before a multi-node job (provision/job/gate.py, docs/fabric-gate.md)
     fabric_check: Literal["auto", "on", "off"] = Field(
         "auto", description="auto: on for multi-node clusters whose provider knows the fabric")
