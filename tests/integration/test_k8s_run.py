@@ -17,6 +17,7 @@ import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from kit import cli, cli_env
@@ -193,4 +194,24 @@ def test_day2_jobs_logs_exec_cancel_monitor(standin: Standin, tmp_path: Path) ->
     finally:
         down = cli("down", name, home=tmp_path, env=env)
         assert down.returncode == 0, down.stderr
+    left_nothing(standin, name)
+
+
+def test_an_attached_run_keeps_its_checkpoints_in_the_store(standin: Standin, tmp_path: Path,
+                                                            s3_store: Any) -> None:
+    """--store s3:// (moto's server at an address the pods reach): the pods push their
+    checkpoints to the store themselves, as docker nodes do."""
+    import boto3
+
+    name = "k8s-store"
+    run = K8sRun(standin, name, ["--store", s3_store.url, str(ROOT / "examples" /
+                                                              "train_ddp.py"),
+                                 "--steps", "12", "--save-every", "5"], tmp_path)
+    code = run.finish()
+    out = run.output
+    assert code == 0, out
+    bucket, prefix = s3_store.url.removeprefix("s3://").split("/", 1)
+    keys = [o["Key"] for o in boto3.client("s3").list_objects_v2(
+        Bucket=bucket, Prefix=f"{prefix}/{name}/").get("Contents", [])]
+    assert any("/data/" in k and "checkpoints/" in k and k.endswith(".pt") for k in keys), keys
     left_nothing(standin, name)
