@@ -115,6 +115,10 @@ def wait_running(k: Kube, cluster: str, ranks: set[int], timeout_s: float, log: 
         w = watch.Watch()
         for event in w.stream(k.core.list_namespaced_pod, k.namespace,
                               label_selector=selector(cluster), timeout_seconds=remaining):
+            if event["type"] == "ERROR":  # e.g. 410 Gone: list and watch again
+                w.stop()
+                time.sleep(POLL_S)
+                break
             pod = event["object"]
             rank = rank_of(pod)
             if rank not in ranks or pod.metadata.uid in exclude:

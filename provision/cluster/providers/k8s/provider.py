@@ -125,8 +125,8 @@ class K8sProvider(Recoverable[K8sPlan]):
             if is_not_found(exc):
                 return False
             raise
-        return bool(pod.metadata.uid == node.resource_id and pod.status.phase == "Running"
-                    and pod.metadata.deletion_timestamp is None)
+        return bool(pod.metadata.uid == node.resource_id and pod.status is not None
+                    and pod.status.phase == "Running" and pod.metadata.deletion_timestamp is None)
 
     def _replace(self, inv: Inventory, store: InventoryStore, node: NodeRecord) -> NodeRecord:
         """The lost pod alone. JobSet: its Job makes a new pod at that index once the old one
