@@ -98,10 +98,9 @@ def left_nothing(s: Standin, name: str) -> None:
 
 
 @pytest.mark.parametrize("args,script", [
-    ([], "train_ddp.py"),
     (["--launcher", "deepspeed", "--master-port", "29521"], "train_deepspeed.py"),
     (["--launcher", "accelerate", "--master-port", "29522"], "train_accelerate.py"),
-], ids=["torchrun", "deepspeed", "accelerate"])
+], ids=["deepspeed", "accelerate"])
 def test_run_trains_world_4_and_leaves_nothing(standin: Standin, tmp_path: Path,
                                                args: list[str], script: str) -> None:
     name = "k8s-" + script.split("_")[1].split(".")[0]
@@ -118,20 +117,25 @@ def test_run_trains_world_4_and_leaves_nothing(standin: Standin, tmp_path: Path,
     left_nothing(standin, name)
 
 
-def test_queue_holds_the_run_until_admitted(standin: Standin, tmp_path: Path) -> None:
+def test_run_waits_in_the_queue_then_trains_world_4(standin: Standin, tmp_path: Path) -> None:
+    """torchrun with the fabric gate, held by Kueue until its quota allows."""
+    name = "k8s-torchrun"
     standin.add_queue("team-q")
     standin.kueue.quota_pods = 0
-    run = K8sRun(standin, "k8s-queued", ["--queue", "team-q", str(ROOT / "examples" /
-                                                                   "train_ddp.py"),
-                                         "--steps", "2"], tmp_path)
+    run = K8sRun(standin, name, ["--queue", "team-q", "--fabric-check", "on",
+                                 str(ROOT / "examples" / "train_ddp.py"), "--steps", "6"],
+                 tmp_path)
     run.wait_for(r"waiting in queue team-q \(.*insufficient unused quota")
-    assert not standin.store.list("pods", "default", "mgpu-cloud-cluster=k8s-queued")
+    assert not standin.store.list("pods", "default", f"mgpu-cloud-cluster={name}")
     standin.kueue.set_quota(8)
     code = run.finish()
     out = run.output
     assert code == 0, out
-    assert "admitted by queue team-q" in out and "done: world_size=4" in out, out
-    left_nothing(standin, "k8s-queued")
+    assert "admitted by queue team-q" in out and "fabric gate: pass" in out, out
+    ranks_seen(out, 4)
+    assert "done: world_size=4" in out and "JobSet (jobset.x-k8s.io/v1alpha2)" in out, out
+    assert [p for p in (tmp_path / "mgpu-outputs" / name).rglob("*") if p.is_file()]
+    left_nothing(standin, name)
 
 
 def test_a_killed_pod_is_replaced_alone_and_the_run_resumes(standin: Standin,
@@ -206,7 +210,7 @@ def test_an_attached_run_keeps_its_checkpoints_in_the_store(standin: Standin, tm
     name = "k8s-store"
     run = K8sRun(standin, name, ["--store", s3_store.url, str(ROOT / "examples" /
                                                               "train_ddp.py"),
-                                 "--steps", "12", "--save-every", "5"], tmp_path)
+                                 "--steps", "6", "--save-every", "5"], tmp_path)
     code = run.finish()
     out = run.output
     assert code == 0, out
