@@ -91,3 +91,29 @@ def test_forbidden_is_said_with_the_role_to_ask_for(
     assert 'cannot create resource "jobsets"' in exc.value.message
     assert "docs/kubernetes.md" in (exc.value.hint or "")
     assert standin.labelled("c1") == []  # the Secret made before it: rolled back
+
+
+def test_up_says_why_a_pod_waits_to_be_scheduled(
+        standin: Standin, make_spec: Callable[..., ClusterSpec],
+        up: Callable[[ClusterSpec], Inventory], monkeypatch: pytest.MonkeyPatch,
+        caplog: pytest.LogCaptureFixture) -> None:
+    """The scheduler's PodScheduled=False message is said once, then the pod runs."""
+    import threading
+
+    kubelet = standin.kubelet
+    run = type(kubelet)._run
+
+    def unschedulable_first(pod: dict[str, Any]) -> None:
+        cond = {"type": "PodScheduled", "status": "False", "reason": "Unschedulable",
+                "message": "0/3 nodes are available: 3 Insufficient nvidia.com/gpu."}
+        kubelet._set(pod, lambda o: o.update(status={"phase": "Pending", "conditions": [cond]}))
+        threading.Timer(0.3, run, args=(kubelet, pod)).start()
+
+    monkeypatch.setattr(kubelet, "_run", unschedulable_first)
+    with caplog.at_level("INFO", logger="mgpu_cloud"):
+        inv = up(make_spec())
+    assert len(inv.nodes) == 2
+    said = [r.message for r in caplog.records if "waits to be scheduled" in r.message]
+    assert sorted(said) == [
+        f"k8s: node-{r} waits to be scheduled (Unschedulable: 0/3 nodes are available: 3 "
+        "Insufficient nvidia.com/gpu.)" for r in (0, 1)], said

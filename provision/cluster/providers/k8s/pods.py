@@ -101,6 +101,22 @@ def tail_of(k: Kube, pod: Any, lines: int = 10) -> str:
     return f": {text}" if text else ""
 
 
+def pending_reason(pod: Any) -> str:
+    """Why a pod is not scheduled yet (the scheduler's PodScheduled condition), or ''."""
+    for cond in (pod.status.conditions or []) if pod.status else []:
+        if cond.type == "PodScheduled" and cond.status == "False":
+            return f"{cond.reason or 'Unschedulable'}: {cond.message or ''}".strip(": ")
+    return ""
+
+
+def _say_pending(pod: Any, rank: int, before: str, log: Log) -> str:
+    """Say the scheduler's reason when it changes (quota, GPUs, taints); what was said."""
+    reason = pending_reason(pod)
+    if reason and reason != before:
+        log(f"k8s: node-{rank} waits to be scheduled ({reason})")
+    return reason or before
+
+
 def wait_running(k: Kube, cluster: str, ranks: set[int], timeout_s: float, log: Log,
                  exclude: frozenset[str] = frozenset()) -> dict[int, Any]:
     """rank -> its Running pod (with an IP), for every rank in `ranks`; pods whose uid is in
@@ -109,6 +125,7 @@ def wait_running(k: Kube, cluster: str, ranks: set[int], timeout_s: float, log: 
     from kubernetes import watch
 
     found: dict[int, Any] = {}
+    said: dict[int, str] = {}  # rank -> the last reason said for its pod waiting
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         remaining = max(1, int(deadline - time.monotonic()))
@@ -129,6 +146,7 @@ def wait_running(k: Kube, cluster: str, ranks: set[int], timeout_s: float, log: 
                 if why:
                     w.stop()
                     raise ProvisionError(f"cluster {cluster!r}: {why}")
+                said[rank] = _say_pending(pod, rank, said.get(rank, ""), log)
                 continue
             found[rank] = pod
             if set(found) == ranks:
