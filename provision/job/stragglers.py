@@ -4,10 +4,13 @@ Ranks of a data-parallel job advance in lockstep (each all-reduce waits for the 
 the time between step lines is the same on every node: a slow node shows only in the time
 its ranks spend computing. The job's step markers carry it: any output line with
 `compute=SECONDS` (or `compute_ms=MS`), e.g. `step 120 compute=0.031` printed by every rank
-every few steps (examples/train_ddp.py does, with --log-every). Per node the median of its
-last WINDOW reports is compared with the median of the other nodes' medians; a node above
-(1 + fraction) x that for `patience` reports in a row is named, once, and `on_slow` hears it
-(with --replace-slow the supervisor saves, replaces that node and resumes).
+every few steps (examples/train_ddp.py does, with --compute-every). Once every node has
+reported WARM values, the median of a node's last WINDOW values is compared with the median
+of the other nodes' medians; a node above (1 + fraction) x that for `patience` reports in a
+row is named, once, and `on_slow` hears it (with --replace-slow the supervisor saves,
+replaces that node and resumes). Medians over a window, a warm-up and the patience keep a
+busy machine's noise (measured on 2 shared cores: one rank's forward pass varies 10x from
+step to step) from naming a healthy node.
 """
 
 from __future__ import annotations
@@ -18,7 +21,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 COMPUTE = re.compile(r"\bcompute(_ms)?[=: ]+(\d+(?:\.\d+)?)")
-WINDOW = 5
+WINDOW = 12  # values per node: a few markers of each of its ranks
+WARM = 6  # values every node needs before any is judged (the first steps are noisy)
 
 
 def compute_s(line: str) -> float | None:
@@ -49,7 +53,7 @@ class Slow:
 
 
 class StragglerWatch:
-    def __init__(self, nodes: list[str], *, fraction: float = 0.5, patience: int = 3,
+    def __init__(self, nodes: list[str], *, fraction: float = 0.5, patience: int = 5,
                  on_slow: Callable[[Slow], None] | None = None) -> None:
         self.fraction, self.patience, self.on_slow = fraction, patience, on_slow
         self.recent: dict[str, deque[float]] = {n: deque(maxlen=WINDOW) for n in nodes}
@@ -64,8 +68,10 @@ class StragglerWatch:
         return self._judge(node)
 
     def _judge(self, node: str) -> Slow | None:
-        others = [_median(list(v)) for n, v in self.recent.items() if n != node and v]
-        if not others or not self.recent[node]:
+        if any(len(v) < WARM for v in self.recent.values()):
+            return None
+        others = [_median(list(v)) for n, v in self.recent.items() if n != node]
+        if not others:
             return None
         mine, theirs = _median(list(self.recent[node])), _median(others)
         if theirs <= 0 or mine <= theirs * (1.0 + self.fraction):

@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 import re
 import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -59,3 +60,48 @@ def test_two_failures_every_node_second_accounted_and_a_silent_restart_flagged(
     expected = young_daly(led["save_cost_s"], led["wall_s"] / 2)  # both as rounded in the record
     assert abs(led["advice_s"] - expected) <= 0.1, (led, expected)
     assert "Young/Daly" in out and "redone" in out
+
+
+def _compute(lines: list[str], node: str) -> list[float]:
+    return [float(m.group(1)) for line in lines if line.startswith(f"[{node}]")
+            for m in [re.search(r"compute=([\d.]+)", line)] if m]
+
+
+def test_a_slowed_node_is_named_then_swapped_and_the_run_speeds_up_again(
+        tmp_path: Path, cluster_name: str) -> None:
+    """node-1's CPU is cut to a tenth (docker update --cpus): its ranks' forward passes slow
+    down ~10x; it is named within a bounded number of markers, and with --replace-slow the
+    run saves, replaces it, resumes, and node-1's ranks are as fast as node-0's again. The
+    host is remembered (blocklist.json) and named in the next plan."""
+    import json
+    import os
+
+    run = Run(cluster_name, ["--nodes", "2", "--max-restarts", "1", "--replace-slow",
+                             "--slow-fraction", "2", EXAMPLE, "--steps", "260", "--batch-size",
+                             "2048", "--hidden", "2048", "--compute-every", "5"], tmp_path)
+    run.wait_for(r"\[node-0\] step 40 ")
+    old = subprocess.run(["docker", "inspect", "-f", "{{.Id}}", f"{cluster_name}-node-1"],
+                         capture_output=True, text=True, check=True).stdout.strip()
+    subprocess.run(["docker", "update", "--cpus", "0.1", f"{cluster_name}-node-1"], check=True,
+                   capture_output=True)
+    throttled_at = len(run.lines)
+    named = run.wait_for(r"node-1 is slow: compute")
+    reports = sum("[node-1]" in line and "compute=" in line for line in run.lines[throttled_at:])
+    assert reports <= 2 * 40, f"named after {reports} of node-1's markers"  # 40 steps' worth
+    code = run.finish(timeout=600)
+    out = run.output
+    assert code == 0, out
+    assert "replacing it (--replace-slow)" in named
+    assert "node-1: slow; every rank is asked to save now" in out, out
+    assert "replacing node-1 (slow node)" in out and "resumed from step" in out, out
+    after = run.output[run.output.index("resumed from step"):].splitlines()
+    fast0, fast1 = _compute(after, "node-0"), _compute(after, "node-1")
+    assert len(fast1) >= 6, out
+    med = sorted(fast1)[len(fast1) // 2]
+    assert med < 2 * sorted(fast0)[len(fast0) // 2] + 0.01, (fast0, fast1)
+    kept = json.loads((Path(os.environ["MGPU_CLOUD_HOME"]) / "blocklist.json").read_text())
+    assert any(h["resource"] == old and h["cluster"] == cluster_name for h in kept["docker"])
+    plan = subprocess.run([sys.executable, "-m", "provision.cli", "up", "--provider", "docker",
+                           "--nodes", "1", "--name", f"{cluster_name}-p", "--dry-run"],
+                          capture_output=True, text=True, timeout=60)
+    assert "named slow and replaced before" in plan.stdout + plan.stderr, plan.stdout
