@@ -8,7 +8,6 @@ All-or-nothing overall: on any failure the pipeline deletes everything recorded
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any
 
 from provision.cluster.providers.gcp import bodies, gpudirect, hostkeys, placement, teardown
@@ -20,6 +19,7 @@ from provision.cluster.providers.gcp.writes import insert_all, request_id
 from provision.model.errors import ProvisionError
 from provision.model.inventory import Inventory, InventoryStore, NodeRecord, PreemptionSource
 from provision.model.keys import ensure_cluster_key
+from provision.model.logsink import Log
 from provision.model.render import parse_env_file, render
 from provision.model.spec import ClusterSpec
 from provision.model.timeline import reached
@@ -27,7 +27,6 @@ from provision.model.timeline import reached
 LOGIN_USER = bodies.LOGIN_USER
 # Where a node reads preemption and maintenance notices (remote/preempt.py "gcp").
 METADATA_URL = "http://metadata.google.internal"
-Log = Callable[[str], None]
 
 
 def _create_firewalls(clients: Clients, store: InventoryStore, inv: Inventory,

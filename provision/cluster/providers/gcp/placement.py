@@ -15,7 +15,6 @@ stops at once (the pipeline rolls back everything recorded).
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any
 
 from provision.cluster.providers.gcp import bodies, teardown
@@ -25,8 +24,7 @@ from provision.cluster.providers.gcp.layout import Layout
 from provision.cluster.providers.gcp.writes import delete_now, insert, insert_all, request_id
 from provision.model.errors import CapacityError, ProvisionError
 from provision.model.inventory import CLUSTER_TAG, Inventory, InventoryStore
-
-Log = Callable[[str], None]
+from provision.model.logsink import Log
 
 
 def make_regional(clients: Clients, store: InventoryStore, inv: Inventory,
