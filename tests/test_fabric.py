@@ -1,4 +1,4 @@
-"""provision/job/fabric.py: which network NCCL chose, read from real captured NCCL INFO logs
+"""provision/job/gate/fabric.py: which network NCCL chose, read from real captured NCCL INFO logs
 (tests/data/logs/SOURCES.md), and the providers' tables of what each type should deliver."""
 
 from __future__ import annotations

@@ -169,7 +169,7 @@ class JobSpec(StrictModel):
     replace_slow: bool = Field(False, description="save, replace a slow node, resume")
     slow_fraction: float = Field(0.5, gt=0, le=10,
                                  description="slow: its compute time above (1+this) x others'")
-    # the fabric gate before a multi-node job (provision/job/gate.py, docs/fabric-gate.md)
+    # the fabric gate before a multi-node job (provision/job/gate/, docs/fabric-gate.md)
     fabric_check: Literal["auto", "on", "off"] = Field(
         "auto", description="auto: on for multi-node clusters whose provider knows the fabric")
     allow_slow_network: bool = Field(False, description="run even when the fabric gate fails")
