@@ -3,6 +3,7 @@ controller and Kueue, a kubeconfig, and the variables a provider process needs."
 
 from __future__ import annotations
 
+import logging
 import uuid
 from pathlib import Path
 from typing import Any
@@ -50,3 +51,31 @@ class Standin:
     def stop(self) -> None:
         self.kubelet.close()
         self.api.stop()
+
+
+class OnLog(logging.Handler):
+    """Calls `act(message)` for each record of the tool's logger whose message contains
+    `text`: a test acts when the provider says it waits, not after a guessed delay."""
+
+    def __init__(self, text: str, act: Any) -> None:
+        super().__init__()
+        self.text, self.act = text, act
+        self.seen: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        message = record.getMessage()
+        if self.text in message:
+            self.seen.append(message)
+            self.act(message)
+
+    def __enter__(self) -> OnLog:
+        logger = logging.getLogger("mgpu_cloud")
+        self._level = logger.level
+        logger.setLevel(logging.INFO)
+        logger.addHandler(self)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        logger = logging.getLogger("mgpu_cloud")
+        logger.removeHandler(self)
+        logger.setLevel(self._level)

@@ -3,13 +3,11 @@ create, destroy, gc, the queue, errors, through the real kubernetes client."""
 
 from __future__ import annotations
 
-import threading
-import time
 from collections.abc import Callable
 from typing import Any
 
 import pytest
-from standin import Standin
+from standin import OnLog, Standin
 
 from provision.cluster.providers import get_provider
 from provision.model.errors import (
@@ -92,17 +90,16 @@ def test_dry_run_plan_shows_the_manifests(standin: Standin,
 def test_queue_waits_while_suspended_then_runs(
         standin: Standin, make_spec: Callable[..., ClusterSpec],
         up: Callable[[ClusterSpec], Inventory], caplog: pytest.LogCaptureFixture) -> None:
+    """Quota for 1 pod of 2: held, with Kueue's reason; once `up` says it waits, the quota
+    grows and it is admitted."""
     standin.add_queue("team-a")
     standin.kueue.quota_pods = 1
-    threading.Timer(0.5, standin.kueue.set_quota, args=(4,)).start()
-    started = time.monotonic()
-    with caplog.at_level("INFO", logger="mgpu_cloud"):
+    with OnLog("waiting in queue", lambda m: standin.kueue.set_quota(4)) as waited, \
+            caplog.at_level("INFO", logger="mgpu_cloud"):
         inv = up(make_spec(k8s={"queue": "team-a"}))
-    assert time.monotonic() - started >= 0.5
     assert len(inv.nodes) == 2
-    said = caplog.text
-    assert "waiting in queue team-a" in said and "1 more needed" in said, said
-    assert "admitted by queue team-a" in said
+    assert waited.seen and "1 more needed" in waited.seen[0], waited.seen
+    assert "admitted by queue team-a" in caplog.text
     posted = next(r.body for r in standin.api.requests if r.method == "POST"
                   and r.path.endswith("/jobsets"))
     assert posted["spec"]["suspend"] is True

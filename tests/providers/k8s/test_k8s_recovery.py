@@ -7,7 +7,7 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
-from standin import Standin
+from standin import OnLog, Standin
 from standin_store import ApiError
 
 from provision.cluster import pipeline
@@ -95,25 +95,26 @@ def test_forbidden_is_said_with_the_role_to_ask_for(
 
 def test_up_says_why_a_pod_waits_to_be_scheduled(
         standin: Standin, make_spec: Callable[..., ClusterSpec],
-        up: Callable[[ClusterSpec], Inventory], monkeypatch: pytest.MonkeyPatch,
-        caplog: pytest.LogCaptureFixture) -> None:
-    """The scheduler's PodScheduled=False message is said once, then the pod runs."""
-    import threading
-
+        up: Callable[[ClusterSpec], Inventory], monkeypatch: pytest.MonkeyPatch) -> None:
+    """The scheduler's PodScheduled=False message is said once per pod; each pod runs once
+    `up` has said it."""
     kubelet = standin.kubelet
     run = type(kubelet)._run
+    held: dict[str, dict[str, Any]] = {}
 
-    def unschedulable_first(pod: dict[str, Any]) -> None:
+    def unschedulable(pod: dict[str, Any]) -> None:
         cond = {"type": "PodScheduled", "status": "False", "reason": "Unschedulable",
                 "message": "0/3 nodes are available: 3 Insufficient nvidia.com/gpu."}
+        held[pod["metadata"]["labels"]["batch.kubernetes.io/job-completion-index"]] = pod
         kubelet._set(pod, lambda o: o.update(status={"phase": "Pending", "conditions": [cond]}))
-        threading.Timer(0.3, run, args=(kubelet, pod)).start()
 
-    monkeypatch.setattr(kubelet, "_run", unschedulable_first)
-    with caplog.at_level("INFO", logger="mgpu_cloud"):
+    def release(message: str) -> None:
+        run(kubelet, held[message.split("node-")[1][0]])
+
+    monkeypatch.setattr(kubelet, "_run", unschedulable)
+    with OnLog("waits to be scheduled", release) as said:
         inv = up(make_spec())
     assert len(inv.nodes) == 2
-    said = [r.message for r in caplog.records if "waits to be scheduled" in r.message]
-    assert sorted(said) == [
+    assert sorted(said.seen) == [
         f"k8s: node-{r} waits to be scheduled (Unschedulable: 0/3 nodes are available: 3 "
-        "Insufficient nvidia.com/gpu.)" for r in (0, 1)], said
+        "Insufficient nvidia.com/gpu.)" for r in (0, 1)], said.seen
