@@ -33,6 +33,7 @@ def test_up_makes_a_labelled_jobset_and_down_deletes_by_label(
     assert all(n.address.startswith(f"c1-node-0-{n.rank}-") for n in inv.nodes)
     assert len({n.private_address for n in inv.nodes}) == 3 and inv.manage_etc_hosts
     assert inv.nccl_env == {"ACCELERATE_USE_CPU": "1"} and inv.fabric is None  # CPU pods
+    assert inv.container_runtime == "none"  # a job's --image: refused, the pod is the container
     assert sorted(r.kind for r in inv.resources) == ["k8s-jobset", "k8s-secret"]
     js = standin.store.get("jobset.x-k8s.io/v1alpha2/jobsets", "default", "c1")
     assert js["metadata"]["labels"] == {"mgpu-cloud-cluster": "c1"}
@@ -124,6 +125,8 @@ def test_plan_refuses_bad_input_before_anything_is_made(
         prov.plan(make_spec(k8s={"queue": "nope"}))
     with pytest.raises(UserInputError, match="needs --queue"):
         prov.plan(make_spec(k8s={"topology": "rack"}))
+    with pytest.raises(UserInputError, match="a pod is already the container"):
+        prov.plan(make_spec(image="pytorch/pytorch:2.5"))
     with pytest.raises(UserInputError, match="image is not set"):
         prov.plan(make_spec(k8s={"image": ""}))
     standin.store.create("pods", "default", {"metadata": {

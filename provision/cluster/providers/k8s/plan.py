@@ -75,6 +75,12 @@ def build_request(spec: ClusterSpec, mode: str) -> K8sRequest:
             hint=f"--pod-image IMAGE (or {IMAGE_ENV}): an image with sshd and python3 >= 3.11 "
                  "that the cluster can pull, e.g. the docker provider's node image pushed to "
                  "your registry")
+    if spec.image:
+        raise UserInputError(
+            f"--image {spec.image}: on k8s each node is a pod, and a pod is already the "
+            "container (there is no Docker inside it to run another image)",
+            hint="put the training environment into the pods' image: --pod-image IMAGE (with "
+                 "sshd and python3 >= 3.11)")
     if opts.topology and not opts.queue:
         raise UserInputError("--topology is Kueue's Topology-Aware Scheduling: it needs --queue",
                              hint="add --queue LOCALQUEUE, or use k8s.placement KEY=VALUE")

@@ -111,6 +111,7 @@ class K8sProvider(Recoverable[K8sPlan]):
                      for rank in range(req.nodes)]
         inv.manage_etc_hosts = True  # node-R -> its pod IP (bootstrap; refreshed on replace)
         inv.nccl_env, inv.fabric = job_env(req)
+        inv.container_runtime = "none"  # the pod is the container: a job's --image is refused
         reached(inv, "nodes running", part_of="create call", detail=f"{len(inv.nodes)} pod(s)")
         store.save(inv)
 
