@@ -81,7 +81,8 @@ def _on_existing(name: str, job: JobSpec, supervision: Supervision, store: Inven
         supervision.check(job, Target(name, provider, inv.provider,
                                       inv.spec.store if inv.spec is not None else None,
                                       new=False, inv=inv), log)
-        inv = ready_inventory(store, name)
+        if inv.status != "ready":
+            ready_inventory(store, name)  # raises: the cluster is not ready for a job
         clock = timeline.begin(inv, "launch")
         try:
             return _on_ready(inv, provider, store, job, supervision, log, new=False)
