@@ -219,3 +219,25 @@ def test_an_attached_run_keeps_its_checkpoints_in_the_store(standin: Standin, tm
         Bucket=bucket, Prefix=f"{prefix}/{name}/").get("Contents", [])]
     assert any("/data/" in k and "checkpoints/" in k and k.endswith(".pt") for k in keys), keys
     left_nothing(standin, name)
+
+
+def test_a_detached_run_ends_its_pods_succeeded(standin: Standin, tmp_path: Path) -> None:
+    """`run --detach`: when the job has ended each pod stops itself (ProviderInfo.self_stop),
+    Succeeded, its index complete (not made again), holding no quota; `down` removes them."""
+    name, env = "k8s-detached", standin.env()
+    res = cli("run", "--provider", "k8s", "--nodes", "2", "--name", name, "--detach",
+              "--idle-minutes", "0", str(ROOT / "examples" / "train_ddp.py"), "--steps", "4",
+              home=tmp_path, env=env)
+    assert res.returncode == 0, res.stderr
+    assert "each pod ends itself (Succeeded)" in res.stderr, res.stderr
+    deadline = time.monotonic() + 240
+    while True:
+        phases = sorted(p.get("status", {}).get("phase", "") for p in standin.store.list(
+            "pods", "default", f"mgpu-cloud-cluster={name}"))
+        if phases == ["Succeeded", "Succeeded"]:
+            break
+        assert time.monotonic() < deadline, phases
+        time.sleep(1)
+    down = cli("down", name, home=tmp_path, env=env)
+    assert down.returncode == 0, down.stderr
+    left_nothing(standin, name)

@@ -5,7 +5,8 @@ network.subdomain) and, for each completion index of its one replicated job, a p
 the Job's template with what the Job controller adds (the index label and
 JOB_COMPLETION_INDEX, hostname JOBSET-JOB-0-INDEX, the subdomain). The Job level itself is
 left out (the provider never reads Jobs). With podReplacementPolicy Failed, an index gets a
-new pod once its pod has failed or is gone; a pod being deleted still holds its index.
+new pod once its pod has failed or is gone; a pod being deleted still holds its index, a
+Succeeded pod completes it.
 Deleting the JobSet deletes what it owns.
 
 KueueStandin: a JobSet labelled kueue.x-k8s.io/queue-name is held suspended while the queue's
@@ -68,9 +69,9 @@ class JobSetController:
             for rj in js["spec"]["replicatedJobs"]:
                 job = rj["template"]["spec"]
                 for index in range(int(job.get("completions", 1))):
+                    # a Succeeded pod completes its index: no new pod for it
                     holding = [p for p in pods if p["metadata"]["labels"].get(INDEX_LABEL)
-                               == str(index) and p.get("status", {}).get("phase")
-                               not in ("Failed", "Succeeded")]
+                               == str(index) and p.get("status", {}).get("phase") != "Failed"]
                     if not holding:
                         self._make_pod(ns, name, sub, rj["name"], index, job, owner)
 

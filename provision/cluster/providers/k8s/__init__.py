@@ -16,6 +16,11 @@ INFO = ProviderInfo(
     # Quota in a shared cluster, not dollars this tool could show (like slurm).
     costs_money=False,
     connector="provision.cluster.providers.k8s.transport:connector",
+    # PID 1 of a pod is its start shell: TERM ends the pod Succeeded (manifests.START), its
+    # index complete; it stops holding the namespace's quota.
+    self_stop="kill -TERM 1",
+    self_stop_note="each pod ends itself (Succeeded) and stops counting against the "
+                   "namespace's quota; `down` deletes the cluster's objects and its inventory",
     monitor_note="CPU, memory and load are those of the machine each pod runs on (a pod "
                  "reads its node's /proc)",
     flags=(

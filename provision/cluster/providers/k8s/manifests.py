@@ -29,12 +29,15 @@ JOB_NAME = "node"  # the JobSet's one replicated job
 LOGIN_MOUNT = "/etc/mgpu-login"
 GPU_RESOURCE = "nvidia.com/gpu"
 # The rank: JOB_COMPLETION_INDEX in a JobSet's pods (the Job controller sets it), MGPU_RANK in
-# plain pods. Copies that pod's host key in, then sshd in the foreground (its exit ends the pod).
+# plain pods. Copies that pod's host key in, then runs sshd. The shell stays PID 1: TERM (the
+# node's own stop after a detached run, ProviderInfo.self_stop; or the kubelet deleting the
+# pod) ends the pod with 0, Succeeded, so its Job index is complete and not made again; sshd
+# dying on its own ends it with sshd's status, Failed (a lost node).
 START = (
     "set -e; r=${JOB_COMPLETION_INDEX:-$MGPU_RANK}; umask 077; mkdir -p /root/.ssh /run/sshd; "
     f"cat {LOGIN_MOUNT}/host-key-$r > /etc/ssh/ssh_host_ed25519_key; "
     f"cat {LOGIN_MOUNT}/authorized-keys > /root/.ssh/authorized_keys; "
-    "exec /usr/sbin/sshd -D -e"
+    "/usr/sbin/sshd -D -e & pid=$!; trap 'kill $pid; exit 0' TERM; wait $pid"
 )
 
 
