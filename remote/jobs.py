@@ -1,7 +1,8 @@
 """`job`: a job that outlives the SSH session that started it, with a log on the node.
 
-    job start  --dir D [--cwd C] [--pidfile P] [--attach] [--then CMD] [--then-after S] -- CMD...
-    job follow --dir D [--offset N] [--no-wait]
+    job start  --dir D [--cwd C] [--pidfile P] [--attach [--survive-eof]] [--then CMD]
+               [--then-after S] -- CMD...
+    job follow --dir D [--offset N] [--no-wait] [--end-line]
     job status --jobs J
     job cancel --dir D [--grace S]
     job idle   --pidfile P          exit 0 when no job runs on this node, else BUSY
@@ -22,14 +23,15 @@ the optional `--then` line (e.g. the node powering itself off) after `--then-aft
 
 Without --attach `start` prints the job's process group id and returns at once (a detached
 job). With --attach it follows the log to stdout and exits with the job's exit code, and end of
-stdin (the controller's channel closed: it crashed, or the user pressed Ctrl-C) cancels the job,
-so an attached job never outlives its controller. After the log, an attached `start` prints
-one last line, `MGPU-JOB-END {"job": ID, "state": ..., "checkpoints": ...}`: the job's state as
-`status` would report it, and the manifest of the tool's checkpoints/ folder (beside jobs/,
-D's parent) as `ckpt-manifest` prints it. The controller reads both off the stream it follows anyway, instead of starting this
-program twice more on every node when the job ends. `follow` is the same loop for anyone else
-(`logs --follow`, a recovery watcher): it streams from byte N until `exit` appears and exits
-with the job's code (255: the supervisor vanished without writing one, e.g. a reboot).
+stdin (the controller's channel closed: it crashed, or the user pressed Ctrl-C) cancels the
+job, so an attached job never outlives its controller; unless --survive-eof (a managed run:
+its controller may be lost and made again, issue 36, and follows the job again). After the
+log, an attached `start` prints one last line, `MGPU-JOB-END {"job": ID, "state": ...,
+"checkpoints": ...}`: the job's state as `status` reports it, and the manifest of the tool's
+checkpoints/ folder (beside jobs/) as `ckpt-manifest` prints it, read off the stream the
+controller follows anyway. `follow` is the same loop for anyone else (`logs --follow`, a
+controller taking a job back: --end-line): it streams from byte N until `exit` appears and
+exits with the job's code (255: the supervisor vanished without writing one, e.g. a reboot).
 """
 
 from __future__ import annotations
@@ -44,12 +46,14 @@ import subprocess
 import sys
 import threading
 import time
-from typing import Any, NoReturn, Protocol
+from typing import Any, NoReturn
 
 from remote.ckpt import report as checkpoints_report
 from remote.devices import SELECTOR, DeviceSelectionError
 from remote.devices import expand as expand_devices
 from remote.files import write_atomic
+from remote.streams import LineEnd as _LineEnd
+from remote.streams import Sink
 from remote.supervise import become_subreaper, reap, stop_job, watch_preemption
 
 LOG = "node.log"  # provision.nodes.RemoteLayout.job_log spells the same name
@@ -214,9 +218,16 @@ def _start(args: argparse.Namespace) -> int:
     if not args.attach:
         print(answer.split()[1])
         return 0
-    threading.Thread(target=_cancel_on_eof, args=(job_dir, args.grace), daemon=True).start()
+    if not args.survive_eof:
+        threading.Thread(target=_cancel_on_eof, args=(job_dir, args.grace),
+                         daemon=True).start()
+    return tail(job_dir, 0)
+
+
+def tail(job_dir: str, offset: int) -> int:
+    """The log from byte `offset` to stdout until the job ends, then the END line."""
     out = _LineEnd(sys.stdout.buffer)
-    code = follow(job_dir, 0, out)
+    code = follow(job_dir, offset, out)
     jobs_dir, job_id = os.path.split(os.path.normpath(job_dir))
     report = {"job": job_id, "state": state_of(job_dir),
               "checkpoints": checkpoints_report(os.path.join(os.path.dirname(jobs_dir),
@@ -225,29 +236,6 @@ def _start(args: argparse.Namespace) -> int:
               + json.dumps(report, sort_keys=True).encode() + b"\n")
     out.flush()
     return code
-
-
-class Sink(Protocol):
-    def write(self, data: bytes, /) -> int: ...
-
-    def flush(self) -> None: ...
-
-
-class _LineEnd:
-    """`out`, knowing whether what was written so far ends with a whole line (the end line
-    must not be glued to a last line the job left unterminated)."""
-
-    def __init__(self, out: Sink) -> None:
-        self.out = out
-        self.ended = True
-
-    def write(self, data: bytes) -> int:
-        if data:
-            self.ended = data.endswith(b"\n")
-        return self.out.write(data)
-
-    def flush(self) -> None:
-        self.out.flush()
 
 
 def _cancel_on_eof(job_dir: str, grace: float) -> None:
@@ -362,6 +350,7 @@ def main(command: str, argv: list[str]) -> int:
     start.add_argument("--cwd", default=None)
     start.add_argument("--pidfile", default=None)
     start.add_argument("--attach", action="store_true")
+    start.add_argument("--survive-eof", action="store_true")
     start.add_argument("--grace", type=float, default=10.0)
     start.add_argument("--then", default=None)
     start.add_argument("--then-after", type=float, default=0.0)
@@ -372,6 +361,7 @@ def main(command: str, argv: list[str]) -> int:
     fol.add_argument("--dir", required=True)
     fol.add_argument("--offset", type=int, default=0)
     fol.add_argument("--no-wait", action="store_true")
+    fol.add_argument("--end-line", action="store_true")
     st = sub.add_parser("status")
     st.add_argument("--jobs", required=True)
     can = sub.add_parser("cancel")
@@ -386,6 +376,8 @@ def main(command: str, argv: list[str]) -> int:
             sys.stderr.flush()
             os._exit(code)
         return code
+    if args.action == "follow" and args.end_line:
+        return tail(args.dir, args.offset)
     if args.action == "follow":
         return follow(args.dir, args.offset, sys.stdout.buffer, wait=not args.no_wait)
     if args.action == "status":

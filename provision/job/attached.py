@@ -56,7 +56,7 @@ from provision.job.supervision import Ready, Started, Supervision, Target
 from provision.model import timeline
 from provision.model.errors import LaunchError, MgpuError
 from provision.model.inventory import Inventory, InventoryStore, NodeRecord
-from provision.model.jobstore import JobRecord, JobStore
+from provision.model.jobstore import JobRecord, JobStore, NodeJob
 from provision.model.logsink import Log
 from provision.model.spec import JobSpec
 from provision.nodes import NodeGroup, background, borrowed
@@ -106,6 +106,11 @@ class JobRun:
     stop: Callable[[], bool] | None = None  # True: end the job for good (a cancel)
     # each attempt's fabric gate in the job's own processes (job/gate/step.py)
     gate: GateFactory | None = None
+    # a managed run's (issue 36): its attempts go on when the controller's channels close,
+    # and a new controller takes the running one back (`take_back`: its id on the nodes)
+    survive: bool = False
+    take_back: str | None = None
+    restarts: int = 0  # restarts used before this supervision began (a taken-back run's)
 
     def event(self, event: str, message: str, nodes: list[str] | None = None) -> None:
         if self.on_event is not None:
@@ -136,21 +141,21 @@ def supervise(run: JobRun, group: NodeGroup) -> int:
                         run.on_event)
     recap = Recap(run.inv.hourly_cost_usd)
     ledger = from_timeline(timeline.current(run.inv), len(run.inv.nodes), time.time())
-    restarts = 0
+    restarts = run.restarts
     nodes: NodeGroup | None = group
     rec: JobRecord | None = None
+    taking = run.take_back
     try:
         while True:
             with borrowed(run.inv, nodes) as current:
-                rec = _begin(run, current, parent=rec)
+                rec = _taken(run, taking) if taking else _begin(run, current, parent=rec)
                 recap.begin(rec.id, time.monotonic())
                 ledger.switch("training", time.time())
-                run.event("resumed" if restarts else "started",
-                          f"restart {restarts} of {run.job.max_restarts}: running again"
-                          if restarts else
-                          f"running on {len(run.inv.nodes)} node(s): {run.job.script_in_workdir}")
-                gate = run.gate() if run.gate is not None else None
-                outcome = attempt(run, current, keeper, rec, restarts, gate, ledger)
+                _started(run, restarts, taking)
+                gate = run.gate() if run.gate is not None and not taking else None
+                outcome = attempt(run, current, keeper, rec, restarts, gate, ledger,
+                                  take_back=taking is not None)
+                taking = None
             failure = _ended(run, rec, outcome, recap, keeper)
             _account(ledger, failure, keeper)
             nodes = None
@@ -180,6 +185,29 @@ def supervise(run: JobRun, group: NodeGroup) -> int:
         for line in recap.lines(time.monotonic()):
             run.log(line)
         _close(run, ledger, rec)
+
+
+def _started(run: JobRun, restarts: int, taking: str | None) -> None:
+    if taking:
+        run.event("taken_back", f"job {taking} on the nodes followed again by a new "
+                                "controller (the last one was lost)")
+    elif restarts:
+        run.event("resumed", f"restart {restarts} of {run.job.max_restarts}: running again")
+    else:
+        run.event("started",
+                  f"running on {len(run.inv.nodes)} node(s): {run.job.script_in_workdir}")
+
+
+def _taken(run: JobRun, job_id: str) -> JobRecord:
+    """The record of attempt `job_id`, which runs on the nodes already (issue 36: another
+    controller started it); this one's later attempts get the ids after it."""
+    rec = JobRecord(id=job_id, cluster=run.inv.name, cluster_created_at=run.inv.created_at,
+                    command=" ".join([run.job.script_in_workdir, *run.job.args]),
+                    launcher=run.job.launcher, attempt=run.restarts + 1,
+                    nodes={n.name: NodeJob(rank=n.rank)
+                           for n in launching_nodes(run.inv, run.job)})
+    run.records.save(rec)
+    return rec
 
 
 def _account(ledger: Ledger, failure: Failure | None, keeper: CheckpointKeeper) -> None:
@@ -241,7 +269,7 @@ def _tell(run: JobRun, failure: Failure) -> None:
 
 def attempt(run: JobRun, group: NodeGroup, keeper: CheckpointKeeper, rec: JobRecord,
             restarts: int, gate: InJobGate | None = None,
-            ledger: Ledger | None = None) -> Outcome:
+            ledger: Ledger | None = None, *, take_back: bool = False) -> Outcome:
     """One start of the job on every node, followed to its end, its checkpoints kept and a
     Watcher looking for hangs and preemption notices. `gate`: the fabric gate first, in the
     job's own processes. A job that ended well gets its record (exit codes, logs) while the
@@ -262,7 +290,8 @@ def attempt(run: JobRun, group: NodeGroup, keeper: CheckpointKeeper, rec: JobRec
     try:
         try:
             code = run_job(run.inv, run.job, log=run.log, group=group, monitor=watcher,
-                           restart_count=restarts, ends=ends, out=run.out, gate=gate)
+                           restart_count=restarts, ends=ends, out=run.out, gate=gate,
+                           survive=run.survive, take_back=take_back)
             outcome = Outcome(code, watcher)
         except LaunchError as exc:
             outcome = Outcome(SESSION_LOST, watcher, launch_error=exc)

@@ -23,7 +23,8 @@ from __future__ import annotations
 import math
 
 from provision.job import jobs
-from provision.job.launch import Detach, launching_nodes
+from provision.job.launch import launching_nodes
+from provision.job.nodelines import Detach
 from provision.job.supervision import Ready, Started, Supervision, Target
 from provision.model.errors import UserInputError
 from provision.model.inventory import Inventory

@@ -18,7 +18,8 @@ import shlex
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any, TextIO
 
-from provision.job.launch import Detach, node_command
+from provision.job.launch import node_command
+from provision.job.nodelines import Detach
 from provision.job.output import PrefixWriter
 from provision.model.errors import LaunchError
 from provision.model.inventory import Inventory, NodeRecord

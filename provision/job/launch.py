@@ -11,19 +11,17 @@ stops it), so even a controller that dies takes its job with it.
 
 from __future__ import annotations
 
-import datetime as dt
-import secrets
 import sys
 import threading
 import time
 from collections import deque
 from collections.abc import Callable
 from concurrent.futures import FIRST_COMPLETED, Future, wait
-from dataclasses import dataclass
 from typing import Protocol, TextIO
 
 from provision.job.ends import JobEnds
 from provision.job.launchers import LaunchContext, get_launcher
+from provision.job.nodelines import Detach, adhoc_job_id, follow_command, supervisor_words
 from provision.job.output import PrefixWriter
 from provision.model.errors import LaunchError
 from provision.model.inventory import Inventory, NodeRecord
@@ -51,41 +49,6 @@ POLL_S = 0.5  # how often run_job asks its monitor whether to stop the job
 # node whose crashed rank was still exiting reported the SIGTERM it got from the stop (-15)
 # instead of the crash's exit 1. A node that does not end (a hang) is stopped after this.
 PEERS_SETTLE_S = 3.0
-
-
-@dataclass(frozen=True)
-class Detach:
-    """A detached start. `then`: a shell line each node runs `then_after_s` seconds after its
-    part of the job ended (e.g. the provider's self-stop for `run --detach`)."""
-
-    then: str | None = None
-    then_after_s: float = 0.0
-
-
-def supervisor_words(home: RemoteLayout, job_id: str, detach: Detach | None,
-                     preempt: tuple[str, str, str] | None = None,
-                     container: str | None = None) -> list[str]:
-    """The words that run a job's command line under remote.pyz on a node (`home`: the
-    remote folder as the node's shell sees it). Attached: start + follow, stopped when the
-    controller's channel closes; detached: returns as soon as the job runs. `preempt`:
-    (protocol, url, signal) of the node's preemption watcher (remote/preempt.py); `container`:
-    the job runs in that container (signals reach its processes through `docker exec`)."""
-    words = ["python3", home.pyz, "job", "start", "--dir", home.job_dir(job_id),
-             "--pidfile", home.pidfile, "--cwd", home.work]
-    if preempt is not None:
-        words += ["--preempt", *preempt]
-    if container is not None:
-        words += ["--container", container]
-    if detach is None:  # its last line: the job's state and checkpoints there (job/ends.py)
-        words.append("--attach")
-    elif detach.then:
-        words += ["--then", detach.then, "--then-after", f"{detach.then_after_s:g}"]
-    return [*words, "--"]
-
-
-def adhoc_job_id() -> str:
-    """An id for a job nobody records (e.g. `check --bandwidth`'s all-reduce)."""
-    return f"adhoc-{dt.datetime.now(dt.UTC):%Y%m%d-%H%M%S}-{secrets.token_hex(2)}"
 
 
 def job_env(inv: Inventory, job: JobSpec, layout: RemoteLayout,
@@ -164,7 +127,7 @@ def launching_nodes(inv: Inventory, job: JobSpec) -> list[NodeRecord]:
 def node_command(
     inv: Inventory, job: JobSpec, node: NodeRecord, program: list[str] | None = None, *,
     job_id: str | None = None, detach: Detach | None = None, restart_count: int = 0,
-    entry: list[str] | None = None,
+    entry: list[str] | None = None, survive: bool = False,
 ) -> str:
     """The full shell command line run on `node` (every value quoted). `program` words
     starting with "@root/" are paths in the node's remote folder. The job runs under
@@ -178,7 +141,8 @@ def node_command(
     preempt = None
     if inv.preemption is not None:
         preempt = (inv.preemption.protocol, inv.preemption.url, job.preempt_signal)
-    supervise = supervisor_words(home, job_id, detach, preempt, job_container(inv, job))
+    supervise = supervisor_words(home, job_id, detach, preempt, job_container(inv, job),
+                                 survive)
     env = job_env(inv, job, ctx.layout, restart_count)
     if entry:
         env["MGPU_NODE_RANK"] = str(node.rank)
@@ -257,6 +221,8 @@ def run_job(
     restart_count: int = 0,
     gate: JobGate | None = None,
     ends: JobEnds | None = None,
+    survive: bool = False,
+    take_back: bool = False,
 ) -> int:
     """Run `job` on the cluster; returns 0 or the first failing node's exit code (STOPPED when
     `monitor.poll()` asked to stop it). `gate`: the fabric gate runs first in the job's own
@@ -268,7 +234,10 @@ def run_job(
     The first line printed is the open timeline's "first output line" (model/timeline.py).
     Without a monitor, a failure is explained here (job/cause.py: the first failing rank);
     a monitor's owner explains it, knowing more (a lost node). `ends`: gets what each node
-    said when its part ended (job/ends.py; for `job_id`, which it then names)."""
+    said when its part ended (job/ends.py; for `job_id`, which it then names). `survive`: the
+    job goes on if this process's channels close (a managed run's); `take_back`: job
+    `job_id` already runs on the nodes (a new controller took it back): it is followed, not
+    started."""
     job_id = ends.job_id if ends is not None else job_id or adhoc_job_id()
     ends = ends or JobEnds(job_id)
     own_group = group is None
@@ -281,9 +250,9 @@ def run_job(
     def one(conn: NodeConnection, node: NodeRecord) -> int:
         w = writers[node.name]
         try:
-            command = node_command(inv, job, node, program, job_id=job_id,
-                                   restart_count=restart_count,
-                                   entry=gate.entry if gate is not None else None)
+            command = follow_command(inv, job_id) if take_back else node_command(
+                inv, job, node, program, job_id=job_id, restart_count=restart_count,
+                entry=gate.entry if gate is not None else None, survive=survive)
             code = conn.run(command, out=w).exit_code
         except Exception as exc:
             if cancelled.is_set():
@@ -296,7 +265,8 @@ def run_job(
         return code
 
     what = " ".join(program) if program is not None else job.script_in_workdir
-    log(f"launching {job.launcher} on {len(nodes)} node(s): {what}"
+    log(f"following job {job_id} on {len(nodes)} node(s) again: {what}" if take_back else
+        f"launching {job.launcher} on {len(nodes)} node(s): {what}"
         + (" (the fabric gate first, in the same processes)" if gate is not None else ""))
     t0 = time.monotonic()
     # Stopping runs on connections of their own: the launch connections are busy streaming.

@@ -101,7 +101,7 @@ class Watcher:
         self.log(f"{slow}" + ("; replacing it (--replace-slow)" if self.job.replace_slow else
                               " (--replace-slow would replace it)"))
         if self.on_event is not None:
-            self.on_event("slow_node", str(slow), [slow.node])
+            self.on_event("straggler", str(slow), [slow.node])
         if self.job.replace_slow:
             with self.lock:  # the preemption path: save, copy, stop, replace, resume
                 self.preempted.setdefault(slow.node, {"action": "slow", "signalled": "no"})

@@ -436,3 +436,50 @@ def test_docker_nodes_cannot_log_in_to_the_controller_nor_reach_the_stores_recor
         assert leftovers(name) == []
     finally:
         force_remove(name)
+
+
+# --- issue 36: the controller lost, then a node, with no controller running ---------------
+def test_a_lost_controller_is_made_again_and_takes_the_job_back(tmp_path: Path) -> None:
+    name = "mg-tb"
+    folder = tmp_path / "shared"
+    folder.mkdir()
+    url = f"file://{folder}"
+    home = tmp_path / "home"
+    home.mkdir()
+    env = {"MGPU_CONTROLLER_LOST_S": "8"}  # the heartbeat comes every 5 s
+    try:
+        res = cli("run", "--detach", "--provider", "docker", "--nodes", "2", "--name", name,
+                  "--max-restarts", "2", "--store", url, EXAMPLE, "--steps", "120",
+                  "--save-every", "5", "--sleep", "0.25", home=home, env=env)
+        assert res.returncode == 0 and res.stdout.strip() == "1", res.stdout + res.stderr
+        ckpts = f"{name}/data/jobs/1/checkpoints"
+        wait_for(lambda: steps_in(url, ckpts), 180, "no checkpoint reached the store")
+        kill(f"{name}-controller")
+        time.sleep(3)  # the job runs on without it
+        kill(f"{name}-node-1")
+        time.sleep(10)  # the heartbeat goes stale
+        assert "taken_back" not in events(url, name)
+        jobs = cli("jobs", name, home=home, env=env)
+        assert jobs.returncode == 0, jobs.stdout + jobs.stderr
+        assert "taking the job back" in jobs.stderr, jobs.stderr
+        assert "making a new one" in jobs.stderr, jobs.stderr
+        wait_for(lambda: "torn_down" in events(url, name) or "failed" in events(url, name),
+                 420, "the run did not end")
+        got = events(url, name)
+        assert got.count("finished") == 1 and "failed" not in got, got
+        assert got.index("taken_back") < got.index("node_lost") < got.index("finished"), got
+        assert "replaced" in got and got[-1] == "torn_down", got
+        text = log_text(url, name)
+        resumed = [int(m) for m in re.findall(r"\[node-0\] resumed from step (\d+)", text)]
+        assert resumed and resumed[-1] > 0, text
+        metrics = json.loads(open(folder / name / "data" / "jobs" / "1" / "outputs" /
+                                  "metrics.json").read())
+        assert metrics["steps"] == 120 and metrics["world_size"] == 4, metrics
+        logs = cli("logs", name, "1", home=home, env=env)
+        assert logs.returncode == 0, logs.stderr
+        for line in ("[mgpu-cloud] started", "[mgpu-cloud] taken_back",
+                     "[mgpu-cloud] node_lost", "[mgpu-cloud] finished"):
+            assert line in logs.stdout, (line, logs.stdout[-3000:])
+        wait_for(lambda: leftovers(name) == [], 60, f"left behind: {leftovers(name)}")
+    finally:
+        force_remove(name)

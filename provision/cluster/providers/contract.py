@@ -153,6 +153,25 @@ class Supervising(Provider[P]):
     def _remove_controller_from_inside(self, inv: Inventory) -> None:
         """The controller deletes itself (its last call: it may not return)."""
 
+    def _remove_lost_controller(self, inv: Inventory, store: InventoryStore) -> None:
+        """Delete a controller that is gone or no longer answers (from the user's machine,
+        before a new one takes its job back: issue 36), and forget it in `inv`. Idempotent.
+        A provider that cannot says so (the default)."""
+        raise MgpuError(
+            f"the {inv.provider} provider cannot make the controller of {inv.name!r} again yet",
+            hint=f"the job goes on on the nodes; remove the cluster when it is done: "
+                 f"mgpu-cloud down {inv.name}")
+
+    def remake_controller(self, inv: Inventory, store: InventoryStore) -> NodeRecord:
+        """A new controller in place of a lost one (its record in `inv` replaced)."""
+        with self.errors(f"making the controller of {inv.name!r} again"):
+            self._remove_lost_controller(inv, store)
+            inv.controller = None
+            store.save(inv)
+            inv.controller = self._create_controller(inv, store)
+            store.save(inv)
+            return inv.controller
+
     def create_controller(self, inv: Inventory, store: InventoryStore) -> NodeRecord:
         with self.errors(f"creating the controller of {inv.name!r}"):
             return self._create_controller(inv, store)

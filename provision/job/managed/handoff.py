@@ -38,6 +38,7 @@ from provision.job.managed.records import (
     RESUME_VAR,
     JobView,
     claim_job_id,
+    job_prefix,
 )
 from provision.job.managed.signing import KEY_FILE
 from provision.job.supervision import Ready, Started, Supervision, Target
@@ -50,7 +51,9 @@ from remote.store import StoreURL, open_store, parse_url
 
 CONTROLLER_DIR = "controller"  # under the controller's remote folder
 START_DEADLINE_S = 600.0
-SETUP_DEADLINE_S = 900.0  # a cloud controller's first boot: apt + pip of the dependencies
+SETUP_DEADLINE_S = 900.0
+REACH_S = 20.0  # take_back: a controller that does not answer within this is lost
+TEARDOWN_KEY = "_teardown"  # in spec.json: whether the controller removes the cluster  # a cloud controller's first boot: apt + pip of the dependencies
 
 
 def controller_layout(inv: Inventory) -> RemoteLayout:
@@ -138,7 +141,8 @@ def _inventory_yaml(inv: Inventory) -> str:
     return yaml.safe_dump(inv.model_dump(mode="json"), sort_keys=False)
 
 
-def start_line(inv: Inventory, job_id: str, url: StoreURL, teardown: bool) -> str:
+def start_line(inv: Inventory, job_id: str, url: StoreURL, teardown: bool,
+               take_back: bool = False) -> str:
     """The controller's command line: the supervisor under `remote.pyz job start`."""
     home = RemoteLayout(HomePath(inv.remote_root))
     ctl = RemoteLayout(HomePath(f"{inv.remote_root}/{CONTROLLER_DIR}"))
@@ -152,6 +156,8 @@ def start_line(inv: Inventory, job_id: str, url: StoreURL, teardown: bool) -> st
              "--workdir", ctl.path("jobs", job_id, "work")]
     if teardown:
         inner.append("--teardown")
+    if take_back:
+        inner.append("--take-back")
     outer = ["python3", home.pyz, "job", "start", "--dir", ctl.path("jobs", job_id, "run"),
              "--", *inner]
     # HomePath words keep $HOME live; `env` words carry it inside the assignment
@@ -239,34 +245,86 @@ def hand_off(provider: AnyProvider, inv: Inventory, store: InventoryStore, job: 
              env: dict[str, str], *, teardown: bool, log: Log) -> str:
     """Give `job` to the cluster's controller; return its id once it runs (LaunchError when
     the controller reports a failure first, or nothing within START_DEADLINE_S)."""
-    from provision.model.keys import ensure_records_key
-
     url = parse_url(inv.spec.store if inv.spec and inv.spec.store else "")
     ensure_controller(provider, inv, store, log)
-    key = ensure_records_key(store.keys_dir(inv.name))
     objects = open_store(url)
-    job_id = claim_job_id(objects, inv.name, json.dumps(job.model_dump(mode="json")).encode())
-    ctl_inv = controller_inventory(inv, store)
-    layout = controller_layout(inv)
-    archive = controller_payload(inv, job, job_id, controller_state(inv, url, job_id, job, env,
-                                                                    log), layout)
-    q = shlex.quote
-    with NodeGroup(ctl_inv) as group:
-        group.wait_until_reachable().raise_for("reaching the controller", LaunchError)
-        wait_controller_setup(group, inv)
-        group.upload(archive, [f"rm -rf {q(layout.path('lib'))}",
-                               f"mkdir -p {q(layout.root)}",
-                               "tar -xzf - -C ~ --no-same-owner"]).raise_for(
-            "preparing the controller", LaunchError)
-        group.run(start_line(inv, job_id, url, teardown)).raise_for(
-            "starting the controller", LaunchError)
-        log(f"job {job_id} handed to the controller; waiting for it to start ...")
-        wait_started(JobView(objects, inv.name, job_id, key), group, layout, job_id, log)
+    spec = {**job.model_dump(mode="json"), TEARDOWN_KEY: teardown}
+    job_id = claim_job_id(objects, inv.name, json.dumps(spec).encode())
+    _deliver(inv, store, job, job_id, controller_state(inv, url, job_id, job, env, log),
+             teardown=teardown, log=log)
     return job_id
 
 
+def take_back(provider: AnyProvider, inv: Inventory, store: InventoryStore, job_id: str, *,
+              log: Log) -> None:
+    """A new supervisor for job `job_id`, which runs on the nodes while its controller is
+    lost (takeback.py): on the same controller when it answers, else on a new one."""
+    from provision.job.managed.checks import store_env
+
+    url = parse_url(inv.spec.store if inv.spec and inv.spec.store else "")
+    data = json.loads(open_store(url).get_bytes(f"{job_prefix(inv.name, job_id)}/spec.json")
+                      or b"{}")
+    teardown = bool(data.pop(TEARDOWN_KEY, False))
+    job = JobSpec.model_validate(data)
+    if not job.local_workdir.is_dir():
+        raise LaunchError(f"job {job_id}: its folder {job.local_workdir} is not here any more "
+                          "(a new controller needs it to set up replaced nodes)")
+    answers, ended = _controller_answers(provider, inv, store, job_id)
+    if ended is False:
+        log(f"the supervisor of job {job_id} still runs on its controller: nothing to do")
+        return
+    if not answers:
+        if not isinstance(provider, Supervising):
+            raise LaunchError(f"provider {inv.provider!r} makes no controller")
+        log(f"its controller does not answer: making a new one for {inv.name!r} ...")
+        provider.remake_controller(inv, store)
+    state = controller_state(inv, url, job_id, job, store_env(), log)
+    _deliver(inv, store, job, job_id, state, teardown=teardown, log=log, take_back=True)
+
+
+def _controller_answers(provider: AnyProvider, inv: Inventory, store: InventoryStore,
+                        job_id: str) -> tuple[bool, bool | None]:
+    """(whether the controller answers, whether its supervisor of `job_id` has ended)."""
+    from provision.cluster.providers.contract import Recoverable
+
+    ctl = inv.controller
+    if ctl is None or (isinstance(provider, Recoverable) and not provider.node_alive(inv, ctl)):
+        return False, None  # the provider is sure: no need to wait for a login
+    with NodeGroup(controller_inventory(inv, store)) as group:
+        if not group.wait_until_reachable(REACH_S)[ctl.name].ok:
+            return False, None
+        return True, supervisor_ended(group, controller_layout(inv), job_id)
+
+
+def _deliver(inv: Inventory, store: InventoryStore, job: JobSpec, job_id: str,
+             state: dict[str, Any], *, teardown: bool, log: Log, take_back: bool = False) -> None:
+    """The controller gets ONE upload (code, inventory, keys, job) and starts the supervisor;
+    back once the job's `started` (or `taken_back`) record is in the store."""
+    from provision.model.keys import ensure_records_key
+
+    url = parse_url(inv.spec.store if inv.spec and inv.spec.store else "")
+    key = ensure_records_key(store.keys_dir(inv.name))
+    layout = controller_layout(inv)
+    archive = controller_payload(inv, job, job_id, state, layout)
+    q = shlex.quote
+    with NodeGroup(controller_inventory(inv, store)) as group:
+        group.wait_until_reachable().raise_for("reaching the controller", LaunchError)
+        wait_controller_setup(group, inv)
+        group.upload(archive, [f"rm -rf {q(layout.path('lib'))} "
+                               f"{q(layout.path('jobs', job_id, 'run'))}",
+                               f"mkdir -p {q(layout.root)}",
+                               "tar -xzf - -C ~ --no-same-owner"]).raise_for(
+            "preparing the controller", LaunchError)
+        group.run(start_line(inv, job_id, url, teardown, take_back)).raise_for(
+            "starting the controller", LaunchError)
+        log(f"job {job_id} handed to the controller; waiting for it to "
+            f"{'take it back' if take_back else 'start'} ...")
+        wait_started(JobView(open_store(url), inv.name, job_id, key), group, layout, job_id,
+                     log, until="taken_back" if take_back else "started")
+
+
 def wait_started(view: JobView, group: NodeGroup, layout: RemoteLayout, job_id: str,
-                 log: Log, deadline_s: float = START_DEADLINE_S) -> None:
+                 log: Log, deadline_s: float = START_DEADLINE_S, until: str = "started") -> None:
     """Until the job's `started` record; LaunchError on a failure record or a controller
     that ended without one (its own log's tail in the message)."""
     end = time.monotonic() + deadline_s
@@ -275,7 +333,7 @@ def wait_started(view: JobView, group: NodeGroup, layout: RemoteLayout, job_id: 
         for rec in view.records(after=seen):
             seen = rec.seq
             log(f"controller: {rec.event}: {rec.message}")
-            if rec.event == "started":
+            if rec.event == until:
                 return
             if rec.event in ("failed", "cancelled"):
                 raise LaunchError(f"job {job_id}: {rec.message}")

@@ -21,6 +21,7 @@ from __future__ import annotations
 import datetime as dt
 import json
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -30,13 +31,17 @@ from remote.store import Store
 from remote.storekeys import UnsafeKey, checked_name, job_records
 
 EVENTS = ("submitted", "started", "node_lost", "preempted", "hang", "crashed", "replaced",
-          "resumed", "finished", "failed", "cancelled", "torn_down")
+          "resumed", "finished", "failed", "cancelled", "torn_down", "taken_back", "slow_node",
+          "straggler", "resume_regression", "ledger")
 FINAL_STATES = ("succeeded", "failed", "cancelled")
-STATE_OF = {"submitted": "starting", "started": "running", "node_lost": "recovering",
+STATE_OF = {"submitted": "starting", "started": "running", "taken_back": "running",
+            "slow_node": "recovering", "node_lost": "recovering",
             "preempted": "recovering", "hang": "recovering", "crashed": "recovering",
             "replaced": "recovering", "resumed": "running", "finished": "succeeded",
             "failed": "failed", "cancelled": "cancelled"}
 FLUSH_S = 2.0
+HEARTBEAT_S = 5.0  # the controller's CLUSTER/jobs/ID/control/heartbeat, at least this often
+LOST_AFTER_S = 45.0  # a heartbeat older than this: the controller may be lost (issue 36)
 CLUSTER_FILE = "cluster.json"  # under CLUSTER/: the inventory the controller holds
 RESUME_VAR = "MGPU_RESUME_FROM"  # a job env variable: start from that run's checkpoints
 CLAIMS = 50  # job ids / sequence numbers tried before a conditional write gives up
@@ -60,6 +65,7 @@ class Record:
     nodes: list[str] = field(default_factory=list)
     restarts: int = 0
     exit_code: int | None = None
+    node_job: str | None = None  # started/resumed/taken_back: the attempt's id on the nodes
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), sort_keys=True)
@@ -113,14 +119,15 @@ class JobLog:
         self._thread: threading.Thread | None = None
 
     def record(self, event: str, message: str, *, nodes: list[str] | None = None,
-               exit_code: int | None = None, state: str | None = None) -> Record:
+               exit_code: int | None = None, state: str | None = None,
+               node_job: str | None = None) -> Record:
         with self._lock:
             self.state = state or STATE_OF.get(event, self.state)
             for _ in range(CLAIMS):  # a number someone else wrote is skipped, never overwritten
                 self._seq += 1
                 rec = Record(seq=self._seq, cluster=self.cluster, job=self.job_id, event=event,
                              state=self.state, message=message, nodes=nodes or [],
-                             restarts=self.restarts, exit_code=exit_code)
+                             restarts=self.restarts, exit_code=exit_code, node_job=node_job)
                 if self.store.put_new(f"{self.prefix}/events/{rec.seq:06d}.json",
                                       rec.sealed(self.key)):
                     break
@@ -158,9 +165,14 @@ class JobLog:
 
     def start(self) -> None:
         def loop() -> None:
+            beat = 0.0
             while not self._stop.wait(FLUSH_S):
                 try:
                     self.flush()
+                    if time.monotonic() - beat >= HEARTBEAT_S:
+                        self.store.put_bytes(f"{self.prefix}/control/heartbeat",
+                                             str(time.time()).encode())
+                        beat = time.monotonic()
                 except Exception:  # noqa: BLE001, S110 - the next flush retries
                     pass
 
@@ -220,6 +232,14 @@ class JobView:
     def spec(self) -> dict[str, Any] | None:
         data = self.store.get_bytes(f"{self.prefix}/spec.json")
         return json.loads(data) if data else None
+
+    def heartbeat_age(self) -> float | None:
+        """Seconds since the controller's last heartbeat (None: it never wrote one)."""
+        data = self.store.get_bytes(f"{self.prefix}/control/heartbeat")
+        try:
+            return None if data is None else max(0.0, time.time() - float(data))
+        except ValueError:
+            return None
 
     def request_cancel(self) -> None:
         self.store.put_bytes(f"{self.prefix}/control/cancel", now_iso().encode())

@@ -54,6 +54,8 @@ class StoreRecords(JobRecords):
     def list(self, *, fresh: bool = True) -> list[JobSummary]:
         """Every job; `fresh`: a cluster its controller removed is finished here (`down` of
         what only this machine's credentials can remove) and its inventory dropped."""
+        if fresh:
+            self.take_back()
         jobs = client.all_jobs(self.url, self.cluster)
         if fresh and client.forget_if_torn_down(self.cluster, jobs):
             self.note(f"cluster {self.cluster!r} was removed by its controller; its inventory "
@@ -67,8 +69,21 @@ class StoreRecords(JobRecords):
         return summary_of(client.summary(open_store(self.url), self.cluster,
                                          self.resolve(job_id)))
 
+    def take_back(self) -> None:
+        """A job whose controller is lost is taken back by a new one first (issue 36,
+        takeback.py: only where this machine holds the cluster's inventory)."""
+        from provision.job.managed.takeback import take_back_if_lost
+        from provision.model.errors import MgpuError
+
+        try:
+            take_back_if_lost(self.cluster, self.note)
+        except MgpuError as exc:
+            self.note(f"could not take the job of {self.cluster!r} back: {exc.message}"
+                      + (f" ({exc.hint})" if exc.hint else ""))
+
     def logs(self, job_id: str, out: TextIO, *, follow: bool = False,
              node: int | None = None) -> Shown:
+        self.take_back()
         final = client.print_logs(self.url, self.cluster, job_id, out, follow=follow,
                                   node=node)
         if final is None:

@@ -37,6 +37,7 @@ from provision.job.managed.keeper import Creds, StoreKeeper, push_outputs
 from provision.job.managed.nodecreds import ROLE_VAR, for_job
 from provision.job.managed.records import CLUSTER_FILE, RESUME_VAR, JobLog, Record
 from provision.job.managed.signing import cluster_kind, local_key, seal
+from provision.job.managed.takeback import NODE_JOB_EVENTS, TakeBack
 from provision.model.errors import MgpuError
 from provision.model.inventory import Inventory, InventoryStore, NodeRecord, ResourceRecord
 from provision.model.logsink import Log
@@ -147,13 +148,36 @@ def _throttled(check: Callable[[], bool], every_s: float) -> Callable[[], bool]:
     return ask
 
 
+class Sinks:
+    """The controller's log and records: each line also to this process's output, a store
+    that blinks never stops the job."""
+
+    def __init__(self, jlog: JobLog, say: Log) -> None:
+        self.jlog, self.say = jlog, say
+
+    def log(self, msg: str) -> None:
+        self.say(msg)
+        self.jlog.line(f"[controller] {msg}")
+
+    def record(self, event: str, message: str, nodes: list[str] | None = None,
+               code: int | None = None, node_job: str | None = None) -> Record | None:
+        try:
+            return self.jlog.record(event, message, nodes=nodes, exit_code=code,
+                                    node_job=node_job)
+        except Exception as exc:  # noqa: BLE001 - the store blinked: the job goes on
+            self.say(f"could not write the {event} record: {exc}")
+            return None
+
+
 def supervise(provider: AnyProvider, inv: Inventory, istore: InventoryStore, job: JobSpec,
               *, url: StoreURL, job_id: str, creds: Creds, teardown: bool,
-              say: Log = print,
-              outside: dict[int, NodeRecord] | None = None) -> int:
+              say: Log = print, outside: dict[int, NodeRecord] | None = None,
+              take_back: TakeBack | None = None) -> int:
     """Run `job` under recovery with its state in the store; returns the job's exit code.
     With `teardown`, the whole cluster (this controller last) is removed at the end.
-    `outside`: the nodes as the user's machine reaches them, by rank (for cluster.json)."""
+    `outside`: the nodes as the user's machine reaches them, by rank (for cluster.json).
+    `take_back`: the job runs on the nodes already, its controller was lost (issue 36):
+    followed again from where the store says it is, not started."""
     from provision.job.attached import JobRun
     from provision.job.attached import supervise as job_life
     from provision.job.managed.notify import Notifier
@@ -169,25 +193,17 @@ def supervise(provider: AnyProvider, inv: Inventory, istore: InventoryStore, job
     jlog = JobLog(store, inv.name, job_id, on_record=notifier.send if notifier else None,
                   key=key)
     jlog.start()
-
-    def log(msg: str) -> None:
-        say(msg)
-        jlog.line(f"[controller] {msg}")
-
-    def record(event: str, message: str, nodes: list[str] | None = None,
-               code: int | None = None) -> Record | None:
-        try:
-            return jlog.record(event, message, nodes=nodes, exit_code=code)
-        except Exception as exc:  # noqa: BLE001 - the store blinked: the job goes on
-            say(f"could not write the {event} record: {exc}")
-            return None
-
-    record("submitted", f"controller supervises job {job_id} (max {job.max_restarts} "
-                        f"restart(s), store {url})")
-    keeper = StoreKeeper(inv, checkpoints_url(url, inv.name, job_id), creds, log=log)
+    sinks = Sinks(jlog, say)
+    if take_back is None:
+        sinks.record("submitted", f"controller supervises job {job_id} (max "
+                                  f"{job.max_restarts} restart(s), store {url})")
+    else:
+        jlog.restarts = take_back.restarts
+    keeper = StoreKeeper(inv, checkpoints_url(url, inv.name, job_id), creds, log=sinks.log)
     outside = dict(outside or {})
     inside: AnyProvider = (InsideProvider(provider, outside)
                            if isinstance(provider, Recoverable) else provider)
+    records = JobStore(istore.home)
 
     def publish() -> None:
         try:
@@ -200,25 +216,28 @@ def supervise(provider: AnyProvider, inv: Inventory, istore: InventoryStore, job
             jlog.restarts += 1
         if event == "replaced":  # recovery has recorded the replacement in `inv`
             publish()
-        record(event, message, nodes)
+        latest = records.latest(inv.name) if event in NODE_JOB_EVENTS else None
+        sinks.record(event, message, nodes, node_job=latest.id if latest else None)
 
     publish()
-
-    run = JobRun(inv, inside, istore, job, log, records=JobStore(istore.home), keeper=keeper,
+    run = JobRun(inv, inside, istore, job, sinks.log, records=records, keeper=keeper,
                  out=cast(TextIO, jlog), on_event=on_event,
-                 stop=_throttled(jlog.cancel_requested, CANCEL_POLL_S))
+                 stop=_throttled(jlog.cancel_requested, CANCEL_POLL_S), survive=True,
+                 take_back=take_back.node_job if take_back else None,
+                 restarts=take_back.restarts if take_back else 0)
     try:
         with NodeGroup(inv) as group:
-            first_checkpoints(keeper, group, inv, job, url, creds, log)
+            if take_back is None:
+                first_checkpoints(keeper, group, inv, job, url, creds, sinks.log)
             code = job_life(run, group)
         why = ""
     except MgpuError as exc:
         code, why = 1, exc.message
     except Exception as exc:  # noqa: BLE001 - recorded: nobody else would see it
         code, why = 1, f"{type(exc).__name__}: {exc}"
-    _conclude(inv, url, job_id, creds, jlog, record, log, say, code, why)
+    _conclude(inv, url, job_id, creds, jlog, sinks.record, sinks.log, say, code, why)
     if teardown:
-        _tear_down(provider, inv, istore, record, log,
+        _tear_down(provider, inv, istore, sinks.record, sinks.log,
                    fresh_store=lambda: setattr(jlog, "store", open_store(url)))
     if notifier is not None:
         notifier.close()
@@ -307,6 +326,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--env-file", required=True)
     parser.add_argument("--workdir", required=True)
     parser.add_argument("--teardown", action="store_true")
+    parser.add_argument("--take-back", action="store_true",
+                        help="the job runs on the nodes already: follow it again (issue 36)")
     args = parser.parse_args(argv)
     from provision.cluster.providers import get_provider
     from provision.job.managed.checks import controller_env
@@ -329,10 +350,12 @@ def main(argv: list[str] | None = None) -> int:
     url = parse_url(args.store)
     creds = for_job(url, inv.name, args.job, env, resume_from=job.env.get(RESUME_VAR),
                     minted=given.get("nodes"))
+    back = TakeBack.read(open_store(url), inv.name, args.job,
+                         local_key(istore.keys_dir(inv.name))) if args.take_back else None
     return supervise(get_provider(inv.provider), inv, istore, job, url=url,
                      job_id=args.job, creds=creds, teardown=args.teardown,
                      say=lambda m: print(f"{time.strftime('%H:%M:%S')} {m}", flush=True),
-                     outside=outside)
+                     outside=outside, take_back=back)
 
 
 if __name__ == "__main__":

@@ -138,6 +138,18 @@ def remove_self(inv: Inventory) -> None:
                 api.remove_container(cid, force=True)
 
 
+def remove_lost(inv: Inventory, store: InventoryStore) -> None:
+    """A controller container that is gone or no longer answers, removed from here (only if
+    the engine labels it as the cluster's) and forgotten (issue 36: a new one takes its job
+    back)."""
+    ids = {r.id for r in inv.resources_of("container") if r.extra.get("role") == "controller"}
+    if inv.controller is not None and inv.controller.resource_id:
+        ids.add(inv.controller.resource_id)
+    out = remove_containers(docker_client().api, inv.name, sorted(ids), listed=set())
+    out.forget(inv, store)
+    out.raise_for(f"remove what is left by hand: docker rm -f {controller_name(inv.name)}")
+
+
 def controller_ids(inv: Inventory, api: Any) -> set[str]:
     """The cluster's controller container(s), from the inventory and by label: `destroy`
     removes them before the nodes, so no replacement is made while the nodes go."""

@@ -212,6 +212,11 @@ class DockerProvider(Recoverable[DockerPlan], Supervising[DockerPlan]):
 
         teardown_from_inside(inv, store)
 
+    def _remove_lost_controller(self, inv: Inventory, store: InventoryStore) -> None:
+        from provision.cluster.providers.docker.controller import remove_lost
+
+        remove_lost(inv, store)
+
     def _remove_controller_from_inside(self, inv: Inventory) -> None:
         from provision.cluster.providers.docker.controller import remove_self
 

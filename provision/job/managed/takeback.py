@@ -1,0 +1,101 @@
+"""A managed job whose controller was lost, taken back by a new one (issue 36).
+
+The job itself does not depend on its controller: each node runs its part under the node's
+job supervisor with --survive-eof (remote/jobs.py), so the controller's loss closes the
+channels it followed the job on and nothing else; the job keeps training and saving. What
+stops is the supervision (keeping checkpoints off the nodes, replacing a lost node), until a
+controller takes the job back:
+
+    the controller writes CLUSTER/jobs/ID/control/heartbeat every HEARTBEAT_S (records.py;
+    silent for LOST_AFTER_S, or $MGPU_CONTROLLER_LOST_S, it may be lost)
+    `jobs`, `logs`, `attach`, `status` (this machine's CLI, the one that holds the cluster's
+    inventory and credentials) find the newest job not ended with a heartbeat older than
+    LOST_AFTER_S and a controller whose supervisor has ended or that does not answer:
+      - the controller answers: its supervisor is started again (--take-back);
+      - it does not: the provider removes it and makes a new one (remake_controller), which
+        gets the same hand-off (code, inventory, keys, job) and starts with --take-back
+    the new supervisor reads the store (TakeBack.read: restarts so far, the attempt running
+    on the nodes), writes `taken_back`, and FOLLOWS that attempt (`job follow --end-line`)
+    instead of starting one; a node lost meanwhile fails the follow and is recovered as any
+    lost node is (replace, restore, start again); a job that ended meanwhile is concluded.
+
+Decided (docs/ARCHITECTURE.md): the next command of the user's CLI takes a job back, not a
+watchdog on the nodes (they are untrusted and hold no credentials that can make a machine)
+nor a second controller (a single point again unless elected, and a lease in every store).
+Until someone asks, the job goes on unsupervised; its nodes still stop at --max-hours.
+Providers that cannot remove a lost controller from here say so (contract.Supervising).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+from provision.job.managed.records import FINAL_STATES, LOST_AFTER_S, JobView, job_ids
+from provision.model.errors import MgpuError
+from provision.model.inventory import Inventory, InventoryStore
+from provision.model.logsink import Log
+from remote.store import Store, open_store
+
+NODE_JOB_EVENTS = ("started", "resumed", "taken_back")
+
+
+@dataclass(frozen=True)
+class TakeBack:
+    node_job: str  # the attempt running on the nodes (its id there)
+    restarts: int  # restarts used so far
+
+    @classmethod
+    def read(cls, store: Store, cluster: str, job_id: str, key: bytes | None) -> TakeBack:
+        recs = JobView(store, cluster, job_id, key).records()
+        running = [r for r in recs if r.event in NODE_JOB_EVENTS and r.node_job]
+        if not running:
+            raise MgpuError(f"job {job_id} of {cluster!r}: the store names no attempt "
+                            "running on the nodes to take back")
+        return cls(str(running[-1].node_job), max((r.restarts for r in recs), default=0))
+
+
+def lost_job(inv: Inventory, key: bytes | None) -> tuple[str, float] | None:
+    """(job id, seconds since its controller's last heartbeat) when the newest job of a
+    managed cluster has not ended and its controller has been silent for LOST_AFTER_S."""
+    if inv.controller is None or inv.spec is None or not inv.spec.store:
+        return None
+    store = open_store(inv.spec.store)
+    ids = job_ids(store, inv.name)
+    if not ids:
+        return None
+    view = JobView(store, inv.name, ids[-1], key)
+    recs = view.records()
+    if not recs or any(r.state in FINAL_STATES for r in recs):
+        return None
+    age = view.heartbeat_age()
+    after = float(os.environ.get("MGPU_CONTROLLER_LOST_S", LOST_AFTER_S))
+    return (ids[-1], age) if age is not None and age > after else None
+
+
+def take_back_if_lost(name: str, log: Log, istore: InventoryStore | None = None) -> str | None:
+    """The newest job of cluster `name`, taken back when its controller is lost (the module
+    doc); its id, or None when nothing had to be done. Never raises for a store that
+    cannot be read (the command that asked goes on)."""
+    from provision.cluster.providers import get_provider
+    from provision.job.managed.handoff import take_back
+    from provision.job.managed.signing import local_key
+
+    istore = istore or InventoryStore()
+    if not istore.exists(name):
+        return None
+    inv = istore.load(name)
+    key = local_key(istore.keys_dir(name))
+    try:
+        found = lost_job(inv, key)
+    except Exception:  # noqa: BLE001 - the store cannot be read now: ask again next time
+        return None
+    if found is None:
+        return None
+    job_id, age = found
+    log(f"the controller of {name!r} has written nothing for {age:.0f} s while job {job_id} "
+        "runs: taking the job back ...")
+    with istore.lock(name):
+        inv = istore.load(name)
+        take_back(get_provider(inv.provider), inv, istore, job_id, log=log)
+    return job_id
