@@ -59,6 +59,8 @@ JOB_OPTIONS = [
     Opt("preempt_signal", str | None, typer.Option(None, "--preempt-signal", help="sent to every rank on a preemption notice (SIGUSR1)"), ("preempt_signal",)),
     Opt("replace_slow", bool | None, typer.Option(None, "--replace-slow", help="a node whose ranks compute slower than the others' (the job's `compute=` markers) is replaced: save, replace, resume"), ("replace_slow",)),
     Opt("slow_fraction", float | None, typer.Option(None, "--slow-fraction", help="slow = compute time above (1 + this) x the other nodes' (0.5)"), ("slow_fraction",)),
+    Opt("min_nodes", int | None, typer.Option(None, "--min-nodes", help="a lost node that cannot be replaced: go on with the others from the checkpoint while at least this many remain, grow back when a replacement can be had"), ("min_nodes",)),
+    Opt("replace_timeout", float | None, typer.Option(None, "--replace-timeout", help="with --min-nodes: seconds a replacement may take before the run goes on without it"), ("replace_timeout",)),
     Opt("fabric_check", str | None, typer.Option(None, "--fabric-check", help="auto (default: on for multi-node clusters whose provider knows the fabric, i.e. aws/gcp) | on | off"), ("fabric_check",)),
     Opt("notify", str | None, typer.Option(None, "--notify", help="webhook URL: one JSON POST (Slack-compatible) per state change of a managed job"), ("notify",)),
     Opt("allow_slow_network", bool | None, typer.Option(None, "--allow-slow-network", help="run even when the fabric gate fails (with a warning)"), ("allow_slow_network",)),
@@ -90,7 +92,7 @@ def in_panel(title: str, options: list[Opt]) -> list[Opt]:
 
 
 _RECOVERY = {"max_restarts", "stall_timeout", "on_node_loss", "preempt_signal", "notify",
-             "replace_slow", "slow_fraction"}
+             "replace_slow", "slow_fraction", "min_nodes", "replace_timeout"}
 _FABRIC = {"fabric_check", "allow_slow_network"}
 in_panel(JOB, [o for o in JOB_OPTIONS if o.name not in _RECOVERY | _FABRIC])
 in_panel(RECOVERY, [o for o in JOB_OPTIONS if o.name in _RECOVERY])

@@ -34,6 +34,7 @@ from typing import TextIO
 from provision.cluster.providers.contract import AnyProvider
 from provision.job import jobs
 from provision.job.checkpoints import CheckpointKeeper, local_checkpoint_dir
+from provision.job.elastic import Grower
 from provision.job.ends import JobEnds
 from provision.job.gate.injob import InJobGate
 from provision.job.gate.step import GateFactory
@@ -137,8 +138,10 @@ def supervise(run: JobRun, group: NodeGroup) -> int:
     and start again, at most job.max_restarts times. Each attempt is a job of its own, linked
     to the one it restarts (JobRecord.parent); a run that restarted ends with a recap."""
     keeper = run.keeper or CheckpointKeeper(run.inv, local_checkpoint_dir(run.inv), log=run.log)
+    grower = Grower(run.provider, run.inv, run.store, run.job, run.log) \
+        if run.job.min_nodes is not None else None
     recovery = Recovery(run.provider, run.inv, run.store, run.job, run.log, keeper,
-                        run.on_event)
+                        run.on_event, grower)
     recap = Recap(run.inv.hourly_cost_usd)
     ledger = from_timeline(timeline.current(run.inv), len(run.inv.nodes), time.time())
     restarts = run.restarts
@@ -154,7 +157,9 @@ def supervise(run: JobRun, group: NodeGroup) -> int:
                 _started(run, restarts, taking)
                 gate = run.gate() if run.gate is not None and not taking else None
                 outcome = attempt(run, current, keeper, rec, restarts, gate, ledger,
-                                  take_back=taking is not None)
+                                  take_back=taking is not None,
+                                  grow=None if grower is None else
+                                  lambda: grower.due(keeper.last_copy))
                 taking = None
             failure = _ended(run, rec, outcome, recap, keeper)
             _account(ledger, failure, keeper)
@@ -169,6 +174,11 @@ def supervise(run: JobRun, group: NodeGroup) -> int:
                 gate.finish(outcome.code)  # the gate never finished (a lost node is recovered)
             if outcome.launch_error is not None and failure.kind != "node lost":
                 raise outcome.launch_error  # e.g. the nodes cannot run the image: no restart
+            if failure.kind == "grow" and grower is not None:  # not one of --max-restarts
+                restarts += 1
+                recovery.grow_in(grower.take())
+                ledger.resize(len(run.inv.nodes), time.time())
+                continue
             _tell(run, failure)
             if restarts >= run.job.max_restarts:
                 if outcome.launch_error is not None:
@@ -180,8 +190,11 @@ def supervise(run: JobRun, group: NodeGroup) -> int:
                     f"{failure.describe()}")
             t0 = time.monotonic()
             recovery.bring_back(failure)
+            ledger.resize(len(run.inv.nodes), time.time())  # fewer, with --min-nodes
             recap.recovered(time.monotonic() - t0)
     finally:
+        if grower is not None:
+            grower.stop()
         for line in recap.lines(time.monotonic()):
             run.log(line)
         _close(run, ledger, rec)
@@ -216,6 +229,9 @@ def _account(ledger: Ledger, failure: Failure | None, keeper: CheckpointKeeper) 
     now = time.time()
     if failure is None:
         ledger.switch("idle", now)
+        return
+    if failure.kind == "grow":  # planned, right after a checkpoint: nothing to redo
+        ledger.switch("recovery", now)
         return
     since = time.monotonic() - keeper.last_copy if keeper.last_copy > 0 else None
     trained = ledger.seconds["training"] / max(ledger.nodes, 1)
@@ -269,7 +285,8 @@ def _tell(run: JobRun, failure: Failure) -> None:
 
 def attempt(run: JobRun, group: NodeGroup, keeper: CheckpointKeeper, rec: JobRecord,
             restarts: int, gate: InJobGate | None = None,
-            ledger: Ledger | None = None, *, take_back: bool = False) -> Outcome:
+            ledger: Ledger | None = None, *, take_back: bool = False,
+            grow: Callable[[], bool] | None = None) -> Outcome:
     """One start of the job on every node, followed to its end, its checkpoints kept and a
     Watcher looking for hangs and preemption notices. `gate`: the fabric gate first, in the
     job's own processes. A job that ended well gets its record (exit codes, logs) while the
@@ -283,7 +300,7 @@ def attempt(run: JobRun, group: NodeGroup, keeper: CheckpointKeeper, rec: JobRec
             ledger.save_line(text, time.time())
 
     watcher = Watcher(run.inv, run.job, keeper, run.log, stop=run.stop, on_line=on_line,
-                      on_event=run.on_event)
+                      on_event=run.on_event, grow=grow)
     ends = JobEnds(rec.id)  # what each node said as its part ended: state, checkpoints
     keeper.start()
     last_copy: Future[None] | None = None

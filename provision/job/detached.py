@@ -37,7 +37,7 @@ from provision.nodes import NodeGroup
 SUPERVISION_FLAGS = {"max_restarts": "--max-restarts", "stall_timeout": "--stall-timeout",
                      "on_node_loss": "--on-node-loss", "preempt_signal": "--preempt-signal",
                      "notify": "--notify",
-                     "replace_slow": "--replace-slow"}
+                     "replace_slow": "--replace-slow", "min_nodes": "--min-nodes"}
 
 
 def unsupervised_flags(job: JobSpec) -> list[str]:

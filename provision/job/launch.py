@@ -137,6 +137,7 @@ def node_command(
     processes (the in-job fabric gate); they learn their node as $MGPU_NODE_RANK."""
     home = RemoteLayout(HomePath(inv.remote_root))
     ctx = _context(inv, job, entry)
+    node = launch_rank(inv, node)
     job_id = job_id or adhoc_job_id()
     preempt = None
     if inv.preemption is not None:
@@ -163,6 +164,15 @@ def node_command(
     # exec: no shell stays behind with the values in its command line, whatever its version
     assignments = " ".join(assign(k, v) for k, v in env.items())
     return f"{prefix}exec env {assignments} {words(supervise + argv)}"
+
+
+def launch_rank(inv: Inventory, node: NodeRecord) -> NodeRecord:
+    """`node` with the rank it launches as: its place among the cluster's nodes, which is its
+    own rank unless the cluster runs on fewer nodes than it was made with (--min-nodes,
+    job/elastic.py: ranks stay contiguous from 0)."""
+    place = sorted(n.rank for n in inv.nodes).index(node.rank) \
+        if any(n.rank == node.rank for n in inv.nodes) else node.rank
+    return node if place == node.rank else node.model_copy(update={"rank": place})
 
 
 class JobMonitor(Protocol):

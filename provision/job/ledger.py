@@ -157,7 +157,7 @@ def render(data: dict[str, Any]) -> str:
                       if v > 0)
     lines = [f"node-hours: {parts}"]
     if data.get("advice_s"):
-        lines.append(f"checkpoint every ~{data['advice_s']:.0f} s for the best goodput "
+        lines.append(f"checkpoint every ~{data['advice_s']:.3g} s for the best goodput "
                      f"(save {data['save_cost_s']} s, {data['failures']} failure(s) in "
                      f"{data['wall_s']:.0f} s: Young/Daly sqrt(2 x C x MTBF))")
     return "\n".join(lines)

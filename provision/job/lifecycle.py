@@ -37,7 +37,7 @@ from collections.abc import Callable
 from provision.cluster.pipeline import Declined, NewCluster, sigterm_raises, temporary_cluster
 from provision.cluster.providers import get_provider
 from provision.cluster.providers.contract import AnyProvider
-from provision.job import jobs
+from provision.job import elastic, jobs
 from provision.job.gate.step import gate_step
 from provision.job.launch import workdir_of
 from provision.job.supervision import Ready, Started, Supervision, Target
@@ -58,6 +58,7 @@ def start(cluster: str | NewCluster, job: JobSpec, supervision: Supervision, *,
 
     def check(provider: AnyProvider) -> None:
         spec = cluster.spec
+        elastic.check(job, spec.nodes)
         supervision.check(job, Target(spec.name, provider, spec.provider, spec.store, new=True,
                                       keep=cluster.keep), log)
 
@@ -78,6 +79,7 @@ def _on_existing(name: str, job: JobSpec, supervision: Supervision, store: Inven
     with store.lock(name), sigterm_raises():
         inv = store.load(name)
         provider = get_provider(inv.provider)
+        elastic.check(job, len(inv.nodes))
         supervision.check(job, Target(name, provider, inv.provider,
                                       inv.spec.store if inv.spec is not None else None,
                                       new=False, inv=inv), log)

@@ -30,24 +30,26 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable
+from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass, field
-from typing import Any
 
 from provision.cluster.providers.contract import AnyProvider, Recoverable
 from provision.job.checkpoints import CheckpointKeeper
+from provision.job.elastic import Grower
 from provision.job.launch import job_container
+from provision.job.notices import maintenance_message
 from provision.job.stragglers import Slow, StragglerWatch
 from provision.model import timeline
 from provision.model.errors import LaunchError, MgpuError
 from provision.model.inventory import Inventory, InventoryStore, NodeRecord, Replacement
 from provision.model.logsink import Log
 from provision.model.spec import JobSpec
-from provision.nodes import NodeGroup
+from provision.nodes import NodeGroup, background
 
 # A managed run's record sink (provision/job/managed/): (event, message, node names).
 OnEvent = Callable[[str, str, list[str]], None]
 FAILURE_EVENTS = {"node lost": "node_lost", "preemption": "preempted", "hang": "hang",
-                  "rank crash": "crashed", "slow node": "slow_node"}
+                  "rank crash": "crashed", "slow node": "slow_node", "grow": "growing"}
 REPLACED_KINDS = ("node lost", "preemption", "slow node")  # failures whose nodes are replaced
 CANCELLED = 130  # attached.supervise's code when JobRun.stop asked for the job to end
 EVENT_PREFIX = "MGPU-EVENT "  # remote/supervise.py prints events with this prefix
@@ -90,6 +92,7 @@ class Watcher:
     on_line: Callable[[NodeRecord, str], None] | None = None  # resume check, ledger ...
     stragglers: StragglerWatch | None = None
     on_event: OnEvent | None = None
+    grow: Callable[[], bool] | None = None  # True: a dropped node is back (job/elastic.py)
 
     def __post_init__(self) -> None:
         if self.stragglers is None and len(self.inv.nodes) > 1:
@@ -139,6 +142,9 @@ class Watcher:
         if self.preempted and self.reason is None:
             self.reason = "preemption"
             return self._preemption()
+        if self.grow is not None and self.reason is None and self.grow():
+            self.reason = "grow"
+            return "grow: a replacement is ready, after a checkpoint"
         timeout = self.job.stall_timeout
         if timeout is not None and self.reason is None:
             quiet = time.monotonic() - max(self.last_output, self.keeper.last_change)
@@ -175,23 +181,6 @@ class Watcher:
         if first.get("action") == "slow":
             return f"slow node {', '.join(names)}"
         return f"preemption notice on {', '.join(names)}"
-
-
-def maintenance_message(node: NodeRecord, event: dict[str, Any]) -> str:
-    """What the controller says about a maintenance notice a node announced ahead of its
-    deadline (remote/supervise.py): nothing is stopped now; the node saves, then it is
-    replaced, close to the deadline."""
-    if event.get("event") == "maintenance-cleared":
-        return f"{node.name}: the scheduled host maintenance was withdrawn; training goes on"
-    try:
-        deadline, save = float(event["deadline"]), float(event["save_at"])
-    except (KeyError, TypeError, ValueError):
-        return f"{node.name}: host maintenance scheduled ({event.get('source', '?')})"
-    stamp = time.strftime("%H:%M:%SZ", time.gmtime(deadline))
-    return (f"{node.name}: host maintenance stops this VM at {stamp} (in "
-            f"{max(0.0, deadline - time.time()) / 60:.0f} min); training goes on until "
-            f"{max(0.0, deadline - save) / 60:.0f} min before, then every rank saves and the "
-            "node is replaced")
 
 
 def _container_words(inv: Inventory, job: JobSpec) -> list[str]:
@@ -234,6 +223,8 @@ class Outcome:
 def classify(outcome: Outcome, provider: AnyProvider, inv: Inventory) -> Failure:
     """What went wrong, once the job has stopped everywhere (outcome.code != 0)."""
     code, watcher = outcome.code, outcome.watcher
+    if watcher.reason == "grow":
+        return Failure("grow", [], code)
     if watcher.reason == "preemption":
         nodes = [n for n in inv.nodes if n.name in watcher.preempted]
         slow = all(watcher.preempted[n.name].get("action") == "slow" for n in nodes)
@@ -271,6 +262,7 @@ class Recovery:
     log: Log
     keeper: CheckpointKeeper
     on_event: OnEvent | None = None
+    grower: Grower | None = None  # --min-nodes: dropped nodes asked for again
 
     def bring_back(self, failure: Failure) -> None:
         """Make the cluster whole again for a restart (replaced nodes bootstrapped, the
@@ -323,7 +315,9 @@ class Recovery:
                 from provision.model.blocklist import remember
 
                 remember(self.inv.provider, self.inv.name, node, why)
-            new = self.provider.replace(self.inv, self.store, node)
+            new = self._replace_or_drop(node, why)
+            if new is None:
+                continue
             self.inv.replacements.append(Replacement(rank=node.rank, old=node.resource_id,
                                                      new=new.resource_id, reason=why))
             self.store.save(self.inv)
@@ -331,6 +325,52 @@ class Recovery:
             if self.on_event is not None:
                 self.on_event("replaced", f"{node.name} replaced ({why})", [node.name])
         return new_nodes
+
+    def _replace_or_drop(self, node: NodeRecord, why: str) -> NodeRecord | None:
+        """The replacement of `node`; None when it could not be had (an error, or not within
+        --replace-timeout) and --min-nodes lets the run go on without it (job/elastic.py)."""
+        provider = self.provider
+        assert isinstance(provider, Recoverable)
+        pending = background(lambda: provider.replace(self.inv, self.store, node))
+        try:
+            return pending.result(timeout=self.job.replace_timeout)
+        except (MgpuError, FutureTimeout) as exc:
+            left = len(self.inv.nodes) - 1
+            if self.grower is None or self.job.min_nodes is None or left < self.job.min_nodes:
+                if isinstance(exc, FutureTimeout):
+                    raise MgpuError(f"{node.name}: no replacement within --replace-timeout "
+                                    f"{self.job.replace_timeout:g} s") from None
+                raise
+            why_not = (f"not within --replace-timeout {self.job.replace_timeout:g} s"
+                       if isinstance(exc, FutureTimeout) else exc.message)
+            self.inv.nodes = [n for n in self.inv.nodes if n.name != node.name]
+            self.store.save(self.inv)
+            self.grower.drop(node, pending if isinstance(exc, FutureTimeout) else None)
+            self.log(f"{node.name} cannot be replaced now ({why_not}): going on with {left} "
+                     f"node(s) (--min-nodes {self.job.min_nodes}); asking again meanwhile")
+            if self.on_event is not None:
+                self.on_event("shrunk", f"going on with {left} node(s) without {node.name} "
+                                        f"({why_not})", [node.name])
+            return None
+
+    def grow_in(self, nodes: list[NodeRecord]) -> None:
+        """Dropped nodes made again (job/elastic.Grower) join: the others learn them, every
+        node restores the checkpoint."""
+        from provision.nodes.bootstrap import refresh_peers
+
+        others = list(self.inv.nodes)
+        self.inv.nodes = sorted([*others, *nodes], key=lambda n: n.rank)
+        self.store.save(self.inv)
+        with NodeGroup(self.inv, others) as group:
+            refresh_peers(self.inv, self.store, group)
+        with NodeGroup(self.inv) as group:
+            restored = self.keeper.restore(group)
+        names = ", ".join(n.name for n in nodes)
+        self.log(f"growing back to {len(self.inv.nodes)} node(s) with {names} "
+                 f"({restored} checkpoint file(s) on every node)")
+        if self.on_event is not None:
+            self.on_event("grown", f"back to {len(self.inv.nodes)} node(s): {names}",
+                          [n.name for n in nodes])
 
     def _wait_for(self, nodes: list[NodeRecord]) -> None:
         self.log(f"waiting up to {RETURN_DEADLINE_S:.0f} s for {', '.join(n.name for n in nodes)}"

@@ -169,6 +169,10 @@ class JobSpec(StrictModel):
     replace_slow: bool = Field(False, description="save, replace a slow node, resume")
     slow_fraction: float = Field(0.5, gt=0, le=10,
                                  description="slow: its compute time above (1+this) x others'")
+    # issue 36: go on with fewer nodes when a replacement cannot be had (job/elastic.py)
+    min_nodes: int | None = Field(None, ge=1, description="the fewest nodes to go on with")
+    replace_timeout: float | None = Field(
+        None, gt=0, description="seconds a replacement may take before the run goes on without")
     # the fabric gate before a multi-node job (provision/job/gate/, docs/fabric-gate.md)
     fabric_check: Literal["auto", "on", "off"] = Field(
         "auto", description="auto: on for multi-node clusters whose provider knows the fabric")

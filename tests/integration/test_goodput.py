@@ -3,6 +3,7 @@ node-second, and a restart that ignored its checkpoint is flagged at its first s
 
 from __future__ import annotations
 
+import json
 import math
 import re
 import subprocess
@@ -105,3 +106,40 @@ def test_a_slowed_node_is_named_then_swapped_and_the_run_speeds_up_again(
                            "--nodes", "1", "--name", f"{cluster_name}-p", "--dry-run"],
                           capture_output=True, text=True, timeout=60)
     assert "named slow and replaced before" in plan.stdout + plan.stderr, plan.stdout
+
+
+def test_without_a_replacement_the_run_goes_on_smaller_and_grows_back(
+        tmp_path: Path, cluster_name: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """--min-nodes 1 on 2 nodes: node-1 is lost and its replacement cannot be made (a
+    container of someone else holds its name: the engine refuses the create), so the job goes
+    on from its checkpoint on node-0 alone (world 2); once the name is free again, the
+    replacement is made and the run grows back to 2 nodes (world 4) after a checkpoint."""
+    monkeypatch.setenv("MGPU_GROW_EVERY_S", "3")
+    run = Run(cluster_name, ["--nodes", "2", "--max-restarts", "2", "--min-nodes", "1", EXAMPLE,
+                             "--steps", "160", "--save-every", "5", "--sleep", "0.2"], tmp_path)
+    run.wait_for(r"kept checkpoint from node-0: .*step_0000(09|14)")
+    image = subprocess.run(["docker", "inspect", "-f", "{{.Config.Image}}",
+                            f"{cluster_name}-node-0"], capture_output=True, text=True,
+                           check=True).stdout.strip()
+    squatter = f"{cluster_name}-node-1"
+    subprocess.run(["docker", "rm", "-f", squatter], check=True, capture_output=True)
+    subprocess.run(["docker", "create", "--name", squatter, image, "true"], check=True,
+                   capture_output=True)  # no cluster label: not the tool's to remove
+    try:
+        run.wait_for(r"node-1 cannot be replaced now")
+        run.wait_for(r"rank 0/2 on ")  # the job again, on node-0's 2 ranks
+    finally:
+        subprocess.run(["docker", "rm", "-f", squatter], capture_output=True)
+    run.wait_for(r"growing back to 2 node\(s\)")
+    run.wait_for(r"rank 0/4 on ")
+    code = run.finish(timeout=600)
+    out = run.output
+    assert code == 0, out
+    assert re.search(r"going on with 1 node\(s\) \(--min-nodes 1\)", out), out
+    shrunk = out[out.index("node-1 cannot be replaced now"):out.index("growing back")]
+    assert "resumed from step" in shrunk and "rank 1/2 on " in shrunk, shrunk
+    assert "node-1 is back" in out
+    grown = out[out.index("growing back"):]
+    assert "resumed from step" in grown, grown
+    m = json.loads((tmp_path / "mgpu-outputs" / cluster_name / "metrics.json").read_text())
+    assert m["world_size"] == 4 and m["steps"] == 160 and int(m["resumed_from"]) > 0, m

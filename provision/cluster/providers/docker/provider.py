@@ -180,7 +180,8 @@ class DockerProvider(Recoverable[DockerPlan], Supervising[DockerPlan]):
                      f"`mgpu-cloud status {inv.name}`, then `mgpu-cloud down {inv.name}`",
             ) from None
         old = next((r for r in inv.resources_of("container") if r.id == node.resource_id), None)
-        image = (old.extra.get("image") if old else None) or ""
+        image = (old.extra.get("image") if old else None) or next(  # any node's: the same
+            (r.extra["image"] for r in inv.resources_of("container") if r.extra.get("image")), "")
         if not image:
             image = api.inspect_container(cid or node.resource_id or "")["Config"]["Image"]
         if cid:
