@@ -8,11 +8,8 @@ Uses the env torchrun sets (RANK, WORLD_SIZE, LOCAL_RANK, GROUP_RANK = the node'
 MASTER_ADDR, MASTER_PORT). Backend: nccl when CUDA is available, else gloo (CPU tensors). For
 each size (doubling, or x4 with --factor 4) it all-reduces a float32 tensor in place: `warmup`
 untimed calls, a barrier, then `iters` timed calls. Like nccl-tests (doc/PERFORMANCE.md):
-
-    algbw = bytes / time          busbw = algbw * 2 * (n - 1) / n
-
-with time = the slowest rank's average per call (the collective is done when the last rank
-is). Every rank's own time and host name are gathered (all_gather_object) so the controller
+algbw = bytes / time, busbw = algbw * 2 * (n - 1) / n, with time = the slowest rank's average
+per call (the collective is done when the last rank is). Every rank's own time and host name are gathered (all_gather_object) so the controller
 can name a rank that is far slower than the median. Rank 0 prints one JSON line per size and
 a line with "summary": true; other ranks print nothing. Exit 0, or 1 with an {"error": ...}
 line on rank 0 (or on stderr elsewhere) when the run fails.

@@ -274,10 +274,7 @@ def run_job(
             monitor.finished(node, code)
         return code
 
-    what = " ".join(program) if program is not None else job.script_in_workdir
-    log(f"following job {job_id} on {len(nodes)} node(s) again: {what}" if take_back else
-        f"launching {job.launcher} on {len(nodes)} node(s): {what}"
-        + (" (the fabric gate first, in the same processes)" if gate is not None else ""))
+    log(_starting(job, program, len(nodes), job_id if take_back else None, gate is not None))
     t0 = time.monotonic()
     # Stopping runs on connections of their own: the launch connections are busy streaming.
     stopper = NodeGroup(inv, connector=group.connector)
@@ -300,6 +297,15 @@ def run_job(
     elif monitor is None and not (gate is not None and gate.stopped(nodes[0].name)):
         _report_failure(journal, log)
     return code
+
+
+def _starting(job: JobSpec, program: list[str] | None, nodes: int, taken: str | None,
+              gate: bool) -> str:
+    what = " ".join(program) if program is not None else job.script_in_workdir
+    if taken is not None:
+        return f"following job {taken} on {nodes} node(s) again: {what}"
+    return (f"launching {job.launcher} on {nodes} node(s): {what}"
+            + (" (the fabric gate first, in the same processes)" if gate else ""))
 
 
 def _stopping(exc: BaseException, cluster: str, job_id: str) -> str:
