@@ -33,6 +33,7 @@ def _local(name: str = "here") -> JobRecords:
     InventoryStore().create(inv)
     rec = jobs.begin(inv, build_job_spec({}, {"script": EXAMPLE}), inv.nodes, detached=True)
     rec.state, rec.ended_at, rec.logs_saved = "succeeded", "2026-12-01T08:10:00+00:00", True
+    rec.ledger = {"goodput": 0.87, "node_seconds": {"training": 87.0, "idle": 13.0}}
     for node in rec.nodes.values():
         node.set("exited", 0)
     store = JobStore()
@@ -51,6 +52,7 @@ def _managed(tmp_path: Path, name: str = "away") -> JobRecords:
     log.record("started", "running on 2 node(s)")
     log.write("[node-0] hello from node-0\n[node-1] hello from node-1\n")
     log.flush()
+    log.record("ledger", "node-hours: provisioning 0.01 (10%), training 0.02 (87%), idle 0.00 (3%)")
     log.record("finished", "job finished", exit_code=0)
     log.close()
     remember(name, url)  # as `attach --store URL` does
@@ -85,8 +87,9 @@ def test_jobs_prints_one_table_for_both_kinds(records: JobRecords) -> None:
     assert res.exit_code == 0, res.output
     header, row = res.output.splitlines()[:2]
     assert header.split() == ["ID", "STATE", "STARTED", "DURATION", "RESTARTS", "EXIT",
-                              "COMMAND"]
+                              "GOODPUT", "COMMAND"]
     assert row.split()[:2] == ["1", "succeeded"] and "train" in row
+    assert " 87% " in row  # the run's ledger: its training share of node-seconds
     listed = CliRunner().invoke(app, ["jobs", records.cluster, "--json"])
     assert json.loads(listed.output)[0]["state"] == "succeeded"
     logs = CliRunner().invoke(app, ["logs", records.cluster, "--follow"])

@@ -61,11 +61,12 @@ def print_jobs(records: Any, as_json: bool) -> None:
     if not summaries:
         typer.echo(records.empty_text)
         return
-    rows = [("ID", "STATE", "STARTED", "DURATION", "RESTARTS", "EXIT", "COMMAND")]
+    rows = [("ID", "STATE", "STARTED", "DURATION", "RESTARTS", "EXIT", "GOODPUT", "COMMAND")]
     rows += [(s.id, s.state + (f" ({s.note})" if s.note else ""), when(s.started_at),
               _duration(s.duration_s()), "-" if s.restarts is None else str(s.restarts),
-              s.exit_text(), s.command) for s in summaries]
-    typer.echo("\n".join(fit_table(rows, right={0, 4})))
+              s.exit_text(), "-" if s.goodput is None else f"{100 * s.goodput:.0f}%",
+              s.command) for s in summaries]
+    typer.echo("\n".join(fit_table(rows, right={0, 4, 6})))
 
 
 # --------------------------------------------------------------------------------------------

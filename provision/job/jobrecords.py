@@ -62,6 +62,7 @@ class JobSummary:
     logs_here: bool = False  # its logs are copied to this machine
     current: bool = True  # it ran on the cluster of that name that exists now
     data: dict[str, Any] = field(default_factory=dict)  # the record itself (`jobs --json`)
+    goodput: float | None = None  # its run's training share of node-seconds (job/ledger.py)
 
     def duration_s(self, now: dt.datetime | None = None) -> float | None:
         """From its start to its end (to now while it runs; None: not known)."""
@@ -145,4 +146,5 @@ def summary_of(rec: JobRecord, inv: Inventory | None = None) -> JobSummary:
         current=is_current(rec, inv),
         nodes=[NodeState(name, nj.rank, nj.state, nj.exit_code) for name, nj in nodes],
         data={**rec.model_dump(mode="json"), "exit_code": rec.exit_code,
-              "duration_s": rec.duration_s()})
+              "duration_s": rec.duration_s()},
+        goodput=(rec.ledger or {}).get("goodput"))

@@ -12,6 +12,7 @@ that started the run, the URL comes from the inventory or from `$MGPU_CLOUD_HOME
 from __future__ import annotations
 
 import contextlib
+import re
 import time
 from typing import Any, TextIO
 
@@ -23,6 +24,7 @@ from provision.model.logsink import Log
 from remote.store import Store, open_store
 
 POLL_S = 1.0
+GOODPUT = re.compile(r"\btraining [\d.]+ \((\d+)%\)")  # in a ledger record (ledger.render)
 
 
 def _pointer(name: str) -> Any:
@@ -142,6 +144,8 @@ def summary(store: Store, cluster: str, job_id: str) -> dict[str, Any]:
         "torn_down": any(r.event == "torn_down" for r in recs),
         "command": " ".join([str(spec.get("script", "?")), *map(str, spec.get("args", []))]),
         "events": [r.event for r in recs],
+        "goodput": next((int(m.group(1)) / 100 for r in recs if r.event == "ledger"
+                         for m in [GOODPUT.search(r.message)] if m), None),
     }
 
 

@@ -37,7 +37,8 @@ def summary_of(job: dict[str, Any]) -> JobSummary:
         id=job["id"], state=job["state"], command=job["command"],
         started_at=job["started_at"], ended_at=job["ended_at"], exit_code=job["exit_code"],
         final=job["ended_at"] is not None, note="torn down" if job["torn_down"] else "",
-        restarts=job["restarts"], events=list(job["events"]), data=job)
+        restarts=job["restarts"], events=list(job["events"]), data=job,
+        goodput=job.get("goodput"))
 
 
 class StoreRecords(JobRecords):
