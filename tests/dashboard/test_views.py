@@ -184,3 +184,18 @@ def test_managed_runs_come_from_their_store(mgpu_home: Path, tmp_path: Path) -> 
     remember("big", "ftp://nowhere")  # a store that cannot be read: one row saying why
     [bad] = views.cluster_view("big")["runs"]
     assert bad["state"] == "unknown" and "could not be read" in bad["detail"]
+
+
+def test_a_jobs_goodput_and_ledger_are_shown() -> None:
+    from provision.job.jobrecords import summary_of
+    from provision.model.jobstore import JobRecord
+    from provision.operations.dashboard.views import job_row
+
+    rec = JobRecord(id="3", cluster="c1", cluster_created_at="x", command="train.py",
+                    launcher="torchrun", state="succeeded")
+    assert job_row(summary_of(rec))["goodput"] is None
+    rec.ledger = {"node_seconds": {"training": 90.0, "redone": 10.0}, "goodput": 0.9,
+                  "failures": 1, "wall_s": 50.0, "save_cost_s": 0.5, "advice_s": 7.1}
+    row = job_row(summary_of(rec))
+    assert row["goodput"] == 0.9
+    assert "training 0.03 (90%)" in row["ledger_text"] and "~7.1 s" in row["ledger_text"]

@@ -27,6 +27,7 @@ from typing import Any
 
 from provision.cluster.cost import cost_usd, report
 from provision.job.jobrecords import JobSummary, summary_of
+from provision.job.ledger import render
 from provision.job.localrecords import LocalRecords
 from provision.model.errors import UserInputError
 from provision.model.gate_record import GateRecord
@@ -90,7 +91,10 @@ def unattended_runs(name: str, home: Path | None = None) -> list[dict[str, Any]]
                  "detail": f"the store {records.url} could not be read: "
                            f"{type(exc).__name__}: {exc}"}]
     return [{"id": j.id, "state": j.state, "started_at": j.started_at, "restarts": j.restarts,
-             "detail": f"{j.command} · {' → '.join(j.events[-4:])}"} for j in jobs]
+             "goodput": j.goodput,
+             "detail": f"{j.command} · {' → '.join(j.events[-4:])}"
+                       + ("" if j.goodput is None else f" · goodput {100 * j.goodput:.0f}%")}
+            for j in jobs]
 
 
 # --- clusters -------------------------------------------------------------------------------
@@ -224,7 +228,8 @@ def job_row(job: JobSummary) -> dict[str, Any]:
         "nodes": [{"name": n.name, "rank": n.rank, "state": n.state, "exit_code": n.exit_code}
                   for n in job.nodes],
         "restarts": job.restarts, "logs_saved": job.logs_here,
-        "current": job.current, "final": job.final,
+        "current": job.current, "final": job.final, "goodput": job.goodput,
+        "ledger_text": render(job.data["ledger"]) if job.data.get("ledger") else "",
     }
 
 
