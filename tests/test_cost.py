@@ -66,3 +66,17 @@ def test_a_torn_line_is_skipped(mgpu_home: Path) -> None:
 def test_describe_for_the_end_of_run() -> None:
     line = cost.describe(30.0, "2025-01-01T00:00:00+00:00", "2025-01-01T00:30:00+00:00", True)
     assert line == "cost: 30.0 min x $30.00/h (spot catalog price) = $15.00"
+
+
+def test_a_runs_goodput_is_shown_beside_its_cost(mgpu_home: Path) -> None:
+    from typer.testing import CliRunner
+
+    from provision.cli.app import app
+
+    a = _inv("g", "2025-01-01T00:00:00+00:00", 4.0, nodes=2)
+    cost.record_up(a)
+    assert cost.report()["clusters"][0]["goodput"] is None
+    cost.record_goodput(a, {"goodput": 0.83, "node_seconds": {"training": 83.0, "idle": 17.0}})
+    assert cost.report()["clusters"][0]["goodput"] == 0.83
+    res = CliRunner().invoke(app, ["cost"], env={"COLUMNS": "160"})
+    assert res.exit_code == 0 and "GOODPUT" in res.output and " 83% " in res.output, res.output

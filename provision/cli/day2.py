@@ -128,15 +128,18 @@ def cost(
     if not rep["clusters"]:
         typer.echo("no clusters recorded yet")
         return
-    rows = [("CLUSTER", "PROVIDER", "TYPE", "NODES", "CREATED", "REMOVED", "NODE-H", "$")]
+    rows = [("CLUSTER", "PROVIDER", "TYPE", "NODES", "CREATED", "REMOVED", "NODE-H", "GOODPUT",
+             "$")]
     for r in rep["clusters"]:
         rows.append((r["cluster"], r["provider"] or "-",
                      (r["type"] or "-") + (" (spot)" if r["spot"] else ""), str(r["nodes"]),
                      when(r["created"]), when(r["removed"]) if r["removed"] else "running",
-                     f"{r['node_hours']:.2f}", f"{r['cost_usd']:.2f}"))
-    rows.append(("total", "", "", "", "", "", "", f"{rep['total_usd']:.2f}"))
+                     f"{r['node_hours']:.2f}",
+                     "-" if r["goodput"] is None else f"{100 * r['goodput']:.0f}%",
+                     f"{r['cost_usd']:.2f}"))
+    rows.append(("total", "", "", "", "", "", "", "", f"{rep['total_usd']:.2f}"))
     # too wide for the terminal: REMOVED, then CREATED, TYPE, PROVIDER go under each row
-    typer.echo("\n".join(fit_table(rows, right={3, 6, 7}, spill=(5, 4, 2, 1))))
+    typer.echo("\n".join(fit_table(rows, right={3, 6, 7, 8}, spill=(5, 4, 2, 1))))
     typer.echo(fit_lines("catalog prices x time from up to down; the bill also has disks, "
                          "traffic and rounding"), err=True)
 

@@ -4,6 +4,8 @@
         {"event": "up",   "cluster", "created_at", "provider", "type", "nodes", "spot",
                           "hourly_cost_usd"}
         {"event": "down", "cluster", "created_at", "removed_at"}
+        {"event": "goodput", "cluster", "created_at", "goodput", "node_seconds"}   a run's
+                          ledger (job/ledger.py), when its job ended here
 
 A cluster is (name, created_at): a name may be reused. The cost is the catalog price the plan
 showed (Inventory.hourly_cost_usd, whole cluster, USD/hour; spot prices where the spec asked
@@ -82,11 +84,17 @@ def cost_usd(hourly: float, created_at: str, removed_at: str | None) -> float:
     return hourly * _hours(created_at, removed_at)
 
 
+def record_goodput(inv: Inventory, ledger: dict[str, Any], home: Path | None = None) -> None:
+    _append({"event": "goodput", "cluster": inv.name, "created_at": inv.created_at,
+             "goodput": ledger.get("goodput"), "node_seconds": ledger.get("node_seconds")},
+            home)
+
+
 def report(name: str | None = None, home: Path | None = None) -> dict[str, Any]:
     """{"clusters": [row, ...] oldest first, "total_usd": ...}. A row: cluster, provider,
     type, nodes, spot, created, removed (None while it exists), hours, node_hours,
-    hourly_cost_usd, cost_usd. Clusters that exist but predate the history come from their
-    inventories."""
+    hourly_cost_usd, cost_usd, goodput (its last run's training share, None: not known).
+    Clusters that exist but predate the history come from their inventories."""
     rows: dict[tuple[str, str], dict[str, Any]] = {}
     path = history_path(home)
     lines = path.read_text().splitlines() if path.exists() else []
@@ -105,6 +113,8 @@ def report(name: str | None = None, home: Path | None = None) -> dict[str, Any]:
             }
         elif ev.get("event") == "down" and key in rows:
             rows[key]["removed"] = ev.get("removed_at")
+        elif ev.get("event") == "goodput" and key in rows:
+            rows[key]["goodput"] = ev.get("goodput")
     for inv in InventoryStore(home).all():
         key = (inv.name, inv.created_at)
         if key not in rows:
@@ -120,6 +130,7 @@ def report(name: str | None = None, home: Path | None = None) -> dict[str, Any]:
         row["hours"] = round(hours, 4)
         row["node_hours"] = round(hours * row["nodes"], 4)
         row["cost_usd"] = round(hours * row["hourly_cost_usd"], 4)
+        row.setdefault("goodput", None)
         out.append(row)
     return {"clusters": out, "total_usd": round(sum(r["cost_usd"] for r in out), 2)}
 

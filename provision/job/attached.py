@@ -24,6 +24,7 @@ sink) and never reads the terminal: the same code supervises a job from the cont
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Callable
 from concurrent.futures import Future
@@ -31,6 +32,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TextIO
 
+from provision.cluster.cost import record_goodput
 from provision.cluster.providers.contract import AnyProvider
 from provision.job import jobs
 from provision.job.checkpoints import CheckpointKeeper, local_checkpoint_dir
@@ -248,6 +250,8 @@ def _close(run: JobRun, ledger: Ledger, rec: JobRecord | None) -> None:
     if rec is not None:
         rec.ledger = data
         run.records.save(rec)
+    with contextlib.suppress(OSError):  # `cost` shows it beside what the cluster cost
+        record_goodput(run.inv, data, run.store.home)
     run.event("ledger", text)
 
 
