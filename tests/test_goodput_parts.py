@@ -101,3 +101,13 @@ def test_noise_alone_names_nobody() -> None:
         for node in ("node-0", "node-1"):
             watch.feed(node, f"compute={0.1 * rng.uniform(0.7, 1.3):.4f}")
     assert watch.named == []
+
+
+def test_the_advice_is_said_even_for_saves_that_take_no_time() -> None:
+    led = Ledger(started=0.0, nodes=2)
+    led.switch("training", 1.0)
+    led.saved(0.0002, 5.0)  # a tiny model: the save rounds to nothing
+    led.failed(lost_training_s=1.0, at=9.0)
+    led.close(20.0)
+    data = led.to_json()
+    assert data["advice_s"] is not None and "Young/Daly" in render(data)

@@ -106,7 +106,7 @@ class Ledger:
         wall = (self._end if self._end is not None else self._since) - self.started
         return {"node_seconds": {k: round(v, 3) for k, v in self.seconds.items()},
                 "wall_s": round(wall, 3), "failures": self.failures,
-                "save_cost_s": round(median(self.saves), 3) if self.saves else None,
+                "save_cost_s": round(median(self.saves), 4) if self.saves else None,
                 "goodput": round(self.seconds["training"] / self.total(), 4)
                 if self.total() else None,
                 "advice_s": self.advice()}
@@ -156,7 +156,7 @@ def render(data: dict[str, Any]) -> str:
     parts = ", ".join(f"{k} {v / 3600:.2f} ({100 * v / total:.0f}%)" for k, v in secs.items()
                       if v > 0)
     lines = [f"node-hours: {parts}"]
-    if data.get("advice_s"):
+    if data.get("advice_s") is not None:
         lines.append(f"checkpoint every ~{data['advice_s']:.3g} s for the best goodput "
                      f"(save {data['save_cost_s']} s, {data['failures']} failure(s) in "
                      f"{data['wall_s']:.0f} s: Young/Daly sqrt(2 x C x MTBF))")
