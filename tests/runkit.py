@@ -8,6 +8,7 @@ import re
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -46,9 +47,19 @@ class Run:
         self.proc.send_signal(signal.SIGINT)
 
     def finish(self, timeout: float = 300) -> int:
-        out, _ = self.proc.communicate(timeout=timeout)
-        self.lines.append(out)
-        return self.proc.returncode
+        """The rest of the output, then the exit code. Read through the same text stream
+        `wait_for` reads (communicate(timeout=) reads the pipe's descriptor directly: what
+        readline had buffered already would be lost)."""
+        assert self.proc.stdout is not None
+        stream = self.proc.stdout
+        reader = threading.Thread(target=lambda: self.lines.append(stream.read()), daemon=True)
+        reader.start()
+        reader.join(timeout)
+        if reader.is_alive():
+            self.proc.kill()
+            reader.join(10)
+            raise subprocess.TimeoutExpired(self.proc.args, timeout, self.output)
+        return self.proc.wait(timeout=60)
 
     @property
     def output(self) -> str:

@@ -60,7 +60,7 @@ def test_two_failures_every_node_second_accounted_and_a_silent_restart_flagged(
         assert secs[bucket] > 0, (bucket, led)
     expected = young_daly(led["save_cost_s"], led["wall_s"] / 2)  # both as rounded in the record
     assert abs(led["advice_s"] - expected) <= 0.1, (led, expected)
-    assert "Young/Daly" in out and "redone" in out
+    assert "Young/Daly" in out and "redone" in out, out[-2000:]
 
 
 def _compute(lines: list[str], node: str) -> list[float]:
