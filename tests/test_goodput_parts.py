@@ -97,7 +97,7 @@ def test_a_slow_node_is_named_within_a_bounded_number_of_reports() -> None:
 def test_noise_alone_names_nobody() -> None:
     rng = random.Random(3)
     watch = StragglerWatch(["node-0", "node-1"], fraction=0.5, patience=3)
-    for step in range(200):
+    for _ in range(200):
         for node in ("node-0", "node-1"):
             watch.feed(node, f"compute={0.1 * rng.uniform(0.7, 1.3):.4f}")
     assert watch.named == []
