@@ -99,3 +99,16 @@ def test_a_traceback_before_init_takes_its_rank_from_torchruns_root_cause() -> N
     assert out[0] == ("first failure: rank 2 (node-1), exit 1: RuntimeError: CUDA out of memory. "
                       "Tried to allocate 2.00 GiB (oom.py:1)")
     assert any(line.startswith("likely cause (node-1): A GPU ran out of memory") for line in out)
+
+
+def test_a_peers_dropped_connection_printed_before_the_cause_is_no_hint() -> None:
+    """On a busy machine node-0's ranks can print the Gloo error of the dropped connection
+    before node-1's traceback is through (seen in a full suite run): still a consequence."""
+    cause_at = next(i for i, line in enumerate(CRASH) if line.startswith("[node-1]")
+                    and "Traceback" in line)
+    peers = [line for line in CRASH[cause_at:] if line.startswith("[node-0]")]
+    assert any("gloo" in line.lower() for line in peers)  # node-0's Gloo errors, after it
+    reordered = CRASH[:cause_at] + peers + [ln for ln in CRASH[cause_at:] if ln not in peers]
+    lines = explain(reordered)
+    assert lines[0].startswith("first failure: rank 2 (node-1)")
+    assert not any("likely cause" in line for line in lines), lines

@@ -241,11 +241,14 @@ def _account(ledger: Ledger, failure: Failure | None, keeper: CheckpointKeeper) 
 
 
 def _close(run: JobRun, ledger: Ledger, rec: JobRecord | None) -> None:
-    """The ledger ends with the job: shown, kept in the last attempt's record, told."""
+    """The ledger ends with the job: kept in the last attempt's record and the cost history,
+    told, and shown after the recap of a run that restarted (one that did not ends with its
+    own last lines, as before)."""
     ledger.close(time.time())
     data = ledger.to_json()
     text = render(data)
-    for line in text.splitlines():
+    restarted = rec is not None and rec.attempt > 1  # the recap was printed
+    for line in text.splitlines() if restarted else []:
         run.log(line)
     if rec is not None:
         rec.ledger = data

@@ -162,15 +162,20 @@ def first_failure(failures: Sequence[RankFailure]) -> RankFailure | None:
     return causes[0] if causes else None
 
 
-def _hints(lines: list[str], cause: RankFailure | None) -> list[Diagnosis]:
-    """The signatures that apply: with a cause found, those in its own lines or before it;
-    the generic wrappers only when nothing else explains the failure."""
+def _hints(lines: list[str], cause: RankFailure | None,
+           failures: Sequence[RankFailure] = ()) -> list[Diagnosis]:
+    """The signatures that apply: with a cause found, those in its own lines or before it
+    (but not the lines of nodes whose ranks only failed because of it: a peer's dropped
+    connection can print before the cause's traceback is through); the generic wrappers only
+    when nothing else explains the failure."""
     if cause is None or cause.consequence:
         found = diagnose(lines)
     else:
+        after = {f.node for f in failures if f.consequence} - {cause.node}
+        before = [ln for ln in lines[:cause.position] if split_node(ln)[0] not in after]
         own = [ln for ln in lines[cause.position:] if split_node(ln)[0] == cause.node
                and _rank_of(ln) in (cause.rank, None)]
-        found = diagnose(lines[:cause.position] + own[:60])
+        found = diagnose(before + own[:60])
     specific = [d for d in found if d.signature not in ("child-failed", "nccl-system-error")]
     return specific if specific or cause is not None else found
 
@@ -206,6 +211,6 @@ def explain(lines: Iterable[str], node_codes: dict[str, int] | None = None) -> l
         after = [f for f in failures if f is not cause and f.consequence]
         if after and not cause.consequence:
             out.append(f"  then {_ranks(after)} failed because of it: consequences, not causes")
-    for d in _hints(lines, cause):
+    for d in _hints(lines, cause, failures):
         out.append(f"likely cause ({d.node or 'a node'}): {d.cause}\n  fix: {d.fix}")
     return out
