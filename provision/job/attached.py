@@ -42,6 +42,7 @@ from provision.job.gate.injob import InJobGate
 from provision.job.gate.step import GateFactory
 from provision.job.launch import SESSION_LOST, launching_nodes, run_job
 from provision.job.ledger import Ledger, from_timeline, render
+from provision.job.liveness import gone_nodes
 from provision.job.recap import Recap
 from provision.job.recovery import (
     CANCELLED,
@@ -269,7 +270,8 @@ def _ended(run: JobRun, rec: JobRecord, outcome: Outcome, recap: Recap,
             jobs.keep_streamed(rec, [n.name for n in failure.nodes], outcome.watcher.output,
                                store=run.records)
     if outcome.code != 0:  # a node may be gone or replaced: fresh connections
-        with NodeGroup(run.inv) as fresh:
+        with NodeGroup(run.inv, [n for n in run.inv.nodes
+                                 if n.name not in outcome.gone]) as fresh:
             jobs.refresh(run.inv, [rec], fresh, store=run.records)  # exit codes, logs here
     if failure is not None:
         rec.failure = failure.describe() + (f": {failure.cause}" if failure.cause else "")
@@ -307,7 +309,8 @@ def attempt(run: JobRun, group: NodeGroup, keeper: CheckpointKeeper, rec: JobRec
             ledger.save_line(text, time.time())
 
     watcher = Watcher(run.inv, run.job, keeper, run.log, stop=run.stop, on_line=on_line,
-                      on_event=run.on_event, grow=grow)
+                      on_event=run.on_event, grow=grow,
+                      gone=gone_nodes(run.provider, run.inv))
     ends = JobEnds(rec.id)  # what each node said as its part ended: state, checkpoints
     keeper.start()
     last_copy: Future[None] | None = None
@@ -319,7 +322,9 @@ def attempt(run: JobRun, group: NodeGroup, keeper: CheckpointKeeper, rec: JobRec
             outcome = Outcome(code, watcher)
         except LaunchError as exc:
             outcome = Outcome(SESSION_LOST, watcher, launch_error=exc)
-        last_copy = background(lambda: keeper.stop(known=ends.manifests()))
+        gone = _gone(run, watcher)
+        last_copy = background(lambda: keeper.stop(known=ends.manifests(), gone=gone))
+        outcome.gone = gone
         if outcome.code == 0:  # every node ended well: its connection is fine
             jobs.refresh(run.inv, [rec], group, store=run.records,  # exit codes, logs
                          reported=ends.states())
@@ -329,6 +334,20 @@ def attempt(run: JobRun, group: NodeGroup, keeper: CheckpointKeeper, rec: JobRec
             keeper.stop()
         else:
             last_copy.result()
+
+
+def _gone(run: JobRun, watcher: Watcher) -> frozenset[str]:
+    """Nodes whose session dropped and that the provider says are gone: nothing more is
+    asked of them this attempt (a login to an address nobody answers waits its full
+    timeout: 10 s a node on a controller's bridge, minutes on a cloud)."""
+    from provision.cluster.providers.contract import Recoverable
+
+    if not isinstance(run.provider, Recoverable):
+        return frozenset()
+    said = set(watcher.gone()) if watcher.gone is not None else set()
+    dropped = [n for n in run.inv.nodes
+               if watcher.codes.get(n.name) == SESSION_LOST or n.name in said]
+    return frozenset(n.name for n in dropped if not run.provider.node_alive(run.inv, n))
 
 
 def _regressed(run: JobRun, text: str) -> None:

@@ -69,14 +69,16 @@ class CheckpointKeeper:
         self._thread = threading.Thread(target=self._loop, daemon=True)
         self._thread.start()
 
-    def stop(self, known: dict[str, tuple[Manifest, float]] | None = None) -> None:
+    def stop(self, known: dict[str, tuple[Manifest, float]] | None = None,
+             gone: frozenset[str] = frozenset()) -> None:
         """Stop polling, after one last copy of what the reachable nodes hold. `known`: the
         manifests some nodes already gave as the job ended there (job/ends.py): only the
-        others are asked."""
+        others are asked, but not those `gone` (the provider says so: a login would wait for
+        its timeout)."""
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout=60)
-        self.sync(settle_s=0.0, known=known)
+        self.sync(settle_s=0.0, known=known, gone=gone)
         if self._group is not None:
             self._group.close()
             self._group = None
@@ -89,13 +91,13 @@ class CheckpointKeeper:
                 self.log(f"checkpoint copy failed ({exc}); trying again")
 
     # --- copying -------------------------------------------------------------------------------
-    def _manifests(self, group: NodeGroup, known: dict[str, tuple[Manifest, float]] | None = None
-                   ) -> dict[str, tuple[Manifest, float]]:
+    def _manifests(self, group: NodeGroup, known: dict[str, tuple[Manifest, float]] | None = None,
+                   gone: frozenset[str] = frozenset()) -> dict[str, tuple[Manifest, float]]:
         """node name -> (manifest, the node's clock) for every node that answered (or whose
         manifest is `known`)."""
         layout, known = group.layout, known or {}
         out = {n.name: known[n.name] for n in group.nodes if n.name in known}
-        ask = [n for n in group.nodes if n.name not in out]
+        ask = [n for n in group.nodes if n.name not in out and n.name not in gone]
         if not ask:
             return out
         res = group.run(layout.remote_command("ckpt-manifest", layout.checkpoints), nodes=ask)
@@ -112,14 +114,15 @@ class CheckpointKeeper:
         self._cut |= set(cut)
 
     def sync(self, settle_s: float | None = None,
-             known: dict[str, tuple[Manifest, float]] | None = None) -> int:
+             known: dict[str, tuple[Manifest, float]] | None = None,
+             gone: frozenset[str] = frozenset()) -> int:
         """One pass: copy every node's complete, changed files. Returns files copied."""
         settle = self.settle_s if settle_s is None else settle_s
         with self._lock:
             group = self._group or NodeGroup(self.inv, connector=self.connector)
             try:
                 copied = 0
-                for name, (files, now) in self._manifests(group, known).items():
+                for name, (files, now) in self._manifests(group, known, gone).items():
                     if files != self._seen.get(name):
                         self._seen[name] = files
                         self.last_change = time.monotonic()

@@ -93,6 +93,7 @@ class Watcher:
     stragglers: StragglerWatch | None = None
     on_event: OnEvent | None = None
     grow: Callable[[], bool] | None = None  # True: a dropped node is back (job/elastic.py)
+    gone: Callable[[], list[str]] | None = None  # nodes the provider says are gone (liveness)
 
     def __post_init__(self) -> None:
         if self.stragglers is None and len(self.inv.nodes) > 1:
@@ -142,6 +143,10 @@ class Watcher:
         if self.preempted and self.reason is None:
             self.reason = "preemption"
             return self._preemption()
+        lost = self.gone() if self.gone is not None and self.reason is None else []
+        if lost:
+            self.reason = "node lost"
+            return f"node lost: {', '.join(lost)} is gone (the provider says so)"
         if self.grow is not None and self.reason is None and self.grow():
             self.reason = "grow"
             return "grow: a replacement is ready, after a checkpoint"
@@ -218,6 +223,7 @@ class Outcome:
     code: int
     watcher: Watcher
     launch_error: LaunchError | None = None
+    gone: frozenset[str] = frozenset()  # nodes the provider said were gone as it ended
 
 
 def classify(outcome: Outcome, provider: AnyProvider, inv: Inventory) -> Failure:

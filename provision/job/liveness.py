@@ -1,0 +1,55 @@
+"""Nodes the provider is sure are gone, asked while a job runs (issue 36: the controller's
+detection of a lost node).
+
+A node's SSH session dropping is how a run usually learns of a lost node, but only when
+something closes the connection: the user's machine reaches docker nodes through the
+engine's port forwarding, which closes at once; a controller reaches them on the bridge, and a
+cloud node that is terminated sends nothing at all, so its session hangs until the peers'
+collectives time out (measured on docker: 10 s from the kill to `node_lost` on the controller
+against 1-2 s attached). So the run also asks the provider (contract.Recoverable.node_alive:
+"cannot tell" is alive) every EVERY_S, on a thread of its own, and stops the job at once when
+one is gone.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+from provision.cluster.providers.contract import AnyProvider, Recoverable
+from provision.model.inventory import Inventory
+
+EVERY_S = 3.0
+
+
+class GoneNodes:
+    """A cheap callable (polled twice a second): the names of the nodes the last look found
+    gone; a new look starts in the background every `every_s`."""
+
+    def __init__(self, provider: Recoverable[Any], inv: Inventory, every_s: float) -> None:
+        self.provider, self.inv, self.every_s = provider, inv, every_s
+        self.at, self.busy, self.gone = 0.0, False, list[str]()
+        self.lock = threading.Lock()
+
+    def _look(self) -> None:
+        found = [n.name for n in list(self.inv.nodes) if not self.provider.node_alive(self.inv, n)]
+        with self.lock:
+            self.gone, self.busy = found, False
+
+    def __call__(self) -> list[str]:
+        with self.lock:
+            if not self.busy and time.monotonic() - self.at >= self.every_s:
+                self.at, self.busy = time.monotonic(), True
+                threading.Thread(target=self._look, daemon=True).start()
+            return list(self.gone)
+
+
+def gone_nodes(provider: AnyProvider, inv: Inventory,
+               every_s: float = EVERY_S) -> Callable[[], list[str]] | None:
+    """GoneNodes for a provider that can tell (Recoverable) and more than one node; else
+    None."""
+    if not isinstance(provider, Recoverable) or len(inv.nodes) < 2:
+        return None
+    return GoneNodes(provider, inv, every_s)
