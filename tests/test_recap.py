@@ -40,3 +40,22 @@ def test_no_checkpoint_means_the_whole_attempt_is_lost_and_no_restart_no_recap()
     lines = recap.lines(now=30.0)
     assert lines[2] == "    lost: 20.0 s (no checkpoint kept) + 0.0 s recovery"
     assert lines[-1] == "  time lost to failures: 20.0 s (no catalog price)"
+
+
+def test_attempts_on_fewer_nodes_say_how_many() -> None:
+    recap = Recap()
+    for job, nodes, start in (("1", 4, 0.0), ("2", 3, 20.0), ("3", 4, 40.0)):
+        recap.begin(job, now=start, nodes=nodes)
+        recap.end("node lost (node-1)" if job == "1" else "succeeded", now=start + 10.0,
+                  output=[], kept_at=None)
+    lines = recap.lines(now=50.0)
+    assert [ln for ln in lines if ln.startswith("  attempt")] == [
+        "  attempt 1 (job 1) on 4 node(s): node lost (node-1) after 10.0 s",
+        "  attempt 2 (job 2) on 3 node(s): succeeded after 10.0 s",
+        "  attempt 3 (job 3) on 4 node(s): succeeded after 10.0 s",
+    ]
+    same = Recap()
+    for job, start in (("1", 0.0), ("2", 20.0)):
+        same.begin(job, now=start, nodes=2)
+        same.end("succeeded", now=start + 5.0, output=[], kept_at=None)
+    assert "node(s)" not in same.lines(now=30.0)[1]  # one size throughout: not repeated

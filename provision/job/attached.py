@@ -155,7 +155,7 @@ def supervise(run: JobRun, group: NodeGroup) -> int:
         while True:
             with borrowed(run.inv, nodes) as current:
                 rec = _taken(run, taking) if taking else _begin(run, current, parent=rec)
-                recap.begin(rec.id, time.monotonic())
+                recap.begin(rec.id, time.monotonic(), len(current.nodes))
                 ledger.switch("training", time.time())
                 _started(run, restarts, taking)
                 gate = run.gate() if run.gate is not None and not taking else None

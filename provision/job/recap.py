@@ -5,7 +5,9 @@ says, for a run with at least one restart: the whole run's time (every attempt a
 not only the last attempt's), one line per attempt (its job id, how it ended, the last step
 it reported), the steps redone after each restart when the job prints its steps
 (`step N` / `resumed from step N`), the time lost (work after the last kept checkpoint, plus
-the recovery), and what that time cost at the cluster's catalog price. Pure bookkeeping:
+the recovery), and what that time cost at the cluster's catalog price. When attempts ran on
+different numbers of nodes (--min-nodes went on without a node, or grew back), each attempt
+line says on how many. Pure bookkeeping:
 times are passed in (monotonic seconds), nothing is read or printed here.
 """
 
@@ -30,6 +32,7 @@ class Attempt:
     last_step: int | None = None
     kept_at: float | None = None  # when the last checkpoint kept during it was copied
     recovery_s: float = 0.0  # bringing the cluster back after it
+    nodes: int = 0  # how many nodes it ran on (0: not told)
 
 
 def steps_of(lines: Iterable[str]) -> tuple[int | None, int | None, int | None]:
@@ -50,8 +53,8 @@ class Recap:
     hourly_usd: float = 0.0
     attempts: list[Attempt] = field(default_factory=list)
 
-    def begin(self, job_id: str, now: float) -> None:
-        self.attempts.append(Attempt(job_id, now))
+    def begin(self, job_id: str, now: float, nodes: int = 0) -> None:
+        self.attempts.append(Attempt(job_id, now, nodes=nodes))
 
     def end(self, outcome: str, now: float, output: Iterable[str],
             kept_at: float | None) -> None:
@@ -80,9 +83,11 @@ class Recap:
         out = [f"recap: {len(self.attempts) - 1} restart(s), {total:.1f} s in all (every "
                f"attempt and recovery); {self.attempts[-1].outcome}"]
         lost = 0.0
+        resized = len({a.nodes for a in self.attempts if a.nodes}) > 1  # --min-nodes shrank it
         for i, a in enumerate(self.attempts):
             step = f", at step {a.last_step}" if a.last_step is not None else ""
-            out.append(f"  attempt {i + 1} (job {a.job_id}): {a.outcome} after "
+            size = f" on {a.nodes} node(s)" if resized and a.nodes else ""
+            out.append(f"  attempt {i + 1} (job {a.job_id}){size}: {a.outcome} after "
                        f"{(a.ended or now) - a.started:.1f} s{step}")
             if i + 1 == len(self.attempts):
                 break

@@ -141,5 +141,7 @@ def test_without_a_replacement_the_run_goes_on_smaller_and_grows_back(
     assert "node-1 is back" in out
     grown = out[out.index("growing back"):]
     assert "resumed from step" in grown, grown
+    assert re.search(r"attempt 1 \(job \S+\) on 2 node\(s\): node lost", out), out  # recap
+    assert re.search(r"attempt 2 \(job \S+\) on 1 node\(s\)", out), out
     m = json.loads((tmp_path / "mgpu-outputs" / cluster_name / "metrics.json").read_text())
     assert m["world_size"] == 4 and m["steps"] == 160 and int(m["resumed_from"]) > 0, m
