@@ -26,7 +26,7 @@ import gcp_rules  # noqa: E402
 from fake_compute import FakeCompute  # noqa: E402
 from fake_iam import FakeIam  # noqa: E402
 
-from provision.model.inventory import Inventory, InventoryStore  # noqa: E402
+from provision.model.inventory import InventoryStore  # noqa: E402
 from provision.model.spec import ClusterSpec, build_cluster_spec, deep_merge  # noqa: E402
 
 PROJECT = "test-proj"
@@ -122,20 +122,6 @@ def make_spec() -> Callable[..., ClusterSpec]:
         return build_cluster_spec({}, deep_merge(base, overrides))
 
     return make
-
-
-@pytest.fixture
-def up(store: InventoryStore) -> Callable[[ClusterSpec], Inventory]:
-    """pipeline.up without bootstrap, auto-confirmed (rollback on failure included)."""
-    from provision.cluster import pipeline
-
-    def run(spec: ClusterSpec) -> Inventory:
-        inv = pipeline.up(spec, confirm=lambda plan: True, store=store, bootstrap=False,
-                          log=lambda msg: None)
-        assert inv is not None
-        return inv
-
-    return run
 
 
 def writes(fake: FakeCompute) -> list[str]:
