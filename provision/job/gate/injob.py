@@ -23,10 +23,9 @@ from collections.abc import Callable
 from provision.job.gate.judge import (
     MAX_PAIR_ROUNDS,
     PAIR_SLOW_FRACTION,
+    announce,
     evaluate,
     gate_error,
-    pass_line,
-    render_table,
     threshold_gbps,
 )
 from provision.model.gate_record import GateRecord
@@ -114,17 +113,10 @@ class InJobGate:
         """Judge what the nodes printed (caller holds the lock); say it; release held lines."""
         record = evaluate(self.inv, "\n".join(self.output), code, mode=self.job.fabric_check,
                           seconds=self._seconds())
-        record.overridden = record.verdict == "fail" and self.job.allow_slow_network
         self.record = record
         mark(self.inv, "gate", since=self.started_at, detail=f"in the job's processes: "
              f"{record.verdict}")
-        if record.verdict == "pass":
-            self.log(f"fabric gate: {pass_line(record)}")
-        else:
-            self.log(render_table(record))
-            if self.job.allow_slow_network:
-                self.log("warning: the fabric gate failed; --allow-slow-network: running the "
-                         "job anyway, at the speed measured above")
+        announce(record, self.job.allow_slow_network, self.log)
         if self.started_job:
             for node, line in self.waiting:
                 self.print_line(node, line)

@@ -42,6 +42,7 @@ from provision.job.programs import json_lines
 from provision.model.errors import LaunchError
 from provision.model.gate_record import GateNode, GatePair, GateRecord
 from provision.model.inventory import Inventory
+from provision.model.logsink import Log
 from remote.gatejudge import Pair, PairFigure, judge, merge_pairs, pair_fraction
 
 # A cluster whose peak all-reduce busbw is below half the type's published nccl-tests figure
@@ -98,6 +99,19 @@ def pass_line(record: GateRecord) -> str:
     bw = f"{record.busbw_gbps:.3g}" if record.busbw_gbps is not None else "?"
     return (f"pass: busbw {bw} GB/s over {len(record.nodes)} nodes, transport "
             f"{'/'.join(transports)}{pairs} ({record.seconds:.1f} s)")
+
+
+def announce(record: GateRecord, allow_slow_network: bool, log: Log) -> None:
+    """Say the verdict (a line on a pass, the table otherwise) and mark a failure the user
+    chose to run through (--allow-slow-network: a warning, and the job goes on)."""
+    record.overridden = record.verdict == "fail" and allow_slow_network
+    if record.verdict == "pass":
+        log(f"fabric gate: {pass_line(record)}")
+        return
+    log(render_table(record))
+    if allow_slow_network:
+        log("warning: the fabric gate failed; --allow-slow-network: running the job anyway, "
+            "at the speed measured above")
 
 
 # ------------------------------------------------------------------------------- judging

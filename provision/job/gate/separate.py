@@ -17,10 +17,9 @@ import time
 from provision.job.gate.judge import (
     MAX_PAIR_ROUNDS,
     PAIR_SLOW_FRACTION,
+    announce,
     evaluate,
     gate_error,
-    pass_line,
-    render_table,
     should_run,
     threshold_gbps,
 )
@@ -96,16 +95,10 @@ def gate_before_job(inv: Inventory, job: JobSpec, *, store: InventoryStore, log:
     log(f"fabric gate: all-reduce on {len(inv.nodes)} nodes before the job "
         "(--fabric-check off skips it) ...")
     record = run_gate(inv, job, mode=job.fabric_check, log=log, group=group)
-    record.overridden = record.verdict == "fail" and job.allow_slow_network
+    announce(record, job.allow_slow_network, log)
     inv.fabric_gate = record
     store.save(inv)
-    if record.verdict == "pass":
-        log(f"fabric gate: {pass_line(record)}")
-        return record
-    log(render_table(record))
-    if job.allow_slow_network:
-        log("warning: the fabric gate failed; --allow-slow-network: running the job anyway, "
-            "at the speed measured above")
+    if record.verdict == "pass" or job.allow_slow_network:
         return record
     raise gate_error(record)
 
