@@ -13,6 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from provision.cluster.providers.k8s import pods
 from provision.cluster.providers.k8s.client import (
     JOBSET_GROUP,
     Kube,
@@ -20,7 +21,7 @@ from provision.cluster.providers.k8s.client import (
     jobsets,
     status_of,
 )
-from provision.cluster.providers.k8s.pods import POLL_S, selector
+from provision.cluster.providers.k8s.pods import selector
 from provision.model.inventory import CLUSTER_TAG
 
 GONE_TIMEOUT_S = 180.0
@@ -97,6 +98,13 @@ def delete(k: Kube, found: Found) -> None:
             raise
 
 
+def delete_if_labelled(k: Kube, kind: str, name: str, cluster: str) -> None:
+    """Delete one object only while the API labels it with `cluster` (checked now)."""
+    have = read_labels(k, kind, name)
+    if cluster and have is not None and have.get(CLUSTER_TAG) == cluster:
+        delete(k, Found(kind, name, "", cluster))
+
+
 def read_labels(k: Kube, kind: str, name: str) -> dict[str, str] | None:
     """The labels of a recorded object as the API has it now; None when it is gone."""
     try:
@@ -153,4 +161,4 @@ def wait_pods_gone(k: Kube, cluster: str, out: Outcome,
             out.failures.append("pods still terminating after "
                                 f"{timeout_s:.0f} s: {', '.join(p.metadata.name for p in left)}")
             return
-        time.sleep(POLL_S / 4)
+        time.sleep(pods.POLL_S / 4)  # the module's: tests set it

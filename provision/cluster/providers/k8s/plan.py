@@ -3,10 +3,8 @@
 
 from __future__ import annotations
 
-import re
-
 from provision.cluster.providers.k8s.client import JOBSET_GROUP, KUEUE_GROUP
-from provision.cluster.providers.k8s.manifests import hostname, placeholder_manifests
+from provision.cluster.providers.k8s.manifests import placeholder_manifests
 from provision.cluster.providers.k8s.options import IMAGE_ENV, K8sOptions
 from provision.cluster.providers.k8s.request import K8sRequest
 from provision.model.errors import UserInputError
@@ -18,7 +16,6 @@ MODE_WORDS = {
               "Service names them",
     "pods": "plain pods + a headless Service (the cluster serves no jobset.x-k8s.io)",
 }
-_DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 
 
 class K8sPlan(Plan):
@@ -58,15 +55,6 @@ def choose_mode(opts: K8sOptions, groups: set[str] | None) -> str:
     return "pods"
 
 
-def check_names(spec: ClusterSpec) -> None:
-    longest = hostname(spec.name, spec.nodes - 1)
-    if len(longest) > 63 or not _DNS_LABEL.match(longest):
-        raise UserInputError(
-            f"cluster name {spec.name!r} makes the pod hostname {longest!r}, which is not a "
-            "DNS label (a-z, 0-9, '-', at most 63 characters)",
-            hint="pick a shorter lower-case --name")
-
-
 def build_request(spec: ClusterSpec, mode: str) -> K8sRequest:
     opts = spec.options_as(K8sOptions)
     if not opts.image:
@@ -95,8 +83,9 @@ def build_request(spec: ClusterSpec, mode: str) -> K8sRequest:
 
 
 def build_plan(spec: ClusterSpec, groups: set[str] | None, unresolved: list[str]) -> K8sPlan:
-    """Pure: the plan from the spec and the API groups the server serves."""
-    check_names(spec)
+    """Pure: the plan from the spec and the API groups the server serves. (Pod hostnames,
+    manifests.hostname, are DNS labels for every name the spec accepts: at most 40
+    characters of a-z, 0-9 and '-'.)"""
     opts = spec.options_as(K8sOptions)
     request = build_request(spec, choose_mode(opts, groups))
     if opts.queue and groups is not None and KUEUE_GROUP not in groups:

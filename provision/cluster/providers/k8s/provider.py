@@ -20,7 +20,12 @@ from contextlib import AbstractContextManager
 from typing import Any
 
 from provision.cluster.providers.contract import Recoverable
-from provision.cluster.providers.k8s.cleanup import KINDS, delete, delete_cluster, labelled
+from provision.cluster.providers.k8s.cleanup import (
+    KINDS,
+    delete_cluster,
+    delete_if_labelled,
+    labelled,
+)
 from provision.cluster.providers.k8s.client import (
     KUEUE_GROUP,
     KUEUE_VERSION,
@@ -54,6 +59,7 @@ from provision.model.inventory import (
 )
 from provision.model.spec import ClusterSpec
 from provision.model.timeline import reached
+from provision.nodes.pool import provider_waits
 
 log = logging.getLogger("mgpu_cloud")
 
@@ -101,6 +107,7 @@ class K8sProvider(Recoverable[K8sPlan]):
         store.save(inv)
         for manifest in cluster_manifests(req, [h.private_openssh for h in host], public_key):
             _record(inv, store, req, create_object(k, manifest))
+        provider_waits()  # bootstrap's imports while the queue and the pods start
         if req.mode == "jobset" and req.queue:
             waited = wait_admitted(k, req.cluster, req.queue, _opts(spec).queue_timeout_s, _say)
             reached(inv, "admitted by the queue", part_of="create call",
@@ -141,7 +148,7 @@ class K8sProvider(Recoverable[K8sPlan]):
         timeout = _opts(inv.spec).ready_timeout_s if inv.spec else 600.0
         if inv.spec is not None and inv.spec.max_hours:
             timeout = min(timeout, max(1, remaining_seconds(inv, inv.spec.max_hours)))
-        _delete_if_ours(k, req.cluster, node.address)
+        delete_if_labelled(k, "k8s-pod", node.address, req.cluster)
         if req.mode == "pods":
             _wait_name_free(k, node.address)
             store.forget(inv, "k8s-pod", old)
@@ -183,15 +190,10 @@ class K8sProvider(Recoverable[K8sPlan]):
     def _delete_orphans(self, spec: ClusterSpec, resources: list[ResourceRecord]) -> None:
         """Each checked again now: deleted only while the API labels it with the cluster
         `gc` listed it under."""
-        from provision.cluster.providers.k8s.cleanup import Found, read_labels
-
         opts = _opts(spec)
         k = kube(opts.namespace, opts.context)
         for r in resources:
-            owner = r.extra.get("cluster", "")
-            have = read_labels(k, r.kind, r.name or "")
-            if have is not None and have.get(CLUSTER_TAG) == owner and owner:
-                delete(k, Found(r.kind, r.name or "", r.id, owner))
+            delete_if_labelled(k, r.kind, r.name or "", r.extra.get("cluster", ""))
 
 
 def _opts(spec: ClusterSpec | None) -> K8sOptions:
@@ -278,14 +280,6 @@ def _check_queue(k: Kube, queue: str) -> None:
             raise UserInputError(f"namespace {k.namespace} has no Kueue LocalQueue {queue!r}",
                                  hint=f"kubectl get localqueues -n {k.namespace}") from None
         raise
-
-
-def _delete_if_ours(k: Kube, cluster: str, pod_name: str) -> None:
-    from provision.cluster.providers.k8s.cleanup import Found, read_labels
-
-    have = read_labels(k, "k8s-pod", pod_name)
-    if have is not None and have.get(CLUSTER_TAG) == cluster:
-        delete(k, Found("k8s-pod", pod_name, "", cluster))
 
 
 def _wait_name_free(k: Kube, pod_name: str, timeout_s: float = 120.0) -> None:
