@@ -65,12 +65,13 @@ def lost_job(inv: Inventory, key: bytes | None) -> tuple[str, float] | None:
     if not ids:
         return None
     view = JobView(store, inv.name, ids[-1], key)
+    age = view.heartbeat_age()  # one small object: a controller that beats costs only it
+    if age is None or age <= float(os.environ.get("MGPU_CONTROLLER_LOST_S", LOST_AFTER_S)):
+        return None
     recs = view.records()
     if not recs or any(r.state in FINAL_STATES for r in recs):
         return None
-    age = view.heartbeat_age()
-    after = float(os.environ.get("MGPU_CONTROLLER_LOST_S", LOST_AFTER_S))
-    return (ids[-1], age) if age is not None and age > after else None
+    return ids[-1], age
 
 
 def take_back_if_lost(name: str, log: Log, istore: InventoryStore | None = None) -> str | None:
