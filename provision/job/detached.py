@@ -62,13 +62,6 @@ def refuse_unsupervised(job: JobSpec, cluster: str | None = None) -> None:
              f"(without --detach), or leave out {', '.join(flags)}")
 
 
-def refuse_keep(target: Target) -> None:
-    """`run --keep --detach`: the detached modes hand the cluster's removal over."""
-    if target.keep:
-        raise UserInputError("--keep and --detach contradict each other",
-                             hint="--detach hands teardown to the nodes; leave out --keep")
-
-
 class SelfStopping(Supervision):
     """Started detached; the nodes run it alone and (a new cluster's) stop themselves after
     it, `idle_minutes` after their part ended. Returns the job's id."""
@@ -79,7 +72,6 @@ class SelfStopping(Supervision):
         self.idle_minutes = idle_minutes
 
     def check(self, job: JobSpec, target: Target, log: Log) -> None:
-        refuse_keep(target)
         refuse_unsupervised(job, None if target.new else target.name)
 
     def start(self, ready: Ready) -> Started:

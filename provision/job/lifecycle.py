@@ -42,6 +42,7 @@ from provision.job.gate.step import gate_step
 from provision.job.launch import workdir_of
 from provision.job.supervision import Ready, Started, Supervision, Target
 from provision.model import timeline
+from provision.model.errors import UserInputError
 from provision.model.inventory import Inventory, InventoryStore, ready_inventory
 from provision.model.logsink import Log, stderr_line
 from provision.model.spec import JobSpec
@@ -59,8 +60,11 @@ def start(cluster: str | NewCluster, job: JobSpec, supervision: Supervision, *,
     def check(provider: AnyProvider) -> None:
         spec = cluster.spec
         elastic.check(job, spec.nodes)
-        supervision.check(job, Target(spec.name, provider, spec.provider, spec.store, new=True,
-                                      keep=cluster.keep), log)
+        if cluster.keep and supervision.hands_over is not None:  # `run --keep --detach`
+            raise UserInputError("--keep and --detach contradict each other",
+                                 hint="--detach hands teardown to the nodes; leave out --keep")
+        supervision.check(job, Target(spec.name, provider, spec.provider, spec.store, new=True),
+                          log)
 
     try:
         with temporary_cluster(cluster, store=store, log=log, checks=check,

@@ -2,9 +2,10 @@
 
     Supervision                    the interface provision/job/lifecycle.start calls:
       check(job, target, log)      before anything is created or touched: the flags that
-                                   contradict this mode (--keep with --detach, supervision
-                                   flags nothing would act on), the store; a note for what is
-                                   ignored. Raises UserInputError (what is wrong, what works)
+                                   contradict this mode (supervision flags nothing would act
+                                   on), the store; a note for what is ignored. Raises
+                                   UserInputError (what is wrong, what works). (--keep with a
+                                   mode that hands the cluster over: lifecycle.start refuses)
       follows_output               True: this process follows the job's output, so the fabric
                                    gate runs in the job's own processes (gate/step.py); False:
                                    the separate gate runs before the job starts
@@ -50,7 +51,6 @@ class Target:
     provider_name: str
     store: str | None  # the cluster's store URL, if it has one
     new: bool  # made for this job (`run`), not an existing one (`launch`)
-    keep: bool = False  # `run --keep`
     inv: Inventory | None = None
 
 

@@ -33,7 +33,6 @@ from pathlib import Path
 from typing import Any
 
 from provision.cluster.providers.contract import AnyProvider, Supervising
-from provision.job.detached import refuse_keep
 from provision.job.managed.records import (
     RESUME_VAR,
     JobView,
@@ -373,7 +372,6 @@ class Controller(Supervision):
     def check(self, job: JobSpec, target: Target, log: Log) -> None:
         from provision.job.managed.checks import check_resume, check_store, refuse_if_running
 
-        refuse_keep(target)
         check_store(target.provider_name, target.store or "", self.env)
         refuse_unsupervised(target.provider, target.provider_name)
         check_resume(target.name, target.store or "", job)
