@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 import random
+import time
 
 import pytest
 
@@ -111,3 +112,23 @@ def test_the_advice_is_said_even_for_saves_that_take_no_time() -> None:
     led.close(20.0)
     data = led.to_json()
     assert data["advice_s"] is not None and "Young/Daly" in render(data)
+
+
+def test_each_node_that_comes_back_waits_for_a_checkpoint_copied_after_it() -> None:
+    from typing import Any, cast
+
+    from provision.job.elastic import Grower, Missing
+    from provision.model.inventory import NodeRecord
+
+    none = cast(Any, None)
+    grower = Grower(none, none, none, none, log=lambda msg: None)
+    first, second = (NodeRecord(name=f"node-{r}", rank=r, address=f"10.0.0.{r}",
+                                private_address=f"10.0.0.{r}", slots=1)
+                     for r in (1, 2))
+    for node in (first, second):
+        grower.missing.append(item := Missing(node))
+        before = time.monotonic()  # a checkpoint copied now is older than the node's return
+        grower.made(item, node)
+        assert not grower.due(last_copy=before)
+        assert grower.due(last_copy=grower.ready_at + 1)
+        assert grower.take() == [node] and not grower.missing

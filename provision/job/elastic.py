@@ -85,8 +85,15 @@ class Grower:
 
     def take(self) -> list[NodeRecord]:
         with self._lock:
-            out, self.ready = self.ready, []
+            out, self.ready, self.ready_at = self.ready, [], 0.0  # the next wait is its own
             return out
+
+    def made(self, item: Missing, node: NodeRecord) -> None:
+        """`item`'s replacement is made and bootstrapped: ready to join."""
+        with self._lock:
+            self.missing.remove(item)
+            self.ready.append(node)
+            self.ready_at = self.ready_at or time.monotonic()
 
     def stop(self) -> None:
         self._stop.set()
@@ -100,10 +107,7 @@ class Grower:
                 new = self._attempt(item)
                 if new is not None:
                     self._bootstrap(new)
-                    with self._lock:
-                        self.missing.remove(item)
-                        self.ready.append(new)
-                        self.ready_at = self.ready_at or time.monotonic()
+                    self.made(item, new)
                     self.log(f"{new.name} is back (a replacement could be made): the run "
                              "grows back to it after the next checkpoint")
 
