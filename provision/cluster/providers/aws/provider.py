@@ -137,7 +137,8 @@ class AwsProvider(Recoverable[AwsPlan], Supervising[AwsPlan]):
         from provision.cluster.providers.aws.replace import node_alive
 
         region = _region_of(inv)
-        return True if region is None else node_alive(Ec2(region), node)
+        return True if region is None else node_alive(
+            self._client(f"ec2/{region}", lambda: Ec2(region)), node)
 
     def _replace(self, inv: Inventory, store: InventoryStore, node: NodeRecord) -> NodeRecord:
         """One new instance in the lost one's place (replace.py)."""

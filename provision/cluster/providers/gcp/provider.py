@@ -130,7 +130,9 @@ class GcpProvider(Recoverable["GcpPlan"], Supervising["GcpPlan"]):
         from provision.cluster.providers.gcp.clients import build_clients
         from provision.cluster.providers.gcp.replace import node_alive
 
-        return node_alive(build_clients(_project_of(inv)), inv, node)
+        project = _project_of(inv)
+        return node_alive(self._client(f"compute/{project}", lambda: build_clients(project)),
+                          inv, node)
 
     def _replace(self, inv: Inventory, store: InventoryStore, node: NodeRecord) -> NodeRecord:
         """Delete the node's VM, then make one in its place (replace.py). CapacityError /
