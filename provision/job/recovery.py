@@ -235,7 +235,8 @@ def classify(outcome: Outcome, provider: AnyProvider, inv: Inventory) -> Failure
         nodes = [n for n in inv.nodes if n.name in watcher.preempted]
         slow = all(watcher.preempted[n.name].get("action") == "slow" for n in nodes)
         return Failure("slow node" if slow and nodes else "preemption", nodes, code)
-    lost = [n for n in inv.nodes if not _alive(provider, inv, n)]
+    lost = [n for n in inv.nodes  # outcome.gone: the provider said so as the attempt ended
+            if n.name in outcome.gone or not _alive(provider, inv, n)]
     if lost:
         names = ", ".join(n.name for n in lost)
         return Failure("node lost", lost, code, story=[  # the provider or a login said so
