@@ -367,6 +367,10 @@ class Recovery:
 
         others = list(self.inv.nodes)
         self.inv.nodes = sorted([*others, *nodes], key=lambda n: n.rank)
+        # made anew like any replacement: counted, so the user's machine adopts the
+        # controller's copy of the cluster (Inventory.adopt) with the new node's resources
+        self.inv.replacements.extend(Replacement(rank=n.rank, old=None, new=n.resource_id,
+                                                 reason="grown back") for n in nodes)
         self.store.save(self.inv)
         with NodeGroup(self.inv, others) as group:
             refresh_peers(self.inv, self.store, group)

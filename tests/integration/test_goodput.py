@@ -17,6 +17,7 @@ import runkit
 from runkit import Run
 
 from provision.job.ledger import young_daly
+from provision.model.inventory import InventoryStore
 from provision.model.jobstore import JobStore
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -132,6 +133,9 @@ def test_without_a_replacement_the_run_goes_on_smaller_and_grows_back(
         subprocess.run(["docker", "rm", "-f", squatter], capture_output=True)
     run.wait_for(r"growing back to 2 node\(s\)")
     run.wait_for(r"rank 0/4 on ")
+    grown_back = [r for r in InventoryStore().load(cluster_name).replacements
+                  if r.reason == "grown back"]  # what a managed run's adopt counts
+    assert [r.rank for r in grown_back] == [1], grown_back
     code = run.finish(timeout=600)
     out = run.output
     assert code == 0, out
