@@ -218,7 +218,7 @@ def _taken(run: JobRun, job_id: str) -> JobRecord:
     """The record of attempt `job_id`, which runs on the nodes already (issue 36: another
     controller started it); this one's later attempts get the ids after it."""
     rec = JobRecord(id=job_id, cluster=run.inv.name, cluster_created_at=run.inv.created_at,
-                    command=" ".join([run.job.script_in_workdir, *run.job.args]),
+                    command=jobs.command_of(run.job),
                     launcher=run.job.launcher, attempt=run.restarts + 1,
                     nodes={n.name: NodeJob(rank=n.rank)
                            for n in launching_nodes(run.inv, run.job)})

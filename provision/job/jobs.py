@@ -38,13 +38,17 @@ if TYPE_CHECKING:
     from provision.model.spec import JobSpec
 
 
+def command_of(job: JobSpec) -> str:
+    """What a job's record says it runs: its script and arguments, quoted as a shell would."""
+    return shlex.join([job.script_in_workdir, *job.args])
+
+
 def begin(inv: Inventory, job: JobSpec, nodes: list[NodeRecord], *, detached: bool,
           self_stop: str | None = None, program: list[str] | None = None,
           store: JobStore | None = None, parent: JobRecord | None = None) -> JobRecord:
     """Record a job about to start on `nodes`; returns it with its new id. `parent`: the
     attempt of the same run that this one restarts."""
-    what = " ".join(program) if program is not None else shlex.join(
-        [job.script_in_workdir, *job.args])
+    what = " ".join(program) if program is not None else command_of(job)
     chain = {"attempt": parent.attempt + 1, "parent": parent.id} if parent is not None else {}
     return (store or JobStore()).new({
         "cluster": inv.name, "cluster_created_at": inv.created_at, "command": what,
