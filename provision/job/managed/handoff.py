@@ -50,13 +50,17 @@ from remote.store import StoreURL, open_store, parse_url
 
 CONTROLLER_DIR = "controller"  # under the controller's remote folder
 START_DEADLINE_S = 600.0
-SETUP_DEADLINE_S = 900.0
+SETUP_DEADLINE_S = 900.0  # a cloud controller's first boot: apt + pip of the dependencies
 REACH_S = 20.0  # take_back: a controller that does not answer within this is lost
-TEARDOWN_KEY = "_teardown"  # in spec.json: whether the controller removes the cluster  # a cloud controller's first boot: apt + pip of the dependencies
+TEARDOWN_KEY = "_teardown"  # in spec.json: whether the controller removes the cluster
 
 
 def controller_layout(inv: Inventory) -> RemoteLayout:
     return RemoteLayout(f"{inv.remote_root}/{CONTROLLER_DIR}")
+
+
+def _store_url(inv: Inventory) -> StoreURL:
+    return parse_url(inv.spec.store if inv.spec and inv.spec.store else "")
 
 
 def controller_inventory(inv: Inventory, store: InventoryStore) -> Inventory:
@@ -218,7 +222,7 @@ def check_node_sdk(inv: Inventory, group: NodeGroup) -> None:
     every node without it."""
     from provision.job.managed.checks import NODE_SDK, node_sdk_probe
 
-    url = parse_url(inv.spec.store if inv.spec and inv.spec.store else "")
+    url = _store_url(inv)
     line = node_sdk_probe(url)
     if line is None:
         return
@@ -244,7 +248,7 @@ def hand_off(provider: AnyProvider, inv: Inventory, store: InventoryStore, job: 
              env: dict[str, str], *, teardown: bool, log: Log) -> str:
     """Give `job` to the cluster's controller; return its id once it runs (LaunchError when
     the controller reports a failure first, or nothing within START_DEADLINE_S)."""
-    url = parse_url(inv.spec.store if inv.spec and inv.spec.store else "")
+    url = _store_url(inv)
     ensure_controller(provider, inv, store, log)
     objects = open_store(url)
     spec = {**job.model_dump(mode="json"), TEARDOWN_KEY: teardown}
@@ -260,7 +264,7 @@ def take_back(provider: AnyProvider, inv: Inventory, store: InventoryStore, job_
     lost (takeback.py): on the same controller when it answers, else on a new one."""
     from provision.job.managed.checks import store_env
 
-    url = parse_url(inv.spec.store if inv.spec and inv.spec.store else "")
+    url = _store_url(inv)
     data = json.loads(open_store(url).get_bytes(f"{job_prefix(inv.name, job_id)}/spec.json")
                       or b"{}")
     teardown = bool(data.pop(TEARDOWN_KEY, False))
@@ -301,7 +305,7 @@ def _deliver(inv: Inventory, store: InventoryStore, job: JobSpec, job_id: str,
     back once the job's `started` (or `taken_back`) record is in the store."""
     from provision.model.keys import ensure_records_key
 
-    url = parse_url(inv.spec.store if inv.spec and inv.spec.store else "")
+    url = _store_url(inv)
     key = ensure_records_key(store.keys_dir(inv.name))
     layout = controller_layout(inv)
     archive = controller_payload(inv, job, job_id, state, layout)
