@@ -50,10 +50,10 @@ def _meta(obj: Any) -> tuple[str, str, dict[str, str]]:
     return obj.metadata.name, obj.metadata.uid, obj.metadata.labels or {}
 
 
-def _lister(k: Kube, kind: str) -> Callable[..., Any]:
-    listers: dict[str, Callable[..., Any]] = {"k8s-pod": k.core.list_namespaced_pod, "k8s-service": k.core.list_namespaced_service,
-            "k8s-secret": k.core.list_namespaced_secret}
-    return listers[kind]
+def core_call(k: Kube, verb: str, kind: str) -> Callable[..., Any]:
+    """CoreV1Api's `verb`_namespaced_... call for a core kind (k8s-pod/-service/-secret)."""
+    call: Callable[..., Any] = getattr(k.core, f"{verb}_namespaced_{kind.removeprefix('k8s-')}")
+    return call
 
 
 def labelled(k: Kube, label_selector: str, groups: set[str] | None = None) -> list[Found]:
@@ -72,7 +72,7 @@ def labelled(k: Kube, label_selector: str, groups: set[str] | None = None) -> li
                     continue
                 raise
         else:
-            items = _lister(k, kind)(k.namespace, label_selector=label_selector).items
+            items = core_call(k, "list", kind)(k.namespace, label_selector=label_selector).items
         for obj in items:
             name, uid, labels = _meta(obj)
             out.append(Found(kind, name, uid, labels.get(CLUSTER_TAG, "")))
@@ -89,10 +89,7 @@ def delete(k: Kube, found: Found) -> None:
                 *jobsets(k), found.name, propagation_policy="Foreground")
             return
         body = client.V1DeleteOptions(propagation_policy="Background")
-        {"k8s-pod": k.core.delete_namespaced_pod,
-         "k8s-service": k.core.delete_namespaced_service,
-         "k8s-secret": k.core.delete_namespaced_secret}[found.kind](
-            found.name, k.namespace, body=body)
+        core_call(k, "delete", found.kind)(found.name, k.namespace, body=body)
     except Exception as exc:
         if not is_not_found(exc):
             raise
@@ -110,10 +107,7 @@ def read_labels(k: Kube, kind: str, name: str) -> dict[str, str] | None:
     try:
         if kind == "k8s-jobset":
             return _meta(k.custom.get_namespaced_custom_object(*jobsets(k), name))[2]
-        reader = {"k8s-pod": k.core.read_namespaced_pod,
-                  "k8s-service": k.core.read_namespaced_service,
-                  "k8s-secret": k.core.read_namespaced_secret}[kind]
-        return _meta(reader(name, k.namespace))[2]
+        return _meta(core_call(k, "read", kind)(name, k.namespace))[2]
     except Exception as exc:
         if is_not_found(exc):
             return None

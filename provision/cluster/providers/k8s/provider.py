@@ -22,6 +22,7 @@ from typing import Any
 from provision.cluster.providers.contract import Recoverable
 from provision.cluster.providers.k8s.cleanup import (
     KINDS,
+    core_call,
     delete_cluster,
     delete_if_labelled,
     labelled,
@@ -235,9 +236,7 @@ def create_object(k: Kube, manifest: dict[str, Any]) -> dict[str, Any]:
     if kind == "JobSet":
         created: Any = k.custom.create_namespaced_custom_object(*jobsets(k), manifest)
         return dict(created)
-    create = {"Secret": k.core.create_namespaced_secret, "Pod": k.core.create_namespaced_pod,
-              "Service": k.core.create_namespaced_service}[kind]
-    obj = create(ns, manifest)
+    obj = core_call(k, "create", f"k8s-{kind.lower()}")(ns, manifest)
     return {"kind": kind, **k.api.sanitize_for_serialization(obj)}
 
 
