@@ -89,11 +89,13 @@ def _tree_files(name: str, root: Path) -> dict[str, tuple[bytes, int]]:
 
 
 def controller_payload(inv: Inventory, job: JobSpec, job_id: str, env: dict[str, Any],
-                       layout: RemoteLayout) -> bytes:
-    """One archive: the tool's code, its state for this cluster, the job."""
+                       layout: RemoteLayout, log: Log | None = None) -> bytes:
+    """One archive: the tool's code, its state for this cluster, the job (its folder through
+    shipping.workdir_archive: the state folder and key files stay here, `log` hears it)."""
     import provision
     from provision.model.assets import templates_dir
-    from provision.nodes.bootstrap import files_tar, remote_zipapp, workdir_tar
+    from provision.nodes.bootstrap import files_tar, remote_zipapp
+    from provision.nodes.shipping import workdir_archive
 
     lib = Path(provision.__file__).resolve().parent
     keys = Path(inv.key_path or "").parent
@@ -121,7 +123,8 @@ def controller_payload(inv: Inventory, job: JobSpec, job_id: str, env: dict[str,
                        (f"{layout.root}/lib/remote", lib.parent / "remote"),
                        (f"{layout.root}/lib/templates", templates_dir())):
         entries.update(_tree_files(name, root))
-    return files_tar(entries, workdir_tar(job.local_workdir, job.excludes), work)
+    tree = workdir_archive(job.local_workdir, job.excludes, inv, log)
+    return files_tar(entries, tree, work)
 
 
 def controller_state(inv: Inventory, url: StoreURL, job_id: str, job: JobSpec,
@@ -308,7 +311,7 @@ def _deliver(inv: Inventory, store: InventoryStore, job: JobSpec, job_id: str,
     url = _store_url(inv)
     key = ensure_records_key(store.keys_dir(inv.name))
     layout = controller_layout(inv)
-    archive = controller_payload(inv, job, job_id, state, layout)
+    archive = controller_payload(inv, job, job_id, state, layout, log)
     q = shlex.quote
     with NodeGroup(controller_inventory(inv, store)) as group:
         group.wait_until_reachable().raise_for("reaching the controller", LaunchError)
