@@ -204,7 +204,8 @@ def check_resume(inv_name: str, url: str, job: JobSpec) -> None:
         raise UserInputError(f"{RESUME_VAR}={source}: {exc}") from None
     objects = open_store(url)
     if not objects.list(f"{prefix}/checkpoints"):
-        known = ", ".join(job_ids(objects, inv_name)) or "none"
+        key = local_key(InventoryStore().keys_dir(inv_name))
+        known = ", ".join(job_ids(objects, inv_name, key)) or "none"
         raise UserInputError(
             f"{RESUME_VAR}={source}: job {source} of {inv_name!r} has no checkpoints in {url}",
             hint=f"jobs there: {known} (`mgpu-cloud jobs {inv_name}`); leave {RESUME_VAR} out "
@@ -216,10 +217,10 @@ def refuse_if_running(inv: Inventory) -> None:
     if not inv.spec or not inv.spec.store:
         return
     objects = open_store(inv.spec.store)
-    ids = job_ids(objects, inv.name)
+    key = local_key(InventoryStore().keys_dir(inv.name))
+    ids = job_ids(objects, inv.name, key)
     if not ids:
         return
-    key = local_key(InventoryStore().keys_dir(inv.name))
     records = JobView(objects, inv.name, ids[-1], key).records()
     if records and records[-1].state not in ("succeeded", "failed", "cancelled"):
         raise LaunchError(f"managed job {ids[-1]} is still {records[-1].state} on "
