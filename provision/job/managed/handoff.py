@@ -337,9 +337,15 @@ class Controller(Supervision):
         self.env = store_env() if env is None else env  # what reaches a store from here
 
     def check(self, job: JobSpec, target: Target, log: Log) -> None:
-        from provision.job.managed.checks import check_resume, check_store, refuse_if_running
+        from provision.job.managed.checks import (
+            check_resume,
+            check_store,
+            refuse_broad,
+            refuse_if_running,
+        )
 
-        check_store(target.provider_name, target.store or "", self.env)
+        url = check_store(target.provider_name, target.store or "", self.env)
+        refuse_broad(url, self.env, allowed=job.allow_broad_node_credentials, log=log)
         refuse_unsupervised(target.provider, target.provider_name)
         check_resume(target.name, target.store or "", job)
         if target.inv is not None:
