@@ -24,6 +24,7 @@ from urllib.parse import parse_qs, urlsplit
 
 import k8s_schemas
 import standin_ws
+from standin_delete import check_preconditions
 from standin_store import KINDS, ApiError, Store, now
 
 TOKEN = "standin-token"  # noqa: S105 - the stand-in's own: the user's kubeconfig
@@ -238,6 +239,7 @@ def _crud(api: ApiServer, method: str, res: str, ns: str, name: str | None,
     if method == "GET":
         return 200, store.get(res, ns, name)
     if method == "DELETE":
+        check_preconditions(res, store.get(res, ns, name), body)
         return 200, api.delete(res, ns, name)
     if method == "PATCH":
         current = store.get(res, ns, name)

@@ -1,0 +1,122 @@
+"""Issue 42: `down` deletes only what the API labels with the cluster AT deletion time. An
+object listed with the label that loses it before its delete is left alone and named, in
+both windows: between the listing and the read that checks it, and between that read and
+the delete (the delete's uid and resourceVersion preconditions: the API refuses with 409,
+the object is read again). An object that only changed otherwise is still deleted."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+from kubernetes import client as kube
+from standin import Standin
+
+from provision.cluster import pipeline
+from provision.cluster.providers.k8s import cleanup
+from provision.model.inventory import Inventory, InventoryStore
+from provision.model.spec import ClusterSpec
+
+SECRET = "c1-login"
+
+
+def _relabel(standin: Standin) -> None:
+    standin.store.update("secrets", "default", SECRET,
+                         lambda o: o["metadata"].update(labels={"team": "other"}))
+
+
+def _down(store: InventoryStore, caplog: pytest.LogCaptureFixture) -> str:
+    with caplog.at_level("INFO", logger="mgpu_cloud"):
+        pipeline.down("c1", store=store, log=lambda m: None)
+    return caplog.text
+
+
+def test_a_label_taken_off_after_the_listing_is_seen(
+        standin: Standin, make_spec: Callable[..., ClusterSpec],
+        up: Callable[[ClusterSpec], Inventory], store: InventoryStore,
+        monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    up(make_spec())
+    listing = cleanup.labelled
+
+    def listed_then_relabelled(*args: Any, **kwargs: Any) -> list[cleanup.Found]:
+        found = listing(*args, **kwargs)
+        if any(f.name == SECRET for f in found):
+            _relabel(standin)  # someone else takes the object over now
+        return found
+
+    monkeypatch.setattr(cleanup, "labelled", listed_then_relabelled)
+    text = _down(store, caplog)
+    assert f"k8s-secret {SECRET} is not labelled mgpu-cloud-cluster=c1: left as it is" in text
+    assert standin.store.get("secrets", "default", SECRET)  # still there
+    assert standin.labelled("c1") == []  # the rest went
+
+
+def test_a_label_taken_off_between_the_check_and_the_delete_is_seen(
+        standin: Standin, make_spec: Callable[..., ClusterSpec],
+        up: Callable[[ClusterSpec], Inventory], store: InventoryStore,
+        monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    up(make_spec())
+    reading = cleanup.read
+    reads: list[str] = []
+
+    def read_then_relabelled(k: Any, kind: str, name: str) -> Any:
+        got = reading(k, kind, name)
+        reads.append(name)
+        if name == SECRET and reads.count(SECRET) == 1:
+            _relabel(standin)  # after the label was checked, before the delete
+        return got
+
+    monkeypatch.setattr(cleanup, "read", read_then_relabelled)
+    text = _down(store, caplog)
+    assert reads.count(SECRET) == 2  # the API refused the delete: read again
+    assert f"k8s-secret {SECRET} is not labelled mgpu-cloud-cluster=c1: left as it is" in text
+    assert standin.store.get("secrets", "default", SECRET)
+    assert standin.labelled("c1") == []
+    refused = [r for r in standin.api.requests if r.method == "DELETE" and SECRET in r.path]
+    assert len(refused) == 1 and refused[0].body["preconditions"]["resourceVersion"]
+
+
+def test_an_object_that_changed_but_kept_its_label_is_deleted(
+        standin: Standin, make_spec: Callable[..., ClusterSpec],
+        up: Callable[[ClusterSpec], Inventory], store: InventoryStore,
+        monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    up(make_spec())
+    reading = cleanup.read
+    touched: list[str] = []
+
+    def read_then_touched(k: Any, kind: str, name: str) -> Any:
+        got = reading(k, kind, name)
+        if name == SECRET and not touched:
+            touched.append(name)  # a new resourceVersion, the label as it was
+            standin.store.update("secrets", "default", SECRET,
+                                 lambda o: o["metadata"].setdefault("annotations", {}).update(
+                                     {"seen": "yes"}))
+        return got
+
+    monkeypatch.setattr(cleanup, "read", read_then_touched)
+    text = _down(store, caplog)
+    assert "left as it is" not in text
+    assert standin.labelled() == [] and touched == [SECRET]
+
+
+def test_the_stand_in_refuses_a_delete_whose_preconditions_fail(
+        standin: Standin, make_spec: Callable[..., ClusterSpec],
+        up: Callable[[ClusterSpec], Inventory]) -> None:
+    """The stand-in is as strict as the API server here (standin_delete.py)."""
+    up(make_spec())
+    from provision.cluster.providers.k8s.client import kube as client_for
+
+    api = client_for("default", None).core  # the stand-in's, through its KUBECONFIG
+    current = api.read_namespaced_secret(SECRET, "default")
+    for wrong in (kube.V1Preconditions(uid="someone-else"),
+                  kube.V1Preconditions(resource_version="1")):
+        with pytest.raises(kube.ApiException) as err:
+            api.delete_namespaced_secret(SECRET, "default",
+                                         body=kube.V1DeleteOptions(preconditions=wrong))
+        assert err.value.status == 409 and "Precondition failed" in str(err.value.body)
+    api.delete_namespaced_secret(SECRET, "default", body=kube.V1DeleteOptions(
+        preconditions=kube.V1Preconditions(uid=current.metadata.uid,
+                                           resource_version=current.metadata.resource_version)))
+    with pytest.raises(kube.ApiException):
+        api.read_namespaced_secret(SECRET, "default")
