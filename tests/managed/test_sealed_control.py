@@ -81,7 +81,10 @@ def _running_job(store: Store, key: bytes, spec: bytes, beat_age: float) -> str:
 # --- spec.json: a take-back hands it to a controller again ---------------------------------
 def test_take_back_refuses_a_forged_or_replayed_spec(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    here, inv, store, key = _managed(tmp_path, monkeypatch)
+    # a provider that makes no controller, and a controller that never answers: code that
+    # let a forged spec through would fail at once, never make anything
+    monkeypatch.setattr("provision.job.managed.takeback.REACH_S", 0.5)
+    here, inv, store, key = _managed(tmp_path, monkeypatch, provider="ssh")
     project = tmp_path / "project"
     project.mkdir()
     (project / "train.py").write_text("pass\n")
@@ -100,7 +103,7 @@ def test_take_back_refuses_a_forged_or_replayed_spec(
             b'"spec c1/9"', f'"spec c1/{job}"'.encode()),
     }
     said: list[str] = []
-    provider = get_provider("docker")
+    provider = get_provider("ssh")
     for why, forged in forgeries.items():
         store.put_bytes(f"c1/jobs/{job}/spec.json", forged)
         # no job at all without its sealed spec: nothing to take back ...
@@ -131,6 +134,12 @@ def test_a_spec_not_sealed_for_its_job_is_no_job(tmp_path: Path,
     assert job_ids(store, "c1", key) == ["1"]
     assert job_ids(store, "c1") == ["1", "2"]  # without the key: listed, acted on by nobody
     assert JobView(store, "c1", "2").spec() == {"script": "a.py"}  # shown as it is
+    store.put_bytes("c1/jobs/3/spec.json", b'{"script": "b.py"}')  # plain, as before sealing
+    assert JobView(store, "c1", "3").spec() == {"script": "b.py"}
+    assert JobView(store, "c1", "3", key).spec() is None
+    for junk in (b"[1]", b"\xff", b'"s"'):
+        store.put_bytes("c1/jobs/4/spec.json", junk)
+        assert JobView(store, "c1", "4").spec() is None
 
 
 # --- the newest job: nothing under CLUSTER/jobs/N+1/ hides job N's end ----------------------
