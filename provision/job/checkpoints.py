@@ -147,7 +147,8 @@ class CheckpointKeeper:
     def _copy(self, group: NodeGroup, node: NodeRecord, files: list[str]) -> None:
         layout = group.layout
         try:
-            fetch_tree(group.connection(node), layout.checkpoints, self.local, files)
+            fetch_tree(group.connection(node), layout.checkpoints, self.local, files,
+                       node=node.name)
         except NodeStepError as exc:
             raise BootstrapError(f"copying checkpoints from {node.name} failed: {exc}") from exc
 

@@ -218,10 +218,10 @@ def _run_to_file_over_real_ssh(name: str, tmp_path: Path) -> None:
         assert res.stderr.endswith(f"{hashlib.sha256(got).hexdigest()}  /tmp/sent\n")
 
         conn.run("mkdir -p d/sub && echo hi > d/sub/a.txt && echo there > d/b.txt")
-        assert fetch_tree(conn, "d", tmp_path / "tree") == 2
+        assert fetch_tree(conn, "d", tmp_path / "tree", node="node-1") == 2
         assert (tmp_path / "tree" / "sub" / "a.txt").read_text() == "hi\n"
         with pytest.raises(NodeStepError, match=r"packing d failed: .*missing\.pt"):
-            fetch_tree(conn, "d", tmp_path / "tree", ["b.txt", "missing.pt"])
+            fetch_tree(conn, "d", tmp_path / "tree", ["b.txt", "missing.pt"], node="node-1")
         left = conn.run("ls -A . ~/.mgpu-cloud").stdout.split()
         assert not [n for n in left if n.endswith(".tgz")], left  # nothing packed to disk
 
