@@ -32,6 +32,7 @@ from provision.model.jobstore import (
     now_iso,
 )
 from provision.model.logsink import Log
+from provision.model.nodetext import read_lines, shown
 from provision.nodes import GroupResult, NodeConnection, NodeGroup, get_file
 
 if TYPE_CHECKING:
@@ -248,9 +249,8 @@ def print_saved_logs(rec: JobRecord, out: TextIO, nodes: list[str] | None = None
         if not path.exists():
             missing.append(name)
             continue
-        with path.open(errors="replace") as fh:
-            for line in fh:
-                out.write(f"[{name}] {line.rstrip(chr(10))}\n")
+        for line in read_lines(path):
+            out.write(f"[{name}] {shown(line)}\n")
     out.flush()
     return missing
 

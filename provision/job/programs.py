@@ -9,6 +9,7 @@ import json
 from typing import Any
 
 from provision.job.launch import run_job
+from provision.model import nodetext
 from provision.model.inventory import Inventory
 from provision.model.logsink import Log
 from provision.model.spec import DEFAULT_MASTER_PORT, JobSpec
@@ -55,7 +56,7 @@ def json_lines(output: str, node: str) -> list[dict[str, Any]]:
     """The JSON objects `node` printed (one per line) in `[node] `-prefixed output."""
     prefix = f"[{node}] {{"
     records: list[dict[str, Any]] = []
-    for line in output.splitlines():
+    for line in nodetext.lines(output):
         if line.startswith(prefix):
             try:
                 value = json.loads(line[len(prefix) - 1:])

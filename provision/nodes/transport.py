@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
+from provision.model import nodetext
 from provision.model.errors import MgpuError
 from provision.model.inventory import Inventory, NodeRecord
 
@@ -40,8 +41,8 @@ class CommandResult:
 
     def tail(self, lines: int = 3) -> str:
         """The last lines of stderr (or stdout), for error messages."""
-        text = (self.stderr or self.stdout).strip().splitlines()[-lines:]
-        return " | ".join(text)
+        text = nodetext.lines((self.stderr or self.stdout).strip())[-lines:]
+        return " | ".join(nodetext.shown(line) for line in text)
 
 
 class Writer(Protocol):

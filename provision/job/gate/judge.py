@@ -39,6 +39,7 @@ from typing import Any
 from provision.job.gate.fabric import UNKNOWN, Transport, transport_of
 from provision.job.gate.words import add_diagnosis, describe
 from provision.job.programs import json_lines
+from provision.model import nodetext
 from provision.model.errors import LaunchError
 from provision.model.gate_record import GateNode, GatePair, GateRecord
 from provision.model.inventory import Inventory
@@ -119,7 +120,7 @@ def split_output(output: str, names: list[str]) -> dict[str, list[str]]:
     """`[node] line` output -> node -> its lines (prefix removed)."""
     prefixes = {f"[{name}] ": name for name in names}
     lines: dict[str, list[str]] = {name: [] for name in names}
-    for line in output.splitlines():
+    for line in nodetext.lines(output):
         head = line[: line.find("] ") + 2] if line.startswith("[") else ""
         name = prefixes.get(head)
         if name is not None:
