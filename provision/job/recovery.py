@@ -25,7 +25,6 @@ Recovery (the loop is provision/job/attached.supervise), at most --max-restarts 
 
 from __future__ import annotations
 
-import json
 import threading
 import time
 from collections import deque
@@ -43,6 +42,7 @@ from provision.model import timeline
 from provision.model.errors import LaunchError, MgpuError
 from provision.model.inventory import Inventory, InventoryStore, NodeRecord, Replacement
 from provision.model.logsink import Log
+from provision.model.nodejson import NodeEvent, Unreadable, read, unreadable
 from provision.model.nodetext import lines, shown
 from provision.model.spec import JobSpec
 from provision.nodes import NodeGroup, background
@@ -121,8 +121,12 @@ class Watcher:
             self.stragglers.feed(node.name, text)
         if text.startswith(EVENT_PREFIX):
             try:
-                event = json.loads(text[len(EVENT_PREFIX):])
-            except json.JSONDecodeError:
+                event = read(NodeEvent, text[len(EVENT_PREFIX):]).fields()
+            except Unreadable as exc:  # said, and the job goes on
+                said = unreadable(node.name, "event", exc)
+                self.log(said)
+                if self.on_event is not None:
+                    self.on_event("unreadable", said, [node.name])
                 return
             if event.get("event") == "preemption":
                 with self.lock:
