@@ -186,3 +186,21 @@ def test_a_supervised_run_goes_on_past_every_hostile_answer(
     assert any(s.startswith("node-0 sent an unreadable event") for s in said), said
     assert any(s.startswith("node-1 sent an unreadable status") for s in said), said
     assert world["cloud"].destroyed == ["c1"]
+
+
+def test_monitor_samples_that_are_not_objects_are_no_samples() -> None:
+    from provision.operations.dashboard.sampling import JsonLines
+    from provision.operations.monitor import _Lines, snapshot
+
+    inv = _inv()
+    fake = FakeConnector()
+    fake.on(r"monitor", node="node-0", stdout='{"cpu_pct": 5.0, "node": "node-9", "rank": 7}\n')
+    fake.on(r"monitor", node="node-1", stdout="[1, 2]\n")  # dict.update raised TypeError
+    rows = snapshot(NodeGroup(inv, connector=fake))
+    assert rows[0] == {"node": "node-0", "rank": 0, "cpu_pct": 5.0}  # not its own name
+    assert rows[1]["node"] == "node-1" and rows[1]["error"].startswith("unreadable sample")
+    for sink_type in (_Lines, JsonLines):
+        got: list[Any] = []
+        sink = sink_type(got.append)
+        sink.write('[]\n{"a": 1}\n"x"\n{' + '"b": "' + "c" * (2 << 20) + '"}\n{"d": 2}\n')
+        assert got == [{"a": 1}, {"d": 2}]
