@@ -122,9 +122,8 @@ class Watcher:
         if text.startswith(EVENT_PREFIX):
             try:
                 event = read(NodeEvent, text[len(EVENT_PREFIX):]).fields()
-            except Unreadable as exc:  # said, and the job goes on
-                said = unreadable(node.name, "event", exc)
-                self.log(said)
+            except Unreadable as exc:  # said (a line, an event), and the job goes on
+                self.log(said := unreadable(node.name, "event", exc))
                 if self.on_event is not None:
                     self.on_event("unreadable", said, [node.name])
                 return
