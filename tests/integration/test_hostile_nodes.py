@@ -215,3 +215,37 @@ def test_a_managed_run_on_its_own_network_tears_it_down_from_inside(
     while time.monotonic() < deadline and _leftovers(name):
         time.sleep(1)  # the controller removes itself last
     assert _leftovers(name) == []
+
+
+LINKING_JOB = r'''
+import os
+if os.environ.get("LOCAL_RANK", "0") == "0":
+    for folder in (os.environ["MGPU_OUTPUT_DIR"], os.environ["MGPU_CHECKPOINT_DIR"]):
+        os.makedirs(os.path.join(folder, "step_1"), exist_ok=True)
+        with open(os.path.join(folder, "step_1", "model.pt"), "w") as fh:
+            fh.write("weights\n")
+        os.symlink("step_1", os.path.join(folder, "latest"))  # a folder's link
+        os.symlink("step_1/model.pt", os.path.join(folder, "last.pt"))  # Lightning's "link"
+        os.link(os.path.join(folder, "step_1", "model.pt"), os.path.join(folder, "hard.pt"))
+print("saved", flush=True)
+'''
+
+
+def test_a_jobs_own_links_arrive_as_the_files_they_point_to(
+        tmp_path: Path, names: list[str]) -> None:
+    """The node's `tar` is asked to dereference (--dereference --hard-dereference): a real
+    GNU tar's archive of a folder holding a symbolic and a hard link passes the extractor,
+    both as plain files."""
+    name = _unique("hl")
+    names.append(name)
+    (tmp_path / "linking.py").write_text(LINKING_JOB)
+    res = cli("run", "--nodes", "2", "--name", name, str(tmp_path / "linking.py"),
+              cwd=tmp_path, timeout=600)
+    assert res.returncode == 0, res.stdout + res.stderr
+    outputs = tmp_path / "mgpu-outputs" / name
+    assert (outputs / "latest" / "model.pt").read_text() == "weights\n"  # the whole folder
+    for folder in (outputs, outputs / "checkpoints"):  # (a checkpoint is kept file by file)
+        for got in ("step_1/model.pt", "last.pt", "hard.pt"):
+            assert (folder / got).read_text() == "weights\n", got
+    links = [p for p in outputs.rglob("*") if p.is_symlink()]
+    assert links == [] and (outputs / "hard.pt").stat().st_nlink == 1
