@@ -156,3 +156,18 @@ def test_each_character_splitlines_breaks_at_stays_inside_its_line(char: str) ->
     out = io.StringIO()
     PrefixWriter("node-2", out, threading.Lock()).write(f"a{char}[controller] forged\n")
     assert len(out.getvalue().splitlines()) == 1 and out.getvalue().startswith("[node-2] ")
+
+
+def test_the_fabric_gates_evidence_and_fixes_quote_node_lines_escaped() -> None:
+    from provision.job.gate.judge import evaluate
+    from provision.model.inventory import Inventory, NodeRecord
+
+    nodes = [NodeRecord(name=f"node-{r}", rank=r, address="x", private_address="x", slots=1)
+             for r in range(2)]
+    inv = Inventory(name="c1", provider="docker", nodes=nodes)
+    out = "".join(f"[node-{r}] NCCL INFO Channel 00/0 : 0[0] -> 1[1] [send] via NET/Socket/0"
+                  f"{ESCAPES}\n[node-{r}] NCCL WARN Connect to 10.0.0.{r}<1234> failed : "
+                  f"Connection refused{FORGED}\n" for r in range(2))
+    record = evaluate(inv, out, 1, mode="separate")
+    shown_text = " ".join([n.evidence for n in record.nodes] + record.fixes)
+    assert record.nodes[0].evidence and not RAW & set(shown_text), shown_text

@@ -166,7 +166,7 @@ def evaluate(inv: Inventory, output: str, code: int, *, mode: str,
     for row in rows.values():
         found = (Transport("socket", "gloo backend: CPU tensors over TCP (no GPU / NCCL)")
                  if backend == "gloo" else transport_of(lines[row.node]))
-        row.transport, row.evidence = found.name, found.evidence[-200:]
+        row.transport, row.evidence = found.name, nodetext.shown(found.evidence[-200:])
     pairs, first_round = _pair_figures([r for r in records if "pair" in r], names)
     verdict = judge(
         finished=code == 0 and summary is not None, peak_gbps=record.busbw_gbps,
