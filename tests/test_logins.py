@@ -52,3 +52,24 @@ def test_a_node_record_with_a_dashed_field_does_not_load(field: str) -> None:
         NodeRecord(**fields)
     fields[field] = GOOD["proxy_jump"][1] if field == "proxy_jump" else "ok-name"
     assert getattr(NodeRecord(**fields), field) == fields[field]
+
+
+@pytest.mark.parametrize(("field", "value", "said"), [
+    ("user", "-x", "user '-x' is not a login name: letters, digits, '_', '.', '-', not "
+                   "starting with '-'"),
+    ("address", "-h", "address '-h' is not a host name or IP address: letters, digits, '_', "
+                      "'.', ':', '-', not starting with '-'"),
+    ("name", "-n", "name '-n' is not a host name or IP address"),
+    ("proxy_jump", "-u@h", "proxy_jump's user '-u' is not a login name"),
+    ("proxy_jump", "u@-h", "proxy_jump's host '-h' is not a host name or IP address"),
+    ("proxy_jump", "u@h:x", "proxy_jump 'u@h:x' is not user@host:port (port: digits)"),
+])
+def test_the_refusal_names_the_field_the_value_the_rule_and_where_to_fix_it(
+        field: str, value: str, said: str) -> None:
+    with pytest.raises(ValueError) as err:
+        checked_login_field(field, value)
+    text = str(err.value)
+    assert text.startswith(said), text
+    if "port" not in said:
+        assert text.endswith("(ssh would read a leading '-' as an option); correct it where "
+                             "it came from (the hosts file, the ssh config, the inventory)")
