@@ -99,3 +99,15 @@ def test_inside_refuses_a_link_to_a_sibling_that_shares_the_prefix(tmp_path: Pat
     assert inside(str(root), "sub/x") == os.path.join(str(root), "sub/x")
     (root / "self").symlink_to(root)  # a link back to the root itself stays inside
     assert inside(str(root), "self") == os.path.join(str(root), "self")
+
+
+def test_long_keys_are_named_by_their_first_80_characters(tmp_path: Path) -> None:
+    assert _refusal("c" * 100 + "\x01") == (f"store key {'c' * 80!r}: absolute, or a backslash "
+                                           "or control character in it")
+    root = tmp_path / "root"
+    root.mkdir()
+    (root / ("l" * 90)).symlink_to(tmp_path)
+    rel = "l" * 90 + "/x"
+    with pytest.raises(UnsafeKey) as err:
+        inside(str(root), rel)
+    assert str(err.value) == f"store key {rel[:80]!r} leads outside {root} (a symbolic link)"

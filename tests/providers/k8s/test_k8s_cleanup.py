@@ -21,6 +21,13 @@ from provision.model.spec import ClusterSpec
 SECRET = "c1-login"
 
 
+@pytest.fixture(autouse=True)
+def _bounded(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`down` waits for the pods to go: a few seconds here, not minutes (a cleanup that
+    deletes nothing fails fast)."""
+    monkeypatch.setattr(cleanup, "GONE_TIMEOUT_S", 5.0)
+
+
 def _relabel(standin: Standin) -> None:
     standin.store.update("secrets", "default", SECRET,
                          lambda o: o["metadata"].update(labels={"team": "other"}))
