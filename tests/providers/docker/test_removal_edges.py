@@ -43,6 +43,7 @@ class ScriptedApi:
                  broken: set[str] | None = None) -> None:
         self.containers, self.networks = dict(containers), dict(networks or {})
         self.broken = broken or set()  # refs whose inspection fails (500)
+        self.unremovable: set[str] = set()  # ids whose removal fails (500)
         self.removed: list[str] = []
         self.inspected: list[str] = []
 
@@ -59,6 +60,8 @@ class ScriptedApi:
         if force is not True:  # the engine: a running container needs force
             raise _error(409, "You cannot remove a running container; stop it first or "
                               "force remove")
+        if cid in self.unremovable:
+            raise _error(500, "driver failed removing the root filesystem")
         self.containers.pop(cid)
         self.removed.append(cid)
 
@@ -84,6 +87,8 @@ def test_a_refusal_names_the_object_its_owner_and_the_cluster() -> None:
     assert refusal("container", found, {CLUSTER_TAG: "other"}, "c1") == (
         "container web (abcdef123456) is labelled mgpu-cloud-cluster=other, not c1's: left "
         "as it is")
+    assert refusal("container", {"Name": "/Xeno", "Id": "x"}, {}, "c1").startswith(
+        "container Xeno (x) has no")  # only the one leading slash goes
     assert refusal("network", {}, {}, "c1") == (
         "network  () has no mgpu-cloud-cluster label, not c1's: left as it is")
     api = ScriptedApi({}, {"n1": {CLUSTER_TAG: "c2"}})
@@ -113,14 +118,20 @@ def test_first_goes_before_the_rest() -> None:
 
 
 def test_one_failure_never_stops_the_others_and_says_what_failed() -> None:
-    bad, good = _id("d"), _id("e")
-    api = ScriptedApi({good: C1}, {"n1": C1, "n2": C1}, broken={bad[:12], "n1"})
-    got = remove_containers(api, "c1", [bad[:12], good[:12]], listed=set())
-    assert got.failures == [f"container {bad[:12]}: the engine is unwell"]
+    bad, good, stuck = _id("d"), _id("e"), _id("f")
+    net = "n1-network-of-a-long-id"
+    api = ScriptedApi({good: C1, stuck: C1}, {net: C1, "n2": C1}, broken={bad, net})
+    api.unremovable = {stuck}
+    got = remove_containers(api, "c1", [bad, good[:12], stuck], listed=set())
+    assert got.failures == [f"container {bad[:12]}: the engine is unwell",
+                            f"container {stuck[:12]}: driver failed removing the root "
+                            "filesystem"]
     assert api.removed == [good] and got.done == [("container", good[:12])]
-    remove_networks(api, "c1", ["n1", "n2"], listed=set(), into=got)
-    assert got.failures[-1] == "network n1: the engine is unwell"
+    remove_networks(api, "c1", [net, "n2"], listed=set(), into=got)
+    assert got.failures[-1] == f"network {net[:12]}: the engine is unwell"
     assert "n2" in api.removed and ("network", "n2") in got.done
+    with pytest.raises(TeardownError, match="^could not remove everything of cluster 'c1'"):
+        got.raise_for("again")
 
 
 def test_a_listed_network_is_not_looked_at_again_and_a_foreign_one_is_refused() -> None:
@@ -144,7 +155,7 @@ def test_only_the_records_named_are_forgotten_and_the_error_says_all() -> None:
     inv = Inventory(name="c1", provider="docker", resources=[
         ResourceRecord(kind="container", id="x"), ResourceRecord(kind="network", id="y"),
         ResourceRecord(kind="container", id="y2"), ResourceRecord(kind="network", id="x2")])
-    out = Removal("c1", done=[("container", "x")],
+    out = Removal("c1", done=[("container", "x"), ("container", "not-in-it")],
                   refused=[("network", "y", "network y is not c1's")],
                   failures=["container z: boom"])
     store = _Forgets()
