@@ -74,6 +74,7 @@ SCOPES: dict[str, Scope] = {
                                      f"{K8S}delete_cluster__mutmut_*"]),
     "nodecreds": Scope(["provision/job/managed/nodecreds.py"],
                        ["tests/managed/test_node_credentials.py",
+                        "tests/managed/test_node_credentials_edges.py",
                         "tests/managed/test_broad_credentials.py"]),
     "dashboard-security": Scope(["provision/operations/dashboard/security.py"],
                                 ["tests/dashboard/test_access.py"]),
