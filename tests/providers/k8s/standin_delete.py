@@ -16,9 +16,17 @@ from typing import Any
 
 from standin_store import ApiError
 
+PROPAGATION = ("Orphan", "Background", "Foreground")  # metav1.DeletionPropagation values
+
 
 def check_preconditions(res: str, obj: dict[str, Any], body: Any) -> None:
-    """ApiError 409 when the DELETE's preconditions do not hold for the stored `obj`."""
+    """ApiError 422 for a propagationPolicy the API does not know (apimachinery's
+    ValidateDeleteOptions: "Unsupported value"), 409 when the DELETE's preconditions do not
+    hold for the stored `obj`."""
+    policy = body.get("propagationPolicy") if isinstance(body, dict) else None
+    if policy is not None and policy not in PROPAGATION:
+        raise ApiError(422, "Invalid", f'propagationPolicy: Unsupported value: "{policy}": '
+                       "supported values: " + ", ".join(f'"{p}"' for p in PROPAGATION))
     wanted = (body.get("preconditions") or {}) if isinstance(body, dict) else {}
     meta = obj.get("metadata") or {}
     plural = res.split("/")[-1]

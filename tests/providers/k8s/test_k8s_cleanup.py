@@ -15,6 +15,7 @@ from standin import Standin
 
 from provision.cluster import pipeline
 from provision.cluster.providers.k8s import cleanup
+from provision.model.errors import TeardownError
 from provision.model.inventory import Inventory, InventoryStore
 from provision.model.spec import ClusterSpec
 
@@ -127,3 +128,61 @@ def test_the_stand_in_refuses_a_delete_whose_preconditions_fail(
                                            resource_version=current.metadata.resource_version)))
     with pytest.raises(kube.ApiException):
         api.read_namespaced_secret(SECRET, "default")
+
+
+JOBSETS = "jobset.x-k8s.io/v1alpha2/jobsets"
+
+
+def test_a_jobset_that_loses_its_label_between_the_check_and_the_delete_stays(
+        standin: Standin, make_spec: Callable[..., ClusterSpec],
+        up: Callable[[ClusterSpec], Inventory], store: InventoryStore,
+        monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    up(make_spec(k8s={"api": "jobset"}))
+    [name] = [o["metadata"]["name"] for o in standin.store.list(JOBSETS, "default", "")]
+    reading = cleanup.read
+
+    def read_then_relabelled(k: Any, kind: str, obj: str) -> Any:
+        got = reading(k, kind, obj)
+        if kind == "k8s-jobset" and got is not None and got[1]:
+            standin.store.update(JOBSETS, "default", name,
+                                 lambda o: o["metadata"].update(labels={"team": "other"}))
+        return got
+
+    monkeypatch.setattr(cleanup, "read", read_then_relabelled)
+    with pytest.raises(TeardownError) as err:  # its pods come back while it stays
+        _down(store, caplog)
+    assert f"k8s-jobset {name} is not labelled mgpu-cloud-cluster=c1: left as it is" in \
+        err.value.message
+    assert standin.store.get(JOBSETS, "default", name)
+
+
+def test_an_object_gone_between_the_check_and_the_delete_is_done(
+        standin: Standin, make_spec: Callable[..., ClusterSpec],
+        up: Callable[[ClusterSpec], Inventory], store: InventoryStore,
+        monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    up(make_spec())
+    reading = cleanup.read
+
+    def read_then_gone(k: Any, kind: str, name: str) -> Any:
+        got = reading(k, kind, name)
+        if name == SECRET and got is not None:
+            standin.store.remove("secrets", "default", SECRET)  # someone else deleted it
+        return got
+
+    monkeypatch.setattr(cleanup, "read", read_then_gone)
+    text = _down(store, caplog)  # no failure: gone is what down wanted
+    assert "HTTP 404" not in text and "left as it is" not in text
+    assert standin.labelled() == []
+
+
+def test_the_stand_in_refuses_an_unknown_propagation_policy(
+        standin: Standin, make_spec: Callable[..., ClusterSpec],
+        up: Callable[[ClusterSpec], Inventory]) -> None:
+    from provision.cluster.providers.k8s.client import kube as client_for
+
+    up(make_spec())
+    api = client_for("default", None).core
+    with pytest.raises(kube.ApiException) as err:
+        api.delete_namespaced_secret(SECRET, "default", body=kube.V1DeleteOptions(
+            propagation_policy="background"))
+    assert err.value.status == 422 and "Unsupported value" in str(err.value.body)
