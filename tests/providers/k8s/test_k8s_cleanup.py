@@ -186,3 +186,62 @@ def test_the_stand_in_refuses_an_unknown_propagation_policy(
         api.delete_namespaced_secret(SECRET, "default", body=kube.V1DeleteOptions(
             propagation_policy="background"))
     assert err.value.status == 422 and "Unsupported value" in str(err.value.body)
+
+
+def test_down_of_one_cluster_reads_only_its_own_objects(
+        standin: Standin, make_spec: Callable[..., ClusterSpec],
+        up: Callable[[ClusterSpec], Inventory], store: InventoryStore,
+        caplog: pytest.LogCaptureFixture) -> None:
+    up(make_spec(name="c2"))
+    theirs = sorted(standin.labelled("c2"))
+    up(make_spec())
+    text = _down(store, caplog)
+    assert "left as it is" not in text  # c2's objects were never even candidates
+    assert sorted(standin.labelled("c2")) == theirs and standin.labelled("c1") == []
+
+
+def test_a_recorded_object_without_the_label_is_refused_by_kind_and_name(
+        standin: Standin, make_spec: Callable[..., ClusterSpec],
+        up: Callable[[ClusterSpec], Inventory], store: InventoryStore,
+        caplog: pytest.LogCaptureFixture) -> None:
+    up(make_spec())
+    _relabel(standin)  # before the listing: only the inventory still names it
+    text = _down(store, caplog)
+    assert f"k8s-secret {SECRET} is not labelled mgpu-cloud-cluster=c1: left as it is" in text
+    assert standin.store.get("secrets", "default", SECRET)
+
+
+def test_a_delete_that_fails_is_named_with_what_the_api_said(
+        standin: Standin, make_spec: Callable[..., ClusterSpec],
+        up: Callable[[ClusterSpec], Inventory], store: InventoryStore) -> None:
+    from standin_store import ApiError
+
+    up(make_spec())
+    standin.api.faults.append(("DELETE", f"/secrets/{SECRET}",
+                               ApiError(500, "InternalError", "etcd is unwell")))
+    with pytest.raises(TeardownError) as err:
+        pipeline.down("c1", store=store, log=lambda m: None)
+    assert f"k8s-secret {SECRET}: HTTP 500 InternalError etcd is unwell" in err.value.message
+
+
+def test_an_object_that_changes_under_every_delete_is_named(
+        standin: Standin, make_spec: Callable[..., ClusterSpec],
+        up: Callable[[ClusterSpec], Inventory], store: InventoryStore,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    up(make_spec())
+    reading = cleanup.read
+
+    def read_then_touched(k: Any, kind: str, name: str) -> Any:
+        got = reading(k, kind, name)
+        if name == SECRET:  # a new resourceVersion after every read
+            standin.store.update("secrets", "default", SECRET,
+                                 lambda o: o["metadata"].setdefault("annotations", {}).update(
+                                     {"n": str(len(o["metadata"]["annotations"]))}))
+        return got
+
+    monkeypatch.setattr(cleanup, "read", read_then_touched)
+    with pytest.raises(TeardownError) as err:
+        pipeline.down("c1", store=store, log=lambda m: None)
+    assert (f"k8s-secret {SECRET}: k8s-secret {SECRET} changed under every one of "
+            f"{cleanup.ATTEMPTS} deletes") in err.value.message
+    assert standin.store.get("secrets", "default", SECRET)
