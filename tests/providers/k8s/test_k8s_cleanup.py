@@ -245,3 +245,25 @@ def test_an_object_that_changes_under_every_delete_is_named(
     assert (f"k8s-secret {SECRET}: k8s-secret {SECRET} changed under every one of "
             f"{cleanup.ATTEMPTS} deletes") in err.value.message
     assert standin.store.get("secrets", "default", SECRET)
+
+
+def test_every_delete_sent_names_the_object_read_and_how_its_dependents_go(
+        standin: Standin, make_spec: Callable[..., ClusterSpec],
+        up: Callable[[ClusterSpec], Inventory], store: InventoryStore) -> None:
+    """What `down` SENDS: each DELETE carries the uid and resourceVersion it read as
+    preconditions; a JobSet goes in the foreground (its pods before it), the rest in the
+    background."""
+    up(make_spec(k8s={"api": "jobset"}))
+    uids = {o["metadata"]["name"]: o["metadata"]["uid"]
+            for res in (JOBSETS, "secrets", "services", "pods")
+            for o in standin.store.list(res, "default", "mgpu-cloud-cluster=c1")}
+    pipeline.down("c1", store=store, log=lambda m: None)
+    sent = [r for r in standin.api.requests if r.method == "DELETE" and r.who == "user"]
+    assert sent and standin.labelled("c1") == []
+    for r in sent:
+        name = r.path.rsplit("/", 1)[-1]
+        assert r.body["preconditions"]["uid"] == uids[name], r
+        assert r.body["preconditions"]["resourceVersion"], r
+        assert r.body["propagationPolicy"] == (
+            "Foreground" if "/jobsets/" in r.path else "Background"), r
+    assert any("/jobsets/" in r.path for r in sent) and any("/secrets/" in r.path for r in sent)
