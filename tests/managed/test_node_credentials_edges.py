@@ -149,3 +149,11 @@ def test_why_keys_cannot_be_narrowed_is_said_exactly() -> None:
     assert broad(URL, {"AWS_ACCESS_KEY_ID": "A", "AWS_SESSION_TOKEN": "t"}) == (
         "this shell's AWS keys are temporary (a session token) and no MGPU_STORE_ROLE_ARN "
         "names a role to narrow them with")
+
+
+def test_an_expiry_with_its_own_offset_keeps_it() -> None:
+    paris = dt.timezone(dt.timedelta(hours=2))
+    sts = ScriptedSts(expires=dt.datetime(2031, 1, 2, 5, 4, 5, tzinfo=paris))
+    got = NodeCredentials(URL, {"AWS_ACCESS_KEY_ID": "AKIA", "AWS_SECRET_ACCESS_KEY": "s"},
+                          write=["w"], sts=sts)()
+    assert got["MGPU_STORE_EXPIRES"] == "2031-01-02T05:04:05+02:00"
