@@ -79,3 +79,14 @@ def test_a_description_mark_and_nothing_else() -> None:
     assert teardown.description_owner("mgpu-cloud-cluster=") is None
     assert teardown.description_owner("mgpu-cloud-cluster= c1") is not None
     assert teardown.description_owner("made by hand mgpu-cloud-cluster=c1") is None
+
+
+def test_a_record_without_its_project_is_read_in_the_clients_and_an_unknown_kind_refused(
+        fake: FakeCompute) -> None:
+    clients = build_clients(PROJECT)
+    _described(fake, PROJECT, MARK)
+    bare = ResourceRecord(kind="firewall", id=f"projects/{PROJECT}/global/firewalls/fw",
+                          name="fw")  # an older inventory's record: no project in `extra`
+    assert teardown.owner(clients, bare) == (True, "c1")
+    with pytest.raises(TeardownError, match="bucket"):
+        teardown.owner(clients, ResourceRecord(kind="bucket", id="b", name="b"))
