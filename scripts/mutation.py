@@ -82,9 +82,10 @@ SCOPES: dict[str, Scope] = {
     # process, where mutmut sees no test reach the module
     "dashboard-security": Scope(["provision/operations/dashboard/security.py"],
                                 ["tests/dashboard/test_web.py",
-                                 "tests/dashboard/test_cookie_scope.py"],
+                                 "tests/dashboard/test_cookie_scope.py",
+                                 "tests/dashboard/test_security_edges.py"],
                                 select="token or origin or loopback or buttons or cookie "
-                                         "or redirect or site or removed"),
+                                       "or redirect or site or removed or head"),
 }
 RESULT = re.compile(r"^\s*(\S+): (.+)$")
 
