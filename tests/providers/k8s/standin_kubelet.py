@@ -60,10 +60,15 @@ class Kubelet:
     def _loop(self) -> None:
         while not self._stop.is_set():
             kind, res, pod = self._events.get()
-            if res != "pods" or kind == "DELETED":
+            if res != "pods":
                 continue
             meta, spec = pod["metadata"], pod["spec"]
             if spec.get("nodeName") in self.lost:
+                continue
+            if kind == "DELETED":  # housekeeping: what is left of a pod removed at once
+                if meta["uid"] not in self._terminating:
+                    threading.Thread(target=self.stop_pod, args=(pod, MIN_GRACE_S),
+                                     daemon=True).start()
                 continue
             if meta.get("deletionTimestamp"):
                 if meta["uid"] not in self._terminating:
