@@ -245,3 +245,14 @@ def test_portforward_carries_bytes_both_ways(standin: Standin) -> None:
         sock.recv(1)
     sock.close()
     listener.close()
+
+
+def test_the_docs_say_the_pod_security_level_each_preset_needs() -> None:
+    import re
+
+    text = (Path(__file__).resolve().parents[3] / "docs" / "kubernetes.md").read_text()
+    table = text.split("| preset | Pod Security level it needs |")[1].split("\n\n")[0]
+    said = {name.strip(): level for names, level in re.findall(r"^\| ([^|]+) \| (\w+) \|$",
+                                                               table, re.M)
+            for name in names.split(",")}
+    assert said == POD_SECURITY
