@@ -18,6 +18,10 @@ class Standin:
                  groups: tuple[str, ...] = ("jobset.x-k8s.io", "kueue.x-k8s.io")) -> None:
         self.api = ApiServer(groups)
         self.sid = uuid.uuid4().hex[:8]
+        if docker:  # pods reach the API over HTTPS at this machine's docker0 address
+            from storekit import container_reachable_host
+
+            self.api.serve_pods(container_reachable_host())
         self.kubelet: Any = (DockerKubelet(self.api, f"mgpu-k8s-{self.sid}", self.sid) if docker
                              else NoopKubelet(self.api))
         self.jobsets = JobSetController(self.api)

@@ -2,14 +2,19 @@
 what the k8s provider uses, nothing more.
 
     GET  /version /api /apis                         discovery (JobSet/Kueue groups optional)
-    core v1: namespaces/NS/{pods,services,secrets}[/NAME]   create get list watch patch delete
+    core v1: namespaces/NS/{pods,services,secrets,serviceaccounts}[/NAME]
+                                                     create get list watch patch delete
              namespaces/NS/pods/NAME/log             the kubelet's container log
              namespaces/NS/pods/NAME/portforward     websocket (standin_ws.py) to the pod's port
-    apis/GROUP/VERSION/namespaces/NS/PLURAL[/NAME]   jobsets, workloads, localqueues
+    apis/GROUP/VERSION/namespaces/NS/PLURAL[/NAME]   jobsets, workloads, localqueues; roles,
+                                                     rolebindings (rbac.authorization.k8s.io)
 
 Every create and patch the client sends is judged by the official schemas (k8s_schemas.py):
 a broken manifest gets 422 Invalid and is kept in `violations` (tests fail on any). Every
-request is recorded in `requests`. A bearer token is required (the kubeconfig's).
+request is recorded in `requests`. A bearer token is required: the kubeconfig's, or a
+ServiceAccount's a pod got (standin_incluster.py: HTTPS for pods, RBAC, the ServiceAccount
+admission). A DELETE's preconditions.uid is checked (409 Conflict when the name holds
+another object: apimachinery registry/generic/registry/store.go).
 """
 
 from __future__ import annotations
@@ -24,6 +29,7 @@ from urllib.parse import parse_qs, urlsplit
 
 import k8s_schemas
 import standin_ws
+from standin_incluster import InCluster
 from standin_store import KINDS, ApiError, Store, now
 
 TOKEN = "standin-token"  # noqa: S105 - the stand-in's own: the user's kubeconfig
@@ -63,6 +69,7 @@ class ApiServer:
         self.kubelet: Any = None  # pod address, logs, termination (standin_kubelet.py)
         self.faults: list[tuple[str, str, ApiError]] = []  # (method, path part, error)
         self.store.create("namespaces", "", {"metadata": {"name": "default"}})
+        self.incluster = InCluster(self)
         self._server = ThreadingHTTPServer(("127.0.0.1", 0), _handler(self))
         self._server.daemon_threads = True
         self.url = f"http://127.0.0.1:{self._server.server_address[1]}"
@@ -73,6 +80,15 @@ class ApiServer:
     def stop(self) -> None:
         self._server.shutdown()
         self._server.server_close()
+        self.incluster.stop()
+
+    def serve_pods(self, host: str) -> None:
+        """The same API over HTTPS on `host`, for processes in pods (their ServiceAccount)."""
+        self.incluster.serve_tls(host, _handler(self))
+
+    def identify(self, auth: str | None) -> str | None:
+        who = {f"Bearer {TOKEN}": "user", f"Bearer {KUEUE_TOKEN}": "kueue"}.get(auth or "")
+        return who or self.incluster.identify(auth or "")
 
     def kubeconfig(self, path: Path, context: str = "standin") -> Path:
         import yaml
@@ -94,8 +110,12 @@ class ApiServer:
             self.violations += found
             raise ApiError(422, "Invalid", f"{obj.get('kind')} is invalid: " + "; ".join(found))
 
-    def delete(self, res: str, ns: str, name: str) -> dict[str, Any]:
+    def delete(self, res: str, ns: str, name: str, options: Any = None) -> dict[str, Any]:
         obj = self.store.get(res, ns, name)
+        uid = ((options or {}).get("preconditions") or {}).get("uid")
+        if uid and uid != obj["metadata"]["uid"]:
+            raise ApiError(409, "Conflict", f"Precondition failed: UID in precondition: {uid}, "
+                                            f"UID in object meta: {obj['metadata']['uid']}")
         if res == "pods" and obj["spec"].get("nodeName") and self.kubelet is not None:
             if not obj["metadata"].get("deletionTimestamp"):
                 self.store.update(res, ns, name, lambda o: o["metadata"].update(
@@ -156,12 +176,12 @@ def _handler(api: ApiServer) -> type[BaseHTTPRequestHandler]:
             url = urlsplit(self.path)
             query = {k: v[-1] for k, v in parse_qs(url.query).items()}
             body = self._body() if method in ("POST", "PATCH", "PUT", "DELETE") else None
-            auth = self.headers.get("Authorization")
-            who = {f"Bearer {TOKEN}": "user", f"Bearer {KUEUE_TOKEN}": "kueue"}.get(auth or "")
+            who = api.identify(self.headers.get("Authorization"))
             api.requests.append(Seen(method, url.path, body, query, who or "nobody"))
             try:
                 if who is None:
                     raise ApiError(401, "Unauthorized", "Unauthorized")
+                api.incluster.authorize(who, method, url.path, query, body)
                 for m, part, error in api.faults:  # injected by a test
                     if m == method and part in url.path:
                         raise error
@@ -226,6 +246,8 @@ def _crud(api: ApiServer, method: str, res: str, ns: str, name: str | None,
     store = api.store
     if method == "POST" and name is None:
         api.judge(body)
+        if res == "pods":
+            api.incluster.admit_pod(ns, body)
         return 201, store.create(res, ns, body)
     if method == "GET" and name is None:
         api_version, kind = KINDS[res]
@@ -238,7 +260,7 @@ def _crud(api: ApiServer, method: str, res: str, ns: str, name: str | None,
     if method == "GET":
         return 200, store.get(res, ns, name)
     if method == "DELETE":
-        return 200, api.delete(res, ns, name)
+        return 200, api.delete(res, ns, name, body)
     if method == "PATCH":
         current = store.get(res, ns, name)
         if isinstance(body, list):

@@ -4,8 +4,10 @@ report its phase through the store, as a kubelet does through the API.
     NoopKubelet    pods are Running at once with an invented IP; nothing runs (unit tests)
     DockerKubelet  each pod is a container of its image on this machine's engine, on one
                    bridge network whose DNS aliases stand in for the headless Service's
-                   records (HOST.SUBDOMAIN[.NS.svc.cluster.local]); secret volumes are copied
-                   in before start, a Memory emptyDir at /dev/shm is the container's shm; a
+                   records (HOST.SUBDOMAIN[.NS.svc.cluster.local]); secret volumes and a
+                   ServiceAccount token (standin_incluster.py) are copied in before start,
+                   KUBERNETES_SERVICE_HOST/PORT set; a Memory emptyDir at /dev/shm is the
+                   container's shm; a
                    container that exits or disappears makes its pod Failed (Succeeded on 0);
                    activeDeadlineSeconds is enforced; pods/log is `docker logs`.
 """
@@ -140,6 +142,7 @@ class DockerKubelet(Kubelet):
         for vol in spec.get("volumes", []):
             if "secret" in vol:
                 self._copy_secret(cid, pod, vol)
+        self.api.incluster.project(self.docker, cid, pod)  # its ServiceAccount's token
         self.docker.start(cid)
         self.pods[meta["uid"]] = pod
         self.containers[meta["uid"]] = cid  # watched from now on (not before it started)
@@ -162,7 +165,8 @@ class DockerKubelet(Kubelet):
         return str(self.docker.create_container(
             c["image"], command=[*c.get("command", []), *c.get("args", [])],
             name=f"k8s-{ns}-{meta['name']}", hostname=host,
-            environment={e["name"]: e.get("value", "") for e in c.get("env", [])},
+            environment={**self.api.incluster.env(),
+                         **{e["name"]: e.get("value", "") for e in c.get("env", [])}},
             labels={STANDIN_LABEL: self.sid, "mgpu-k8s-pod": f"{ns}.{meta['name']}"},
             host_config=hc, networking_config=net, detach=True)["Id"])
 

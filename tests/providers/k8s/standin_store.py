@@ -20,7 +20,10 @@ from collections.abc import Callable
 from typing import Any
 
 KINDS = {"pods": ("v1", "Pod"), "services": ("v1", "Service"), "secrets": ("v1", "Secret"),
-         "namespaces": ("v1", "Namespace"),
+         "namespaces": ("v1", "Namespace"), "serviceaccounts": ("v1", "ServiceAccount"),
+         "rbac.authorization.k8s.io/v1/roles": ("rbac.authorization.k8s.io/v1", "Role"),
+         "rbac.authorization.k8s.io/v1/rolebindings": ("rbac.authorization.k8s.io/v1",
+                                                       "RoleBinding"),
          "jobset.x-k8s.io/v1alpha2/jobsets": ("jobset.x-k8s.io/v1alpha2", "JobSet"),
          "kueue.x-k8s.io/v1beta1/workloads": ("kueue.x-k8s.io/v1beta1", "Workload"),
          "kueue.x-k8s.io/v1beta1/localqueues": ("kueue.x-k8s.io/v1beta1", "LocalQueue")}

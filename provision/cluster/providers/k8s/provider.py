@@ -10,6 +10,8 @@ reached over SSH to their sshd through the API server's port-forward (transport.
     destroy  every labelled object (cleanup.py), then until no labelled pod is left
     replace  a lost pod alone: JobSet: the Job controller makes the new pod at that index
              (the old one deleted if still there); plain pods: the pod made again
+    controller  managed runs' controller pod with its own ServiceAccount and Role
+             (controller.py); it removes the cluster from inside, its own pod last
 """
 
 from __future__ import annotations
@@ -19,7 +21,8 @@ import time
 from contextlib import AbstractContextManager
 from typing import Any
 
-from provision.cluster.providers.contract import Recoverable
+from provision.cluster.providers.contract import Recoverable, Supervising
+from provision.cluster.providers.k8s import controller as ctl
 from provision.cluster.providers.k8s.cleanup import (
     KINDS,
     core_call,
@@ -38,7 +41,7 @@ from provision.cluster.providers.k8s.client import (
     served_groups,
 )
 from provision.cluster.providers.k8s.fabric import GPU_NICS
-from provision.cluster.providers.k8s.manifests import cluster_manifests, plain_pod
+from provision.cluster.providers.k8s.manifests import cluster_manifests, hostname, plain_pod
 from provision.cluster.providers.k8s.options import K8sOptions
 from provision.cluster.providers.k8s.plan import K8sPlan, build_plan
 from provision.cluster.providers.k8s.pods import selector, wait_admitted, wait_running
@@ -69,7 +72,7 @@ def _say(msg: str) -> None:
     log.info(msg)
 
 
-class K8sProvider(Recoverable[K8sPlan]):
+class K8sProvider(Recoverable[K8sPlan], Supervising[K8sPlan]):
     name = "k8s"
 
     def plan_class(self) -> type[K8sPlan]:
@@ -129,12 +132,13 @@ class K8sProvider(Recoverable[K8sPlan]):
         req = _request(inv)
         k = kube(req.namespace, req.context)
         try:
-            pod = k.core.read_namespaced_pod(node.address, req.namespace)
+            pod = _pod_of(k, inv.name, node)
         except Exception as exc:
             if is_not_found(exc):
                 return False
             raise
-        return bool(pod.metadata.uid == node.resource_id and pod.status is not None
+        return bool(pod is not None and pod.metadata.uid == node.resource_id
+                    and pod.status is not None
                     and pod.status.phase == "Running" and pod.metadata.deletion_timestamp is None)
 
     def _replace(self, inv: Inventory, store: InventoryStore, node: NodeRecord) -> NodeRecord:
@@ -149,9 +153,11 @@ class K8sProvider(Recoverable[K8sPlan]):
         timeout = _opts(inv.spec).ready_timeout_s if inv.spec else 600.0
         if inv.spec is not None and inv.spec.max_hours:
             timeout = min(timeout, max(1, remaining_seconds(inv, inv.spec.max_hours)))
-        delete_if_labelled(k, "k8s-pod", node.address, req.cluster)
+        name = _pod_name(k, req, node)
+        if name:
+            delete_if_labelled(k, "k8s-pod", name, req.cluster)
         if req.mode == "pods":
-            _wait_name_free(k, node.address)
+            _wait_name_free(k, hostname(req.cluster, node.rank))
             store.forget(inv, "k8s-pod", old)
             _record(inv, store, req, create_object(k, plain_pod(req, node.rank)))
         pod = wait_running(k, req.cluster, {node.rank}, timeout, _say,
@@ -161,12 +167,53 @@ class K8sProvider(Recoverable[K8sPlan]):
         store.save(inv)
         return new
 
+    # --- the controller (managed runs) -------------------------------------------------------
+    def _create_controller(self, inv: Inventory, store: InventoryStore) -> NodeRecord:
+        from provision.cluster.providers.lifetime import remaining_seconds
+        from provision.model.keys import ensure_controller_key, generate_ed25519, host_key_only
+
+        req = _request(inv)
+        k = kube(req.namespace, req.context)
+        host = generate_ed25519("controller")
+        _, public_key = ensure_controller_key(store.keys_dir(inv.name))
+        deadline = (max(1, int(remaining_seconds(inv, inv.spec.max_hours)))
+                    if inv.spec is not None and inv.spec.max_hours else None)
+
+        def made(manifest: dict[str, Any]) -> dict[str, Any]:
+            created = create_object(k, manifest)
+            _record(inv, store, req, created, role="controller")
+            return created
+
+        found = ctl.create(k, req, deadline, host.private_openssh, public_key, made,
+                           _opts(inv.spec).ready_timeout_s, _say)
+        return ctl.node_record(found, host_key_only(host.public_openssh))
+
+    def _teardown_from_controller(self, inv: Inventory, store: InventoryStore) -> None:
+        req = _request(inv)
+        ctl.teardown_from_inside(kube(req.namespace, req.context), inv,
+                                 lambda kind, uid: store.forget(inv, kind, uid))
+
+    def _remove_controller_from_inside(self, inv: Inventory) -> None:
+        req = _request(inv)
+        ctl.remove_self(kube(req.namespace, req.context), inv)
+
+    def _remove_lost_controller(self, inv: Inventory, store: InventoryStore) -> None:
+        """Its pod (and login Secret) deleted, label-checked, and forgotten; its identity
+        stays for the next one."""
+        req = _request(inv)
+        k = kube(req.namespace, req.context)
+        for r in list(inv.resources):
+            if r.extra.get("role") == "controller" and r.kind in ("k8s-pod", "k8s-secret"):
+                delete_if_labelled(k, r.kind, r.name or "", inv.name)
+                store.forget(inv, r.kind, r.id)
+
     # --- teardown ---------------------------------------------------------------------------
     def _destroy(self, inv: Inventory, store: InventoryStore) -> None:
         if inv.spec is None or not isinstance(getattr(inv.spec, "k8s", None), K8sOptions):
             raise TeardownError(f"cluster {inv.name!r}: its inventory has no k8s options")
         opts = _opts(inv.spec)
         k = kube(opts.namespace, opts.context)
+        _remove_controller_first(k, inv.name)
         recorded = [(r.kind, r.name or "") for r in inv.resources if r.kind in KINDS]
         groups = _groups_or_none(k)
         out = delete_cluster(k, inv.name, recorded, groups)
@@ -222,12 +269,42 @@ def _groups_or_none(k: Kube) -> set[str] | None:
         return None
 
 
-def _record(inv: Inventory, store: InventoryStore, req: K8sRequest, created: dict[str, Any]
-            ) -> None:
+def _record(inv: Inventory, store: InventoryStore, req: K8sRequest, created: dict[str, Any],
+            role: str | None = None) -> None:
     meta = created["metadata"]
     kind = "k8s-" + created["kind"].lower()
-    store.record(inv, ResourceRecord(kind=kind, id=meta["uid"], name=meta["name"],
-                                     extra={"namespace": req.namespace, "mode": req.mode}))
+    extra = {"namespace": req.namespace, "mode": req.mode, **({"role": role} if role else {})}
+    store.record(inv, ResourceRecord(kind=kind, id=meta["uid"], name=meta["name"], extra=extra))
+
+
+def _pod_of(k: Kube, cluster: str, node: NodeRecord) -> Any:
+    """The node's pod by its name; seen from inside (the controller's view: its address is
+    its pod IP, supervisor.inside_view) among the cluster's pods by uid. None: gone."""
+    if node.address != node.private_address:
+        return k.core.read_namespaced_pod(node.address, k.namespace)
+    found = k.core.list_namespaced_pod(k.namespace, label_selector=selector(cluster)).items
+    return next((p for p in found if p.metadata.uid == node.resource_id), None)
+
+
+def _pod_name(k: Kube, req: K8sRequest, node: NodeRecord) -> str | None:
+    """The name of the node's pod (None: gone): its address, or from inside the cluster
+    (plain pods are named by rank; a JobSet's pod is looked up by uid)."""
+    if node.address != node.private_address:
+        return node.address
+    if req.mode == "pods":
+        return hostname(req.cluster, node.rank)
+    found = _pod_of(k, req.cluster, node)
+    return found.metadata.name if found is not None else None
+
+
+def _remove_controller_first(k: Kube, cluster: str) -> None:
+    """`down`: the controller pod goes before the nodes, so it replaces none of them while
+    they go (only what the API labels as the cluster's controller)."""
+    found = k.core.list_namespaced_pod(k.namespace, label_selector=ctl.selector(cluster)).items
+    for p in found:
+        delete_if_labelled(k, "k8s-pod", p.metadata.name, cluster)
+    for p in found:
+        _wait_name_free(k, p.metadata.name)
 
 
 def create_object(k: Kube, manifest: dict[str, Any]) -> dict[str, Any]:
