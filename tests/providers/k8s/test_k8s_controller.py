@@ -192,3 +192,25 @@ def test_from_inside_it_replaces_a_pod_and_removes_the_cluster_then_itself(
     monkeypatch.setenv("KUBECONFIG", user_kubeconfig)  # the user's next `down` ends it
     pipeline.down("c1", store=store, log=lambda m: None)
     assert standin.labelled("c1") == []
+
+
+def test_a_lost_controller_is_made_again_with_the_same_identity(
+        standin: Standin, managed: Callable[..., Inventory], store: InventoryStore) -> None:
+    """Issue 36's take-back on k8s: the provider is sure the old pod is gone (Failed), deletes
+    it and its login Secret, and makes a new pod under the ServiceAccount already there."""
+    inv = managed()
+    prov = get_provider("k8s")
+    old = inv.controller
+    assert old is not None and prov.node_alive(inv, old)  # type: ignore[attr-defined]
+    standin.kubelet.ended(standin.store.get("pods", "default", old.address), 137, "Error")
+    assert not prov.node_alive(inv, old)  # type: ignore[attr-defined]
+    sa = standin.store.get("serviceaccounts", "default", "c1-controller")["metadata"]["uid"]
+    new = prov.remake_controller(inv, store)  # type: ignore[attr-defined]
+    assert new.resource_id != old.resource_id and new.host_key != old.host_key
+    assert standin.store.get("serviceaccounts", "default", "c1-controller")["metadata"][
+        "uid"] == sa
+    mine = sorted((r.kind, r.id) for r in inv.resources if r.extra.get("role") == "controller"
+                  and r.kind == "k8s-pod")
+    assert mine == [("k8s-pod", new.resource_id)]  # the lost pod forgotten
+    pipeline.down("c1", store=store, log=lambda m: None)
+    assert standin.labelled("c1") == []

@@ -16,6 +16,7 @@ INFO = ProviderInfo(
     # Quota in a shared cluster, not dollars this tool could show (like slurm).
     costs_money=False,
     connector="provision.cluster.providers.k8s.transport:connector",
+    proxy="provision.cluster.providers.k8s.relay:proxy_argv",
     # PID 1 of a pod is its start shell: TERM ends the pod Succeeded (manifests.START), its
     # index complete; it stops holding the namespace's quota.
     self_stop="kill -TERM 1",

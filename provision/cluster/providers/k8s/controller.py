@@ -174,11 +174,11 @@ def create(k: Kube, req: K8sRequest, deadline_s: int | None, host_key: str,
 
 def _create_or_keep(k: Kube, req: K8sRequest, manifest: dict[str, Any],
                     made: Callable[[dict[str, Any]], dict[str, Any]]) -> None:
-    from provision.model.errors import ClusterExistsError
-
     try:
         made(manifest)
-    except ClusterExistsError:
+    except Exception as exc:
+        if status_of(exc)[0] != 409:
+            raise
         kind = "k8s-" + manifest["kind"].lower()
         labels = _labels(core_call(k, "read", kind)(controller_name(req.cluster), k.namespace))
         if labels.get(CLUSTER_TAG) != req.cluster:
