@@ -150,8 +150,8 @@ def test_a_killed_pod_is_replaced_alone_and_the_run_resumes(standin: Standin,
     lost = next(p for p in pods
                 if p["metadata"]["labels"]["batch.kubernetes.io/job-completion-index"] == "1")
     kept = next(p for p in pods if p is not lost)
-    subprocess.run(["docker", "kill", f"k8s-default-{lost['metadata']['name']}"], check=True,
-                   capture_output=True)
+    subprocess.run(["docker", "kill", standin.kubelet.container_name(
+        "default", lost["metadata"]["name"])], check=True, capture_output=True)
     code = run.finish()
     out = run.output
     assert code == 0, out
