@@ -11,6 +11,8 @@ over time, phase by phase, so its buckets sum to the run's node-seconds by const
       redone        training seconds a failure threw away: from the restored step's save to
                     the failure (they are done again after the restart)
     recovery      a failure seen -> the job running again (replace, bootstrap, restore)
+      queued        recovery seconds spent waiting for a queue to admit the run again (Kueue
+                    preempted or evicted it: timeline phases "queued")
     idle          everything else: waiting, collecting outputs, teardown
 
 `advice` is the checkpoint interval that maximises goodput given the measured save cost C and
@@ -28,7 +30,7 @@ if TYPE_CHECKING:
     from provision.model.timeline import Timeline
 
 BUCKETS = ("provisioning", "setup", "gate", "training", "checkpoint", "redone", "recovery",
-           "idle")
+           "queued", "idle")
 SAVE_COST = re.compile(r"checkpoint saved.*?\((\d+(?:\.\d+)?) ?s\)")
 # a bring-up's timeline phases (model/timeline.py) -> the ledger's buckets
 PHASE_BUCKET = {"plan": "provisioning", "create call": "provisioning",
@@ -89,9 +91,13 @@ class Ledger:
         self._move("redone", lost_training_s * self.nodes)
         self.phase = "recovery"
 
-    def _move(self, bucket: str, node_seconds: float) -> None:
-        moved = min(node_seconds, self.seconds["training"])
-        self.seconds["training"] -= moved
+    def queued(self, node_seconds: float) -> None:
+        """Of the recovery accrued so far, `node_seconds` waited for a queue's admission."""
+        self._move("queued", node_seconds, source="recovery")
+
+    def _move(self, bucket: str, node_seconds: float, source: str = "training") -> None:
+        moved = min(node_seconds, self.seconds[source])
+        self.seconds[source] -= moved
         self.seconds[bucket] += moved
 
     def close(self, at: float) -> dict[str, float]:
@@ -136,6 +142,11 @@ def from_timeline(tl: Timeline | None, nodes: int, now: float) -> Ledger:
         led.switch("idle", end)
     led.switch("setup", now)
     return led
+
+
+def queued_in(tl: Timeline | None) -> float:
+    """Seconds a timeline's "queued" phases took (a recovery waiting for Kueue)."""
+    return sum(p.seconds or 0.0 for p in tl.phases if p.phase == "queued") if tl else 0.0
 
 
 def young_daly(cost_s: float, mtbf_s: float) -> float:

@@ -77,8 +77,9 @@ def wait_for(check: object, timeout: float, what: str) -> None:
 def kill_pod(s: Standin, name: str, selector: str) -> str:
     """`docker kill` of the container of the pod matching `selector`: its node is gone."""
     [pod] = s.store.list("pods", "default", selector)
-    subprocess.run(["docker", "kill", f"k8s-default-{pod['metadata']['name']}"], check=True,
-                   capture_output=True)
+    subprocess.run(["docker", "kill", s.kubelet.container_name("default",
+                                                              pod["metadata"]["name"])],
+                   check=True, capture_output=True)
     return str(pod["metadata"]["uid"])
 
 

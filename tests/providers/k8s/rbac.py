@@ -1,5 +1,6 @@
 """The Roles docs/kubernetes.md gives, as a rules layer: every request the provider sent to
-the stand-in as the user must be one the user's Role allows, and every request the
+the stand-in as the user must be one the user's Role (or the optional ClusterRole the docs
+name) allows, and every request the
 controller pod sent as its ServiceAccount one the controller's Role allows, so the docs
 cannot fall behind the code. Discovery (/api, /apis, /version) is every authenticated
 user's (system:discovery). `allows` is also the stand-in's RBAC evaluation (resourceNames
@@ -17,6 +18,7 @@ import yaml
 DOC = Path(__file__).resolve().parents[3] / "docs" / "kubernetes.md"
 USER = "## The Role the provider needs"
 CONTROLLER = "## The Role of the controller"
+OPTIONAL = "## An optional ClusterRole"
 
 
 @cache
@@ -25,7 +27,7 @@ def role(heading: str = USER) -> dict[str, Any]:
     block = re.search(re.escape(heading) + r".*?```yaml\n(.*?)```", text, re.S)
     assert block, f"no Role under {heading!r} in {DOC}"
     doc: dict[str, Any] = yaml.safe_load(block.group(1))
-    assert doc["kind"] == "Role"
+    assert doc["kind"] == ("ClusterRole" if heading == OPTIONAL else "Role")
     return doc
 
 
@@ -91,7 +93,8 @@ def denied(requests: list[Any], rules: list[dict[str, Any]] | None = None) -> li
 def denied_to_anyone(requests: list[Any]) -> list[str]:
     """Every request judged by the Role of docs/kubernetes.md for who sent it: the user's,
     or a controller's ServiceAccount (system:serviceaccount:NS:NAME-controller)."""
-    out = denied([r for r in requests if r.who == "user"])
+    out = denied([r for r in requests if r.who == "user"],
+                 role()["rules"] + role(OPTIONAL)["rules"])
     for who in sorted({r.who for r in requests if r.who.startswith("system:serviceaccount:")}):
         sa = who.rsplit(":", 1)[1]
         assert sa.endswith("-controller"), f"an unexpected identity sent requests: {who}"

@@ -191,6 +191,8 @@ def _route(path: str) -> tuple[str, str | None, str | None, str | None, str]:
         ns, res, name, sub = "", "namespaces", (rest[1] if len(rest) > 1 else None), None
     elif rest[:1] == ["nodes"] and not prefix:
         ns, res, name, sub = "", "nodes", (rest[1] if len(rest) > 1 else None), None
+    elif rest and prefix + rest[0] in CLUSTER_SCOPED:  # e.g. Kueue's WorkloadPriorityClasses
+        ns, res, name, sub = "", prefix + rest[0], (rest[1] if len(rest) > 1 else None), None
     else:
         raise ApiError(404, "NotFound", f"the server could not find {path}")
     if res not in KINDS:

@@ -25,6 +25,9 @@
                       RoleBinding only to such a Role (kubernetes pkg/registry/rbac/validation
                       ConfirmNoEscalation: "attempting to grant RBAC permissions not currently
                       held"); the user holds the Role of docs/kubernetes.md
+    cluster scope     a namespace's Role grants nothing cluster-scoped: with
+                      `user_cluster_rules` set, the user's reads of cluster-scoped objects
+                      (Kueue's WorkloadPriorityClasses) need a ClusterRole that allows them
 """
 
 from __future__ import annotations
@@ -54,6 +57,9 @@ class InCluster:
         self.api = api
         self.tokens: dict[str, tuple[str, str, str, str]] = {}  # token -> ns, sa, pod, uid
         self.endpoint: tuple[str, int] | None = None
+        # the user's ClusterRole rules for cluster-scoped objects (a test sets them; None:
+        # not judged): with only the namespace's Role of the docs, a user reads none
+        self.user_cluster_rules: list[dict[str, Any]] | None = None
         self.ca_pem = b""
         self._server: ThreadingHTTPServer | None = None
         self._folder = tempfile.TemporaryDirectory(prefix="k8s-standin-tls-")
@@ -206,6 +212,12 @@ class InCluster:
                                + (f' in the namespace "{ns}"' if ns else " at the cluster scope"))
         elif who == "user" and verb == "create" and group == RBAC_GROUP:
             self._no_escalation(resource, path, body)
+        elif who == "user" and "/namespaces/" not in path and self.user_cluster_rules \
+                is not None and not rbac.allows(self.user_cluster_rules, group, resource,
+                                                verb, name):
+            raise ApiError(403, "Forbidden", f'{resource} "{name}" is forbidden: User '
+                                             f'"standin" cannot {verb} resource "{resource}" in '
+                                             f'API group "{group}" at the cluster scope')
 
     def rules_of(self, who: str, ns: str) -> list[dict[str, Any]]:
         _, _, sa_ns, sa = who.split(":")

@@ -30,13 +30,15 @@ KINDS = {"pods": ("v1", "Pod"), "services": ("v1", "Service"), "secrets": ("v1",
          "namespaces": ("v1", "Namespace"), "nodes": ("v1", "Node"), "events": ("v1", "Event"),
          "resourcequotas": ("v1", "ResourceQuota"),
          "serviceaccounts": ("v1", "ServiceAccount"),
+         "kueue.x-k8s.io/v1beta2/workloadpriorityclasses": ("kueue.x-k8s.io/v1beta2",
+                                                            "WorkloadPriorityClass"),
          "rbac.authorization.k8s.io/v1/roles": ("rbac.authorization.k8s.io/v1", "Role"),
          "rbac.authorization.k8s.io/v1/rolebindings": ("rbac.authorization.k8s.io/v1",
                                                        "RoleBinding"),
          "jobset.x-k8s.io/v1alpha2/jobsets": ("jobset.x-k8s.io/v1alpha2", "JobSet"),
          "kueue.x-k8s.io/v1beta2/workloads": ("kueue.x-k8s.io/v1beta2", "Workload"),
          "kueue.x-k8s.io/v1beta2/localqueues": ("kueue.x-k8s.io/v1beta2", "LocalQueue")}
-CLUSTER_SCOPED = {"namespaces", "nodes"}
+CLUSTER_SCOPED = {"namespaces", "nodes", "kueue.x-k8s.io/v1beta2/workloadpriorityclasses"}
 
 
 class ApiError(Exception):

@@ -29,6 +29,8 @@ INFO = ProviderInfo(
         Flag("--context", "context", help="kubeconfig context (default: the current one)",
              gc=True),
         Flag("--queue", "queue", help="Kueue LocalQueue: made suspended, waits to be admitted"),
+        Flag("--priority", "priority",
+             help="Kueue WorkloadPriorityClass (with --queue): who may preempt whom"),
         Flag("--pod-image", "image",
              help="the pods' image: sshd + python3.11 (default: $MGPU_CLOUD_K8S_IMAGE)"),
         Flag("--k8s-api", "api", help="auto (JobSet when installed) | jobset | pods"),

@@ -23,6 +23,7 @@ from provision.model.inventory import CLUSTER_TAG
 
 JOBSET_API = "jobset.x-k8s.io/v1alpha2"
 QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
+PRIORITY_LABEL = "kueue.x-k8s.io/priority-class"  # kueue pkg/controller/constants
 INDEX_LABEL = "batch.kubernetes.io/job-completion-index"  # set by the Job controller
 RANK_LABEL = "mgpu-cloud-node"  # plain pods: their rank
 JOB_NAME = "node"  # the JobSet's one replicated job
@@ -112,6 +113,8 @@ def jobset(req: K8sRequest) -> dict[str, Any]:
     a disruption (eviction, preemption, a node gone) does not count against the Job's
     backoffLimit, and a pod is replaced only once the old one has failed."""
     extra = {QUEUE_LABEL: req.queue} if req.queue else {}
+    if req.priority:
+        extra[PRIORITY_LABEL] = req.priority
     job_spec: dict[str, Any] = {
         "parallelism": req.nodes, "completions": req.nodes, "completionMode": "Indexed",
         "backoffLimit": 3 * req.nodes,

@@ -69,6 +69,11 @@ def build_request(spec: ClusterSpec, mode: str) -> K8sRequest:
             "container (there is no Docker inside it to run another image)",
             hint="put the training environment into the pods' image: --pod-image IMAGE (with "
                  "sshd and python3 >= 3.11)")
+    if opts.priority and not opts.queue:
+        raise UserInputError(
+            f"--priority {opts.priority} is Kueue's workload priority: it needs --queue",
+            hint="add --queue LOCALQUEUE (a namespace's `default` LocalQueue too: --queue "
+                 "default), or drop --priority")
     if opts.topology and not opts.queue:
         raise UserInputError("--topology is Kueue's Topology-Aware Scheduling: it needs --queue",
                              hint="add --queue LOCALQUEUE, or use k8s.placement KEY=VALUE")
@@ -77,6 +82,7 @@ def build_request(spec: ClusterSpec, mode: str) -> K8sRequest:
         mode=mode,
         nodes=spec.nodes, gpus=spec.gpus_per_node or 0,
         slots=spec.gpus_per_node or opts.cpu_slots, image=opts.image, queue=opts.queue,
+        priority=opts.priority,
         deadline_s=int(spec.max_hours * 3600) if spec.max_hours else None,
         fabric=opts.fabric, efa_devices=opts.efa_devices, topology=opts.topology,
         placement=opts.placement)
@@ -99,6 +105,10 @@ def build_plan(spec: ClusterSpec, groups: set[str] | None, unresolved: list[str]
     if request.queue:
         notes.append(f"created suspended in Kueue queue {request.queue}; `up` waits until "
                      "it is admitted")
+    if request.priority:
+        notes.append(f"Kueue priority {request.priority}: a workload of a higher priority may "
+                     "preempt it (every rank saves, the run waits to be admitted again and "
+                     "resumes)")
     if request.deadline_s:
         notes.append(f"activeDeadlineSeconds {request.deadline_s}: the API ends the pods "
                      "after max_hours")

@@ -41,6 +41,7 @@ from provision.cluster.providers.k8s.client import (
     served_groups,
 )
 from provision.cluster.providers.k8s.fabric import GPU_NICS
+from provision.cluster.providers.k8s.kueue import check_priority, wait_readmitted
 from provision.cluster.providers.k8s.manifests import cluster_manifests, hostname, plain_pod
 from provision.cluster.providers.k8s.options import K8sOptions
 from provision.cluster.providers.k8s.plan import K8sPlan, build_plan
@@ -97,6 +98,8 @@ class K8sProvider(Recoverable[K8sPlan], Supervising[K8sPlan]):
             _refuse_leftovers(k, spec.name, groups)
             if opts.queue:
                 _check_queue(k, opts.queue)
+            if opts.priority:
+                plan.notes += [n for n in [check_priority(k, opts.priority)] if n]
         return plan
 
     def _create(self, spec: ClusterSpec, plan: K8sPlan, inv: Inventory,
@@ -160,6 +163,8 @@ class K8sProvider(Recoverable[K8sPlan], Supervising[K8sPlan]):
             _wait_name_free(k, hostname(req.cluster, node.rank))
             store.forget(inv, "k8s-pod", old)
             _record(inv, store, req, create_object(k, plain_pod(req, node.rank)))
+        if req.mode == "jobset" and req.queue:  # Kueue may have preempted the whole JobSet
+            wait_readmitted(k, inv, req, _opts(inv.spec).queue_timeout_s, _say)
         pod = wait_running(k, req.cluster, {node.rank}, timeout, _say,
                            exclude=frozenset({old}))[node.rank]
         new = node_record(req, node.rank, pod, node.host_key or "")

@@ -19,6 +19,7 @@ class K8sRequest(StrictModel):
     slots: int
     image: str
     queue: str | None = None
+    priority: str | None = None  # Kueue WorkloadPriorityClass (the JobSet's label)
     deadline_s: int | None = None  # activeDeadlineSeconds (from max_hours)
     fabric: Literal["none", "efa", "tcpx", "tcpxo"] = "none"
     efa_devices: int = 4
