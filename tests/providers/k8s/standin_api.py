@@ -159,9 +159,12 @@ class ApiServer:
         else:
             grace = 0
         if grace > 0 or meta.get("finalizers"):
+            # the time it should be gone: now + its grace (rest/delete.go BeforeDelete), set
+            # again when a pod's period is shortened; an object's first mark otherwise stays
+            when = now(grace) if res == "pods" or not meta.get("deletionTimestamp") \
+                else meta["deletionTimestamp"]
             return self.store.update(res, ns, name, lambda o: o["metadata"].update(
-                deletionTimestamp=meta.get("deletionTimestamp") or now(),
-                deletionGracePeriodSeconds=grace))
+                deletionTimestamp=when, deletionGracePeriodSeconds=grace))
         self.store.remove(res, ns, name)
         for r, n, child in self.store.owned_by(meta["uid"]):
             try:

@@ -51,8 +51,10 @@ class ApiError(Exception):
                 "message": self.message, "reason": self.reason, "code": self.code}
 
 
-def now() -> str:
-    return dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+def now(after_s: float = 0) -> str:
+    """RFC 3339 in seconds, as the API writes times; `after_s` from now."""
+    return (dt.datetime.now(dt.UTC) + dt.timedelta(seconds=after_s)).strftime(
+        "%Y-%m-%dT%H:%M:%SZ")
 
 
 _TERM = re.compile(r"^\s*(!?)([\w./-]+)\s*(?:(==|=|!=)\s*([\w./-]*)|\s+(in|notin)\s*\(([^)]*)\))?\s*$")

@@ -19,7 +19,8 @@ from typing import Any
 
 from provision.cluster.providers.k8s.fabric import apply_fabric
 from provision.cluster.providers.k8s.request import K8sRequest
-from provision.model.inventory import CLUSTER_TAG
+from provision.model.inventory import CLUSTER_TAG, Inventory
+from provision.nodes.layout import RemoteLayout
 
 JOBSET_API = "jobset.x-k8s.io/v1alpha2"
 QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
@@ -29,16 +30,34 @@ RANK_LABEL = "mgpu-cloud-node"  # plain pods: their rank
 JOB_NAME = "node"  # the JobSet's one replicated job
 LOGIN_MOUNT = "/etc/mgpu-login"
 GPU_RESOURCE = "nvidia.com/gpu"
+# A pod's TERM is its notice (the kubelet deleting it: Kueue's eviction or preemption, a
+# drain, the scheduler's preemption): the start shell writes it where the node's job
+# supervisor looks for notices (remote/preempt.py "file": instance-action, AWS's JSON), so it
+# signals the ranks to save and the run takes the preemption path (job/recovery.py); the
+# shell then waits while the job runs (the run stops it once the save is kept; the kubelet
+# kills at the end of the grace period, PREEMPT_GRACE_S) and ends.
+NOTICE_DIR = "/run/mgpu-notice"
+PREEMPT_GRACE_S = 120  # a save (recovery.PREEMPT_SAVE_DEADLINE_S: 90 s), its copy, the stop
+JOB_PIDFILE = "${HOME:-/root}/" + RemoteLayout(Inventory.model_fields["remote_root"].default
+                                               ).pidfile  # "PGID PID" while a job runs
+ON_TERM = (
+    "on_term() { "
+    "printf '{\"action\": \"terminate\", \"time\": \"%s\"}' \"$(date -u +%Y-%m-%dT%H:%M:%SZ)\" "
+    f"> {NOTICE_DIR}/instance-action; "
+    f'while [ -s "{JOB_PIDFILE}" ] && kill -0 "$(cut -d" " -f2 "{JOB_PIDFILE}")" 2>/dev/null; '
+    "do sleep 1; done; kill $pid; exit 0; }; "
+)
 # The rank: JOB_COMPLETION_INDEX in a JobSet's pods (the Job controller sets it), MGPU_RANK in
 # plain pods. Copies that pod's host key in, then runs sshd. The shell stays PID 1: TERM (the
 # node's own stop after a detached run, ProviderInfo.self_stop; or the kubelet deleting the
 # pod) ends the pod with 0, Succeeded, so its Job index is complete and not made again; sshd
 # dying on its own ends it with sshd's status, Failed (a lost node).
 START = (
-    "set -e; r=${JOB_COMPLETION_INDEX:-$MGPU_RANK}; umask 077; mkdir -p /root/.ssh /run/sshd; "
+    "set -e; r=${JOB_COMPLETION_INDEX:-$MGPU_RANK}; umask 077; "
+    f"mkdir -p /root/.ssh /run/sshd {NOTICE_DIR}; "
     f"cat {LOGIN_MOUNT}/host-key-$r > /etc/ssh/ssh_host_ed25519_key; "
     f"cat {LOGIN_MOUNT}/authorized-keys > /root/.ssh/authorized_keys; "
-    "/usr/sbin/sshd -D -e & pid=$!; trap 'kill $pid; exit 0' TERM; wait $pid"
+    f"/usr/sbin/sshd -D -e & pid=$!; {ON_TERM}trap on_term TERM; wait $pid"
 )
 
 
@@ -88,7 +107,7 @@ def pod_spec(req: K8sRequest) -> dict[str, Any]:
         "subdomain": req.cluster,
         "automountServiceAccountToken": False,
         "enableServiceLinks": False,
-        "terminationGracePeriodSeconds": 5,
+        "terminationGracePeriodSeconds": PREEMPT_GRACE_S if req.queue else 5,
         "containers": [container],
         "volumes": [
             {"name": "login", "secret": {"secretName": secret_name(req.cluster),

@@ -42,7 +42,12 @@ from provision.cluster.providers.k8s.client import (
 )
 from provision.cluster.providers.k8s.fabric import GPU_NICS
 from provision.cluster.providers.k8s.kueue import check_priority, wait_readmitted
-from provision.cluster.providers.k8s.manifests import cluster_manifests, hostname, plain_pod
+from provision.cluster.providers.k8s.manifests import (
+    NOTICE_DIR,
+    cluster_manifests,
+    hostname,
+    plain_pod,
+)
 from provision.cluster.providers.k8s.options import K8sOptions
 from provision.cluster.providers.k8s.plan import K8sPlan, build_plan
 from provision.cluster.providers.k8s.pods import selector, wait_admitted, wait_running
@@ -60,6 +65,7 @@ from provision.model.inventory import (
     Inventory,
     InventoryStore,
     NodeRecord,
+    PreemptionSource,
     ResourceRecord,
 )
 from provision.model.spec import ClusterSpec
@@ -126,12 +132,16 @@ class K8sProvider(Recoverable[K8sPlan], Supervising[K8sPlan]):
         inv.manage_etc_hosts = True  # node-R -> its pod IP (bootstrap; refreshed on replace)
         inv.nccl_env, inv.fabric = job_env(req)
         inv.container_runtime = "none"  # the pod is the container: a job's --image is refused
+        # a pod's TERM is its notice (manifests.START writes it): the ranks save first
+        inv.preemption = PreemptionSource(protocol="file", url=NOTICE_DIR)
         reached(inv, "nodes running", part_of="create call", detail=f"{len(inv.nodes)} pod(s)")
         store.save(inv)
 
     # --- recovery ---------------------------------------------------------------------------
     def _node_alive(self, inv: Inventory, node: NodeRecord) -> bool:
-        """False when the node's pod is gone, failed, being deleted, or another pod now."""
+        """False when the node's pod is gone, failed, another pod now, or being deleted past
+        its grace period. Within it the pod still runs: its TERM was its notice, and it saves
+        and announces a preemption itself (manifests.START)."""
         req = _request(inv)
         k = kube(req.namespace, req.context)
         try:
@@ -141,8 +151,8 @@ class K8sProvider(Recoverable[K8sPlan], Supervising[K8sPlan]):
                 return False
             raise
         return bool(pod is not None and pod.metadata.uid == node.resource_id
-                    and pod.status is not None
-                    and pod.status.phase == "Running" and pod.metadata.deletion_timestamp is None)
+                    and pod.status is not None and pod.status.phase == "Running"
+                    and not _past_grace(pod))
 
     def _replace(self, inv: Inventory, store: InventoryStore, node: NodeRecord) -> NodeRecord:
         """The lost pod alone. JobSet: its Job makes a new pod at that index once the old one
@@ -280,6 +290,16 @@ def _record(inv: Inventory, store: InventoryStore, req: K8sRequest, created: dic
     kind = "k8s-" + created["kind"].lower()
     extra = {"namespace": req.namespace, "mode": req.mode, **({"role": role} if role else {})}
     store.record(inv, ResourceRecord(kind=kind, id=meta["uid"], name=meta["name"], extra=extra))
+
+
+def _past_grace(pod: Any) -> bool:
+    """Being deleted and its grace period over: the API sets deletionTimestamp to the time
+    it should be gone (k8s.io/apiserver pkg/registry/rest/delete.go BeforeDelete: now + the
+    grace period), so a pod still there after it cannot end (e.g. its node is dead)."""
+    import datetime as dt
+
+    when = pod.metadata.deletion_timestamp
+    return when is not None and when <= dt.datetime.now(dt.UTC)
 
 
 def _pod_of(k: Kube, cluster: str, node: NodeRecord) -> Any:
