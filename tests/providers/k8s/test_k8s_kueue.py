@@ -89,3 +89,64 @@ def test_a_replacement_waits_for_kueue_to_admit_the_workload_again(
     assert any("Preempted" in m for m in said.seen), said.seen
     queued = [p for tl in inv.timelines for p in tl.phases if p.phase == "queued"]
     assert queued and (queued[-1].seconds or 0) >= 0.5, inv.timelines
+
+
+def test_a_pods_term_is_its_notice_and_it_waits_for_the_job(tmp_path: Any) -> None:
+    """The start shell's TERM handler (manifests.START) on this machine's sh: it writes the
+    notice the node's job supervisor reads (remote/preempt.py "file"), then ends only once
+    the job named by the pidfile has ended."""
+    import json
+    import os
+    import subprocess
+    import time
+
+    from provision.cluster.providers.k8s.manifests import NOTICE_DIR, ON_TERM
+    from remote.preempt import check
+
+    notice = tmp_path / "notice"
+    notice.mkdir()
+    (tmp_path / ".mgpu-cloud").mkdir()
+    job = subprocess.Popen(["sleep", "60"])
+    (tmp_path / ".mgpu-cloud" / "job.pid").write_text(f"{job.pid} {job.pid}\n")
+    shell = subprocess.Popen(
+        ["sh", "-c", ON_TERM.replace(NOTICE_DIR, str(notice))
+         + "sleep 300 & pid=$!; trap on_term TERM; echo ready; wait $pid"],
+        env={**os.environ, "HOME": str(tmp_path)}, stdout=subprocess.PIPE, text=True)
+    try:
+        assert shell.stdout is not None and shell.stdout.readline().strip() == "ready"
+        shell.terminate()
+        deadline = time.monotonic() + 10
+        while check("file", str(notice)) is None:
+            assert time.monotonic() < deadline, "no notice written"
+            time.sleep(0.1)
+        found = check("file", str(notice))
+        assert found is not None and found.action == "terminate" and found.time
+        assert json.loads((notice / "instance-action").read_text())["action"] == "terminate"
+        time.sleep(1.5)
+        assert shell.poll() is None  # the job still runs: the pod waits for its save
+        job.kill()
+        job.wait()
+        assert shell.wait(timeout=10) == 0
+    finally:
+        job.kill()
+        shell.kill()
+
+
+def test_a_pod_being_deleted_is_alive_until_its_grace_is_over(
+        standin: Standin, make_spec: Callable[..., ClusterSpec],
+        up: Callable[[ClusterSpec], Inventory]) -> None:
+    """It still runs, saving after its notice: the liveness poll must not call it lost
+    first. Past the time the API said it would be gone (deletionTimestamp), it is lost."""
+    from standin_store import now
+
+    inv = up(make_spec())
+    prov: Any = get_provider("k8s")
+    node = inv.nodes[1]
+    standin.kubelet.lose_node(node.address)  # its kubelet ends nothing: it stays deleting
+    standin.api.delete("pods", "default", node.address, 60)
+    pod = standin.store.get("pods", "default", node.address)
+    assert pod["metadata"]["deletionTimestamp"] > now()  # now + its grace, as the API sets
+    assert prov.node_alive(inv, node)
+    standin.store.update("pods", "default", node.address, lambda o: o["metadata"].update(
+        deletionTimestamp=now(-1)))
+    assert not prov.node_alive(inv, node)
