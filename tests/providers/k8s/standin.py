@@ -18,7 +18,8 @@ from standin_nodes import NodeLifecycle
 
 class Standin:
     def __init__(self, folder: Path, *, docker: bool = False, image: str = "standin/node:1",
-                 groups: tuple[str, ...] = ("jobset.x-k8s.io", "kueue.x-k8s.io"),
+                 groups: tuple[str, ...] = ("jobset.x-k8s.io", "kueue.x-k8s.io",
+                                            "resource.k8s.io"),
                  kueue_versions: tuple[str, ...] = ("v1beta2", "v1beta1")) -> None:
         self.api = ApiServer(groups, kueue_versions)
         self.sid = uuid.uuid4().hex[:8]

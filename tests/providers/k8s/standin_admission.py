@@ -1,9 +1,11 @@
 """Admission as the stand-in API server runs it on every create, after the schema check: what
 a real API server (and Kueue's webhook) adds to, or refuses of, what the provider sends.
 
-    pods     DefaultTolerationSeconds: not-ready / unreachable NoExecute for 300 s
-             ResourceQuota: 403 Forbidden, "failed quota: Q: must specify ..." or
-             "exceeded quota: Q, requested: ..., used: ..., limited: ..."
+    pods     limits without requests default the requests; DefaultTolerationSeconds:
+             not-ready / unreachable NoExecute for 300 s; Pod Security (the namespace's
+             enforce label): 403 "violates PodSecurity ..."; ResourceQuota: 403 Forbidden,
+             "failed quota: Q: must specify ..." or "exceeded quota: Q, requested: ...,
+             used: ..., limited: ..."
     jobsets  Kueue's JobSet webhook: the LocalQueue `default` of the namespace when the JobSet
              names none; suspended when it names a queue (or manageJobsWithoutQueueName)
 
@@ -137,3 +139,86 @@ def kueue_jobset_webhook(store: Store, ns: str, jobset: dict[str, Any],
         labels[QUEUE_LABEL] = "default"
     if labels.get(QUEUE_LABEL) or manage_without_queue_name:
         jobset["spec"]["suspend"] = True
+
+
+# Pod Security admission (k8s.io/pod-security-admission policy/check_*.go), the checks a pod
+# of this provider can meet; `pod-security.kubernetes.io/enforce` on the namespace
+_BASELINE_CAPS = {"AUDIT_WRITE", "CHOWN", "DAC_OVERRIDE", "FOWNER", "FSETID", "KILL", "MKNOD",
+                  "NET_BIND_SERVICE", "SETFCAP", "SETGID", "SETPCAP", "SETUID", "SYS_CHROOT"}
+_RESTRICTED_VOLUMES = {"configMap", "csi", "downwardAPI", "emptyDir", "ephemeral",
+                       "persistentVolumeClaim", "projected", "secret"}
+ENFORCE = "pod-security.kubernetes.io/enforce"
+
+
+def _containers(spec: dict[str, Any]) -> list[dict[str, Any]]:
+    return [*spec.get("initContainers", []), *spec.get("containers", [])]
+
+
+def pod_security(spec: dict[str, Any], level: str) -> list[str]:
+    """What a pod spec breaks of a Pod Security level (baseline, restricted), in the API's
+    words; [] for privileged."""
+    found: list[str] = []
+    if level == "privileged":
+        return found
+    hosts = [f"{k}=true" for k in ("hostNetwork", "hostPID", "hostIPC") if spec.get(k)]
+    if hosts:
+        found.append(f"host namespaces ({', '.join(hosts)})")
+    for c in _containers(spec):
+        if (c.get("securityContext") or {}).get("privileged"):
+            found.append(f'privileged (container "{c["name"]}" must not set '
+                         "securityContext.privileged=true)")
+    paths = [v["name"] for v in spec.get("volumes", []) if "hostPath" in v]
+    if paths:
+        found.append("hostPath volumes (volumes " + ", ".join(f'"{p}"' for p in paths) + ")")
+    for c in _containers(spec):
+        extra = [a for a in ((c.get("securityContext") or {}).get("capabilities") or {}).get(
+            "add", []) if a not in _BASELINE_CAPS]
+        if extra:
+            found.append(f'non-default capabilities (container "{c["name"]}" must not include '
+                         + ", ".join(f'"{a}"' for a in extra)
+                         + " in securityContext.capabilities.add)")
+    if level == "restricted":
+        found += _restricted(spec)
+    return found
+
+
+def _restricted(spec: dict[str, Any]) -> list[str]:
+    found = []
+    pod_sc = spec.get("securityContext") or {}
+    for c in _containers(spec):
+        sc = c.get("securityContext") or {}
+        if sc.get("allowPrivilegeEscalation") is not False:
+            found.append(f'allowPrivilegeEscalation != false (container "{c["name"]}" must '
+                         "set securityContext.allowPrivilegeEscalation=false)")
+        if "ALL" not in (sc.get("capabilities") or {}).get("drop", []):
+            found.append(f'unrestricted capabilities (container "{c["name"]}" must set '
+                         'securityContext.capabilities.drop=["ALL"])')
+        if not (sc.get("runAsNonRoot") or pod_sc.get("runAsNonRoot")):
+            found.append(f'runAsNonRoot != true (pod or container "{c["name"]}" must set '
+                         "securityContext.runAsNonRoot=true)")
+        if not (sc.get("seccompProfile") or pod_sc.get("seccompProfile")):
+            found.append(f'seccompProfile (pod or container "{c["name"]}" must set '
+                         'securityContext.seccompProfile.type to "RuntimeDefault" or '
+                         '"Localhost")')
+    kinds = [(v["name"], k) for v in spec.get("volumes", []) for k in v
+             if k != "name" and k not in _RESTRICTED_VOLUMES]
+    found += [f'restricted volume types (volume "{n}" uses restricted volume type "{k}")'
+              for n, k in kinds]
+    return found
+
+
+def level_of(spec: dict[str, Any]) -> str:
+    """The strictest Pod Security level that admits the pod spec."""
+    return next(lv for lv in ("restricted", "baseline", "privileged")
+                if not pod_security(spec, lv))
+
+
+def enforce_pod_security(store: Store, ns: str, pod: dict[str, Any]) -> None:
+    """403 as the admission plugin words it, when the namespace enforces a level."""
+    level = ((store.get("namespaces", "", ns)["metadata"].get("labels") or {})
+             .get(ENFORCE, "privileged"))
+    found = pod_security(pod["spec"], level)
+    if found:
+        name = pod["metadata"].get("name") or pod["metadata"].get("generateName", "")
+        raise ApiError(403, "Forbidden", f'pods "{name}" is forbidden: violates PodSecurity '
+                                         f'"{level}:latest": ' + ", ".join(found))

@@ -23,6 +23,7 @@ another object: apimachinery registry/generic/registry/store.go).
 
 from __future__ import annotations
 
+import copy
 import json
 import threading
 from dataclasses import dataclass
@@ -70,12 +71,14 @@ def merge_patch(target: Any, patch: Any) -> Any:
 class ApiServer:
     """Start with `start()`; `kubeconfig(path)` writes a kubeconfig for it."""
 
-    def __init__(self, groups: tuple[str, ...] = ("jobset.x-k8s.io", KUEUE),
+    def __init__(self, groups: tuple[str, ...] = ("jobset.x-k8s.io", KUEUE, "resource.k8s.io"),
                  kueue_versions: tuple[str, ...] = ("v1beta2", "v1beta1")) -> None:
         self.store = Store()
         self.groups = groups
-        self.versions = {"jobset.x-k8s.io": ("v1alpha2",), KUEUE: kueue_versions}
+        self.versions = {"jobset.x-k8s.io": ("v1alpha2",), KUEUE: kueue_versions,
+                         "resource.k8s.io": ("v1",)}
         self.manage_jobs_without_queue_name = False  # Kueue's configuration
+        self.stream_idle_timeout_s: float | None = None  # kubelet's: 4 h (None here)
         self.requests: list[Seen] = []
         self.violations: list[str] = []
         self.kubelet: Any = None  # pod address, logs, termination (standin_kubelet.py)
@@ -124,10 +127,12 @@ class ApiServer:
 
     def create(self, res: str, ns: str, obj: dict[str, Any]) -> dict[str, Any]:
         """Admission, then the store: what a user's POST and a controller's create share."""
+        obj = copy.deepcopy(obj)  # admission changes the stored object, not the request
         if res == "pods":
             self.incluster.admit_pod(ns, obj)
             admission.default_requests(obj)
             admission.default_tolerations(obj)
+            admission.enforce_pod_security(self.store, ns, obj)
             admission.resource_quota(self.store, ns, obj)
         if res.endswith("/jobsets") and KUEUE in self.groups:
             admission.kueue_jobset_webhook(self.store, ns, obj,
@@ -261,7 +266,8 @@ def _handler(api: ApiServer) -> type[BaseHTTPRequestHandler]:
             if sub == "portforward":
                 pod = self.store_get(res, ns, name)
                 target = api.kubelet.address(pod) if api.kubelet else None
-                return standin_ws.serve_portforward(self, target, query)
+                return standin_ws.serve_portforward(self, target, query,
+                                                    api.stream_idle_timeout_s)
             if method == "GET" and name is None and query.get("watch", "").lower() in ("true", "1"):
                 return _watch(self, api, res, ns, query)
             code, answer = _crud(api, method, res, ns, name, query, body)

@@ -155,19 +155,6 @@ class DockerKubelet(Kubelet):
             return None
         return code
 
-    def removed(self, pod: dict[str, Any]) -> None:
-        import docker.errors
-
-        if pod["spec"].get("nodeName") in self.lost:
-            return  # a lost node's kubelet removes nothing
-        self.containers.pop(pod["metadata"]["uid"], None)
-        try:
-            self.docker.remove_container(self.container_name(pod["metadata"]["namespace"],
-                                                             pod["metadata"]["name"]),
-                                         force=True)
-        except docker.errors.NotFound:
-            pass
-
     def freeze(self, pod: dict[str, Any]) -> None:
         import docker.errors
 

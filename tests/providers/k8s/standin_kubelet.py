@@ -60,12 +60,15 @@ class Kubelet:
     def _loop(self) -> None:
         while not self._stop.is_set():
             kind, res, pod = self._events.get()
-            if res == "pods" and kind == "DELETED":
-                self.removed(pod)
-            if res != "pods" or kind == "DELETED":
+            if res != "pods":
                 continue
             meta, spec = pod["metadata"], pod["spec"]
             if spec.get("nodeName") in self.lost:
+                continue
+            if kind == "DELETED":  # housekeeping: what is left of a pod removed at once
+                if meta["uid"] not in self._terminating:
+                    threading.Thread(target=self.stop_pod, args=(pod, MIN_GRACE_S),
+                                     daemon=True).start()
                 continue
             if meta.get("deletionTimestamp"):
                 if meta["uid"] not in self._terminating:
@@ -97,12 +100,6 @@ class Kubelet:
         self.lost.add(node)
         self.freeze(pod)
         return node
-
-    def removed(self, pod: dict[str, Any]) -> None:
-        """The pod object is gone: what is left of its containers goes too (the kubelet's
-        container GC removes a deleted pod's containers: pkg/kubelet/kuberuntime/
-        kuberuntime_gc.go evictContainers), so a pod made again under its name starts."""
-        return None
 
     def _set(self, pod: dict[str, Any], change: Any) -> None:
         try:

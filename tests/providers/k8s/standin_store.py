@@ -36,6 +36,8 @@ KINDS = {"pods": ("v1", "Pod"), "services": ("v1", "Service"), "secrets": ("v1",
          "rbac.authorization.k8s.io/v1/rolebindings": ("rbac.authorization.k8s.io/v1",
                                                        "RoleBinding"),
          "jobset.x-k8s.io/v1alpha2/jobsets": ("jobset.x-k8s.io/v1alpha2", "JobSet"),
+         "resource.k8s.io/v1/resourceclaimtemplates": ("resource.k8s.io/v1",
+                                                       "ResourceClaimTemplate"),
          "kueue.x-k8s.io/v1beta2/workloads": ("kueue.x-k8s.io/v1beta2", "Workload"),
          "kueue.x-k8s.io/v1beta2/localqueues": ("kueue.x-k8s.io/v1beta2", "LocalQueue")}
 CLUSTER_SCOPED = {"namespaces", "nodes", "kueue.x-k8s.io/v1beta2/workloadpriorityclasses"}

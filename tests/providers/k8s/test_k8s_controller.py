@@ -29,7 +29,8 @@ SA_DIR = "/var/run/secrets/kubernetes.io/serviceaccount"
 
 def request(mode: str, queue: str | None) -> K8sRequest:
     return K8sRequest(cluster="c1", namespace="default", context=None, mode=mode,  # type: ignore[arg-type]
-                      nodes=2, gpus=0, slots=2, image="img", queue=queue)
+                      nodes=2, gpus=0, slots=2, image="img", cpu="2", memory="4Gi",
+                      queue=queue)
 
 
 def expand(rules: list[dict[str, Any]]) -> set[tuple[str, str, str, str | None]]:

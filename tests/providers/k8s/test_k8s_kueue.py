@@ -126,7 +126,7 @@ def test_a_pods_term_is_its_notice_and_it_waits_for_the_job(tmp_path: Any) -> No
         assert shell.poll() is None  # the job still runs: the pod waits for its save
         job.kill()
         job.wait()
-        assert shell.wait(timeout=10) == 0
+        assert shell.wait(timeout=10) == 143  # Failed: its index gets a new pod
     finally:
         job.kill()
         shell.kill()

@@ -41,7 +41,7 @@ from provision.cluster.providers.k8s.client import (
     jobsets,
     status_of,
 )
-from provision.cluster.providers.k8s.manifests import secret_name
+from provision.cluster.providers.k8s.manifests import hostname, secret_name
 from provision.cluster.providers.k8s.request import K8sRequest
 from provision.model.errors import ProvisionError, TeardownError
 from provision.model.inventory import CLUSTER_TAG, Inventory, NodeRecord
@@ -310,3 +310,47 @@ def remove_self(k: Kube, inv: Inventory) -> None:
     me = inv.controller
     if me is not None and me.resource_id:
         delete_named(k, "k8s-pod", me.address, me.resource_id)
+
+
+# --- a node's pod, seen from outside or from inside -----------------------------------------
+def past_grace(pod: Any) -> bool:
+    """Being deleted and its grace period over: the API sets deletionTimestamp to the time
+    it should be gone (k8s.io/apiserver pkg/registry/rest/delete.go BeforeDelete: now + the
+    grace period), so a pod still there after it cannot end (e.g. its node is dead)."""
+    import datetime as dt
+
+    when = pod.metadata.deletion_timestamp
+    return when is not None and when <= dt.datetime.now(dt.UTC)
+
+
+def pod_of(k: Kube, cluster: str, node: NodeRecord) -> Any:
+    """The node's pod by its name; seen from inside (the controller's view: its address is
+    its pod IP, supervisor.inside_view) among the cluster's pods by uid. None: gone."""
+    if node.address != node.private_address:
+        return k.core.read_namespaced_pod(node.address, k.namespace)
+    found = k.core.list_namespaced_pod(k.namespace,
+                                       label_selector=pod_waits.selector(cluster)).items
+    return next((p for p in found if p.metadata.uid == node.resource_id), None)
+
+
+def pod_name(k: Kube, req: K8sRequest, node: NodeRecord) -> str | None:
+    """The name of the node's pod (None: gone): its address, or from inside the cluster
+    (plain pods are named by rank; a JobSet's pod is looked up by uid)."""
+    if node.address != node.private_address:
+        return node.address
+    if req.mode == "pods":
+        return hostname(req.cluster, node.rank)
+    found = pod_of(k, req.cluster, node)
+    return found.metadata.name if found is not None else None
+
+
+def remove_first(k: Kube, cluster: str, timeout_s: float = 180.0) -> None:
+    """`down`: the controller pod goes before the nodes, so it replaces none of them while
+    they go (only what the API labels as the cluster's controller)."""
+    from provision.cluster.providers.k8s.cleanup import delete_if_labelled
+
+    found = k.core.list_namespaced_pod(k.namespace, label_selector=selector(cluster)).items
+    for p in found:
+        delete_if_labelled(k, "k8s-pod", p.metadata.name, cluster)
+    for p in found:
+        _wait_gone(k, p.metadata.name, timeout_s)
