@@ -68,6 +68,20 @@ def test_a_wait_for_the_queue_is_its_own_bucket_taken_from_recovery() -> None:
     assert "queued 0.03 (" in render(led.to_json())
 
 
+def test_a_bring_up_that_waited_in_a_queue_counts_it_as_queued() -> None:
+    from provision.job.ledger import from_timeline
+    from provision.model.timeline import Phase, Timeline
+
+    tl = Timeline(command="run", started_at=1000.0, phases=[
+        Phase(phase="plan", start_s=0.0, seconds=2.0),
+        Phase(phase="create call", start_s=2.0, seconds=50.0),
+        Phase(phase="queued", start_s=3.0, seconds=40.0, part_of="create call")])
+    led = from_timeline(tl, nodes=2, now=1060.0)
+    got = led.close(1060.0)
+    assert got["queued"] == 80.0 and got["provisioning"] == (2.0 + 50.0 - 40.0) * 2
+    assert sum(got.values()) == 120.0
+
+
 def test_no_advice_without_a_save_and_a_failure() -> None:
     led = Ledger(started=0.0, nodes=4)
     led.switch("training", 1.0)

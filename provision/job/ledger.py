@@ -4,6 +4,8 @@ A run is always in exactly one phase, on some number of nodes: the ledger integr
 over time, phase by phase, so its buckets sum to the run's node-seconds by construction.
 
     provisioning  plan, create (until every node answers)
+      queued        ... of it, and of a recovery: waiting for a queue to admit the run (Kueue
+                    held it, or took it back: the timelines' "queued" phases)
     setup         bootstrap, workdir sync, restore of a checkpoint
     gate          the fabric gate
     training      the job's processes running, less what is moved out below:
@@ -11,8 +13,6 @@ over time, phase by phase, so its buckets sum to the run's node-seconds by const
       redone        training seconds a failure threw away: from the restored step's save to
                     the failure (they are done again after the restart)
     recovery      a failure seen -> the job running again (replace, bootstrap, restore)
-      queued        recovery seconds spent waiting for a queue to admit the run again (Kueue
-                    preempted or evicted it: timeline phases "queued")
     idle          everything else: waiting, collecting outputs, teardown
 
 `advice` is the checkpoint interval that maximises goodput given the measured save cost C and
@@ -141,6 +141,11 @@ def from_timeline(tl: Timeline | None, nodes: int, now: float) -> Ledger:
         led.switch(PHASE_BUCKET.get(ph.phase, "setup"), tl.started_at + ph.start_s)
         led.switch("idle", end)
     led.switch("setup", now)
+    for ph in tl.phases:  # a wait in a queue, inside the phase that waited
+        end = tl.started_at + ph.start_s + (ph.seconds or 0.0)
+        if ph.phase == "queued" and ph.part_of and end <= now:
+            led._move("queued", (ph.seconds or 0.0) * nodes,
+                      source=PHASE_BUCKET.get(ph.part_of, "setup"))
     return led
 
 

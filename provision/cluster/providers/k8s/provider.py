@@ -77,7 +77,7 @@ from provision.model.inventory import (
     ResourceRecord,
 )
 from provision.model.spec import ClusterSpec
-from provision.model.timeline import reached
+from provision.model.timeline import reached, timed
 from provision.nodes.pool import provider_waits
 
 log = logging.getLogger("mgpu_cloud")
@@ -146,7 +146,8 @@ class K8sProvider(Recoverable[K8sPlan], Supervising[K8sPlan]):
         jobset = answered.get("JobSet")
         if jobset is not None and (jobset.get("spec") or {}).get("suspend"):
             queue = held_by(jobset)  # --queue, or Kueue's webhook defaulted one
-            waited = wait_admitted(k, req.cluster, queue, opts.queue_timeout_s, _say)
+            with timed(inv, "queued", part_of="create call"):  # the ledger's "queued"
+                waited = wait_admitted(k, req.cluster, queue, opts.queue_timeout_s, _say)
             reached(inv, "admitted by the queue", part_of="create call",
                     detail=f"{waited:.1f} s in {queue}")
         pods = wait_running(k, req.cluster, set(range(req.nodes)), opts.ready_timeout_s, _say,
