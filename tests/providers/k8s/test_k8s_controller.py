@@ -27,10 +27,10 @@ RBAC = "rbac.authorization.k8s.io/v1"
 SA_DIR = "/var/run/secrets/kubernetes.io/serviceaccount"
 
 
-def request(mode: str, queue: str | None) -> K8sRequest:
+def request(mode: str, queue: str | None, efa_dra: bool = False) -> K8sRequest:
     return K8sRequest(cluster="c1", namespace="default", context=None, mode=mode,  # type: ignore[arg-type]
                       nodes=2, gpus=0, slots=2, image="img", cpu="2", memory="4Gi",
-                      queue=queue)
+                      queue=queue, fabric="efa" if efa_dra else "none", efa_dra=efa_dra)
 
 
 def expand(rules: list[dict[str, Any]]) -> set[tuple[str, str, str, str | None]]:
@@ -47,9 +47,10 @@ def test_the_controllers_role_is_the_documented_one_and_no_more() -> None:
     union: set[tuple[str, str, str, str | None]] = set()
     for mode in ("jobset", "pods"):
         for queue in (None, "q"):
-            rules = ctl.controller_rules(request(mode, queue))
-            assert all(rbac.allows(doc["rules"], *attrs) for attrs in expand(rules))
-            union |= expand(rules)
+            for dra in (False, True):
+                rules = ctl.controller_rules(request(mode, queue, dra))
+                assert all(rbac.allows(doc["rules"], *attrs) for attrs in expand(rules))
+                union |= expand(rules)
     assert union == expand(doc["rules"])
     jobset = expand(ctl.controller_rules(request("jobset", None)))
     assert ("", "pods", "create", None) not in jobset  # its Job controller makes the pods

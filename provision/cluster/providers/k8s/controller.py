@@ -34,13 +34,14 @@ from typing import Any
 from provision.cluster.providers.k8s import pods as pod_waits
 from provision.cluster.providers.k8s.cleanup import core_call
 from provision.cluster.providers.k8s.client import (
+    CUSTOM,
     JOBSET_GROUP,
     KUEUE_GROUP,
     Kube,
     is_not_found,
-    jobsets,
     status_of,
 )
+from provision.cluster.providers.k8s.fabric import fabric_manifests
 from provision.cluster.providers.k8s.manifests import hostname, secret_name
 from provision.cluster.providers.k8s.request import K8sRequest
 from provision.model.errors import ProvisionError, TeardownError
@@ -88,6 +89,8 @@ def controller_rules(req: K8sRequest) -> list[dict[str, Any]]:
         {"apiGroups": [""], "resources": ["pods"],
          "verbs": ["get", "list", "watch", "delete", *(["create"] if req.mode == "pods"
                                                        else [])]},
+        # a pod whose node does not answer is forced as PodGC does (deletion.py)
+        {"apiGroups": [""], "resources": ["pods/status"], "verbs": ["patch"]},
         {"apiGroups": [""], "resources": ["pods/log"], "verbs": ["get"]},
         {"apiGroups": [""], "resources": ["secrets"], "verbs": ["delete"],
          "resourceNames": [secret_name(name), controller_name(name)]},
@@ -95,12 +98,18 @@ def controller_rules(req: K8sRequest) -> list[dict[str, Any]]:
     if req.mode == "jobset":
         rules.append({"apiGroups": [JOBSET_GROUP], "resources": ["jobsets"],
                       "verbs": ["get", "delete"], "resourceNames": [name]})
+        # the Job controller's FailedCreate events say why a replacement pod is not made
+        rules.append({"apiGroups": [""], "resources": ["events"], "verbs": ["list"]})
     else:
         rules.append({"apiGroups": [""], "resources": ["services"], "verbs": ["delete"],
                       "resourceNames": [name]})
     if req.queue:
         rules.append({"apiGroups": [KUEUE_GROUP], "resources": ["workloads"],
                       "verbs": ["list"]})
+    for m in fabric_manifests(req):  # the EFA DRA preset's ResourceClaimTemplate
+        group = m["apiVersion"].split("/")[0]
+        rules.append({"apiGroups": [group], "resources": [m["kind"].lower() + "s"],
+                      "verbs": ["delete"], "resourceNames": [m["metadata"]["name"]]})
     return rules
 
 
@@ -257,8 +266,10 @@ def delete_named(k: Kube, kind: str, name: str, uid: str) -> bool:
                                       propagation_policy="Foreground" if kind == "k8s-jobset"
                                       else "Background")
     try:
-        if kind == "k8s-jobset":
-            k.custom.delete_namespaced_custom_object(*jobsets(k), name, body=options)
+        if kind in CUSTOM:
+            group, version, plural = CUSTOM[kind]
+            k.custom.delete_namespaced_custom_object(group, version, k.namespace, plural,
+                                                     name, body=options)
         else:
             core_call(k, "delete", kind)(name, k.namespace, body=options)
     except Exception as exc:
@@ -278,7 +289,8 @@ def teardown_from_inside(k: Kube, inv: Inventory, forget: Callable[[str, str], N
     me = inv.controller.resource_id if inv.controller is not None else None
     problems: list[str] = []
     for r in list(inv.resources):
-        if r.kind not in ("k8s-jobset", "k8s-service", "k8s-secret", "k8s-pod") \
+        if r.kind not in ("k8s-jobset", "k8s-resourceclaimtemplate", "k8s-service",
+                          "k8s-secret", "k8s-pod") \
                 or r.extra.get("role") == "controller" or r.id == me:
             continue
         if delete_named(k, r.kind, r.name or "", r.id):
