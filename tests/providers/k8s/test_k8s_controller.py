@@ -57,6 +57,16 @@ def test_the_controllers_role_is_the_documented_one_and_no_more() -> None:
     assert not any(v in ("get", "list", "watch") for g, r, v, n in jobset if r == "secrets")
 
 
+def test_the_documented_controller_role_and_cluster_role_are_valid() -> None:
+    import k8s_schemas
+
+    for doc in (rbac.controller_role("c1"), rbac.role(rbac.OPTIONAL)):
+        for version in k8s_schemas.VERSIONS:
+            validator = k8s_schemas.core_validator(version, doc["kind"], doc["apiVersion"])
+            assert list(validator.iter_errors(doc)) == [], doc["kind"]
+        assert not any("*" in r["verbs"] or "*" in r["resources"] for r in doc["rules"])
+
+
 def kubeconfig(s: Standin, path: Path, token: str) -> Path:
     path.write_text(yaml.safe_dump({
         "apiVersion": "v1", "kind": "Config", "current-context": "ctl",
