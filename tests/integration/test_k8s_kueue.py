@@ -21,8 +21,7 @@ from kit import cli_env
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "providers" / "k8s"))
 
-import rbac  # noqa: E402
-from standin import Standin  # noqa: E402
+from standin import Standin, checked  # noqa: E402
 
 pytestmark = [pytest.mark.docker, pytest.mark.usefixtures("node_image")]
 ROOT = Path(__file__).resolve().parents[2]
@@ -31,15 +30,8 @@ CLASSES = "kueue.x-k8s.io/v1beta2/workloadpriorityclasses"
 
 @pytest.fixture
 def standin(tmp_path: Path, node_image: str) -> Iterator[Standin]:
-    s = Standin(tmp_path, docker=True, image=node_image)
-    try:
+    with checked(Standin(tmp_path, docker=True, image=node_image)) as s:
         yield s
-    finally:
-        s.stop()
-    assert s.api.violations == [], "\n".join(s.api.violations)
-    denied = rbac.denied_to_anyone(s.api.requests)
-    assert denied == [], "requests the Roles of docs/kubernetes.md do not allow:\n" + \
-        "\n".join(denied)
 
 
 class Lines:

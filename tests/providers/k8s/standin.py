@@ -4,8 +4,10 @@ the variables a provider process needs."""
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -99,3 +101,19 @@ class OnLog(logging.Handler):
         logger = logging.getLogger("mgpu_cloud")
         logger.removeHandler(self)
         logger.setLevel(self._level)
+
+
+@contextlib.contextmanager
+def checked(s: Standin) -> Iterator[Standin]:
+    """Use `s`, then stop it; the test fails on any manifest the schemas refused and on any
+    request the Role of docs/kubernetes.md for who sent it does not allow (rbac.py)."""
+    import rbac
+
+    try:
+        yield s
+    finally:
+        s.stop()
+    assert s.api.violations == [], "\n".join(s.api.violations)
+    denied = rbac.denied_to_anyone(s.api.requests)
+    assert denied == [], "requests the Roles of docs/kubernetes.md do not allow:\n" + \
+        "\n".join(denied)

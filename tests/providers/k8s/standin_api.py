@@ -390,5 +390,5 @@ def _watch(h: Any, api: ApiServer, res: str, ns: str, query: dict[str, str]) -> 
                         matches(obj, selector):
                     chunk(json.dumps({"type": kind, "object": obj}).encode() + b"\n")
         chunk(b"")
-    except (BrokenPipeError, ConnectionResetError):
+    except OSError:  # the client went (BrokenPipe, ConnectionReset; over TLS SSLEOFError)
         pass

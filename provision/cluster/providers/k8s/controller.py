@@ -176,7 +176,7 @@ def create(k: Kube, req: K8sRequest, deadline_s: int | None, host_key: str,
         _create_or_keep(k, req, manifest, made)
     _delete_if_ours(k, req, "k8s-secret")  # a new host key for a new controller
     made(login_secret(req, host_key, authorized_key))
-    _wait_gone(k, controller_name(req.cluster), timeout_s)
+    wait_name_free(k, controller_name(req.cluster), timeout_s)
     made(pod(req, deadline_s))
     return wait_running(k, req.cluster, timeout_s, log)
 
@@ -207,8 +207,9 @@ def _delete_if_ours(k: Kube, req: K8sRequest, kind: str) -> None:
     delete_if_labelled(k, kind, controller_name(req.cluster), req.cluster)
 
 
-def _wait_gone(k: Kube, name: str, timeout_s: float) -> None:
-    """A controller pod of the same name (a lost one, being deleted) must be gone first."""
+def wait_name_free(k: Kube, name: str, timeout_s: float) -> None:
+    """Until no pod is named `name` (one made again under its name: a plain pod, the
+    controller; the old one may still be terminating). ProvisionError at the deadline."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         try:
@@ -365,4 +366,4 @@ def remove_first(k: Kube, cluster: str, timeout_s: float = 180.0) -> None:
     for p in found:
         delete_if_labelled(k, "k8s-pod", p.metadata.name, cluster)
     for p in found:
-        _wait_gone(k, p.metadata.name, timeout_s)
+        wait_name_free(k, p.metadata.name, timeout_s)

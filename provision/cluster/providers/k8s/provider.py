@@ -20,7 +20,6 @@ reached over SSH to their sshd through the API server's port-forward (transport.
 from __future__ import annotations
 
 import logging
-import time
 from contextlib import AbstractContextManager
 from typing import Any
 
@@ -200,7 +199,7 @@ class K8sProvider(Recoverable[K8sPlan], Supervising[K8sPlan]):
         if name:
             free_pod(k, name, req.cluster, _say)
         if req.mode == "pods":
-            _wait_name_free(k, hostname(req.cluster, node.rank))
+            ctl.wait_name_free(k, hostname(req.cluster, node.rank), 120.0)
             store.forget(inv, "k8s-pod", old)
             _record(inv, store, req, create_object(k, plain_pod(req, node.rank, left)))
         if req.mode == "jobset" and req.queue:  # Kueue may have preempted the whole JobSet
@@ -375,19 +374,3 @@ def _refuse_leftovers(k: Kube, name: str, groups: set[str]) -> None:
             hint=f"kubectl delete -n {k.namespace} -l {selector(name)} "
                  "jobsets,pods,services,secrets (`mgpu-cloud gc --provider k8s` lists every "
                  "such leftover), or pick another --name")
-
-
-def _wait_name_free(k: Kube, pod_name: str, timeout_s: float = 120.0) -> None:
-    """A plain pod is made again under its name: once the old one is gone."""
-    from provision.cluster.providers.k8s.pods import POLL_S
-
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        try:
-            k.core.read_namespaced_pod(pod_name, k.namespace)
-        except Exception as exc:
-            if is_not_found(exc):
-                return
-            raise
-        time.sleep(POLL_S / 4)
-    raise TeardownError(f"pod {pod_name} is still terminating after {timeout_s:.0f} s")
