@@ -246,35 +246,7 @@ def _handler(api: ApiServer) -> type[BaseHTTPRequestHandler]:
                 self._send(exc.code, exc.status())
 
         def _dispatch(self, method: str, path: str, query: dict[str, str], body: Any) -> None:
-            if path.rstrip("/") in ("/version", "/api", "/apis"):
-                return self._send(200, _discovery(api, path.rstrip("/")))
-            res, ns, name, sub, version = _route(path)
-            group = res.split("/")[0] if "/" in res else ""
-            if group and group != RBAC_GROUP and (group not in api.groups
-                                                  or version not in api.versions[group]):
-                raise ApiError(404, "NotFound", "the server could not find the requested "
-                                                "resource")
-            ns = ns or ""
-            if sub == "status" and method == "PATCH" and res == "pods":
-                return self._send(200, api.store.update(
-                    res, ns, name or "", lambda o: o.update(status=merge_patch(
-                        o.get("status", {}), (body or {}).get("status", {})))))
-            if sub == "log":
-                self.store_get(res, ns, name)
-                text = api.kubelet.logs(ns, name, query) if api.kubelet else ""
-                return self._send(200, text.encode(), "text/plain")
-            if sub == "portforward":
-                pod = self.store_get(res, ns, name)
-                target = api.kubelet.address(pod) if api.kubelet else None
-                return standin_ws.serve_portforward(self, target, query,
-                                                    api.stream_idle_timeout_s)
-            if method == "GET" and name is None and query.get("watch", "").lower() in ("true", "1"):
-                return _watch(self, api, res, ns, query)
-            code, answer = _crud(api, method, res, ns, name, query, body)
-            if group and isinstance(answer, dict):  # as asked: v1beta1 or v1beta2
-                for obj in [answer, *answer.get("items", [])]:
-                    obj["apiVersion"] = f"{group}/{version}"
-            self._send(code, answer)
+            _dispatch(self, api, method, path, query, body)
 
         def store_get(self, res: str, ns: str, name: str | None) -> dict[str, Any]:
             return api.store.get(res, ns, name or "")
@@ -295,6 +267,38 @@ def _handler(api: ApiServer) -> type[BaseHTTPRequestHandler]:
             self._serve("DELETE")
 
     return Handler
+
+
+def _dispatch(h: Any, api: ApiServer, method: str, path: str, query: dict[str, str],
+              body: Any) -> None:
+    """One request, authenticated: discovery, a subresource, a watch, or plain CRUD."""
+    if path.rstrip("/") in ("/version", "/api", "/apis"):
+        return h._send(200, _discovery(api, path.rstrip("/")))
+    res, ns, name, sub, version = _route(path)
+    group = res.split("/")[0] if "/" in res else ""
+    if group and group != RBAC_GROUP and (group not in api.groups
+                                          or version not in api.versions[group]):
+        raise ApiError(404, "NotFound", "the server could not find the requested resource")
+    ns = ns or ""
+    if sub == "status" and method == "PATCH" and res == "pods":
+        return h._send(200, api.store.update(
+            res, ns, name or "", lambda o: o.update(status=merge_patch(
+                o.get("status", {}), (body or {}).get("status", {})))))
+    if sub == "log":
+        h.store_get(res, ns, name)
+        text = api.kubelet.logs(ns, name, query) if api.kubelet else ""
+        return h._send(200, text.encode(), "text/plain")
+    if sub == "portforward":
+        pod = h.store_get(res, ns, name)
+        target = api.kubelet.address(pod) if api.kubelet else None
+        return standin_ws.serve_portforward(h, target, query, api.stream_idle_timeout_s)
+    if method == "GET" and name is None and query.get("watch", "").lower() in ("true", "1"):
+        return _watch(h, api, res, ns, query)
+    code, answer = _crud(api, method, res, ns, name, query, body)
+    if group and isinstance(answer, dict):  # as asked: v1beta1 or v1beta2
+        for obj in [answer, *answer.get("items", [])]:
+            obj["apiVersion"] = f"{group}/{version}"
+    h._send(code, answer)
 
 
 def _discovery(api: ApiServer, path: str) -> dict[str, Any]:

@@ -275,12 +275,13 @@ def test_a_replacement_gets_only_what_is_left_of_max_hours(
 def test_a_transient_pull_error_is_waited_out_and_said(
         standin: Standin, make_spec: Callable[..., ClusterSpec],
         up: Callable[[ClusterSpec], Inventory]) -> None:
-    standin.kubelet.pull_backoff_s = 0.05
-    standin.kubelet.pull_failures[standin.image] = 2  # per pull, any pod: 2 failures in all
+    standin.kubelet.pull_backoff_s = 0.3
+    standin.kubelet.pull_failures[standin.image] = 4  # per pull, any pod: 4 failures in all
     with OnLog("waits for its image", lambda m: None) as said:
         inv = up(make_spec(k8s={"ready_timeout_s": 30}))
     assert len(inv.nodes) == 2
     assert any("ErrImagePull" in m and "i/o timeout" in m for m in said.seen), said.seen
+    assert any("ImagePullBackOff" in m and "the kubelet retries" in m for m in said.seen)
 
 
 def test_a_missing_image_ends_up_after_the_pulls_and_a_bad_name_at_once(

@@ -40,11 +40,11 @@ P5 = dict(gpus=8, slots=8, cpu="172", memory="1843Gi", guaranteed=True, node_typ
 A3 = dict(gpus=8, slots=8, cpu="187", memory="1684Gi", guaranteed=True)
 PRESETS: dict[str, dict[str, Any]] = {
     "cpu-jobset": {},
-    # labels AWS and Kubernetes document: the well-known instance-type label, and EKS managed
-    # node groups' capacity type
+    # Kubernetes' well-known labels (kubernetes.io/docs/reference/labels-annotations-taints),
+    # which EKS nodes carry: the machine type and the zone (one placement group lives in one)
     "eks-efa-jobset": dict(**P5, fabric="efa", efa_devices=32, deadline_s=28800,
                            placement=["node.kubernetes.io/instance-type=p5.48xlarge",
-                                      "eks.amazonaws.com/capacityType=ON_DEMAND"]),
+                                      "topology.kubernetes.io/zone=us-east-1a"]),
     "eks-efa-dra-jobset": dict(**P5, fabric="efa", efa_devices=32, efa_dra=True),
     "gke-tcpxo-kueue-tas": dict(**A3, node_type="a3-megagpu-8g", fabric="tcpxo",
                                 queue="team-a", topology="cloud.google.com/gce-topology-block"),
@@ -245,3 +245,14 @@ def test_portforward_carries_bytes_both_ways(standin: Standin) -> None:
         sock.recv(1)
     sock.close()
     listener.close()
+
+
+def test_the_docs_say_the_pod_security_level_each_preset_needs() -> None:
+    import re
+
+    text = (Path(__file__).resolve().parents[3] / "docs" / "kubernetes.md").read_text()
+    table = text.split("| preset | Pod Security level it needs |")[1].split("\n\n")[0]
+    said = {name.strip(): level for names, level in re.findall(r"^\| ([^|]+) \| (\w+) \|$",
+                                                               table, re.M)
+            for name in names.split(",")}
+    assert said == POD_SECURITY

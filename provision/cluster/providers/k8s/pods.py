@@ -109,7 +109,9 @@ class Watching:
                 return f"pod {name}: {waiting.reason}: {waiting.message or ''}"
             uid, before = pod.metadata.uid, self.last_reason.get(pod.metadata.uid)
             self.last_reason[uid] = waiting.reason or ""
-            if waiting.reason == "ErrImagePull" and before != "ErrImagePull":
+            # one failed pull: ErrImagePull, then ImagePullBackOff; a watch may see only one
+            if waiting.reason in PULLING and before != waiting.reason and not (
+                    before == "ErrImagePull" and waiting.reason == "ImagePullBackOff"):
                 self.pulls[uid] = self.pulls.get(uid, 0) + 1
                 if self.pulls[uid] >= self.pull_attempts:
                     return (f"pod {name}: the image could not be pulled in "
