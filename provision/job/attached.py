@@ -145,8 +145,10 @@ def supervise(run: JobRun, group: NodeGroup) -> int:
         if run.job.min_nodes is not None else None
     recovery = Recovery(run.provider, run.inv, run.store, run.job, run.log, keeper,
                         run.on_event, grower)
+    recovery.pool.on_change = lambda: run.event("replaced", "a new warm spare is ready", [])
     recap = Recap(run.inv.hourly_cost_usd)
-    ledger = from_timeline(timeline.current(run.inv), len(run.inv.nodes), time.time())
+    ledger = from_timeline(timeline.current(run.inv), len(run.inv.nodes), time.time(),
+                           spares=len(run.inv.spares))
     restarts = run.restarts
     nodes: NodeGroup | None = group
     rec: JobRecord | None = None
@@ -192,12 +194,14 @@ def supervise(run: JobRun, group: NodeGroup) -> int:
             run.log(f"restart {restarts} of {run.job.max_restarts}: recovering from "
                     f"{failure.describe()}")
             t0 = time.monotonic()
-            recovery.bring_back(failure)
-            ledger.resize(len(run.inv.nodes), time.time())  # fewer, with --min-nodes
+            recovery.bring_back(failure)  # fewer nodes with --min-nodes; a spare taken
+            ledger.resize(len(run.inv.nodes), time.time(), spares=recovery.pool.held())
             recap.recovered(time.monotonic() - t0)
     finally:
         if grower is not None:
             grower.stop()
+        recovery.pool.stop()  # a spare being made is recorded before `down` may run
+        recovery.pool.wait()
         for line in recap.lines(time.monotonic()):
             run.log(line)
         _close(run, ledger, rec)
