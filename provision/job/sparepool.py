@@ -43,6 +43,8 @@ class SparePool:
     store: InventoryStore
     log: Log
     on_change: Callable[[], None] | None = None  # a spare made or failed (ledger, publish)
+    # how a new spare is made ready (default nodes/spares.prepare_spares; tests script it)
+    prepare: Callable[[Inventory, InventoryStore, list[NodeRecord]], None] | None = None
     _making: int = 0  # spares ordered and not ready yet
     _retiring: list[Future[None]] = field(default_factory=list)
     _work: list[Future[None]] = field(default_factory=list)
@@ -99,14 +101,12 @@ class SparePool:
 
     def _refill(self, provider: KeepsSpares[Any], template: NodeRecord,
                 retired: Future[None]) -> None:
-        from provision.nodes.spares import prepare_spares
-
         t0 = time.monotonic()
         retired.result()  # its quota and placement freed first
         made: NodeRecord | None = None
         try:
             made = provider.make_spare(self.inv, self.store, template)
-            prepare_spares(self.inv, self.store, [made], log=self.log)
+            (self.prepare or self._prepare)(self.inv, self.store, [made])
         except MgpuError as exc:
             self.log(f"no new spare ({exc.message}); going on with {len(self.inv.spares)}")
             if made is not None:
@@ -126,6 +126,11 @@ class SparePool:
                      "ordered)")
         if self.on_change is not None:
             self.on_change()
+
+    def _prepare(self, inv: Inventory, store: InventoryStore, made: list[NodeRecord]) -> None:
+        from provision.nodes.spares import prepare_spares
+
+        prepare_spares(inv, store, made, log=self.log, beside_master=False)
 
     def wait(self, timeout: float | None = None) -> None:
         """Until the background work (retires, refills) has ended (`timeout`: at most)."""

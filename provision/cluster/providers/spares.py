@@ -103,8 +103,10 @@ def describe(plan: Plan, spec: ClusterSpec, estimate: Estimate | None) -> None:
             saved += (f" ({_usd(waited_h * price)}); on average {_usd(per_h)}/h saved "
                       f"against {_usd(k * price)}/h for the spare(s)")
         even = math.sqrt(k / (NODE_FAILURES_PER_HOUR * estimate.seconds / 3600))
-        lines.append(f"each failure a spare takes saves the replacement's ~"
-                     f"{estimate.seconds / 60:.1f} min on all {n} node(s) ({estimate.source}): "
+        wait = (f"{estimate.seconds / 60:.1f} min" if estimate.seconds >= 120
+                else f"{estimate.seconds:.0f} s")
+        lines.append(f"each failure a spare takes saves the replacement's ~{wait} on all "
+                     f"{n} node(s) ({estimate.source}): "
                      f"{saved}; at this rate spares pay for themselves from ~{even:,.0f} "
                      "nodes (and keep a run going when no replacement can be had)")
     plan.spares_text = lines
