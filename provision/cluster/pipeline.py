@@ -123,7 +123,7 @@ def create_cluster(
         import_ssh_stack_while_waiting()
     try:
         spares = f" + {plan.spares} warm spare(s)" if plan.spares else ""
-        log(f"creating {plan.nodes} node(s){spares} on {spec.provider} ...")
+        log(f"creating {plan.nodes - plan.spares} node(s){spares} on {spec.provider} ...")
         with timed(inv, "create call"):
             provider.create(spec, plan, inv, store)
         inv.status = "ready"

@@ -80,9 +80,10 @@ def _usd(value: float) -> str:
 
 
 def describe(plan: Plan, spec: ClusterSpec, estimate: Estimate | None) -> None:
-    """`plan` (made for N + K nodes) as N ranks + K spares, with what they cost and save."""
+    """`plan` (made for N + K nodes: `plan.nodes` stays the machines its provider makes) as
+    N ranks + K spares, with what they cost and save."""
     k, n = spec.spares, spec.nodes
-    plan.nodes, plan.spares = n, k
+    plan.spares = k
     price = plan.node_hourly_usd
     cost = (f"{k} x {_usd(price)}/h = {_usd(k * price)}/h, in the cost above" if price
             else f"{k} x $0.00/h (local)" if price == 0 else f"{k} node(s), price unknown")
