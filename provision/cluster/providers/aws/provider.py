@@ -17,7 +17,6 @@ from provision.model.inventory import Inventory, InventoryStore, NodeRecord, Res
 from provision.model.spec import ClusterSpec
 from provision.nodes.pool import provider_waits
 
-
 # ASSUMED (issue 44: what a warm spare saves, in the plan): a p4d/p5 replacement is ready
 # ~10 min after it is asked for (launch, boot, EFA, a multi-GB image pull, the gate).
 REPLACEMENT_S = 600.0
