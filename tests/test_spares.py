@@ -290,3 +290,59 @@ def test_a_free_provider_says_its_spares_cost_nothing_and_one_without_replacemen
     unknown = Plan(provider="aws", cluster="sp", nodes=3, slots_per_node=1)
     spares.describe(unknown, spec, spares.Estimate(60.0, "x"))
     assert unknown.spares_text[0].startswith("1 node(s), price unknown")
+
+
+def test_a_slurm_spare_takes_the_rank_under_its_own_host_name_and_every_hostfile_says_so(
+        tmp_path: Path) -> None:
+    """A Slurm node is named by its host (srun --nodelist, the hostfile): the spare keeps
+    its name, takes the rank, and the nodes that stay learn the new hostfile."""
+    import io
+    import tarfile
+
+    from fake_nodes import FakeConnector
+
+    from provision.cluster.providers.slurm.provider import SlurmProvider
+    from provision.nodes import NodeGroup
+    from provision.nodes.bootstrap import refresh_peers
+
+    def host(name: str, rank: int) -> NodeRecord:
+        return NodeRecord(name=name, rank=rank, address=name, private_address=name, slots=4,
+                          resource_id="4242")
+
+    store = InventoryStore(tmp_path)
+    inv = Inventory(name="sp", provider="slurm", nodes=[host("c1", 0), host("c2", 1)],
+                    spares=[host("c3", 2)], inter_node_ssh=False, manage_etc_hosts=False)
+    store.create(inv)
+    slurm = SlurmProvider()
+    assert isinstance(slurm, KeepsSpares) and not isinstance(slurm, Recoverable)
+    assert slurm.refills is False and slurm._replacement_estimate(inv.spec) is None  # type: ignore[arg-type]
+    new = slurm.promote(inv, store, inv.spares[0], inv.nodes[1])
+    assert (new.name, new.rank) == ("c3", 1) and [n.name for n in inv.nodes] == ["c1", "c3"]
+    fake = FakeConnector()
+    with NodeGroup(inv, [inv.nodes[0]], connector=fake) as group:
+        refresh_peers(inv, store, group)
+    (archive,) = fake.stdin("c1")
+    with tarfile.open(fileobj=io.BytesIO(archive)) as tar:
+        member = next(m for m in tar.getmembers() if m.name.endswith("hostfile"))
+        text = tar.extractfile(member).read().decode()  # type: ignore[union-attr]
+    assert [line for line in text.splitlines() if line] == ["c1 slots=4", "c3 slots=4"]
+    spec = build_cluster_spec({}, {"name": "sp", "provider": "docker", "nodes": 2, "spares": 1})
+    plan = Plan(provider="slurm", cluster="sp", nodes=3, slots_per_node=4)
+    spares.describe(plan, spec, None, refills=False)
+    assert "a used one is not made again (the lost node stays until the end)" in \
+        plan.spares_text[0]
+
+
+@pytest.mark.parametrize(("provider", "why"), [
+    ("ssh", "uses the machines you list and cannot make one more"),
+    ("k8s", "needs the pod's index kept apart from the rank: not built yet")])
+def test_providers_that_keep_no_spares_refuse_them_in_their_plan_saying_why(
+        provider: str, why: str) -> None:
+    from provision.cluster.providers import get_provider
+
+    spec = build_cluster_spec({}, {"name": "sp", "provider": provider, "nodes": 2,
+                                   "spares": 1})
+    with pytest.raises(UserInputError, match=f"--spares 1: the {provider} provider keeps no "
+                                             "spares") as err:
+        get_provider(provider).plan(spec)  # before anything is asked of a host or a cluster
+    assert why in err.value.message

@@ -79,7 +79,8 @@ def _usd(value: float) -> str:
     return f"${value:,.2f}"
 
 
-def describe(plan: Plan, spec: ClusterSpec, estimate: Estimate | None) -> None:
+def describe(plan: Plan, spec: ClusterSpec, estimate: Estimate | None,
+             refills: bool = True) -> None:
     """`plan` (made for N + K nodes: `plan.nodes` stays the machines its provider makes) as
     N ranks + K spares, with what they cost and save."""
     k, n = spec.spares, spec.nodes
@@ -89,8 +90,9 @@ def describe(plan: Plan, spec: ClusterSpec, estimate: Estimate | None) -> None:
             else f"{k} x $0.00/h (local)" if price == 0 else f"{k} node(s), price unknown")
     every_h = 1 / (n * NODE_FAILURES_PER_HOUR)
     lines = [f"{cost}; idle while the job runs, not ranks (the hostfile and the world size "
-             f"stay {n} node(s)); a lost node's rank moves to one at once, a new one is "
-             "ordered meanwhile",
+             f"stay {n} node(s)); a lost node's rank moves to one at once, " +
+             ("a new one is ordered meanwhile" if refills else "and a used one is not made "
+              "again (the lost node stays until the end)"),
              f"failure rate {FAILURE_RATE_SOURCE}: 1 per {1 / NODE_FAILURES_PER_HOUR:,.0f} "
              f"node-hours, so {n} node(s) lose one about every {every_h:,.0f} h"]
     if estimate is None:
