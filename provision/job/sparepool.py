@@ -106,7 +106,8 @@ class SparePool:
         made: NodeRecord | None = None
         try:
             made = provider.make_spare(self.inv, self.store, template)
-            (self.prepare or self._prepare)(self.inv, self.store, [made])
+            if not self._stopped:  # the run ended meanwhile: kept as made, `down` removes it
+                (self.prepare or self._prepare)(self.inv, self.store, [made])
         except MgpuError as exc:
             self.log(f"no new spare ({exc.message}); going on with {len(self.inv.spares)}")
             if made is not None:
@@ -122,8 +123,8 @@ class SparePool:
                 self.inv.replacements.append(Replacement(rank=made.rank, old=None,
                                                          new=made.resource_id, reason="spare"))
                 self.store.save(self.inv)
-            self.log(f"spare {made.name} ready ({time.monotonic() - t0:.1f} s after it was "
-                     "ordered)")
+            self.log(f"spare {made.name} {'made' if self._stopped else 'ready'} "
+                     f"({time.monotonic() - t0:.1f} s after it was ordered)")
         if self.on_change is not None:
             self.on_change()
 
@@ -145,5 +146,6 @@ class SparePool:
                 return
 
     def stop(self) -> None:
-        """No new spare is ordered from now on (the run ends)."""
+        """No new spare is ordered from now on, and one being made is not prepared (the run
+        ends: it is kept in the inventory as made, for `down`)."""
         self._stopped = True
