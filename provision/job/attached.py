@@ -55,6 +55,7 @@ from provision.job.recovery import (
     classify,
     give_up_message,
 )
+from provision.job.resident import Rejoin
 from provision.job.resumecheck import ResumeCheck
 from provision.job.supervision import Ready, Started, Supervision, Target
 from provision.model import timeline
@@ -162,8 +163,9 @@ def supervise(run: JobRun, group: NodeGroup) -> int:
                 outcome = attempt(run, current, keeper, rec, restarts, gate, ledger,
                                   take_back=taking is not None,
                                   grow=None if grower is None else
-                                  lambda: grower.due(keeper.last_copy))
+                                  lambda: grower.due(keeper.last_copy), recovery=recovery)
                 taking = None
+                restarts += outcome.resident_restarts
             failure = _ended(run, rec, outcome, recap, keeper)
             _account(ledger, failure, keeper)
             nodes = None
@@ -295,22 +297,30 @@ def _tell(run: JobRun, failure: Failure) -> None:
 def attempt(run: JobRun, group: NodeGroup, keeper: CheckpointKeeper, rec: JobRecord,
             restarts: int, gate: InJobGate | None = None,
             ledger: Ledger | None = None, *, take_back: bool = False,
-            grow: Callable[[], bool] | None = None) -> Outcome:
+            grow: Callable[[], bool] | None = None, recovery: Recovery | None = None) -> Outcome:
     """One start of the job on every node, followed to its end, its checkpoints kept and a
     Watcher looking for hangs and preemption notices. `gate`: the fabric gate first, in the
     job's own processes. A job that ended well gets its record (exit codes, logs) while the
-    last copy of its checkpoints is made: each asks the nodes on connections of its own."""
+    last copy of its checkpoints is made: each asks the nodes on connections of its own.
+    With `recovery`, a lost node may be replaced while the others' resident ranks go on
+    (job/resident.py): the outcome counts those restarts."""
     check = ResumeCheck(keeper.restored_step if restarts or keeper.restored_step else None,
                         lambda text: _regressed(run, text))
+
+    liveness = gone_nodes(run.provider, run.inv)
+    watcher = Watcher(run.inv, run.job, keeper, run.log, stop=run.stop, on_event=run.on_event,
+                      grow=grow, gone=liveness)
+    rejoin = None if recovery is None or take_back else _rejoin(run, recovery, rec, restarts,
+                                                                watcher, ledger)
 
     def on_line(node: NodeRecord, text: str) -> None:
         check.feed(text)
         if ledger is not None:
             ledger.save_line(text, time.time())
+        if rejoin is not None:
+            rejoin.ranks.feed(node.name, text)
 
-    watcher = Watcher(run.inv, run.job, keeper, run.log, stop=run.stop, on_line=on_line,
-                      on_event=run.on_event, grow=grow,
-                      gone=gone_nodes(run.provider, run.inv))
+    watcher.on_line = on_line
     ends = JobEnds(rec.id)  # what each node said as its part ended: state, checkpoints
     keeper.start()
     last_copy: Future[None] | None = None
@@ -318,10 +328,14 @@ def attempt(run: JobRun, group: NodeGroup, keeper: CheckpointKeeper, rec: JobRec
         try:
             code = run_job(run.inv, run.job, log=run.log, group=group, monitor=watcher,
                            restart_count=restarts, ends=ends, out=run.out, gate=gate,
-                           survive=run.survive, take_back=take_back)
+                           survive=run.survive, take_back=take_back, rejoin=rejoin)
             outcome = Outcome(code, watcher)
         except LaunchError as exc:
             outcome = Outcome(SESSION_LOST, watcher, launch_error=exc)
+        if rejoin is not None and rejoin.used:
+            outcome.resident_restarts = rejoin.used
+            rec.resident_restarts = rejoin.said
+            run.records.save(rec)
         gone = _gone(run, watcher)
         last_copy = background(lambda: keeper.stop(known=ends.manifests(), gone=gone))
         outcome.gone = gone
@@ -334,6 +348,26 @@ def attempt(run: JobRun, group: NodeGroup, keeper: CheckpointKeeper, rec: JobRec
             keeper.stop()
         else:
             last_copy.result()
+
+
+def _rejoin(run: JobRun, recovery: Recovery, rec: JobRecord, restarts: int, watcher: Watcher,
+            ledger: Ledger | None) -> Rejoin:
+    """The attempt's resident restarts (job/resident.py), wired to its Watcher (a replaced
+    node's exit code forgotten), liveness (a replaced node is not gone) and ledger."""
+    def forget(name: str) -> None:
+        with watcher.lock:
+            watcher.codes.pop(name, None)
+            watcher.first_failed[:] = [n for n in watcher.first_failed if n != name]
+
+    def failed(failure: Failure) -> None:
+        if ledger is not None:
+            _account(ledger, failure, recovery.keeper)
+
+    gone = watcher.gone
+    return Rejoin(run, recovery, rec.id, restarts, gone_names=gone,
+                  forget_gone=getattr(gone, "reset", None), on_failure=failed,
+                  on_resumed=None if ledger is None else
+                  lambda: ledger.switch("training", time.time()), on_reset=forget)
 
 
 def _gone(run: JobRun, watcher: Watcher) -> frozenset[str]:

@@ -224,6 +224,7 @@ class Outcome:
     watcher: Watcher
     launch_error: LaunchError | None = None
     gone: frozenset[str] = frozenset()  # nodes the provider said were gone as it ended
+    resident_restarts: int = 0  # lost nodes replaced while it ran (job/resident.py)
 
 
 def classify(outcome: Outcome, provider: AnyProvider, inv: Inventory) -> Failure:

@@ -1,0 +1,225 @@
+"""Resident ranks (issue 44): after a node is replaced, the other nodes' ranks keep their
+processes (torch imported, model and data pipeline built) and re-enter the training function
+with the newcomer, instead of every rank being started again.
+
+    from remote.resident import World, run     # remote.pyz is on every job's PYTHONPATH
+
+    def train(world: World) -> None:           # the default process group is formed
+        ...                                    # load the newest checkpoint, train, save
+
+    run(train)                                 # fn's result, once it returned
+
+In each rank's process `run` loops:
+    form     the default process group of generation G: init_process_group through a
+             TCPStore that global rank 0's process hosts (its node's address, port
+             MGPU_RESIDENT_PORT), keys under "mgpu/G"; then the line
+             MGPU-EVENT {"event": "resident", "phase": "formed", "gen": G, "rank": R, ...}
+    call     fn(world); its result is returned (phase "done")
+    on error fn raised (a peer's node was lost: the collective failed): the traceback is
+             printed, phase "interrupted", the group is destroyed, and the rank waits for the
+             controller's word, DIR/resident.json {"gen": G2, "master": ADDR} written by
+             `remote.pyz resident reform` once the lost node's replacement is ready and the
+             checkpoint is back on every node; then it forms generation G2 with the newcomer
+             (same ranks; the store on rank 0's node, maybe a new address) and calls fn again.
+             No word within MGPU_RESIDENT_WAIT_S (the controller chose to relaunch the job
+             and stops it, or is gone): the error is raised as without `run`.
+A newcomer's ranks start with MGPU_RESIDENT_GEN, MGPU_RESIDENT_MASTER, MGPU_RESIDENT_BASE
+(its first global rank; rank = BASE + LOCAL_RANK) and MGPU_RESIDENT_WORLD.
+Without MGPU_RESIDENT_DIR (torchrun by hand, outside mgpu-cloud) `run` forms the group from
+torchrun's variables and calls fn once.
+
+Like nvidia-resiliency-ext's inprocess.Wrapper the function is re-entered in the same
+process and the new group's members meet in a store; unlike it (0.4: the world is fixed at
+the first call, a replacement only from spare ranks already running, the store in rank 0's
+process of the first world) a newcomer's process joins, and the store moves with rank 0.
+The lines are read by provision/job/resident.py. Standard library only at import: torch is
+imported by the functions that use it (the training script has imported it already).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+import traceback
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any, TypeVar
+
+from remote.files import write_atomic
+
+EVENT_PREFIX = "MGPU-EVENT "  # remote/supervise.py's: the controller reads one stream
+CONTROL = "resident.json"  # in MGPU_RESIDENT_DIR: the controller's word
+POLL_S = 0.05
+WAIT_S = 900.0  # a cloud replacement takes minutes; the controller stops a job it relaunches
+STORE_TIMEOUT_S = 300.0
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class World:
+    """Who this process is in the current generation's group."""
+
+    rank: int
+    size: int
+    local_rank: int
+    generation: int  # 0, then one more after each re-formation with a newcomer
+    resident: bool  # False: run by hand (no controller to re-form the group): fn runs once
+
+
+@dataclass
+class _Where:
+    gen: int
+    master: str
+    port: int
+
+
+def _env_int(name: str, default: int) -> int:
+    value = os.environ.get(name, "")
+    return int(value) if value.strip().lstrip("-").isdigit() else default
+
+
+def _say(phase: str, world: World, **extra: object) -> None:
+    event = {"event": "resident", "phase": phase, "gen": world.generation, "rank": world.rank,
+             "world": world.size, "local_rank": world.local_rank, "pid": os.getpid(), **extra}
+    sys.stdout.write(EVENT_PREFIX + json.dumps(event, sort_keys=True) + "\n")
+    sys.stdout.flush()
+
+
+def read_control(folder: str) -> dict[str, Any] | None:
+    """The controller's last word in `folder`, or None (none yet, or unreadable)."""
+    try:
+        with open(os.path.join(folder, CONTROL)) as fh:
+            data = json.load(fh)
+    except (OSError, ValueError):
+        return None
+    ok = isinstance(data, dict) and isinstance(data.get("gen"), int) \
+        and isinstance(data.get("master"), str)
+    return data if ok else None
+
+
+class _Stores:
+    """The TCPStore of each (master, port): rank 0 hosts it, the others connect; kept for
+    the process's life (a later generation with the same master reuses it)."""
+
+    def __init__(self) -> None:
+        self._open: dict[tuple[str, int], Any] = {}
+
+    def get(self, where: _Where, rank: int) -> Any:
+        from torch._C._distributed_c10d import TCPStore
+
+        key = (where.master, where.port)
+        if key not in self._open:
+            self._open[key] = TCPStore(
+                where.master, where.port, is_master=rank == 0, wait_for_workers=False,
+                timeout=timedelta(seconds=STORE_TIMEOUT_S))
+        return self._open[key]
+
+    def forget_others(self, keep: _Where) -> None:
+        self._open = {k: v for k, v in self._open.items() if k == (keep.master, keep.port)}
+
+
+def _form(stores: _Stores, where: _Where, world: World, backend: str | None) -> None:
+    import torch
+    import torch.distributed as dist
+    from torch._C._distributed_c10d import PrefixStore
+
+    chosen = backend or ("nccl" if torch.cuda.is_available() else "gloo")
+    store = PrefixStore(f"mgpu/{where.gen}", stores.get(where, world.rank))
+    dist.init_process_group(chosen, store=store, rank=world.rank, world_size=world.size)
+
+
+def _drop_group() -> None:
+    """Destroy the default group after a failure (NCCL: aborted first, so nothing waits on
+    a lost peer); best effort, whatever state the failure left it in."""
+    import torch.distributed as dist
+
+    if not dist.is_initialized():
+        return
+    try:
+        if dist.get_backend() == "nccl":
+            dist.distributed_c10d._abort_process_group()
+    except Exception:  # noqa: BLE001, S110 - the destroy below is what matters
+        pass
+    try:
+        dist.destroy_process_group()
+    except Exception as exc:  # noqa: BLE001
+        sys.stderr.write(f"mgpu-cloud resident: destroying the failed group: {exc}\n")
+
+
+def _wait_for_word(folder: str, after: int, wait_s: float) -> dict[str, Any] | None:
+    end = time.monotonic() + wait_s
+    while time.monotonic() < end:
+        word = read_control(folder)
+        if word is not None and word["gen"] > after:
+            return word
+        time.sleep(POLL_S)
+    return None
+
+
+def _first(env: dict[str, str]) -> tuple[World, _Where]:
+    """This process's identity at its start: a newcomer's from MGPU_RESIDENT_*, else
+    torchrun's (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR)."""
+    local = _env_int("LOCAL_RANK", 0)
+    resident = bool(env.get("MGPU_RESIDENT_DIR"))
+    port = _env_int("MGPU_RESIDENT_PORT", 0)
+    if "MGPU_RESIDENT_GEN" in env:
+        gen = _env_int("MGPU_RESIDENT_GEN", 0)
+        world = World(_env_int("MGPU_RESIDENT_BASE", 0) + local,
+                      _env_int("MGPU_RESIDENT_WORLD", 1), local, gen, resident)
+        return world, _Where(gen, env.get("MGPU_RESIDENT_MASTER", "127.0.0.1"), port)
+    world = World(_env_int("RANK", 0), _env_int("WORLD_SIZE", 1), local, 0, resident)
+    return world, _Where(0, env.get("MASTER_ADDR", "127.0.0.1"), port)
+
+
+def run(fn: Callable[[World], T], *, backend: str | None = None) -> T:
+    """Form the group, call fn(world), and re-enter it after a node is replaced (the module
+    doc). Returns fn's result; raises fn's error when no re-formation comes."""
+    import torch.distributed as dist
+
+    world, where = _first(dict(os.environ))
+    if not world.resident or not where.port:
+        dist.init_process_group(backend or None)
+        return fn(World(dist.get_rank(), dist.get_world_size(), world.local_rank, 0, False))
+    folder = os.environ["MGPU_RESIDENT_DIR"]
+    wait_s = float(os.environ.get("MGPU_RESIDENT_WAIT_S") or WAIT_S)
+    stores = _Stores()
+    while True:
+        _form(stores, where, world, backend)
+        _say("formed", world, master=where.master)
+        try:
+            result = fn(world)
+        except Exception as exc:
+            traceback.print_exc()
+            _say("interrupted", world, error=f"{type(exc).__name__}: {exc}"[:300])
+            _drop_group()
+            word = _wait_for_word(folder, world.generation, wait_s)
+            if word is None:
+                raise
+            where = _Where(int(word["gen"]), str(word["master"]), where.port)
+            stores.forget_others(where)
+            world = World(world.rank, world.size, world.local_rank, where.gen, True)
+            continue
+        _say("done", world)
+        return result
+
+
+def main(command: str, argv: list[str]) -> int:
+    """`resident reform --dir D --gen G --master ADDR`: the controller's word to the resident
+    ranks of this node (written atomically; they poll it)."""
+    ap = argparse.ArgumentParser(prog=f"remote.pyz {command}")
+    sub = ap.add_subparsers(dest="action", required=True)
+    reform = sub.add_parser("reform", help="tell this node's resident ranks to re-form")
+    reform.add_argument("--dir", required=True)
+    reform.add_argument("--gen", type=int, required=True)
+    reform.add_argument("--master", required=True)
+    args = ap.parse_args(argv)
+    folder = os.path.expanduser(args.dir)
+    os.makedirs(folder, exist_ok=True)
+    write_atomic(os.path.join(folder, CONTROL),
+                 json.dumps({"gen": args.gen, "master": args.master}), mode=0o644, fsync=False)
+    print(json.dumps({"reformed": args.gen}))
+    return 0
