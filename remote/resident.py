@@ -102,24 +102,24 @@ def read_control(folder: str) -> dict[str, Any] | None:
 
 
 class _Stores:
-    """The TCPStore of each (master, port): rank 0 hosts it, the others connect; kept for
-    the process's life (a later generation with the same master reuses it)."""
+    """The store of each generation: global rank 0's process hosts one for its life (a later
+    generation with the same rank 0 reuses it); every other rank connects anew each
+    generation (a replaced node 0 may come back at the same address: an old connection
+    would lead to the lost process)."""
 
     def __init__(self) -> None:
-        self._open: dict[tuple[str, int], Any] = {}
+        self.hosted: Any = None
 
     def get(self, where: _Where, rank: int) -> Any:
         from torch._C._distributed_c10d import TCPStore
 
-        key = (where.master, where.port)
-        if key not in self._open:
-            self._open[key] = TCPStore(
-                where.master, where.port, is_master=rank == 0, wait_for_workers=False,
-                timeout=timedelta(seconds=STORE_TIMEOUT_S))
-        return self._open[key]
-
-    def forget_others(self, keep: _Where) -> None:
-        self._open = {k: v for k, v in self._open.items() if k == (keep.master, keep.port)}
+        timeout = timedelta(seconds=STORE_TIMEOUT_S)
+        if rank != 0:
+            return TCPStore(where.master, where.port, is_master=False, timeout=timeout)
+        if self.hosted is None:
+            self.hosted = TCPStore(where.master, where.port, is_master=True,
+                                   wait_for_workers=False, timeout=timeout)
+        return self.hosted
 
 
 def _form(stores: _Stores, where: _Where, world: World, backend: str | None) -> None:
@@ -188,9 +188,9 @@ def run(fn: Callable[[World], T], *, backend: str | None = None) -> T:
     wait_s = float(os.environ.get("MGPU_RESIDENT_WAIT_S") or WAIT_S)
     stores = _Stores()
     while True:
-        _form(stores, where, world, backend)
-        _say("formed", world, master=where.master)
-        try:
+        try:  # a failure while forming (a newcomer lost again) waits for the next word too
+            _form(stores, where, world, backend)
+            _say("formed", world, master=where.master)
             result = fn(world)
         except Exception as exc:
             traceback.print_exc()
@@ -200,7 +200,6 @@ def run(fn: Callable[[World], T], *, backend: str | None = None) -> T:
             if word is None:
                 raise
             where = _Where(int(word["gen"]), str(word["master"]), where.port)
-            stores.forget_others(where)
             world = World(world.rank, world.size, world.local_rank, where.gen, True)
             continue
         _say("done", world)
