@@ -160,8 +160,10 @@ class Rejoin:
         if not get_launcher(job.launcher).resident(job):
             return f"the {job.launcher} launcher{' with --rdzv' if job.rdzv else ''} has no " \
                    "resident restarts"
-        if job.on_node_loss != "replace" or not isinstance(run.provider, Recoverable):
-            return "lost nodes are not replaced here (--on-node-loss, or the provider)"
+        if job.on_node_loss != "replace":
+            return f"--on-node-loss {job.on_node_loss}: lost nodes are not replaced"
+        if not isinstance(run.provider, Recoverable):
+            return f"the {run.inv.provider} provider cannot replace a node"
         if job.min_nodes is not None:
             return "--min-nodes may go on without the node"
         if self.restarts + self.used >= job.max_restarts:
