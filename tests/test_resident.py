@@ -81,7 +81,7 @@ def test_each_rule_alone_sends_a_loss_to_the_full_relaunch(job: dict[str, Any], 
                                                           why: str) -> None:
     logged: list[str] = []
     rejoin = _rejoin(logged, restarts, **job)
-    assert rejoin.lost([rejoin.run.inv.nodes[1]]) is None
+    assert rejoin.lost([rejoin.run.inv.nodes[1]], _no_start) is None
     assert logged == [f"node-1 lost; full relaunch: {why}"], logged
 
 
@@ -90,7 +90,7 @@ def test_a_provider_that_cannot_replace_sends_a_loss_to_the_full_relaunch() -> N
     rejoin = _rejoin(logged)
     rejoin.run.provider = get_provider("ssh")
     rejoin.run.inv.provider = "ssh"
-    assert rejoin.lost([rejoin.run.inv.nodes[1]]) is None
+    assert rejoin.lost([rejoin.run.inv.nodes[1]], _no_start) is None
     assert logged == ["node-1 lost; full relaunch: the ssh provider cannot replace a node"]
 
 
@@ -100,7 +100,7 @@ def test_ranks_that_do_not_stop_send_a_loss_to_the_full_relaunch(
     logged: list[str] = []
     rejoin = _rejoin(logged)
     rejoin.ranks.feed("node-0", line("interrupted", 0))  # rank 1 is still in its collective
-    assert rejoin.lost([rejoin.run.inv.nodes[1]]) is None
+    assert rejoin.lost([rejoin.run.inv.nodes[1]], _no_start) is None
     assert logged == ["node-1 lost; full relaunch: rank(s) [1] did not stop within 0 s"]
 
 
@@ -126,11 +126,14 @@ def test_a_newcomers_command_joins_or_starts_alone() -> None:
     joined = node_command(inv, job, inv.nodes[1], job_id="7",
                           join=Join(2, "10.0.0.1", 2, 4, alone=False))
     for word in ("MGPU_RESIDENT_GEN=2", "MGPU_RESIDENT_MASTER=10.0.0.1",
-                 "MGPU_RESIDENT_BASE=2", "MGPU_RESIDENT_WORLD=4", "--node_rank 1"):
-        assert word in joined, joined
+                 "MGPU_RESIDENT_BASE=2", "MGPU_RESIDENT_WORLD=4", "--node_rank 1",
+                 "--run_path --start_method fork", "/remote.pyz resident start -- "):
+        assert word in joined, joined  # its ranks forked from the agent: torch imported once
+    assert "--run_path" not in plain and "MGPU_NODE_RANK" not in joined
     alone = node_command(inv, job, inv.nodes[0], job_id="7",
                          join=Join(1, "10.0.0.1", 0, 4, alone=True))
-    assert "torchrun --standalone --nnodes 1 --nproc_per_node 2" in alone
+    assert "torchrun --standalone --nnodes 1 --nproc_per_node 2 --run_path --start_method " \
+        "fork" in alone
     assert "--master_addr" not in alone
     ds = build_job_spec({}, {"script": EXAMPLE, "launcher": "deepspeed"})
     assert "MGPU_RESIDENT" not in node_command(inv, ds, inv.nodes[0], job_id="7")
@@ -138,13 +141,18 @@ def test_a_newcomers_command_joins_or_starts_alone() -> None:
     assert resident_port(top) == 65534
 
 
+def _no_start(node: NodeRecord, command: str) -> Future[int]:
+    raise AssertionError("no newcomer is started")
+
+
 class _FakeRejoin:
     def __init__(self, answer: list[tuple[NodeRecord, str]] | None) -> None:
         self.answer, self.asked = answer, list[list[str]]()
 
-    def lost(self, nodes: list[NodeRecord]) -> list[tuple[NodeRecord, str]] | None:
+    def lost(self, nodes: list[NodeRecord],
+             start: following.Starter) -> dict[Future[int], NodeRecord] | None:
         self.asked.append([n.name for n in nodes])
-        return self.answer
+        return None if self.answer is None else {start(n, c): n for n, c in self.answer}
 
     def gone(self, running: list[NodeRecord]) -> list[NodeRecord]:
         return []

@@ -69,10 +69,12 @@ class Rejoin(Protocol):
     """Resident restarts (provision/job/resident.py): a node lost mid-job is replaced while
     the other nodes' ranks keep their processes and re-form the group with the newcomer."""
 
-    def lost(self, nodes: list[NodeRecord]) -> list[tuple[NodeRecord, str]] | None:
+    def lost(self, nodes: list[NodeRecord],
+             start: Starter) -> dict[Future[int], NodeRecord] | None:
         """Replace `nodes` (their session dropped, or the provider says they are gone), the
-        others' ranks kept: each newcomer and the command it starts with. None: not possible
-        (it says why); the job is stopped on every node and relaunched, as without."""
+        others' ranks kept: each newcomer started with `start` as soon as it can be, its
+        future. None: not possible (it says why; a newcomer started already is stopped); the
+        job is stopped on every node and relaunched, as without."""
         ...
 
     def gone(self, running: list[NodeRecord]) -> list[NodeRecord]:
@@ -144,12 +146,10 @@ def _rejoined(rejoin: Rejoin | None, start: Starter | None, nodes: list[NodeReco
               futures: dict[Future[int], NodeRecord], pending: set[Future[int]]) -> bool:
     """Offer lost `nodes` to `rejoin`; True when their newcomers were started (and are now
     among the followed futures)."""
-    started = rejoin.lost(nodes) if rejoin is not None and start is not None else None
-    if started is None or start is None:
+    started = rejoin.lost(nodes, start) if rejoin is not None and start is not None else None
+    if started is None:
         return False
-    for node, command in started:
-        fut = start(node, command)
-        futures[fut] = node
-        pending.add(fut)
+    futures.update(started)
+    pending.update(started)
     return True
 

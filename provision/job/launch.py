@@ -158,6 +158,8 @@ def node_command(
     the word to re-form arrives: the job's folder) and MGPU_RESIDENT_PORT; `join`: this node
     is such a newcomer (remote/resident.py)."""
     home = RemoteLayout(HomePath(inv.remote_root))
+    if join is not None:  # forked from its launcher, which imported torch (remote/resident.py)
+        entry = ["@root/remote.pyz", "resident", "start", "--"]
     ctx = _context(inv, job, entry)
     node = launch_rank(inv, node)
     job_id = job_id or adhoc_job_id()
@@ -167,7 +169,7 @@ def node_command(
     supervise = supervisor_words(home, job_id, detach, preempt, job_container(inv, job),
                                  survive)
     env = job_env(inv, job, ctx.layout, restart_count)
-    if entry:
+    if entry and join is None:
         env["MGPU_NODE_RANK"] = str(node.rank)
     if program is not None:
         program = _in_root(ctx.layout, program)

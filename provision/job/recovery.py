@@ -272,10 +272,13 @@ class Recovery:
     on_event: OnEvent | None = None
     grower: Grower | None = None  # --min-nodes: dropped nodes asked for again
 
-    def bring_back(self, failure: Failure) -> None:
+    def bring_back(self, failure: Failure,
+                   bootstrapped: Callable[[list[NodeRecord]], None] | None = None) -> None:
         """Make the cluster whole again for a restart (replaced nodes bootstrapped, the
         others told about them, the checkpoint on every node). Raises MgpuError if not.
-        Its phases begin a "recovery" timeline (the relaunch adds gate, first output line)."""
+        Its phases begin a "recovery" timeline (the relaunch adds gate, first output line).
+        `bootstrapped`: told the new nodes before the checkpoint is put back (a resident
+        restart starts its newcomer then: job/resident.py)."""
         timeline.begin(self.inv, "recovery")
         t0 = time.monotonic()
         nodes = failure.nodes if failure.kind in REPLACED_KINDS else []
@@ -300,6 +303,8 @@ class Recovery:
             others = [n for n in self.inv.nodes if n not in replaced]
             with NodeGroup(self.inv, others) as group:
                 refresh_peers(self.inv, self.store, group)
+            if bootstrapped is not None:
+                bootstrapped(replaced)
         t2 = time.monotonic()
         with NodeGroup(self.inv) as group, timeline.timed(self.inv, "restore"):
             restored = self.keeper.restore(group)

@@ -24,11 +24,12 @@ import json
 import threading
 import time
 from collections.abc import Callable
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any
 
 from provision.cluster.providers.contract import Recoverable
-from provision.job.following import SESSION_LOST
+from provision.job.following import SESSION_LOST, Starter, stop_job
 from provision.job.launch import Join, node_command
 from provision.job.launchers import get_launcher
 from provision.job.recovery import EVENT_PREFIX, Failure, Recovery
@@ -136,7 +137,8 @@ class Rejoin:
         return ("resident ranks stopped on an error and no node was lost: a rank crash "
                 "(full relaunch)")
 
-    def lost(self, nodes: list[NodeRecord]) -> list[tuple[NodeRecord, str]] | None:
+    def lost(self, nodes: list[NodeRecord],
+             start: Starter) -> dict[Future[int], NodeRecord] | None:
         names = [n.name for n in nodes]
         why = self._why_not()
         if why is None:
@@ -147,10 +149,14 @@ class Rejoin:
             self.run.log(f"{', '.join(names)} lost; full relaunch: {why}")
             return None
         self.busy = True
+        started: dict[Future[int], NodeRecord] = {}
         try:
-            return self._replace(nodes)
+            return self._replace(nodes, start, started)
         except MgpuError as exc:
             self.run.log(f"resident restart failed ({exc.message}); full relaunch")
+            if started:
+                with NodeGroup(self.run.inv, list(started.values())) as group:
+                    stop_job(group, grace=5.0)
             return None
         finally:
             self.busy = False
@@ -170,7 +176,12 @@ class Rejoin:
             return f"no restart left (--max-restarts {job.max_restarts})"
         return self.ranks.missing()
 
-    def _replace(self, nodes: list[NodeRecord]) -> list[tuple[NodeRecord, str]]:
+    def _replace(self, nodes: list[NodeRecord], start: Starter,
+                 started: dict[Future[int], NodeRecord]) -> dict[Future[int], NodeRecord]:
+        """Replace `nodes`; each newcomer is started (into `started`) once bootstrapped,
+        while the checkpoint goes back on every node: its ranks form the next generation's
+        group with the others, which only come once the checkpoint is back and they have
+        the word, so none reads the checkpoint before it is whole."""
         run, t0 = self.run, time.monotonic()
         names = [n.name for n in nodes]
         kept = [n for n in run.inv.nodes if n.name not in names]
@@ -182,33 +193,34 @@ class Rejoin:
             self.on_failure(failure)
         keeper = self.recovery.keeper
         keeper.stop(gone=frozenset(names))  # one last copy from the nodes still here
-        self.recovery.bring_back(failure)
-        keeper.start()
         gen = self.ranks.next_generation()
-        inv = run.inv
-        master = inv.master.private_address
-        with NodeGroup(inv, kept) as group:
+        self.alone = self.alone or any(n.rank == 0 for n in nodes)
+        count = self.restarts + self.used + 1  # this restart's number (counted once it worked)
+
+        def begin(new_nodes: list[NodeRecord]) -> None:
+            master = run.inv.master.private_address
+            for new in new_nodes:
+                if self.on_reset is not None:
+                    self.on_reset(new.name)
+                with self.ranks.lock:
+                    base = min(self.ranks.ranks.get(new.name) or {0})
+                join = Join(gen, master, base, self.ranks.world, self.alone)
+                command = node_command(run.inv, run.job, new, job_id=self.job_id,
+                                       restart_count=count, join=join)
+                started[start(new, command)] = new
+
+        self.recovery.bring_back(failure, bootstrapped=begin)
+        keeper.start()
+        with NodeGroup(run.inv, kept) as group:
             layout = group.layout
-            group.run(layout.remote_command("resident", "reform", "--dir",
-                                            layout.job_dir(self.job_id), "--gen", str(gen),
-                                            "--master", master)).raise_for(
+            group.run(layout.remote_command(
+                "resident", "reform", "--dir", layout.job_dir(self.job_id), "--gen", str(gen),
+                "--master", run.inv.master.private_address)).raise_for(
                 "telling the resident ranks to re-form", MgpuError)
         if self.forget_gone is not None:
             self.forget_gone()
-        self.alone = self.alone or any(n.rank == 0 for n in nodes)
         self.used += 1
-        started = []
-        for old in nodes:
-            new = next(n for n in inv.nodes if n.name == old.name)
-            if self.on_reset is not None:
-                self.on_reset(new.name)
-            with self.ranks.lock:
-                base = min(self.ranks.ranks.get(old.name) or {0})
-            join = Join(gen, master, base, self.ranks.world, self.alone)
-            started.append((new, node_command(inv, run.job, new, job_id=self.job_id,
-                                              restart_count=self.restarts + self.used,
-                                              join=join)))
-        line = (f"resident restart {self.restarts + self.used} of {run.job.max_restarts}: "
+        line = (f"resident restart {count} of {run.job.max_restarts}: "
                 f"{', '.join(names)} replaced in {time.monotonic() - t0:.1f} s; "
                 f"{len(kept)} node(s) kept their processes; generation {gen}")
         run.log(line)
@@ -216,4 +228,4 @@ class Rejoin:
         run.event("resumed", line)
         if self.on_resumed is not None:
             self.on_resumed()
-        return started
+        return dict(started)

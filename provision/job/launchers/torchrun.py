@@ -43,10 +43,13 @@ class Torchrun(Launcher):
         through its own store). Node 0's first agent still runs: the static rendezvous joins
         its store (the ranks it assigned are still there), and at the end that agent's exit
         barrier counts the newcomer in place of the lost agent (else it would wait 300 s
-        for it). Without it (node 0 lost) the agent runs alone (--standalone)."""
+        for it). Without it (node 0 lost) the agent runs alone (--standalone). Its workers
+        are forked from the agent (ctx.entry: `remote.pyz resident start --`), which has
+        imported torch: one import on the newcomer instead of one per rank."""
         if alone:
+            forks = ["--run_path", "--start_method", "fork"] if _forks(ctx, node) else []
             return ["torchrun", "--standalone", "--nnodes", "1", "--nproc_per_node",
-                    ctx.nproc(node), *ctx.script(None)]
+                    ctx.nproc(node), *forks, *ctx.script(None)]
         return self.argv(ctx, node, None)
 
     def prepare(self, ctx: LaunchContext, env: dict[str, str]) -> tuple[str, list[str]]:
