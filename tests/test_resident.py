@@ -206,3 +206,33 @@ def test_follow_without_a_newcomer_stops_the_others_as_before() -> None:
                             rejoin, lambda n, c: pytest.fail("no newcomer"))
     assert code == following.SESSION_LOST and rejoin.asked == [["node-1"]]
     assert stops == [["node-0"]]
+
+
+def test_a_failed_attempt_asks_every_node_at_once_whether_it_is_lost(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """classify's question (issue 44, flat in N): the provider and a fresh login for every
+    node at once, not one after the other (the barrier breaks unless all calls overlap)."""
+    import threading
+
+    from fake_nodes import FakeConnector
+
+    from provision.job.recovery import _lost
+
+    nodes = [NodeRecord(name=f"node-{r}", rank=r, address="127.0.0.1", port=4000 + r,
+                        private_address=f"10.0.0.{r + 1}", slots=2) for r in range(6)]
+    inv = Inventory(name="demo", provider="docker", nodes=nodes, status="ready")
+    together = threading.Barrier(5, timeout=10)  # node-0 is known gone: not asked
+    provider = get_provider("docker")
+
+    def alive(inv: Inventory, node: NodeRecord) -> bool:
+        together.wait()
+        return node.name != "node-3"  # the provider is sure node-3 is gone
+
+    monkeypatch.setattr(provider, "node_alive", alive)
+    fake = FakeConnector()
+    fake.unreachable("node-5")  # a login fails
+    monkeypatch.setattr("provision.nodes.group.default_connector", lambda inv: fake)
+    monkeypatch.setattr("provision.job.recovery.REACHABLE_DEADLINE_S", 0.5)
+    lost = _lost(provider, inv, frozenset({"node-0"}))
+    assert [n.name for n in lost] == ["node-0", "node-3", "node-5"]
+    assert sorted(set(fake.connected)) == ["node-1", "node-2", "node-4", "node-5"]

@@ -53,7 +53,6 @@ from provision.job.recovery import (
     Recovery,
     Watcher,
     classify,
-    give_up_message,
 )
 from provision.job.resident import Rejoin
 from provision.job.resumecheck import ResumeCheck
@@ -188,7 +187,7 @@ def supervise(run: JobRun, group: NodeGroup) -> int:
             if restarts >= run.job.max_restarts:
                 if outcome.launch_error is not None:
                     raise outcome.launch_error
-                run.log(give_up_message(failure, restarts, run.job.max_restarts))
+                run.log(failure.give_up(restarts, run.job.max_restarts))
                 return outcome.code
             restarts += 1
             run.log(f"restart {restarts} of {run.job.max_restarts}: recovering from "
