@@ -206,7 +206,7 @@ class Rejoin:
                     base = min(self.ranks.ranks.get(new.name) or {0})
                 join = Join(gen, master, base, self.ranks.world, self.alone)
                 command = node_command(run.inv, run.job, new, job_id=self.job_id,
-                                       restart_count=count, join=join)
+                                       restart_count=count, join=join, survive=run.survive)
                 started[start(new, command)] = new
 
         self.recovery.bring_back(failure, bootstrapped=begin)
