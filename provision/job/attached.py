@@ -209,7 +209,8 @@ def _started(run: JobRun, restarts: int, taking: str | None) -> None:
         run.event("taken_back", f"job {taking} on the nodes followed again by a new "
                                 "controller (the last one was lost)")
     elif restarts:
-        run.event("resumed", f"restart {restarts} of {run.job.max_restarts}: running again")
+        run.event("resumed", f"restart {restarts} of {run.job.max_restarts}: running again "
+                             "(full relaunch: every rank started anew)")
     else:
         run.event("started",
                   f"running on {len(run.inv.nodes)} node(s): {run.job.script_in_workdir}")

@@ -141,7 +141,6 @@ def follow(futures: dict[Future[int], NodeRecord], stopper: NodeGroup, log: Log,
     return code
 
 
-
 def _rejoined(rejoin: Rejoin | None, start: Starter | None, nodes: list[NodeRecord],
               futures: dict[Future[int], NodeRecord], pending: set[Future[int]]) -> bool:
     """Offer lost `nodes` to `rejoin`; True when their newcomers were started (and are now
