@@ -54,7 +54,7 @@ from provision.job.recovery import (
     Watcher,
     classify,
 )
-from provision.job.resident import Rejoin
+from provision.job.resident import rejoin_for
 from provision.job.resumecheck import ResumeCheck
 from provision.job.supervision import Ready, Started, Supervision, Target
 from provision.model import timeline
@@ -145,8 +145,10 @@ def supervise(run: JobRun, group: NodeGroup) -> int:
         if run.job.min_nodes is not None else None
     recovery = Recovery(run.provider, run.inv, run.store, run.job, run.log, keeper,
                         run.on_event, grower)
+    recovery.pool.on_change = lambda: run.event("replaced", "a new warm spare is ready", [])
     recap = Recap(run.inv.hourly_cost_usd)
-    ledger = from_timeline(timeline.current(run.inv), len(run.inv.nodes), time.time())
+    ledger = from_timeline(timeline.current(run.inv), len(run.inv.nodes), time.time(),
+                           spares=len(run.inv.spares))
     restarts = run.restarts
     nodes: NodeGroup | None = group
     rec: JobRecord | None = None
@@ -193,12 +195,14 @@ def supervise(run: JobRun, group: NodeGroup) -> int:
             run.log(f"restart {restarts} of {run.job.max_restarts}: recovering from "
                     f"{failure.describe()}")
             t0 = time.monotonic()
-            recovery.bring_back(failure)
-            ledger.resize(len(run.inv.nodes), time.time())  # fewer, with --min-nodes
+            recovery.bring_back(failure)  # fewer nodes with --min-nodes; a spare taken
+            ledger.resize(len(run.inv.nodes), time.time(), spares=recovery.pool.held())
             recap.recovered(time.monotonic() - t0)
     finally:
         if grower is not None:
             grower.stop()
+        recovery.pool.stop()  # a spare being made is recorded before `down` may run
+        recovery.pool.wait()
         for line in recap.lines(time.monotonic()):
             run.log(line)
         _close(run, ledger, rec)
@@ -310,8 +314,10 @@ def attempt(run: JobRun, group: NodeGroup, keeper: CheckpointKeeper, rec: JobRec
     liveness = gone_nodes(run.provider, run.inv)
     watcher = Watcher(run.inv, run.job, keeper, run.log, stop=run.stop, on_event=run.on_event,
                       grow=grow, gone=liveness)
-    rejoin = None if recovery is None or take_back else _rejoin(run, recovery, rec, restarts,
-                                                                watcher, ledger)
+    rejoin = None if recovery is None or take_back else rejoin_for(
+        run, recovery, rec.id, restarts, watcher,
+        None if ledger is None else lambda f: _account(ledger, f, keeper),
+        None if ledger is None else lambda: ledger.switch("training", time.time()))
 
     def on_line(node: NodeRecord, text: str) -> None:
         check.feed(text)
@@ -348,26 +354,6 @@ def attempt(run: JobRun, group: NodeGroup, keeper: CheckpointKeeper, rec: JobRec
             keeper.stop()
         else:
             last_copy.result()
-
-
-def _rejoin(run: JobRun, recovery: Recovery, rec: JobRecord, restarts: int, watcher: Watcher,
-            ledger: Ledger | None) -> Rejoin:
-    """The attempt's resident restarts (job/resident.py), wired to its Watcher (a replaced
-    node's exit code forgotten), liveness (a replaced node is not gone) and ledger."""
-    def forget(name: str) -> None:
-        with watcher.lock:
-            watcher.codes.pop(name, None)
-            watcher.first_failed[:] = [n for n in watcher.first_failed if n != name]
-
-    def failed(failure: Failure) -> None:
-        if ledger is not None:
-            _account(ledger, failure, recovery.keeper)
-
-    gone = watcher.gone
-    return Rejoin(run, recovery, rec.id, restarts, gone_names=gone,
-                  forget_gone=getattr(gone, "reset", None), on_failure=failed,
-                  on_resumed=None if ledger is None else
-                  lambda: ledger.switch("training", time.time()), on_reset=forget)
 
 
 def _gone(run: JobRun, watcher: Watcher) -> frozenset[str]:

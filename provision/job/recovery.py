@@ -17,10 +17,11 @@ Detection (a Watcher is the launch.JobMonitor of the run):
     resume       (issue 36) after a restore, the job's first step line below the restored
                  step is flagged: `resume regression: saved S, restarted at F`
 Recovery (the loop is provision/job/attached.supervise), at most --max-restarts times:
-    keep the last checkpoint -> lost / preempted nodes: replace (Recoverable.replace), or wait
-    for the same hosts (--on-node-loss restart), or stop (fail) -> bootstrap the new nodes and
-    update the others -> restore the checkpoint on every node -> launch again with
-    MGPU_RESTART_COUNT + 1. Every replacement is recorded in the inventory."""
+    keep the last checkpoint -> lost / preempted nodes: a warm spare or a replacement (the
+    pool, job/sparepool.py), or wait for the same hosts (--on-node-loss restart), or stop
+    (fail) -> bootstrap the new nodes and update the others -> restore the checkpoint on
+    every node -> launch again with MGPU_RESTART_COUNT + 1. Every replacement is recorded
+    in the inventory."""
 
 from __future__ import annotations
 
@@ -37,13 +38,14 @@ from provision.job.checkpoints import CheckpointKeeper
 from provision.job.elastic import Grower
 from provision.job.launch import job_container
 from provision.job.notices import maintenance_message
+from provision.job.sparepool import SparePool
 from provision.job.stragglers import Slow, StragglerWatch
 from provision.model import timeline
 from provision.model.errors import LaunchError, MgpuError
 from provision.model.inventory import Inventory, InventoryStore, NodeRecord, Replacement
 from provision.model.logsink import Log
 from provision.model.spec import JobSpec
-from provision.nodes import NodeGroup, background, fan_out
+from provision.nodes import NodeGroup, fan_out
 
 # A managed run's record sink (provision/job/managed/): (event, message, node names).
 OnEvent = Callable[[str, str, list[str]], None]
@@ -276,6 +278,10 @@ class Recovery:
     keeper: CheckpointKeeper
     on_event: OnEvent | None = None
     grower: Grower | None = None  # --min-nodes: dropped nodes asked for again
+    pool: SparePool = field(init=False)  # where a node for a rank comes from (issue 44)
+
+    def __post_init__(self) -> None:
+        self.pool = SparePool(self.provider, self.inv, self.store, self.log)
 
     def bring_back(self, failure: Failure,
                    bootstrapped: Callable[[list[NodeRecord]], None] | None = None) -> None:
@@ -319,15 +325,10 @@ class Recovery:
                  f"({restored} checkpoint file(s) on every node)")
 
     def _replace(self, nodes: list[NodeRecord], why: str) -> list[NodeRecord]:
-        if not isinstance(self.provider, Recoverable):
-            raise MgpuError(
-                f"provider {self.inv.provider!r} cannot replace nodes ({', '.join(n.name for n in nodes)})",
-                hint="restart on the same machines with --on-node-loss restart, or stop with "
-                "--on-node-loss fail",
-            )
         new_nodes = []
         for node in nodes:
-            self.log(f"replacing {node.name} ({why}) ...")
+            if not self.inv.spares:
+                self.log(f"replacing {node.name} ({why}) ...")
             if why == "slow node":
                 from provision.model.blocklist import remember
 
@@ -346,9 +347,7 @@ class Recovery:
     def _replace_or_drop(self, node: NodeRecord, why: str) -> NodeRecord | None:
         """The replacement of `node`; None when it could not be had (an error, or not within
         --replace-timeout) and --min-nodes lets the run go on without it (job/elastic.py)."""
-        provider = self.provider
-        assert isinstance(provider, Recoverable)
-        pending = background(lambda: provider.replace(self.inv, self.store, node))
+        pending = self.pool.node_for(node, why)  # a warm spare first (job/sparepool.py)
         try:
             return pending.result(timeout=self.job.replace_timeout)
         except (MgpuError, FutureTimeout) as exc:

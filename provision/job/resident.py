@@ -32,7 +32,7 @@ from provision.cluster.providers.contract import Recoverable
 from provision.job.following import SESSION_LOST, Starter, stop_job
 from provision.job.launch import Join, node_command
 from provision.job.launchers import get_launcher
-from provision.job.recovery import EVENT_PREFIX, Failure, Recovery
+from provision.job.recovery import EVENT_PREFIX, Failure, Recovery, Watcher
 from provision.model.errors import MgpuError
 from provision.model.inventory import NodeRecord
 from provision.nodes import NodeGroup
@@ -199,11 +199,13 @@ class Rejoin:
 
         def begin(new_nodes: list[NodeRecord]) -> None:
             master = run.inv.master.private_address
-            for new in new_nodes:
-                if self.on_reset is not None:
-                    self.on_reset(new.name)
+            for new in new_nodes:  # a promoted spare may have a name of its own: by rank
+                old = next((n for n in nodes if n.rank == new.rank), new)
+                for name in {old.name, new.name}:
+                    if self.on_reset is not None:
+                        self.on_reset(name)
                 with self.ranks.lock:
-                    base = min(self.ranks.ranks.get(new.name) or {0})
+                    base = min(self.ranks.ranks.get(old.name) or {0})
                 join = Join(gen, master, base, self.ranks.world, self.alone)
                 command = node_command(run.inv, run.job, new, job_id=self.job_id,
                                        restart_count=count, join=join, survive=run.survive)
@@ -229,3 +231,19 @@ class Rejoin:
         if self.on_resumed is not None:
             self.on_resumed()
         return dict(started)
+
+
+def rejoin_for(run: Any, recovery: Recovery, job_id: str, restarts: int, watcher: Watcher,
+               failed: Callable[[Failure], None] | None,
+               resumed: Callable[[], None] | None) -> Rejoin:
+    """One attempt's Rejoin, wired to its Watcher (a replaced node's exit code forgotten),
+    liveness (a replaced node is not gone) and ledger (`failed`, `resumed`)."""
+    def forget(name: str) -> None:
+        with watcher.lock:
+            watcher.codes.pop(name, None)
+            watcher.first_failed[:] = [n for n in watcher.first_failed if n != name]
+
+    gone = watcher.gone
+    return Rejoin(run, recovery, job_id, restarts, gone_names=gone,
+                  forget_gone=getattr(gone, "reset", None), on_failure=failed,
+                  on_resumed=resumed, on_reset=forget)
