@@ -23,6 +23,14 @@ In each rank's process `run` loops:
              (same ranks; the store on rank 0's node, maybe a new address) and calls fn again.
              No word within MGPU_RESIDENT_WAIT_S (the controller chose to relaunch the job
              and stops it, or is gone): the error is raised as without `run`.
+    cut      a word of this generation naming lost addresses ({"gen": G, "lost": [...]},
+             written as soon as the controller knows) makes a thread of each rank shut down
+             the process's established TCP connections to them: a collective waiting on a
+             peer that vanished without closing its connections (a powered-off host, a
+             container whose teardown outran its FIN; the ranks' store is left alone: its
+             next generation connects anew) fails at once instead of at the
+             group's timeout (gloo's ops cannot be aborted otherwise: torch 2.13's
+             abort/shutdown/destroy leave a waiting all_reduce waiting).
 A newcomer's ranks start with MGPU_RESIDENT_GEN, MGPU_RESIDENT_MASTER, MGPU_RESIDENT_BASE
 (its first global rank; rank = BASE + LOCAL_RANK) and MGPU_RESIDENT_WORLD.
 Without MGPU_RESIDENT_DIR (torchrun by hand, outside mgpu-cloud) `run` forms the group from
@@ -41,7 +49,9 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import socket
 import sys
+import threading
 import time
 import traceback
 from collections.abc import Callable
@@ -160,6 +170,81 @@ def _wait_for_word(folder: str, after: int, wait_s: float) -> dict[str, Any] | N
     return None
 
 
+def _addresses(names: list[str]) -> set[str]:
+    """The IP addresses of `names` (addresses or host names: as this node resolves them)."""
+    found: set[str] = set()
+    for name in names:
+        try:
+            found |= {str(info[4][0]) for info in socket.getaddrinfo(name, None)}
+        except OSError:
+            continue
+    return found
+
+
+def _remote_ip(field: str) -> str:
+    """/proc/net/tcp{,6}'s remote address field (hex, the kernel's byte order) as text."""
+    raw = bytes.fromhex(field.split(":")[0])
+    if len(raw) == 4:
+        return socket.inet_ntop(socket.AF_INET, raw[::-1])
+    words = b"".join(raw[i:i + 4][::-1] for i in range(0, 16, 4))
+    if words[:12] == b"\0" * 10 + b"\xff" * 2:  # an IPv4-mapped IPv6 address
+        return socket.inet_ntop(socket.AF_INET, words[12:])
+    return socket.inet_ntop(socket.AF_INET6, words)
+
+
+def cut_connections(lost: list[str], spare_port: int = 0) -> int:
+    """Shut down this process's established TCP connections to the `lost` hosts (listening
+    sockets, every other connection and those of `spare_port` at either end, the ranks'
+    store, untouched); how many. A thread blocked reading one sees it closed at once."""
+    ips = _addresses(lost)
+    fds: dict[str, int] = {}
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            link = os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:
+            continue
+        if link.startswith("socket:["):
+            fds[link[8:-1]] = int(fd)
+    cut = 0
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            with open(table) as fh:
+                rows = [line.split() for line in fh.readlines()[1:]]
+        except OSError:
+            continue
+        for row in rows:  # sl local remote state ... inode; state 01: ESTABLISHED
+            if len(row) < 10 or row[3] != "01" or row[9] not in fds:
+                continue
+            ports = {int(row[1].split(":")[1], 16), int(row[2].split(":")[1], 16)}
+            if spare_port not in ports and _remote_ip(row[2]) in ips:
+                sock = socket.socket(fileno=fds[row[9]])
+                try:
+                    sock.shutdown(socket.SHUT_RDWR)
+                    cut += 1
+                except OSError:
+                    pass
+                finally:
+                    sock.detach()  # the fd stays the library's
+    return cut
+
+
+def _watch(folder: str, generation: Callable[[], int], port: int) -> None:
+    """The cutting thread (module doc): each word naming lost hosts acted on once, when it is
+    of the rank's current generation."""
+    done: set[tuple[int, tuple[str, ...]]] = set()
+    while True:
+        word = read_control(folder)
+        lost = word.get("lost") if word is not None else None
+        if word is not None and isinstance(lost, list) and lost and word["gen"] == generation():
+            key = (int(word["gen"]), tuple(str(x) for x in lost))
+            if key not in done:
+                done.add(key)
+                cut = cut_connections(list(key[1]), spare_port=port)
+                sys.stderr.write(f"mgpu-cloud resident: {cut} connection(s) to the lost "
+                                 f"{', '.join(key[1])} shut down\n")
+        time.sleep(POLL_S)
+
+
 def _first(env: dict[str, str]) -> tuple[World, _Where]:
     """This process's identity at its start: a newcomer's from MGPU_RESIDENT_*, else
     torchrun's (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR)."""
@@ -187,6 +272,8 @@ def run(fn: Callable[[World], T], *, backend: str | None = None) -> T:
     folder = os.environ["MGPU_RESIDENT_DIR"]
     wait_s = float(os.environ.get("MGPU_RESIDENT_WAIT_S") or WAIT_S)
     stores = _Stores()
+    threading.Thread(target=_watch, args=(folder, lambda: world.generation, where.port),
+                     daemon=True, name="mgpu-resident-watch").start()
     while True:
         try:  # a failure while forming (a newcomer lost again) waits for the next word too
             _form(stores, where, world, backend)
@@ -207,8 +294,9 @@ def run(fn: Callable[[World], T], *, backend: str | None = None) -> T:
 
 
 def main(command: str, argv: list[str]) -> int:
-    """`resident reform --dir D --gen G --master ADDR`: the controller's word to the resident
-    ranks of this node (written atomically; they poll it). `resident start -- SCRIPT ARGS`:
+    """`resident reform --dir D --gen G [--master ADDR] [--lost HOST ...]`: the controller's
+    word to the resident ranks of this node (written atomically; they poll it): a later
+    generation to form, or the current one's lost hosts to cut. `resident start -- SCRIPT ARGS`:
     a newcomer's rank, SCRIPT run in this process as `python SCRIPT ARGS` would; a worker its
     launcher forked (torch imported already) first made to look like a new interpreter
     (remote/injob.py's, as for the fabric gate)."""
@@ -229,11 +317,14 @@ def main(command: str, argv: list[str]) -> int:
     reform = sub.add_parser("reform", help="tell this node's resident ranks to re-form")
     reform.add_argument("--dir", required=True)
     reform.add_argument("--gen", type=int, required=True)
-    reform.add_argument("--master", required=True)
+    reform.add_argument("--master", default="")
+    reform.add_argument("--lost", nargs="*", default=[])
     args = ap.parse_args(argv)
     folder = os.path.expanduser(args.dir)
     os.makedirs(folder, exist_ok=True)
-    write_atomic(os.path.join(folder, CONTROL),
-                 json.dumps({"gen": args.gen, "master": args.master}), mode=0o644, fsync=False)
+    word: dict[str, object] = {"gen": args.gen, "master": args.master}
+    if args.lost:
+        word["lost"] = args.lost
+    write_atomic(os.path.join(folder, CONTROL), json.dumps(word), mode=0o644, fsync=False)
     print(json.dumps({"reformed": args.gen}))
     return 0

@@ -96,12 +96,21 @@ def test_a_provider_that_cannot_replace_sends_a_loss_to_the_full_relaunch() -> N
 
 def test_ranks_that_do_not_stop_send_a_loss_to_the_full_relaunch(
         monkeypatch: pytest.MonkeyPatch) -> None:
+    from fake_nodes import FakeConnector
+
+    fake = FakeConnector()
+    monkeypatch.setattr("provision.nodes.group.default_connector", lambda inv: fake)
     monkeypatch.setattr(resident, "STOP_WAIT_S", 0.2)
     logged: list[str] = []
     rejoin = _rejoin(logged)
     rejoin.ranks.feed("node-0", line("interrupted", 0))  # rank 1 is still in its collective
     assert rejoin.lost([rejoin.run.inv.nodes[1]], _no_start) is None
     assert logged == ["node-1 lost; full relaunch: rank(s) [1] did not stop within 0 s"]
+    # first, the other node was told to cut its connections to the lost node's address
+    assert [c for c in fake.commands("node-0") if "resident reform" in c] == [
+        "python3 .mgpu-cloud/remote.pyz resident reform --dir .mgpu-cloud/jobs/7 --gen 0 "
+        "--lost 10.0.0.2"], fake.commands("node-0")
+    assert fake.commands("node-1") == []
 
 
 def test_stopped_ranks_and_no_lost_node_is_a_crash_after_the_grace(

@@ -142,8 +142,9 @@ class Rejoin:
         names = [n.name for n in nodes]
         why = self._why_not()
         if why is None:
-            kept = [n.name for n in self.run.inv.nodes if n.name not in names]
-            left = self.ranks.stopped(kept, STOP_WAIT_S)
+            kept = [n for n in self.run.inv.nodes if n.name not in names]
+            self._cut(kept, nodes)
+            left = self.ranks.stopped([n.name for n in kept], STOP_WAIT_S)
             why = f"rank(s) {left} did not stop within {STOP_WAIT_S:.0f} s" if left else None
         if why is not None:
             self.run.log(f"{', '.join(names)} lost; full relaunch: {why}")
@@ -160,6 +161,16 @@ class Rejoin:
             return None
         finally:
             self.busy = False
+
+    def _cut(self, kept: list[NodeRecord], lost: list[NodeRecord]) -> None:
+        """The word naming the lost nodes' addresses, on every other node at once: their
+        ranks shut their connections to them (remote/resident.py `cut`), so none waits in a
+        collective for a peer that vanished without closing its connections. Best effort."""
+        with NodeGroup(self.run.inv, kept) as group:
+            layout = group.layout
+            group.run(layout.remote_command(
+                "resident", "reform", "--dir", layout.job_dir(self.job_id), "--gen",
+                str(self.ranks.gen), "--lost", *[n.private_address for n in lost]), timeout=30)
 
     def _why_not(self) -> str | None:
         run, job = self.run, self.run.job

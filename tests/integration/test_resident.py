@@ -32,8 +32,8 @@ def _entries(out: str) -> list[tuple[str, int, int, int]]:
     return [(m[1], int(m[2]), int(m[3]), int(m[4])) for m in ENTRY.finditer(out)]
 
 
-def _resident_run(tmp_path: Path, name: str, kill: str) -> str:
-    run = Run(name, ["--nodes", "2", "--max-restarts", "1", EXAMPLE, "--steps", "60",
+def _resident_run(tmp_path: Path, name: str, kill: str, *more: str) -> str:
+    run = Run(name, ["--nodes", "2", "--max-restarts", "1", *more, EXAMPLE, "--steps", "60",
                      "--save-every", "5", "--sleep", "0.2", "--log-every", "5"], tmp_path)
     run.wait_for(r"kept checkpoint from node-0: .*step_0000(09|14)")
     subprocess.run(["docker", "kill", f"{name}-{kill}"], check=True, capture_output=True)
@@ -76,4 +76,19 @@ def test_node_0_lost_its_newcomer_hosts_the_ranks_store(tmp_path: Path,
     assert again[("node-0", 0)] != first[("node-0", 0)], "node-0's ranks are new processes"
     assert "resident restart 1 of 1: node-0 replaced" in out, out
     assert re.search(r"\[node-0\] resumed from step \d+ .*generation 1", out), out
+    assert "[node-0] done: world_size=4" in out
+
+
+def test_with_a_warm_spare_the_lost_ranks_newcomer_is_the_spare(tmp_path: Path,
+                                                                cluster_name: str) -> None:
+    """Both parts of issue 44 together: the rank moves to the warm spare (no provisioning),
+    and only the spare's processes start (node-0's keep theirs)."""
+    out = _resident_run(tmp_path, cluster_name, "node-1", "--spares", "1")
+    assert "node-1: its rank moves to the warm spare node-2 (node lost)" in out, out
+    assert "resident restart 1 of 1: node-1 replaced" in out, out
+    entries = _entries(out)
+    first = {(n, r): pid for n, r, pid, g in entries if g == 0}
+    again = {(n, r): pid for n, r, pid, g in entries if g == 1}
+    assert sorted(again) == [("node-0", 0), ("node-0", 1), ("node-2", 2), ("node-2", 3)], out
+    assert all(again[("node-0", r)] == first[("node-0", r)] for r in (0, 1)), out
     assert "[node-0] done: world_size=4" in out

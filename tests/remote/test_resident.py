@@ -141,3 +141,47 @@ def test_outside_mgpu_cloud_the_function_runs_once(tmp_path: Path, env: dict[str
     assert proc.wait(timeout=60) == 0
     log = (tmp_path / "solo.log").read_text()
     assert "result ok" in log and "MGPU-EVENT" not in log
+
+
+def test_a_silent_peer_is_cut_off_by_the_word_naming_it(tmp_path: Path) -> None:
+    """A peer that stops without closing its connections (SIGSTOP here; a powered-off host)
+    leaves gloo's all-reduce waiting: abort/shutdown/destroy do not end it (torch 2.13). The
+    word naming the lost host makes the rank's thread shut its connections to it: the
+    collective fails at once, the rank waits for the next generation as after a kill."""
+    port, control = _port(), tmp_path / "control"
+    common = {"MGPU_RESIDENT_DIR": str(control), "MGPU_RESIDENT_PORT": str(port),
+              "WORLD_SIZE": "2"}
+    zero = _rank(tmp_path, {**common, "RANK": "0"}, "r0")
+    one = _rank(tmp_path, {**common, "RANK": "1"}, "r1")
+    try:
+        _wait_for(tmp_path / "r0.log", "step 20 sum=2")
+        one.send_signal(signal.SIGSTOP)
+        time.sleep(1.0)
+        assert '"phase": "interrupted"' not in (tmp_path / "r0.log").read_text(), \
+            "without the word rank 0 waits in its all-reduce"
+        cli.main(["resident", "reform", "--dir", str(control), "--gen", "0",
+                  "--lost", "localhost"])  # a name: resolved on the node
+        log = _wait_for(tmp_path / "r0.log", '"phase": "interrupted"', deadline_s=20)
+        assert "connection(s) to the lost localhost shut down" in log
+        assert zero.poll() is None
+        one.kill()
+        cli.main(["resident", "reform", "--dir", str(control), "--gen", "1",
+                  "--master", "127.0.0.1"])
+        new = _rank(tmp_path, {**common, "MGPU_RESIDENT_GEN": "1", "MGPU_RESIDENT_BASE": "1",
+                               "MGPU_RESIDENT_WORLD": "2", "MGPU_RESIDENT_MASTER": "127.0.0.1"},
+                    "new")
+        assert new.wait(timeout=90) == 0 and zero.wait(timeout=60) == 0
+        assert "result ok" in (tmp_path / "r0.log").read_text()
+    finally:
+        for proc in (zero, one, *([new] if "new" in locals() else [])):
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+
+
+def test_the_kernels_addresses_read_as_text() -> None:
+    from remote.resident import _remote_ip
+
+    assert _remote_ip("0100007F:1F90") == "127.0.0.1"  # /proc/net/tcp, little-endian
+    assert _remote_ip("0000000000000000FFFF00000300A8C0:0016") == "192.168.0.3"  # v4-mapped
+    assert _remote_ip("00000000000000000000000001000000:0016") == "::1"
