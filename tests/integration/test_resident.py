@@ -89,6 +89,8 @@ def test_with_a_warm_spare_the_lost_ranks_newcomer_is_the_spare(tmp_path: Path,
     entries = _entries(out)
     first = {(n, r): pid for n, r, pid, g in entries if g == 0}
     again = {(n, r): pid for n, r, pid, g in entries if g == 1}
-    assert sorted(again) == [("node-0", 0), ("node-0", 1), ("node-2", 2), ("node-2", 3)], out
+    # the rank keeps its node's name (node-1) on the spare's machine (hostname node-2)
+    assert sorted(again) == [("node-0", 0), ("node-0", 1), ("node-1", 2), ("node-1", 3)], out
+    assert re.search(r"\[node-1\] rank 2/4 on node-2: pid=\d+ generation=1", out), out
     assert all(again[("node-0", r)] == first[("node-0", r)] for r in (0, 1)), out
     assert "[node-0] done: world_size=4" in out
