@@ -39,7 +39,8 @@ def _log_files(folder: Path, name: str) -> list[Path]:
     return sorted((folder / name / "jobs" / "1" / "log").glob("*.log"))
 
 
-def unattended(n: int, home: str, script: str) -> tuple[float, float]:
+def unattended(n: int, home: str, script: str,
+               more: tuple[str, ...] = ()) -> tuple[float, float]:
     """(seen, logged): kill -> the resumed line read here / written by the controller."""
     name = f"bench-ru-{n}-{os.getpid()}"
     store = Path(home) / "store"  # a fresh store per run: job 1 in it is this run's
@@ -47,7 +48,8 @@ def unattended(n: int, home: str, script: str) -> tuple[float, float]:
     tree = current()
     env = tree.env(MGPU_CLOUD_HOME=home)
     subprocess.run([*tree.cli(), "run", "--detach", "--nodes", str(n), "--name", name,
-                    "--store", f"file://{store}", "--max-restarts", "1", script, *JOB], env=env,
+                    "--store", f"file://{store}", "--max-restarts", "1", *more, script, *JOB],
+                   env=env,
                    cwd=home, check=True, capture_output=True)
     ckpts = store / name / "data" / "jobs" / "1" / "checkpoints"  # what the nodes write
     killed = None
@@ -74,9 +76,12 @@ def main() -> None:
     ap.add_argument("--nodes", type=int, nargs="+", default=[2, 4])
     ap.add_argument("--repeat", type=int, default=1)
     ap.add_argument("--how", nargs="+", choices=sorted(SCRIPTS), default=["relaunch"])
+    ap.add_argument("--spares", type=int, default=0, help="warm spares (issue 44): --spares K")
     args = ap.parse_args()
+    more = ("--spares", str(args.spares)) if args.spares else ()
     print(f"medians of {args.repeat} run(s); {os.cpu_count()} CPUs; load "
-          f"{os.getloadavg()[0]:.1f}; seconds from the kill to rank 0's 'resumed from step'")
+          f"{os.getloadavg()[0]:.1f}; spares {args.spares}; seconds from the kill to rank 0's "
+          "'resumed from step'")
     print(f"{'N':>3} {'how':>9} {'attached':>9} {'unattended (logged)':>20} {'(seen)':>8}")
     with tempfile.TemporaryDirectory() as tmp:
         for n in args.nodes:
@@ -86,8 +91,8 @@ def main() -> None:
             for i in range(args.repeat):  # interleaved: the machine's load hits all alike
                 for how in args.how:
                     att[how].append(one(n, f"{tmp}/a{n}-{i}-{how}", tmp, current(),
-                                        SCRIPTS[how])["total"])
-                    s, lg = unattended(n, f"{tmp}/u{n}-{i}-{how}", SCRIPTS[how])
+                                        SCRIPTS[how], more)["total"])
+                    s, lg = unattended(n, f"{tmp}/u{n}-{i}-{how}", SCRIPTS[how], more)
                     seen[how].append(s)
                     logged[how].append(lg)
             for how in args.how:

@@ -44,11 +44,13 @@ SCRIPTS = {"relaunch": EXAMPLE, "resident": str(ROOT / "examples" / "train_resid
 DETECTED = re.compile(r"failure: node lost|node-1 lost: the ranks of")
 
 
-def one(n: int, home: str, cwd: str, tree: Tree, script: str = EXAMPLE) -> dict[str, float]:
+def one(n: int, home: str, cwd: str, tree: Tree, script: str = EXAMPLE,
+        more: tuple[str, ...] = ()) -> dict[str, float]:
+    """The parts of one recovery; `more`: more `run` options (e.g. --spares 1)."""
     name = f"bench-rc-{n}-{os.getpid()}"
     env = tree.env(MGPU_CLOUD_HOME=home, PYTHONUNBUFFERED="1")
     proc = subprocess.Popen([*tree.cli(), "run", "--nodes", str(n), "--name", name, "--max-restarts",
-                             "1", script, "--steps", "100000", "--save-every", "5", "--sleep",
+                             "1", *more, script, "--steps", "100000", "--save-every", "5", "--sleep",
                              "0.1", "--log-every", "1000"], cwd=cwd, env=env, text=True,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     assert proc.stdout is not None
@@ -99,11 +101,13 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=1)
     ap.add_argument("--how", nargs="+", choices=sorted(SCRIPTS), default=["relaunch"],
                     help="relaunch: a script without resident restarts; resident: one with")
+    ap.add_argument("--spares", type=int, default=0, help="warm spares (issue 44): --spares K")
     ap.add_argument("--against", metavar="REV", help="also time the recovery of git revision REV")
     args = ap.parse_args()
+    more = ("--spares", str(args.spares)) if args.spares else ()
     cols = ["detection", "replacement", "bootstrap", "restore", "relaunch", "total"]
     print(f"medians of {args.repeat} run(s); {os.cpu_count()} CPUs; load "
-          f"{os.getloadavg()[0]:.1f}; seconds")
+          f"{os.getloadavg()[0]:.1f}; spares {args.spares}; seconds")
     print(f"{'N':>3} {'tree':>10} {'how':>9} " + " ".join(f"{c:>11}" for c in cols)
           + f" {'baseline up(N)':>15}")
     with tempfile.TemporaryDirectory() as tmp, trees(args.against) as found:
@@ -114,7 +118,7 @@ def main() -> None:
                 for i, tree in enumerate(found):
                     for how in args.how:
                         runs[tree.label, how].append(one(n, f"{tmp}/home-{i}", tmp, tree,
-                                                         SCRIPTS[how]))
+                                                         SCRIPTS[how], more))
             base = statistics.median(baseline_up(n, f"{tmp}/home") for _ in range(args.repeat))
             for (label, how), mine in runs.items():
                 med = {c: statistics.median(r[c] for r in mine) for c in cols}
