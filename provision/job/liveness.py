@@ -20,6 +20,7 @@ from typing import Any
 
 from provision.cluster.providers.contract import AnyProvider, Recoverable
 from provision.model.inventory import Inventory
+from provision.nodes import fan_out
 
 EVERY_S = 3.0
 
@@ -36,7 +37,9 @@ class GoneNodes:
 
     def _look(self) -> None:
         began = time.monotonic()
-        found = [n.name for n in list(self.inv.nodes) if not self.provider.node_alive(self.inv, n)]
+        nodes = list(self.inv.nodes)  # every node asked at once: one call's time, not N
+        alive = fan_out(nodes, lambda n: self.provider.node_alive(self.inv, n))
+        found = [n.name for n, ok in zip(nodes, alive, strict=True) if not ok]
         with self.lock:
             self.busy = False
             if began >= self.reset_at:  # a look begun before a replacement says nothing now
