@@ -76,6 +76,7 @@ class SparePool:
                             f"({lost.name}){left}",
                             hint="restart on the same machines with --on-node-loss restart, "
                                  "or stop with --on-node-loss fail")
+        self.log(f"replacing {lost.name} ({why}) ...")
         for pending in list(self._retiring):  # the lost one's name is free again first
             pending.exception()
         return background(lambda: provider.replace(self.inv, self.store, lost))
