@@ -48,9 +48,16 @@ def test_the_ranks_lines_tell_the_world_each_nodes_ranks_and_who_waits() -> None
     assert ranks.missing() == "the script does not use remote.resident.run"
     ranks.feed("node-0", line("formed", 0))
     assert ranks.missing() == "3 of 4 rank(s) did not say they run remote.resident.run"
+    said: list[str] = []
+    ranks.say = said.append
     for noise in ("MGPU-EVENT {not json", 'MGPU-EVENT {"event": "resident", "rank": "1"}',
-                  'MGPU-EVENT {"event": "preemption", "resident": 1}', "resident rank 1"):
+                  'MGPU-EVENT {"event": "preemption", "resident": 1}', "resident rank 1",
+                  'MGPU-EVENT {"event": "resident", "phase": "formed", "gen": 0, "rank": -1, '
+                  '"world": 4}'):
         ranks.feed("node-0", noise)
+    assert ranks.world == 4 and ranks.ranks == {"node-0": {0}}  # as before the noise
+    assert len(said) == 2 and all(s.startswith("node-0 sent an unreadable resident event (")
+                                  for s in said), said  # the two that say they are resident
     ranks = _fed()
     assert ranks.missing() is None and ranks.ranks == {"node-0": {0, 1}, "node-1": {2, 3}}
     ranks.feed("node-0", line("interrupted", 0, gen=1))  # not this generation's

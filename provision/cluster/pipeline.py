@@ -122,7 +122,8 @@ def create_cluster(
     if bootstrap:
         import_ssh_stack_while_waiting()
     try:
-        log(f"creating {plan.nodes} node(s) on {spec.provider} ...")
+        spares = f" + {plan.spares} warm spare(s)" if plan.spares else ""
+        log(f"creating {plan.nodes - plan.spares} node(s){spares} on {spec.provider} ...")
         with timed(inv, "create call"):
             provider.create(spec, plan, inv, store)
         inv.status = "ready"

@@ -36,7 +36,7 @@ if TYPE_CHECKING:
 BUCKETS = ("provisioning", "setup", "gate", "training", "checkpoint", "redone", "recovery",
            "idle", "spare")
 LABELS = {"spare": "spare, idle"}  # how a bucket is named for people (render, dashboard)
-SAVE_COST = re.compile(r"checkpoint saved.*?\((\d+(?:\.\d+)?) ?s\)")
+SAVE_COST = re.compile(r"checkpoint saved.*?\((\d{1,12}(?:\.\d{1,12})?) ?s\)")
 # a bring-up's timeline phases (model/timeline.py) -> the ledger's buckets
 PHASE_BUCKET = {"plan": "provisioning", "create call": "provisioning",
                 "bootstrap": "setup", "sync": "setup", "restore": "setup", "gate": "gate",
@@ -190,12 +190,17 @@ def median(values: list[float]) -> float:
     return s[mid] if len(s) % 2 else (s[mid - 1] + s[mid]) / 2
 
 
-def render(data: dict[str, Any]) -> str:
-    """The ledger as a few lines for the recap and `jobs`."""
+def buckets(data: dict[str, Any]) -> list[tuple[str, float, float]]:
+    """A ledger's buckets that hold anything, for people: (label, node-hours, share)."""
     secs = data["node_seconds"]
     total = sum(secs.values()) or 1.0
-    parts = ", ".join(f"{LABELS.get(k, k)} {v / 3600:.2f} ({100 * v / total:.0f}%)"
-                      for k, v in secs.items() if v > 0)
+    return [(LABELS.get(k, k), v / 3600, v / total) for k, v in secs.items() if v > 0]
+
+
+def render(data: dict[str, Any]) -> str:
+    """The ledger as a few lines for the recap and `jobs`."""
+    parts = ", ".join(f"{label} {hours:.2f} ({100 * share:.0f}%)"
+                      for label, hours, share in buckets(data))
     lines = [f"node-hours: {parts}"]
     if data.get("advice_s") is not None:
         lines.append(f"checkpoint every ~{data['advice_s']:.3g} s for the best goodput "

@@ -20,7 +20,6 @@ that did not all stop within STOP_WAIT_S, or any failure on the way.
 
 from __future__ import annotations
 
-import json
 import threading
 import time
 from collections.abc import Callable
@@ -35,6 +34,7 @@ from provision.job.launchers import get_launcher
 from provision.job.recovery import EVENT_PREFIX, Failure, Recovery, Watcher
 from provision.model.errors import MgpuError
 from provision.model.inventory import NodeRecord
+from provision.model.nodejson import ResidentEvent, Unreadable, read, unreadable
 from provision.nodes import NodeGroup
 
 STOP_WAIT_S = 30.0  # for every rank left to stop on the lost peer (gloo: at once)
@@ -50,28 +50,26 @@ class ResidentRanks:
     ranks: dict[str, set[int]] = field(default_factory=dict)  # node -> its global ranks
     waiting: dict[int, float] = field(default_factory=dict)  # rank -> when it stopped (gen)
     lock: threading.Lock = field(default_factory=threading.Lock)
+    say: Callable[[str], None] | None = None  # an unreadable line, said
 
     def feed(self, node: str, text: str) -> None:
         if not text.startswith(EVENT_PREFIX) or '"resident"' not in text:
             return
         try:
-            event = json.loads(text[len(EVENT_PREFIX):])
-        except json.JSONDecodeError:
-            return
-        if not isinstance(event, dict) or event.get("event") != "resident":
-            return
-        rank, gen, world = event.get("rank"), event.get("gen"), event.get("world")
-        if not (isinstance(rank, int) and isinstance(gen, int) and isinstance(world, int)):
+            event = read(ResidentEvent, text[len(EVENT_PREFIX):])
+        except Unreadable as exc:  # said, and the line is left out
+            if self.say is not None and '"event": "resident"' in text:
+                self.say(unreadable(node, "resident event", exc))
             return
         with self.lock:
-            if event.get("phase") == "formed":
-                self.world = world
+            if event.phase == "formed":
+                self.world = event.world
                 for other, held in self.ranks.items():  # a newcomer took the rank over
                     if other != node:
-                        held.discard(rank)
-                self.ranks.setdefault(node, set()).add(rank)
-            elif event.get("phase") == "interrupted" and gen == self.gen:
-                self.waiting.setdefault(rank, time.monotonic())
+                        held.discard(event.rank)
+                self.ranks.setdefault(node, set()).add(event.rank)
+            elif event.phase == "interrupted" and event.gen == self.gen:
+                self.waiting.setdefault(event.rank, time.monotonic())
 
     def missing(self) -> str | None:
         """Why not every rank can be re-formed (None: all are known to be resident)."""
@@ -255,6 +253,7 @@ def rejoin_for(run: Any, recovery: Recovery, job_id: str, restarts: int, watcher
             watcher.first_failed[:] = [n for n in watcher.first_failed if n != name]
 
     gone = watcher.gone
-    return Rejoin(run, recovery, job_id, restarts, gone_names=gone,
+    return Rejoin(run, recovery, job_id, restarts, ranks=ResidentRanks(say=run.log),
+                  gone_names=gone,
                   forget_gone=getattr(gone, "reset", None), on_failure=failed,
                   on_resumed=resumed, on_reset=forget)

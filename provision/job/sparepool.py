@@ -43,6 +43,8 @@ class SparePool:
     store: InventoryStore
     log: Log
     on_change: Callable[[], None] | None = None  # a spare made or failed (ledger, publish)
+    # how a new spare is made ready (default nodes/spares.prepare_spares; tests script it)
+    prepare: Callable[[Inventory, InventoryStore, list[NodeRecord]], None] | None = None
     _making: int = 0  # spares ordered and not ready yet
     _retiring: list[Future[None]] = field(default_factory=list)
     _work: list[Future[None]] = field(default_factory=list)
@@ -74,6 +76,7 @@ class SparePool:
                             f"({lost.name}){left}",
                             hint="restart on the same machines with --on-node-loss restart, "
                                  "or stop with --on-node-loss fail")
+        self.log(f"replacing {lost.name} ({why}) ...")
         for pending in list(self._retiring):  # the lost one's name is free again first
             pending.exception()
         return background(lambda: provider.replace(self.inv, self.store, lost))
@@ -99,14 +102,13 @@ class SparePool:
 
     def _refill(self, provider: KeepsSpares[Any], template: NodeRecord,
                 retired: Future[None]) -> None:
-        from provision.nodes.spares import prepare_spares
-
         t0 = time.monotonic()
         retired.result()  # its quota and placement freed first
         made: NodeRecord | None = None
         try:
             made = provider.make_spare(self.inv, self.store, template)
-            prepare_spares(self.inv, self.store, [made], log=self.log)
+            if not self._stopped:  # the run ended meanwhile: kept as made, `down` removes it
+                (self.prepare or self._prepare)(self.inv, self.store, [made])
         except MgpuError as exc:
             self.log(f"no new spare ({exc.message}); going on with {len(self.inv.spares)}")
             if made is not None:
@@ -122,10 +124,15 @@ class SparePool:
                 self.inv.replacements.append(Replacement(rank=made.rank, old=None,
                                                          new=made.resource_id, reason="spare"))
                 self.store.save(self.inv)
-            self.log(f"spare {made.name} ready ({time.monotonic() - t0:.1f} s after it was "
-                     "ordered)")
+            self.log(f"spare {made.name} {'made' if self._stopped else 'ready'} "
+                     f"({time.monotonic() - t0:.1f} s after it was ordered)")
         if self.on_change is not None:
             self.on_change()
+
+    def _prepare(self, inv: Inventory, store: InventoryStore, made: list[NodeRecord]) -> None:
+        from provision.nodes.spares import prepare_spares
+
+        prepare_spares(inv, store, made, log=self.log, beside_master=False)
 
     def wait(self, timeout: float | None = None) -> None:
         """Until the background work (retires, refills) has ended (`timeout`: at most)."""
@@ -140,5 +147,6 @@ class SparePool:
                 return
 
     def stop(self) -> None:
-        """No new spare is ordered from now on (the run ends)."""
+        """No new spare is ordered from now on, and one being made is not prepared (the run
+        ends: it is kept in the inventory as made, for `down`)."""
         self._stopped = True

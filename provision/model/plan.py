@@ -51,8 +51,8 @@ class Plan(BaseModel):
     unresolved: list[str] = Field(
         default_factory=list, description="what could not be looked up, and why; a plan with "
         "unresolved parts is printed, never created")
-    # issue 44: warm spares (cluster/providers/spares.py); `nodes` counts the ranks only
-    spares: int = Field(0, description="warm spare nodes made with the cluster, not ranks")
+    # issue 44: warm spares (cluster/providers/spares.py); `nodes` counts them too
+    spares: int = Field(0, description="of `nodes`, how many are warm spares (not ranks)")
     node_hourly_usd: float | None = Field(
         None, description="one node's price per hour (what a spare costs); None: unknown")
     spares_text: list[str] = Field(default_factory=list, description="what the spares cost "
@@ -101,7 +101,8 @@ class Plan(BaseModel):
     def render(self) -> str:
         spares = f" + {self.spares} warm spare(s)" if self.spares else ""
         lines = [f"Plan for cluster {self.cluster!r} on {self.provider}: "
-                 f"{self.nodes} node(s){spares} x {self.slots_per_node} slot(s)"]
+                 f"{self.nodes - self.spares} node(s){spares} x {self.slots_per_node} "
+                 "slot(s)"]
         for res in self.resources:
             extra = ", ".join(f"{k}={v}" for k, v in sorted(res.details.items()))
             lines.append(f"  + {res.kind:<18} {res.name}" + (f"  ({extra})" if extra else ""))

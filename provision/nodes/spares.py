@@ -13,11 +13,13 @@ from provision.nodes.group import NodeGroup
 
 
 def prepare_spares(inv: Inventory, store: InventoryStore, spares: list[NodeRecord], *,
-                   log: Log) -> None:
+                   log: Log, beside_master: bool = True) -> None:
     """Bootstrap `spares` (in `inv.spares` already, or about to be: they are pinned as if)
-    and judge their preflight beside node 0's. BootstrapError names every spare that is not
-    fit (unreachable, an upload failing, a preflight error such as another torch or fewer
-    GPUs); nothing is changed in `inv.spares`."""
+    and judge their preflight (`beside_master`: beside node 0's, run at the same time; a
+    spare made during a run is judged alone: a preflight imports torch, which node 0's
+    training would pay for). BootstrapError names every spare that is not fit (unreachable,
+    an upload failing, a preflight error such as another torch or fewer GPUs); nothing is
+    changed in `inv.spares`."""
     from provision.nodes.bootstrap import bootstrap_cluster
     from provision.nodes.checks import compare_preflights
     from provision.nodes.preflight import gather_preflights
@@ -27,9 +29,9 @@ def prepare_spares(inv: Inventory, store: InventoryStore, spares: list[NodeRecor
                                              *(s for s in spares if s.name not in known)]})
     with NodeGroup(view, spares) as nodes:
         bootstrap_cluster(view, store, log=lambda m: log(f"spare(s): {m}"), group=nodes)
+    judged = [inv.master, *spares] if beside_master else spares
+    with NodeGroup(view, judged) as nodes:
         reports = gather_preflights(view, group=nodes)
-    with NodeGroup(inv, [inv.master]) as first:
-        reports.update(gather_preflights(inv, group=first))
     names = {s.name for s in spares}
     gpus = inv.spec.gpus_per_node if inv.spec is not None else None
     bad = [f for f in compare_preflights(reports, gpus)

@@ -91,7 +91,7 @@ class Provider(ABC, Generic[P]):
         with self.errors(f"checking cluster {spec.name!r} with {self.name}", planning=True):
             plan = self._plan(spares.with_spares(spec))
             if isinstance(self, KeepsSpares) and spec.spares:
-                spares.describe(plan, spec, self._replacement_estimate(spec))
+                spares.describe(plan, spec, self._replacement_estimate(spec), self.refills)
             return plan
 
     def creatable(self, plan: Plan) -> P:

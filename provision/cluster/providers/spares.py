@@ -79,17 +79,20 @@ def _usd(value: float) -> str:
     return f"${value:,.2f}"
 
 
-def describe(plan: Plan, spec: ClusterSpec, estimate: Estimate | None) -> None:
-    """`plan` (made for N + K nodes) as N ranks + K spares, with what they cost and save."""
+def describe(plan: Plan, spec: ClusterSpec, estimate: Estimate | None,
+             refills: bool = True) -> None:
+    """`plan` (made for N + K nodes: `plan.nodes` stays the machines its provider makes) as
+    N ranks + K spares, with what they cost and save."""
     k, n = spec.spares, spec.nodes
-    plan.nodes, plan.spares = n, k
+    plan.spares = k
     price = plan.node_hourly_usd
     cost = (f"{k} x {_usd(price)}/h = {_usd(k * price)}/h, in the cost above" if price
             else f"{k} x $0.00/h (local)" if price == 0 else f"{k} node(s), price unknown")
     every_h = 1 / (n * NODE_FAILURES_PER_HOUR)
     lines = [f"{cost}; idle while the job runs, not ranks (the hostfile and the world size "
-             f"stay {n} node(s)); a lost node's rank moves to one at once, a new one is "
-             "ordered meanwhile",
+             f"stay {n} node(s)); a lost node's rank moves to one at once, " +
+             ("a new one is ordered meanwhile" if refills else "and a used one is not made "
+              "again (the lost node stays until the end)"),
              f"failure rate {FAILURE_RATE_SOURCE}: 1 per {1 / NODE_FAILURES_PER_HOUR:,.0f} "
              f"node-hours, so {n} node(s) lose one about every {every_h:,.0f} h"]
     if estimate is None:
@@ -103,8 +106,10 @@ def describe(plan: Plan, spec: ClusterSpec, estimate: Estimate | None) -> None:
             saved += (f" ({_usd(waited_h * price)}); on average {_usd(per_h)}/h saved "
                       f"against {_usd(k * price)}/h for the spare(s)")
         even = math.sqrt(k / (NODE_FAILURES_PER_HOUR * estimate.seconds / 3600))
-        lines.append(f"each failure a spare takes saves the replacement's ~"
-                     f"{estimate.seconds / 60:.1f} min on all {n} node(s) ({estimate.source}): "
+        wait = (f"{estimate.seconds / 60:.1f} min" if estimate.seconds >= 120
+                else f"{estimate.seconds:.0f} s")
+        lines.append(f"each failure a spare takes saves the replacement's ~{wait} on all "
+                     f"{n} node(s) ({estimate.source}): "
                      f"{saved}; at this rate spares pay for themselves from ~{even:,.0f} "
                      "nodes (and keep a run going when no replacement can be had)")
     plan.spares_text = lines
