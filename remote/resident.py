@@ -23,12 +23,15 @@ In each rank's process `run` loops:
              (same ranks; the store on rank 0's node, maybe a new address) and calls fn again.
              No word within MGPU_RESIDENT_WAIT_S (the controller chose to relaunch the job
              and stops it, or is gone): the error is raised as without `run`.
-    cut      a word of this generation naming lost addresses ({"gen": G, "lost": [...]},
-             written as soon as the controller knows) makes a thread of each rank shut down
-             the process's established TCP connections to them: a collective waiting on a
-             peer that vanished without closing its connections (a powered-off host, a
-             container whose teardown outran its FIN; the ranks' store is left alone: its
-             next generation connects anew) fails at once instead of at the
+    cut      a word of this generation naming the cluster's addresses ({"gen": G, "cut":
+             [...]}, written as soon as the controller knows a node is lost) makes a thread
+             of each rank shut down the process's established TCP connections to them (the
+             group is over; the ranks' store is left alone: its next generation connects
+             anew): a collective waiting on a peer that vanished without closing its
+             connections (a powered-off host, a container whose teardown outran its FIN),
+             or on a healthy peer that waits itself (a ring's next rank: gloo connects only
+             the pairs an algorithm uses, and a failed rank's group lives on while its
+             traceback holds it), fails at once instead of at the
              group's timeout (gloo's ops cannot be aborted otherwise: torch 2.13's
              abort/shutdown/destroy leave a waiting all_reduce waiting).
 A newcomer's ranks start with MGPU_RESIDENT_GEN, MGPU_RESIDENT_MASTER, MGPU_RESIDENT_BASE
@@ -47,6 +50,7 @@ imported by the functions that use it (the training script has imported it alrea
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import socket
@@ -192,11 +196,11 @@ def _remote_ip(field: str) -> str:
     return socket.inet_ntop(socket.AF_INET6, words)
 
 
-def cut_connections(lost: list[str], spare_port: int = 0) -> int:
-    """Shut down this process's established TCP connections to the `lost` hosts (listening
-    sockets, every other connection and those of `spare_port` at either end, the ranks'
-    store, untouched); how many. A thread blocked reading one sees it closed at once."""
-    ips = _addresses(lost)
+def cut_connections(hosts: list[str], spare_port: int = 0) -> int:
+    """Shut down this process's established TCP connections to `hosts` (listening sockets,
+    every other connection and those of `spare_port` at either end, the ranks' store,
+    untouched); how many. A thread blocked reading one sees it closed at once."""
+    ips = _addresses(hosts)
     fds: dict[str, int] = {}
     for fd in os.listdir("/proc/self/fd"):
         try:
@@ -229,19 +233,20 @@ def cut_connections(lost: list[str], spare_port: int = 0) -> int:
 
 
 def _watch(folder: str, generation: Callable[[], int], port: int) -> None:
-    """The cutting thread (module doc): each word naming lost hosts acted on once, when it is
-    of the rank's current generation."""
+    """The cutting thread (module doc): each word naming hosts to cut acted on once, when it
+    is of the rank's current generation."""
     done: set[tuple[int, tuple[str, ...]]] = set()
     while True:
         word = read_control(folder)
-        lost = word.get("lost") if word is not None else None
-        if word is not None and isinstance(lost, list) and lost and word["gen"] == generation():
-            key = (int(word["gen"]), tuple(str(x) for x in lost))
+        hosts = word.get("cut") if word is not None else None
+        if word is not None and isinstance(hosts, list) and hosts \
+                and word["gen"] == generation():
+            key = (int(word["gen"]), tuple(str(x) for x in hosts))
             if key not in done:
                 done.add(key)
                 cut = cut_connections(list(key[1]), spare_port=port)
-                sys.stderr.write(f"mgpu-cloud resident: {cut} connection(s) to the lost "
-                                 f"{', '.join(key[1])} shut down\n")
+                sys.stderr.write(f"mgpu-cloud resident: generation {key[0]} is over: {cut} "
+                                 "connection(s) of its group shut down\n")
         time.sleep(POLL_S)
 
 
@@ -282,6 +287,10 @@ def run(fn: Callable[[World], T], *, backend: str | None = None) -> T:
         except Exception as exc:
             traceback.print_exc()
             _say("interrupted", world, error=f"{type(exc).__name__}: {exc}"[:300])
+            # fn's locals (a DDP wrapper holding the group) let go: the group's connections
+            # close now, and its peers waiting on this rank fail too
+            traceback.clear_frames(exc.__traceback__)
+            gc.collect()
             _drop_group()
             word = _wait_for_word(folder, world.generation, wait_s)
             if word is None:
@@ -294,9 +303,9 @@ def run(fn: Callable[[World], T], *, backend: str | None = None) -> T:
 
 
 def main(command: str, argv: list[str]) -> int:
-    """`resident reform --dir D --gen G [--master ADDR] [--lost HOST ...]`: the controller's
+    """`resident reform --dir D --gen G [--master ADDR] [--cut HOST ...]`: the controller's
     word to the resident ranks of this node (written atomically; they poll it): a later
-    generation to form, or the current one's lost hosts to cut. `resident start -- SCRIPT ARGS`:
+    generation to form, or the hosts to cut the current one's connections to. `resident start -- SCRIPT ARGS`:
     a newcomer's rank, SCRIPT run in this process as `python SCRIPT ARGS` would; a worker its
     launcher forked (torch imported already) first made to look like a new interpreter
     (remote/injob.py's, as for the fabric gate)."""
@@ -318,13 +327,13 @@ def main(command: str, argv: list[str]) -> int:
     reform.add_argument("--dir", required=True)
     reform.add_argument("--gen", type=int, required=True)
     reform.add_argument("--master", default="")
-    reform.add_argument("--lost", nargs="*", default=[])
+    reform.add_argument("--cut", nargs="*", default=[])
     args = ap.parse_args(argv)
     folder = os.path.expanduser(args.dir)
     os.makedirs(folder, exist_ok=True)
     word: dict[str, object] = {"gen": args.gen, "master": args.master}
-    if args.lost:
-        word["lost"] = args.lost
+    if args.cut:
+        word["cut"] = args.cut
     write_atomic(os.path.join(folder, CONTROL), json.dumps(word), mode=0o644, fsync=False)
     print(json.dumps({"reformed": args.gen}))
     return 0

@@ -113,10 +113,10 @@ def test_ranks_that_do_not_stop_send_a_loss_to_the_full_relaunch(
     rejoin.ranks.feed("node-0", line("interrupted", 0))  # rank 1 is still in its collective
     assert rejoin.lost([rejoin.run.inv.nodes[1]], _no_start) is None
     assert logged == ["node-1 lost; full relaunch: rank(s) [1] did not stop within 0 s"]
-    # first, the other node was told to cut its connections to the lost node's address
+    # first, the other node was told its generation is over: cut every node's connections
     assert [c for c in fake.commands("node-0") if "resident reform" in c] == [
         "python3 .mgpu-cloud/remote.pyz resident reform --dir .mgpu-cloud/jobs/7 --gen 0 "
-        "--lost 10.0.0.2"], fake.commands("node-0")
+        "--cut 10.0.0.1 10.0.0.2"], fake.commands("node-0")
     assert fake.commands("node-1") == []
 
 

@@ -161,14 +161,16 @@ class Rejoin:
             self.busy = False
 
     def _cut(self, kept: list[NodeRecord], lost: list[NodeRecord]) -> None:
-        """The word naming the lost nodes' addresses, on every other node at once: their
-        ranks shut their connections to them (remote/resident.py `cut`), so none waits in a
-        collective for a peer that vanished without closing its connections. Best effort."""
+        """The word to every other node at once that the generation is over: its ranks shut
+        their connections to every node of the cluster (remote/resident.py `cut`), so none
+        waits in a collective for a peer that vanished without closing its connections, or
+        for a healthy one that waits itself. Best effort."""
+        hosts = sorted({n.private_address for n in [*kept, *lost]})
         with NodeGroup(self.run.inv, kept) as group:
             layout = group.layout
             group.run(layout.remote_command(
                 "resident", "reform", "--dir", layout.job_dir(self.job_id), "--gen",
-                str(self.ranks.gen), "--lost", *[n.private_address for n in lost]), timeout=30)
+                str(self.ranks.gen), "--cut", *hosts), timeout=30)
 
     def _why_not(self) -> str | None:
         run, job = self.run, self.run.job
