@@ -221,7 +221,10 @@ def cut_connections(hosts: list[str], spare_port: int = 0) -> int:
                 continue
             ports = {int(row[1].split(":")[1], 16), int(row[2].split(":")[1], 16)}
             if spare_port not in ports and _remote_ip(row[2]) in ips:
-                sock = socket.socket(fileno=fds[row[9]])
+                try:  # the fd may be closed (or reused) since it was listed
+                    sock = socket.socket(fileno=fds[row[9]])
+                except OSError:
+                    continue
                 try:
                     sock.shutdown(socket.SHUT_RDWR)
                     cut += 1
@@ -244,7 +247,11 @@ def _watch(folder: str, generation: Callable[[], int], port: int) -> None:
             key = (int(word["gen"]), tuple(str(x) for x in hosts))
             if key not in done:
                 done.add(key)
-                cut = cut_connections(list(key[1]), spare_port=port)
+                try:
+                    cut = cut_connections(list(key[1]), spare_port=port)
+                except Exception as exc:  # noqa: BLE001 - the thread goes on watching
+                    sys.stderr.write(f"mgpu-cloud resident: cutting the group: {exc}\n")
+                    continue
                 sys.stderr.write(f"mgpu-cloud resident: generation {key[0]} is over: {cut} "
                                  "connection(s) of its group shut down\n")
         time.sleep(POLL_S)
