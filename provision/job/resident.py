@@ -138,11 +138,17 @@ class Rejoin:
     def lost(self, nodes: list[NodeRecord],
              start: Starter) -> dict[Future[int], NodeRecord] | None:
         names = [n.name for n in nodes]
+        kept = [n for n in self.run.inv.nodes if n.name not in names]
+        with NodeGroup(self.run.inv, kept) as group:  # the cut and the word: one login each
+            return self._lost(nodes, start, group)
+
+    def _lost(self, nodes: list[NodeRecord], start: Starter,
+              group: NodeGroup) -> dict[Future[int], NodeRecord] | None:
+        names = [n.name for n in nodes]
         why = self._why_not()
         if why is None:
-            kept = [n for n in self.run.inv.nodes if n.name not in names]
-            self._cut(kept, nodes)
-            left = self.ranks.stopped([n.name for n in kept], STOP_WAIT_S)
+            self._cut(group, nodes)
+            left = self.ranks.stopped([n.name for n in group.nodes], STOP_WAIT_S)
             why = f"rank(s) {left} did not stop within {STOP_WAIT_S:.0f} s" if left else None
         if why is not None:
             self.run.log(f"{', '.join(names)} lost; full relaunch: {why}")
@@ -150,7 +156,7 @@ class Rejoin:
         self.busy = True
         started: dict[Future[int], NodeRecord] = {}
         try:
-            return self._replace(nodes, start, started)
+            return self._replace(nodes, start, started, group)
         except MgpuError as exc:
             self.run.log(f"resident restart failed ({exc.message}); full relaunch")
             if started:
@@ -160,17 +166,16 @@ class Rejoin:
         finally:
             self.busy = False
 
-    def _cut(self, kept: list[NodeRecord], lost: list[NodeRecord]) -> None:
-        """The word to every other node at once that the generation is over: its ranks shut
-        their connections to every node of the cluster (remote/resident.py `cut`), so none
-        waits in a collective for a peer that vanished without closing its connections, or
-        for a healthy one that waits itself. Best effort."""
-        hosts = sorted({n.private_address for n in [*kept, *lost]})
-        with NodeGroup(self.run.inv, kept) as group:
-            layout = group.layout
-            group.run(layout.remote_command(
-                "resident", "reform", "--dir", layout.job_dir(self.job_id), "--gen",
-                str(self.ranks.gen), "--cut", *hosts), timeout=30)
+    def _cut(self, group: NodeGroup, lost: list[NodeRecord]) -> None:
+        """The word to every other node (`group`) at once that the generation is over: its
+        ranks shut their connections to every node of the cluster (remote/resident.py
+        `cut`), so none waits in a collective for a peer that vanished without closing its
+        connections, or for a healthy one that waits itself. Best effort."""
+        hosts = sorted({n.private_address for n in [*group.nodes, *lost]})
+        layout = group.layout
+        group.run(layout.remote_command(
+            "resident", "reform", "--dir", layout.job_dir(self.job_id), "--gen",
+            str(self.ranks.gen), "--cut", *hosts), timeout=30)
 
     def _why_not(self) -> str | None:
         run, job = self.run, self.run.job
@@ -188,7 +193,8 @@ class Rejoin:
         return self.ranks.missing()
 
     def _replace(self, nodes: list[NodeRecord], start: Starter,
-                 started: dict[Future[int], NodeRecord]) -> dict[Future[int], NodeRecord]:
+                 started: dict[Future[int], NodeRecord],
+                 group: NodeGroup) -> dict[Future[int], NodeRecord]:
         """Replace `nodes`; each newcomer is started (into `started`) once bootstrapped,
         while the checkpoint goes back on every node: its ranks form the next generation's
         group with the others, which only come once the checkpoint is back and they have
@@ -224,12 +230,11 @@ class Rejoin:
 
         self.recovery.bring_back(failure, bootstrapped=begin)
         keeper.start()
-        with NodeGroup(run.inv, kept) as group:
-            layout = group.layout
-            group.run(layout.remote_command(
-                "resident", "reform", "--dir", layout.job_dir(self.job_id), "--gen", str(gen),
-                "--master", run.inv.master.private_address)).raise_for(
-                "telling the resident ranks to re-form", MgpuError)
+        layout = group.layout
+        group.run(layout.remote_command(
+            "resident", "reform", "--dir", layout.job_dir(self.job_id), "--gen", str(gen),
+            "--master", run.inv.master.private_address)).raise_for(
+            "telling the resident ranks to re-form", MgpuError)
         if self.forget_gone is not None:
             self.forget_gone()
         self.used += 1
