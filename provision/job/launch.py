@@ -228,12 +228,10 @@ def run_job(
     the job's log under `job_id` (provision/job/jobs.py; default: an unrecorded ad hoc id).
     The first line printed is the open timeline's "first output line" (model/timeline.py).
     Without a monitor, a failure is explained here (job/cause.py: the first failing rank);
-    a monitor's owner explains it, knowing more (a lost node). `ends`: gets what each node
-    said when its part ended (job/ends.py; for `job_id`, which it then names). `survive`: the
-    job goes on if this process's channels close (a managed run's); `take_back`: job
-    `job_id` already runs on the nodes (a new controller took it back): it is followed, not
-    started. `rejoin`: a lost node is replaced while the others' resident ranks go on
-    (provision/job/resident.py), its newcomer followed like the others."""
+    a monitor's owner explains it, knowing more (a lost node). `ends`: each node's last word
+    (job/ends.py). `survive`: the job outlives this process's channels (managed runs);
+    `take_back`: job `job_id` already runs on the nodes: followed, not started. `rejoin`: a
+    lost node is replaced while the others' resident ranks go on (job/resident.py)."""
     job_id = ends.job_id if ends is not None else job_id or adhoc_job_id()
     ends = ends or JobEnds(job_id)
     own_group = group is None
