@@ -49,7 +49,8 @@ if TYPE_CHECKING:
 def write_cluster_known_hosts(inv: Inventory, store: InventoryStore) -> Path:
     """(Re)write KEYS/known_hosts from the inventory's pinned host keys."""
     path = Path(inv.known_hosts_path or store.keys_dir(inv.name) / "known_hosts")
-    lines = [known_hosts_line([n.address], n.port, n.host_key) for n in inv.nodes if n.host_key]
+    lines = [known_hosts_line([n.address], n.port, n.host_key)  # warm spares too (issue 44)
+             for n in [*inv.nodes, *inv.spares] if n.host_key]
     # Jump hosts that are not nodes themselves (ssh provider `proxy_jump`): pinned the same way.
     lines += [known_hosts_line([r.name or r.id], int(r.extra["port"]), r.extra["key"])
               for r in inv.resources_of("pinned-host-key")]
@@ -77,19 +78,26 @@ def _connection_class() -> type[Connection]:
         Nagle's algorithm each waits for the peer's delayed ACK (40 ms on Linux): measured,
         a connection took 85 ms to open instead of 40, and each further command 40 ms more."""
 
+        keepalive_s = 0  # > 0: an SSH keepalive after that many seconds of not sending
+
         def open(self) -> Any:
             if self.is_connected or self.gateway is not None:
-                return super().open()
+                return self._keep(super().open())
             sock = socket.create_connection((self.host, self.port), timeout=self.connect_timeout)
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             self.connect_kwargs["sock"] = sock
             try:
-                return super().open()
+                return self._keep(super().open())
             except BaseException:
                 sock.close()
                 raise
             finally:
                 self.connect_kwargs.pop("sock", None)
+
+        def _keep(self, result: Any) -> Any:
+            if self.keepalive_s and self.transport is not None:
+                self.transport.set_keepalive(self.keepalive_s)
+            return result
 
     return NoDelayConnection
 
@@ -149,8 +157,11 @@ def ssh_argv(inv: Inventory, rank: int, command: list[str]) -> list[str]:
     node = nodes[0]
     identity = node_identity(inv, node)
     argv = ["ssh", "-p", str(node.port), *_pinned(inv, identity)]
-    if node.proxy_jump:
-        argv += ["-o", f"ProxyCommand={jump_command(inv, identity, node.proxy_jump)}"]
+    proxy = proxy_command(inv, node)
+    if proxy is None and node.proxy_jump:
+        proxy = jump_command(inv, identity, node.proxy_jump)
+    if proxy:
+        argv += ["-o", f"ProxyCommand={proxy}"]
     argv += ["--", f"{node.user}@{node.address}"]
     if command:
         argv.append(" ".join(shlex.quote(c) for c in command))
@@ -184,6 +195,15 @@ def jump_command(inv: Inventory, identity: str, proxy_jump: str) -> str:
     before = ["ssh", "-p", port or "22", *_pinned(inv, identity)]
     after = ["--", f"{user}@{host}" if user else host]
     return " ".join([*map(_proxy_word, before), "-W", "'[%h]:%p'", *map(_proxy_word, after)])
+
+
+def proxy_command(inv: Inventory, node: NodeRecord) -> str | None:
+    """The provider's own ProxyCommand for `node` (registry.proxy_for: k8s's port-forward
+    relay), its words quoted and % doubled; None when ssh reaches the node itself."""
+    from provision.model.registry import proxy_for
+
+    make = proxy_for(inv.provider)
+    return " ".join(map(_proxy_word, make(inv, node))) if make is not None else None
 
 
 def _proxy_word(word: str) -> str:

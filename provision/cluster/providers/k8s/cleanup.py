@@ -6,7 +6,9 @@ an object that changed after the read (its label taken off between the listing a
 deletion, say); it is then read again. `down` waits until no labelled pod is left, so nothing
 of the cluster runs once it returns.
 
-    kinds   JobSet (with its Jobs, pods and Service: foreground), Pod, Service, Secret
+    kinds   JobSet (with its Jobs, pods and Service: foreground), ResourceClaimTemplate
+            (the EFA DRA preset's), Pod, Service, Secret; the controller's ServiceAccount,
+            RoleBinding and Role (controller.py)
 """
 
 from __future__ import annotations
@@ -18,10 +20,9 @@ from typing import Any
 
 from provision.cluster.providers.k8s import pods
 from provision.cluster.providers.k8s.client import (
-    JOBSET_GROUP,
+    CUSTOM,
     Kube,
     is_not_found,
-    jobsets,
     status_of,
 )
 from provision.cluster.providers.k8s.pods import selector
@@ -29,12 +30,19 @@ from provision.model.inventory import CLUSTER_TAG
 
 GONE_TIMEOUT_S = 180.0
 ATTEMPTS = 5  # reads of one object that keeps changing under a delete before giving up
-KINDS = ("k8s-jobset", "k8s-pod", "k8s-service", "k8s-secret")
+KINDS = ("k8s-jobset", "k8s-resourceclaimtemplate", "k8s-pod", "k8s-service", "k8s-secret",
+         "k8s-serviceaccount", "k8s-rolebinding", "k8s-role")
+# built-in kind -> (the client's API class, the noun of its *_namespaced_NOUN calls)
+CALLS = {"k8s-pod": ("CoreV1Api", "pod"), "k8s-service": ("CoreV1Api", "service"),
+         "k8s-secret": ("CoreV1Api", "secret"),
+         "k8s-serviceaccount": ("CoreV1Api", "service_account"),
+         "k8s-role": ("RbacAuthorizationV1Api", "role"),
+         "k8s-rolebinding": ("RbacAuthorizationV1Api", "role_binding")}
 
 
 @dataclass
 class Found:
-    kind: str  # k8s-jobset | k8s-pod | k8s-service | k8s-secret
+    kind: str  # one of KINDS
     name: str
     uid: str
     cluster: str  # its label's value
@@ -55,8 +63,12 @@ def _meta(obj: Any) -> tuple[str, str, dict[str, str]]:
 
 
 def core_call(k: Kube, verb: str, kind: str) -> Callable[..., Any]:
-    """CoreV1Api's `verb`_namespaced_... call for a core kind (k8s-pod/-service/-secret)."""
-    call: Callable[..., Any] = getattr(k.core, f"{verb}_namespaced_{kind.removeprefix('k8s-')}")
+    """The client's `verb`_namespaced_NOUN call for a built-in kind (CALLS)."""
+    from kubernetes import client
+
+    api_class, noun = CALLS[kind]
+    api = k.core if api_class == "CoreV1Api" else getattr(client, api_class)(k.api)
+    call: Callable[..., Any] = getattr(api, f"{verb}_namespaced_{noun}")
     return call
 
 
@@ -65,12 +77,14 @@ def labelled(k: Kube, label_selector: str, groups: set[str] | None = None) -> li
     server serves them)."""
     out: list[Found] = []
     for kind in KINDS:
-        if kind == "k8s-jobset":
-            if groups is not None and JOBSET_GROUP not in groups:
+        if kind in CUSTOM:
+            group, version, plural = CUSTOM[kind]
+            if groups is not None and group not in groups:
                 continue
             try:
                 items = k.custom.list_namespaced_custom_object(
-                    *jobsets(k), label_selector=label_selector).get("items", [])
+                    group, version, k.namespace, plural,
+                    label_selector=label_selector).get("items", [])
             except Exception as exc:
                 if is_not_found(exc):  # the API is not installed
                     continue
@@ -83,16 +97,19 @@ def labelled(k: Kube, label_selector: str, groups: set[str] | None = None) -> li
     return out
 
 
-def delete(k: Kube, found: Found, version: str) -> None:
+def delete(k: Kube, found: Found, resource_version: str) -> None:
     """Delete one object if it is still the one read (its uid and resourceVersion as the
     delete's preconditions: the API answers 409 Conflict otherwise); NotFound is success."""
     from kubernetes import client
 
-    same = client.V1Preconditions(uid=found.uid or None, resource_version=version or None)
+    same = client.V1Preconditions(uid=found.uid or None,
+                                  resource_version=resource_version or None)
     try:
-        if found.kind == "k8s-jobset":  # a body's options win over the query's (apiserver)
+        if found.kind in CUSTOM:  # a body's options win over the query's (apiserver)
+            group, version, plural = CUSTOM[found.kind]
             body = client.V1DeleteOptions(propagation_policy="Foreground", preconditions=same)
-            k.custom.delete_namespaced_custom_object(*jobsets(k), found.name, body=body)
+            k.custom.delete_namespaced_custom_object(group, version, k.namespace, plural,
+                                                     found.name, body=body)
             return
         body = client.V1DeleteOptions(propagation_policy="Background", preconditions=same)
         core_call(k, "delete", found.kind)(found.name, k.namespace, body=body)
@@ -109,11 +126,11 @@ def delete_if_labelled(k: Kube, kind: str, name: str, cluster: str) -> bool:
         now = read(k, kind, name)
         if now is None:
             return True
-        uid, labels, version = now
+        uid, labels, resource_version = now
         if not cluster or labels.get(CLUSTER_TAG) != cluster:
             return False
         try:
-            delete(k, Found(kind, name, uid, cluster), version)
+            delete(k, Found(kind, name, uid, cluster), resource_version)
             return True
         except Exception as exc:
             if status_of(exc)[0] != 409:  # Conflict: it changed since the read: read again
@@ -124,18 +141,20 @@ def delete_if_labelled(k: Kube, kind: str, name: str, cluster: str) -> bool:
 def read(k: Kube, kind: str, name: str) -> tuple[str, dict[str, str], str] | None:
     """(uid, labels, resourceVersion) of an object as the API has it now; None when gone."""
     try:
-        if kind == "k8s-jobset":
-            obj = k.custom.get_namespaced_custom_object(*jobsets(k), name)
-            version = (obj.get("metadata") or {}).get("resourceVersion", "")
+        if kind in CUSTOM:
+            group, version, plural = CUSTOM[kind]
+            obj = k.custom.get_namespaced_custom_object(group, version, k.namespace, plural,
+                                                        name)
+            resource_version = (obj.get("metadata") or {}).get("resourceVersion", "")
         else:
             obj = core_call(k, "read", kind)(name, k.namespace)
-            version = obj.metadata.resource_version or ""
+            resource_version = obj.metadata.resource_version or ""
     except Exception as exc:
         if is_not_found(exc):
             return None
         raise
     _, uid, labels = _meta(obj)
-    return uid, labels, version
+    return uid, labels, resource_version
 
 
 def delete_cluster(k: Kube, cluster: str, recorded: list[tuple[str, str]],

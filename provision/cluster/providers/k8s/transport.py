@@ -20,6 +20,11 @@ from provision.nodes.transport import Connector, NodeConnection, SshConnection
 
 SSH_PORT = 22
 CHANNEL_DATA, CHANNEL_ERROR = 0, 1
+# An SSH keepalive after this long without sending: a quiet rank's session is otherwise cut by
+# an idle timeout on the way (the kubelet's streaming-connection-idle-timeout, a read deadline
+# only the client's data moves; 4 h by default, minutes on hardened clusters; a load balancer
+# in front of the API server: AWS NLB 350 s, classic ELB 60 s), which looks like a lost node.
+KEEPALIVE_S = 30
 
 
 class PortForwardSocket:
@@ -121,24 +126,34 @@ class PodGateway:
 
 
 class PodSshConnection(SshConnection):
-    """SshConnection (pinned host keys, the cluster key) whose socket is a port-forward."""
+    """SshConnection (pinned host keys, the cluster key) whose socket is a port-forward, with
+    SSH keepalives (KEEPALIVE_S)."""
 
     def __init__(self, inv: Inventory, node: NodeRecord, api: Any, namespace: str) -> None:
         super().__init__(inv, node)
         self._conn.gateway = PodGateway(api, namespace, node.address)
+        self._conn.keepalive_s = KEEPALIVE_S
 
 
 def connector(inv: Inventory) -> Connector:
-    """Connections to `inv`'s pods through its kubeconfig context's API server."""
+    """Connections to `inv`'s pods through its kubeconfig context's API server; a node seen
+    from inside the cluster (the controller's view, supervisor.inside_view: its address is
+    its pod IP) is reached straight over the pod network, as every pod reaches another
+    (the Kubernetes network model), and the controller needs no pods/portforward."""
     from provision.cluster.providers.k8s.client import kube
     from provision.cluster.providers.k8s.options import K8sOptions
+    from provision.nodes.transport import ssh_connector
 
     if inv.spec is None:
         raise ValueError(f"cluster {inv.name!r}: its inventory has no spec")
     opts = inv.spec.options_as(K8sOptions)
-    k = kube(opts.namespace, opts.context)
+    api: list[Any] = []  # made at the first port-forward (the controller never makes one)
 
     def make(inv: Inventory, node: NodeRecord) -> NodeConnection:
-        return PodSshConnection(inv, node, k.api, opts.namespace)
+        if node.address == node.private_address:
+            return ssh_connector(inv, node)
+        if not api:
+            api.append(kube(opts.namespace, opts.context).api)
+        return PodSshConnection(inv, node, api[0], opts.namespace)
 
     return make
