@@ -115,6 +115,7 @@ class JobRun:
     survive: bool = False
     take_back: str | None = None
     restarts: int = 0  # restarts used before this supervision began (a taken-back run's)
+    ledger: Ledger | None = None  # the run's goodput ledger (given: a taken-back run's)
 
     def event(self, event: str, message: str, nodes: list[str] | None = None) -> None:
         if self.on_event is not None:
@@ -147,8 +148,8 @@ def supervise(run: JobRun, group: NodeGroup) -> int:
                         run.on_event, grower)
     recovery.pool.on_change = lambda: run.event("replaced", "a new warm spare is ready", [])
     recap = Recap(run.inv.hourly_cost_usd)
-    ledger = from_timeline(timeline.current(run.inv), len(run.inv.nodes), time.time(),
-                           spares=len(run.inv.spares))
+    ledger = run.ledger = run.ledger or from_timeline(
+        timeline.current(run.inv), len(run.inv.nodes), time.time(), spares=len(run.inv.spares))
     restarts = run.restarts
     nodes: NodeGroup | None = group
     rec: JobRecord | None = None

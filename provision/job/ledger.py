@@ -120,6 +120,33 @@ class Ledger:
     def total(self) -> float:
         return sum(self.seconds.values())
 
+    def state(self) -> dict[str, Any]:
+        """Everything, to go on from elsewhere (`resume`): a managed run's controller keeps
+        it in the store, so that the one that takes the job back accounts for the whole run
+        (the time nobody supervised in the phase it was in: the nodes went on)."""
+        return {"started": self.started, "nodes": self.nodes, "phase": self.phase,
+                "spares": self.spares, "seconds": dict(self.seconds), "saves": self.saves[-1000:],
+                "recoveries": self.recoveries[-1000:], "failures": self.failures,
+                "since": self._since, "end": self._end, "failed_at": self._failed_at}
+
+    @classmethod
+    def resume(cls, state: dict[str, Any]) -> Ledger:
+        """The ledger `state` describes; ValueError when it does not describe one."""
+        try:
+            led = cls(started=float(state["started"]), nodes=int(state["nodes"]),
+                      phase=str(state["phase"]), spares=int(state["spares"]),
+                      seconds={k: float(state["seconds"].get(k, 0.0)) for k in BUCKETS},
+                      saves=[float(x) for x in state["saves"]],
+                      recoveries=[float(x) for x in state["recoveries"]],
+                      failures=int(state["failures"]))
+            led._since = float(state["since"])
+            led._failed_at = None if state["failed_at"] is None else float(state["failed_at"])
+        except (KeyError, TypeError, AttributeError) as exc:
+            raise ValueError(f"not a ledger's state ({type(exc).__name__}: {exc})") from None
+        if led.phase not in BUCKETS or led.phase == "spare":
+            raise ValueError(f"not a ledger's state (phase {led.phase!r})")
+        return led
+
     def to_json(self) -> dict[str, Any]:
         wall = (self._end if self._end is not None else self._since) - self.started
         return {"node_seconds": {k: round(v, 3) for k, v in self.seconds.items()},

@@ -117,6 +117,14 @@ class JobLog:
         self._pending: list[str] = []
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        # the run's goodput ledger (job/ledger.py Ledger.state), kept with each heartbeat and
+        # at the end in control/ledger: a controller that takes the job back goes on from it
+        self.ledger: Callable[[], dict[str, Any] | None] | None = None
+
+    def keep_ledger(self) -> None:
+        state = self.ledger() if self.ledger is not None else None
+        if state is not None:
+            self.store.put_bytes(f"{self.prefix}/control/ledger", json.dumps(state).encode())
 
     def record(self, event: str, message: str, *, nodes: list[str] | None = None,
                exit_code: int | None = None, state: str | None = None,
@@ -172,6 +180,7 @@ class JobLog:
                     if time.monotonic() - beat >= HEARTBEAT_S:
                         self.store.put_bytes(f"{self.prefix}/control/heartbeat",
                                              str(time.time()).encode())
+                        self.keep_ledger()
                         beat = time.monotonic()
                 except Exception:  # noqa: BLE001, S110 - the next flush retries
                     pass
@@ -184,6 +193,7 @@ class JobLog:
         if self._thread is not None:
             self._thread.join(timeout=10)
         self.flush()
+        self.keep_ledger()
 
     def cancel_requested(self) -> bool:
         return self.store.get_bytes(f"{self.prefix}/control/cancel") is not None
@@ -240,6 +250,15 @@ class JobView:
             return None if data is None else max(0.0, time.time() - float(data))
         except ValueError:
             return None
+
+    def ledger_state(self) -> dict[str, Any] | None:
+        """The run's ledger as its controller last kept it (None: none, or not JSON)."""
+        data = self.store.get_bytes(f"{self.prefix}/control/ledger")
+        try:
+            state = json.loads(data) if data else None
+        except ValueError:
+            return None
+        return state if isinstance(state, dict) else None
 
     def request_cancel(self) -> None:
         self.store.put_bytes(f"{self.prefix}/control/cancel", now_iso().encode())
