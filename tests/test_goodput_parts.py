@@ -205,3 +205,31 @@ def test_a_taken_back_run_goes_on_with_the_ledger_its_lost_controller_kept(
     bad = dict(state, phase="spare")
     with pytest.raises(ValueError, match="phase 'spare'"):
         Ledger.resume(bad)
+
+
+def test_a_restart_is_recovery_until_the_jobs_first_step_line() -> None:
+    """Python start, torch import, rendezvous and loading the checkpoint are not training:
+    a first attempt is setup and a restart recovery until the job's first step line (Tr
+    measured to it); a job that prints no step line is counted from its start."""
+    led = Ledger(started=0.0, nodes=2)
+    led.begin_attempt(10.0, "setup")
+    led.step_seen(25.0)  # `step 0 loss ...`
+    led.step_seen(26.0)  # once per attempt
+    led.end_attempt(60.0)
+    led.failed(lost_training_s=5.0, at=60.0)
+    led.begin_attempt(64.0, "recovery")  # replaced, restored: relaunched
+    led.step_seen(79.0)  # `resumed from step 40`
+    led.end_attempt(100.0)
+    led.switch("idle", 100.0)
+    got = led.close(100.0)
+    assert got["setup"] == 15.0 * 2 and got["recovery"] == (79.0 - 60.0) * 2
+    assert got["training"] == ((60 - 25) - 5 + (100 - 79)) * 2
+    assert led.to_json()["recovery_s"] == 19.0
+    quiet = Ledger(started=0.0, nodes=2)
+    quiet.begin_attempt(10.0, "setup")
+    quiet.end_attempt(50.0)  # no step line at all
+    quiet.switch("idle", 50.0)
+    assert quiet.close(50.0)["training"] == 40.0 * 2
+    taken = Ledger(started=0.0, nodes=1)
+    taken.begin_attempt(0.0, "training")  # a taken-back job: it runs already
+    assert taken.close(5.0)["training"] == 5.0

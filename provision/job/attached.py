@@ -55,7 +55,7 @@ from provision.job.recovery import (
     classify,
 )
 from provision.job.resident import rejoin_for
-from provision.job.resumecheck import ResumeCheck
+from provision.job.resumecheck import ResumeCheck, step_in
 from provision.job.supervision import Ready, Started, Supervision, Target
 from provision.model import timeline
 from provision.model.errors import LaunchError, MgpuError
@@ -159,7 +159,8 @@ def supervise(run: JobRun, group: NodeGroup) -> int:
             with borrowed(run.inv, nodes) as current:
                 rec = _taken(run, taking) if taking else _begin(run, current, parent=rec)
                 recap.begin(rec.id, time.monotonic(), len(current.nodes))
-                ledger.switch("training", time.time())
+                ledger.begin_attempt(time.time(), "training" if taking else "recovery"
+                                     if rec.attempt > 1 or restarts else "setup")
                 _started(run, restarts, taking)
                 gate = run.gate() if run.gate is not None and not taking else None
                 outcome = attempt(run, current, keeper, rec, restarts, gate, ledger,
@@ -169,6 +170,7 @@ def supervise(run: JobRun, group: NodeGroup) -> int:
                 taking = None
                 restarts += outcome.resident_restarts
             failure = _ended(run, rec, outcome, recap, keeper)
+            ledger.end_attempt(time.time())
             _account(ledger, failure, keeper)
             nodes = None
             if gate is not None and (gate.record is not None or outcome.code == 0):
@@ -325,6 +327,8 @@ def attempt(run: JobRun, group: NodeGroup, keeper: CheckpointKeeper, rec: JobRec
         check.feed(text)
         if ledger is not None:
             ledger.save_line(text, time.time())
+            if step_in(text) is not None:  # training from here (job/ledger.py)
+                ledger.step_seen(time.time())
         if rejoin is not None:
             rejoin.ranks.feed(node.name, text)
 
