@@ -54,6 +54,9 @@ def main() -> None:
                 for way, more in ways.items():
                     runs[how, way].append(one(args.nodes, f"{tmp}/home-{i}", tmp, current(),
                                               SCRIPTS[how], more))
+                    got = runs[how, way][-1]
+                    print(f"  run {i + 1}: {how} {way}: " + ", ".join(
+                        f"{c} {got[c]:.2f}" for c in COLS), flush=True)
         for (how, way), mine in runs.items():
             med = {c: statistics.median(r[c] for r in mine) for c in COLS}
             print(f"{how:>9} {way:>9} " + " ".join(f"{med[c]:>11.2f}" for c in COLS),
