@@ -396,3 +396,23 @@ def test_a_stores_copy_whose_spare_logs_in_otherwise_is_not_adopted(tmp_path: Pa
     theirs.spares[0].proxy_jump = "evil@203.0.113.9:22"
     assert not _same_logins(inv, theirs, said.append)
     assert "node-2" in said[-1]
+
+
+def test_a_self_stopping_detached_run_refuses_spares_nobody_would_use() -> None:
+    """`run --detach` without a store: no one supervises the job, so no rank would move to
+    a spare, and an idle spare would not stop itself with the nodes: refused, saying what
+    works; with a store (the controller) or attached it is fine."""
+    from provision.job.attached import Attached
+    from provision.job.detached import SelfStopping
+    from provision.job.supervision import Target
+    from provision.model.spec import build_job_spec
+
+    example = Path(__file__).resolve().parent.parent / "examples" / "train_ddp.py"
+    job = build_job_spec({}, {"script": str(example)})
+    target = Target("sp", MemoryCloud(), "docker", None, new=True, spares=1)
+    with pytest.raises(UserInputError, match="--spares 1: a --detach job without --store") \
+            as err:
+        SelfStopping().check(job, target, print)
+    assert "--store URL" in (err.value.hint or "")
+    SelfStopping().check(job, Target("sp", MemoryCloud(), "docker", None, new=True), print)
+    Attached().check(job, target, print)
