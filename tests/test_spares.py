@@ -416,3 +416,20 @@ def test_a_self_stopping_detached_run_refuses_spares_nobody_would_use() -> None:
     assert "--store URL" in (err.value.hint or "")
     SelfStopping().check(job, Target("sp", MemoryCloud(), "docker", None, new=True), print)
     Attached().check(job, target, print)
+
+
+def test_a_spare_that_died_idle_is_dropped_and_the_next_one_takes_the_rank(
+        tmp_path: Path) -> None:
+    class Dying(MemoryCloud):
+        def _node_alive(self, inv: Inventory, node: NodeRecord) -> bool:
+            return node.name != "node-2"
+
+    cloud = Dying()
+    inv, store = _cluster(tmp_path, cloud, k=2)
+    pool, said = _pool(cloud, inv, store, [])
+    pool.stop()  # no refill: only the choice is looked at
+    new = pool.node_for(inv.nodes[1], "node lost").result()
+    pool.wait()
+    assert new.resource_id == "vm-3" and inv.spares == []  # node-3's machine took rank 1
+    assert ("retire", "node-2/vm-2") in cloud.calls
+    assert any("the warm spare node-2 is gone" in s for s in said), said
