@@ -96,6 +96,22 @@ class Timed(Protocol):
     timelines: list[Timeline]
 
 
+def process_started_at() -> float:
+    """When this process started (Linux: its start in /proc/self/stat after /proc/stat's boot
+    time, to the second); now where that cannot be read. A CLI command's clock starts with
+    the user's (the interpreter's start and the tool's imports are waited for too)."""
+    import os
+    from pathlib import Path
+
+    try:
+        ticks = int(Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()[19])
+        boot = next(float(line.split()[1]) for line in
+                    Path("/proc/stat").read_text().splitlines() if line.startswith("btime "))
+        return min(time.time(), boot + ticks / os.sysconf("SC_CLK_TCK"))
+    except (OSError, ValueError, IndexError, StopIteration):
+        return time.time()
+
+
 def begin(inv: Timed, command: Command, timeline: Timeline | None = None) -> Timeline:
     """Start (or adopt) the inventory's current timeline; the caller saves the inventory."""
     tl = timeline or Timeline.begin(command)
