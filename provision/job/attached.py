@@ -169,9 +169,10 @@ def supervise(run: JobRun, group: NodeGroup) -> int:
                                   lambda: grower.due(keeper.last_copy), recovery=recovery)
                 taking = None
                 restarts += outcome.resident_restarts
+            seen = time.time(), time.monotonic()  # the failure's time, before it is classified
             failure = _ended(run, rec, outcome, recap, keeper)
-            ledger.end_attempt(time.time())
-            _account(ledger, failure, keeper)
+            ledger.end_attempt(seen[0])
+            _account(ledger, failure, keeper, seen)
             nodes = None
             if gate is not None and (gate.record is not None or outcome.code == 0):
                 gate.finish(outcome.code)  # FabricGateError: the gate kept the job from starting
@@ -235,17 +236,18 @@ def _taken(run: JobRun, job_id: str) -> JobRecord:
     return rec
 
 
-def _account(ledger: Ledger, failure: Failure | None, keeper: CheckpointKeeper) -> None:
+def _account(ledger: Ledger, failure: Failure | None, keeper: CheckpointKeeper,
+             seen: tuple[float, float] | None = None) -> None:
     """After an attempt: a failure's lost work (since the last kept checkpoint) is redone
     work, and recovery starts; a success or a cancel is the end of the training."""
-    now = time.time()
+    now, mono = seen or (time.time(), time.monotonic())  # seen: when the attempt ended
     if failure is None:
         ledger.switch("idle", now)
         return
     if failure.kind == "grow":  # planned, right after a checkpoint: nothing to redo
         ledger.switch("recovery", now)
         return
-    since = time.monotonic() - keeper.last_copy if keeper.last_copy > 0 else None
+    since = mono - keeper.last_copy if keeper.last_copy > 0 else None
     trained = ledger.seconds["training"] / max(ledger.nodes, 1)
     ledger.failed(min(since, trained) if since is not None else trained, now)
 

@@ -97,19 +97,20 @@ class Timed(Protocol):
 
 
 def process_started_at() -> float:
-    """When this process started (Linux: its start in /proc/self/stat after /proc/stat's boot
-    time, to the second); now where that cannot be read. A CLI command's clock starts with
-    the user's (the interpreter's start and the tool's imports are waited for too)."""
+    """When this process started (Linux: its age, /proc/uptime less its start in
+    /proc/self/stat, both since boot, to the hundredth); now where that cannot be read. A CLI
+    command's clock starts with the user's (the interpreter's start and the tool's imports
+    are waited for too)."""
     import os
     from pathlib import Path
 
     try:
         ticks = int(Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()[19])
-        boot = next(float(line.split()[1]) for line in
-                    Path("/proc/stat").read_text().splitlines() if line.startswith("btime "))
-        return min(time.time(), boot + ticks / os.sysconf("SC_CLK_TCK"))
-    except (OSError, ValueError, IndexError, StopIteration):
+        uptime = float(Path("/proc/uptime").read_text().split()[0])
+        age = max(0.0, uptime - ticks / os.sysconf("SC_CLK_TCK"))
+    except (OSError, ValueError, IndexError):
         return time.time()
+    return time.time() - age
 
 
 def begin(inv: Timed, command: Command, timeline: Timeline | None = None) -> Timeline:
