@@ -32,6 +32,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -74,8 +75,10 @@ def one(n: int, home: str, cwd: str, tree: Tree, script: str = EXAMPLE,
                 marks["resumed"] = now
                 break
     finally:
-        proc.terminate()  # SIGTERM: the run tears the cluster down
-        proc.wait(timeout=300)
+        proc.terminate()  # SIGTERM: the run tears the cluster down (after a spare being made)
+        rest = proc.stdout
+        threading.Thread(target=rest.read, daemon=True).start()  # never blocked on the pipe
+        proc.wait(timeout=900)
     if not {"kill", "detected", "ready", "resumed"} <= set(marks):
         raise SystemExit(f"N={n}: the run did not recover: {sorted(marks)}")
     return {"detection": marks["detected"] - marks["kill"], **split,

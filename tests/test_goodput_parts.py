@@ -3,9 +3,11 @@ the resume check and the straggler watch (their wiring into runs is tested on do
 
 from __future__ import annotations
 
+import json
 import math
 import random
 import time
+from pathlib import Path
 
 import pytest
 
@@ -204,3 +206,66 @@ def test_each_node_that_comes_back_waits_for_a_checkpoint_copied_after_it() -> N
         assert not grower.due(last_copy=before)
         assert grower.due(last_copy=grower.ready_at + 1)
         assert grower.take() == [node] and not grower.missing
+
+
+def test_a_taken_back_run_goes_on_with_the_ledger_its_lost_controller_kept(
+        tmp_path: Path) -> None:
+    """A managed run's controller keeps its ledger in the store (control/ledger, with each
+    heartbeat); the one that takes the job back goes on from it: the time nobody supervised
+    accrues in the phase the run was in (the nodes kept training), so the buckets still sum
+    to wall x nodes. A state that is no ledger's is said and a new ledger begins."""
+    from provision.job.managed.records import JobLog
+    from provision.job.managed.takeback import TakeBack, resumed_ledger
+    from remote.store import open_store
+
+    led = Ledger(started=0.0, nodes=2, spares=1)
+    led.switch("training", 10.0)
+    led.saved(1.0, 20.0)
+    led.failed(lost_training_s=2.0, at=30.0)
+    led.switch("training", 34.0)  # recovered in 4 s
+    store = open_store(f"file://{tmp_path}")
+    log = JobLog(store, "c1", "1")
+    log.ledger = led.state
+    log.keep_ledger()  # the controller's last heartbeat; then it is lost
+    state = json.loads((tmp_path / "c1" / "jobs" / "1" / "control" / "ledger").read_text())
+    back = TakeBack("1", 1, state)
+    again = resumed_ledger(back, print)
+    assert again is not None
+    got = again.close(100.0)  # taken back at 100: 34 -> 100 was training, unsupervised
+    assert sum(got.values()) == pytest.approx(100.0 * 3)
+    assert got["training"] == pytest.approx((20 - 10 - 1 + 30 - 20 - 2 + 100 - 34) * 2)
+    assert got["spare"] == 100.0 and again.to_json()["recovery_s"] == 4.0
+    said: list[str] = []
+    assert resumed_ledger(TakeBack("1", 1, {"phase": "training"}), said.append) is None
+    assert said and "cannot be used" in said[0]
+    bad = dict(state, phase="spare")
+    with pytest.raises(ValueError, match="phase 'spare'"):
+        Ledger.resume(bad)
+
+
+def test_a_restart_is_recovery_until_the_jobs_first_step_line() -> None:
+    """Python start, torch import, rendezvous and loading the checkpoint are not training:
+    a first attempt is setup and a restart recovery until the job's first step line (Tr
+    measured to it); a job that prints no step line is counted from its start."""
+    led = Ledger(started=0.0, nodes=2)
+    led.begin_attempt(10.0, "setup")
+    led.step_seen(25.0)  # `step 0 loss ...`
+    led.step_seen(26.0)  # once per attempt
+    led.end_attempt(60.0)
+    led.failed(lost_training_s=5.0, at=60.0)
+    led.begin_attempt(64.0, "recovery")  # replaced, restored: relaunched
+    led.step_seen(79.0)  # `resumed from step 40`
+    led.end_attempt(100.0)
+    led.switch("idle", 100.0)
+    got = led.close(100.0)
+    assert got["setup"] == 15.0 * 2 and got["recovery"] == (79.0 - 60.0) * 2
+    assert got["training"] == ((60 - 25) - 5 + (100 - 79)) * 2
+    assert led.to_json()["recovery_s"] == 19.0
+    quiet = Ledger(started=0.0, nodes=2)
+    quiet.begin_attempt(10.0, "setup")
+    quiet.end_attempt(50.0)  # no step line at all
+    quiet.switch("idle", 50.0)
+    assert quiet.close(50.0)["training"] == 40.0 * 2
+    taken = Ledger(started=0.0, nodes=1)
+    taken.begin_attempt(0.0, "training")  # a taken-back job: it runs already
+    assert taken.close(5.0)["training"] == 5.0

@@ -239,24 +239,26 @@ def test_preflight_gather_keeps_a_report_or_the_reason_for_every_node(cluster) -
 
 def _follow_two(inv: Inventory, node_1: Callable[[threading.Event], int],
                 settle: float) -> tuple[int, list[str], list[str]]:
-    """launch._follow with node-0 failing at once and node-1 as scripted (handed an event
-    that the stop sets); (code, what node-1 was sent, log lines)."""
+    """following.follow (split out of launch.py) with node-0 failing at once and node-1
+    as scripted (handed an event that the stop sets); (code, what node-1 was sent, log
+    lines)."""
     import concurrent.futures
 
-    from provision.job import launch
+    from provision.job import following
 
     fake = FakeConnector()
     stopped = threading.Event()
     logged: list[str] = []
     with concurrent.futures.ThreadPoolExecutor(2) as pool, \
             pytest.MonkeyPatch.context() as mp:
-        mp.setattr(launch, "PEERS_SETTLE_S", settle)
-        real_stop = launch.stop_job
-        mp.setattr(launch, "stop_job", lambda *a, **k: (real_stop(*a, **k), stopped.set()))
+        mp.setattr(following, "PEERS_SETTLE_S", settle)
+        real_stop = following.stop_job
+        mp.setattr(following, "stop_job",
+                   lambda *a, **k: (real_stop(*a, **k), stopped.set()))
         futures = {pool.submit(lambda: 1): inv.nodes[0],
                    pool.submit(node_1, stopped): inv.nodes[1]}
-        code = launch._follow(futures, NodeGroup(inv, connector=fake), logged.append, None,
-                              None, threading.Event())
+        code = following.follow(futures, NodeGroup(inv, connector=fake), logged.append, None,
+                                None, threading.Event())
     return code, fake.commands("node-1"), logged
 
 

@@ -346,3 +346,90 @@ def test_providers_that_keep_no_spares_refuse_them_in_their_plan_saying_why(
                                              "spares") as err:
         get_provider(provider).plan(spec)  # before anything is asked of a host or a cluster
     assert why in err.value.message
+
+
+def test_spares_survive_the_hand_off_seen_from_inside_and_published_as_seen_from_outside(
+        tmp_path: Path) -> None:
+    """The controller reaches the spares at their private addresses (localize), a spare it
+    promotes or makes is published in cluster.json as the user's machine reaches it, and the
+    user's machine adopts the spares with the rest (more replacements)."""
+    from provision.job.managed.signing import cluster_kind, open_sealed
+    from provision.job.managed.supervisor import InsideProvider, localize, publish_inventory
+    from remote.store import open_store
+
+    cloud = MemoryCloud()
+    inv, store = _cluster(tmp_path / "user", cloud)
+    mine = inv.model_copy(deep=True)
+    outside = {n.rank: n.model_copy() for n in [*inv.nodes, *inv.spares]}
+    ctl = InventoryStore(tmp_path / "controller")
+    ctl.save(inv)
+    localize(inv, ctl)
+    assert [(s.address, s.port) for s in inv.spares] == [("10.1.0.12", 22)]  # inside view
+    inside = InsideProvider(cloud, outside)
+    assert inside.refills
+    pool, _ = _pool(inside, inv, ctl, [])
+    pool.node_for(inv.nodes[1], "node lost").result()
+    pool.wait()
+    assert inv.nodes[1].address == "10.1.0.12" and outside[1].address == "10.0.0.12"
+    assert outside[1].name == "node-1" and 2 not in outside  # the spare's record moved
+    [made] = inv.spares
+    assert made.address == "10.1.0.13" and outside[3].address == "10.0.0.13"
+    key = b"k" * 32
+    bucket = open_store(f"file://{tmp_path / 'store'}")
+    publish_inventory(bucket, inv, outside, key)
+    sealed = (tmp_path / "store" / "sp" / "cluster.json").read_bytes()
+    theirs = Inventory.model_validate_json(open_sealed(key, cluster_kind("sp"), sealed))
+    assert [(n.name, n.address) for n in theirs.nodes] == [("node-0", "10.0.0.10"),
+                                                          ("node-1", "10.0.0.12")]
+    assert [(n.name, n.address) for n in theirs.spares] == [("node-3", "10.0.0.13")]
+    assert mine.adopt(theirs)  # a promotion and a refill are replacements: taken
+    assert [s.name for s in mine.spares] == ["node-3"] and mine.spares_made == 2
+
+
+def test_a_stores_copy_whose_spare_logs_in_otherwise_is_not_adopted(tmp_path: Path) -> None:
+    from provision.job.managed.client import _same_logins
+
+    inv, _ = _cluster(tmp_path, MemoryCloud())
+    theirs = inv.model_copy(deep=True)
+    said: list[str] = []
+    assert _same_logins(inv, theirs, said.append)
+    theirs.spares[0].proxy_jump = "evil@203.0.113.9:22"
+    assert not _same_logins(inv, theirs, said.append)
+    assert "node-2" in said[-1]
+
+
+def test_a_self_stopping_detached_run_refuses_spares_nobody_would_use() -> None:
+    """`run --detach` without a store: no one supervises the job, so no rank would move to
+    a spare, and an idle spare would not stop itself with the nodes: refused, saying what
+    works; with a store (the controller) or attached it is fine."""
+    from provision.job.attached import Attached
+    from provision.job.detached import SelfStopping
+    from provision.job.supervision import Target
+    from provision.model.spec import build_job_spec
+
+    example = Path(__file__).resolve().parent.parent / "examples" / "train_ddp.py"
+    job = build_job_spec({}, {"script": str(example)})
+    target = Target("sp", MemoryCloud(), "docker", None, new=True, spares=1)
+    with pytest.raises(UserInputError, match="--spares 1: a --detach job without --store") \
+            as err:
+        SelfStopping().check(job, target, print)
+    assert "--store URL" in (err.value.hint or "")
+    SelfStopping().check(job, Target("sp", MemoryCloud(), "docker", None, new=True), print)
+    Attached().check(job, target, print)
+
+
+def test_a_spare_that_died_idle_is_dropped_and_the_next_one_takes_the_rank(
+        tmp_path: Path) -> None:
+    class Dying(MemoryCloud):
+        def _node_alive(self, inv: Inventory, node: NodeRecord) -> bool:
+            return node.name != "node-2"
+
+    cloud = Dying()
+    inv, store = _cluster(tmp_path, cloud, k=2)
+    pool, said = _pool(cloud, inv, store, [])
+    pool.stop()  # no refill: only the choice is looked at
+    new = pool.node_for(inv.nodes[1], "node lost").result()
+    pool.wait()
+    assert new.resource_id == "vm-3" and inv.spares == []  # node-3's machine took rank 1
+    assert ("retire", "node-2/vm-2") in cloud.calls
+    assert any("the warm spare node-2 is gone" in s for s in said), said

@@ -7,6 +7,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import yaml
@@ -92,3 +93,20 @@ def test_status_timeline_shows_the_phases(mgpu_home: Path) -> None:
     assert tl["slowest"] == "bootstrap" and tl["command"] == "up"
     assert [p["phase"] for p in tl["phases"]] == ["plan", "create call", "nodes running",
                                                   "bootstrap", "ssh answers", "image present"]
+
+
+def test_a_commands_clock_can_start_with_its_process() -> None:
+    """`run`'s clock (and so its ledger) starts when the CLI's process did: the interpreter's
+    start and the imports are waited for too. Read from /proc: never in the future, and a
+    process started a second ago is found to be."""
+    import subprocess
+    import sys
+
+    from provision.model.timeline import process_started_at
+
+    code = ("import time; time.sleep(1.2); from provision.model.timeline import "
+            "process_started_at as p; print(time.time() - p())")
+    waited = float(subprocess.run([sys.executable, "-c", code], capture_output=True,
+                                  text=True, check=True).stdout)
+    assert 1.2 <= waited <= 60.0, waited  # it slept 1.2 s after it started
+    assert process_started_at() <= time.time()

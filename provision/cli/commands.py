@@ -146,12 +146,15 @@ def run(
     from provision.cluster.pipeline import NewCluster
     from provision.job import lifecycle
     from provision.job.managed.modes import supervision
+    from provision.model.timeline import process_started_at
 
     spec, file_values = cluster_spec(opts)
     job = job_spec(*script_and_args(script, args), opts, file_values)
     mode = supervision(detach=detach, store=spec.store, idle_minutes=idle_minutes)
     with _progress() as store:
-        started = lifecycle.start(NewCluster(spec, confirmer(opts), keep=keep), job, mode,
+        # the run's clock (status --timeline, the ledger) starts with this process
+        started = lifecycle.start(NewCluster(spec, confirmer(opts), keep=keep,
+                                             started_at=process_started_at()), job, mode,
                                   store=store, log=_echo)
     _report(started, opts)
 

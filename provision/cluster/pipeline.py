@@ -233,6 +233,7 @@ class NewCluster:
     spec: ClusterSpec
     confirm: Confirm
     keep: bool = False
+    started_at: float | None = None  # when its command's clock starts (default: the plan)
 
 
 @dataclass
@@ -269,6 +270,7 @@ def temporary_cluster(new: NewCluster, *, store: InventoryStore, log: Log,
     `command`: the timeline's name (`status --timeline`)."""
     spec = new.spec
     clock = Timeline.begin(command)
+    clock.started_at = new.started_at or clock.started_at
     provider, plan = plan_cluster(spec, store)
     clock.add("plan", since=clock.started_at)
     if checks is not None:

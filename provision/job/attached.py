@@ -55,7 +55,7 @@ from provision.job.recovery import (
     classify,
 )
 from provision.job.resident import rejoin_for
-from provision.job.resumecheck import ResumeCheck
+from provision.job.resumecheck import ResumeCheck, step_in
 from provision.job.supervision import Ready, Started, Supervision, Target
 from provision.model import timeline
 from provision.model.errors import LaunchError, MgpuError
@@ -115,6 +115,7 @@ class JobRun:
     survive: bool = False
     take_back: str | None = None
     restarts: int = 0  # restarts used before this supervision began (a taken-back run's)
+    ledger: Ledger | None = None  # the run's goodput ledger (given: a taken-back run's)
 
     def event(self, event: str, message: str, nodes: list[str] | None = None) -> None:
         if self.on_event is not None:
@@ -147,8 +148,8 @@ def supervise(run: JobRun, group: NodeGroup) -> int:
                         run.on_event, grower)
     recovery.pool.on_change = lambda: run.event("replaced", "a new warm spare is ready", [])
     recap = Recap(run.inv.hourly_cost_usd)
-    ledger = from_timeline(timeline.current(run.inv), len(run.inv.nodes), time.time(),
-                           spares=len(run.inv.spares))
+    ledger = run.ledger = run.ledger or from_timeline(
+        timeline.current(run.inv), len(run.inv.nodes), time.time(), spares=len(run.inv.spares))
     restarts = run.restarts
     nodes: NodeGroup | None = group
     rec: JobRecord | None = None
@@ -158,7 +159,8 @@ def supervise(run: JobRun, group: NodeGroup) -> int:
             with borrowed(run.inv, nodes) as current:
                 rec = _taken(run, taking) if taking else _begin(run, current, parent=rec)
                 recap.begin(rec.id, time.monotonic(), len(current.nodes))
-                ledger.switch("training", time.time())
+                ledger.begin_attempt(time.time(), "training" if taking else "recovery"
+                                     if rec.attempt > 1 or restarts else "setup")
                 _started(run, restarts, taking)
                 gate = run.gate() if run.gate is not None and not taking else None
                 outcome = attempt(run, current, keeper, rec, restarts, gate, ledger,
@@ -167,8 +169,10 @@ def supervise(run: JobRun, group: NodeGroup) -> int:
                                   lambda: grower.due(keeper.last_copy), recovery=recovery)
                 taking = None
                 restarts += outcome.resident_restarts
+            seen = time.time(), time.monotonic()  # the failure's time, before it is classified
             failure = _ended(run, rec, outcome, recap, keeper)
-            _account(ledger, failure, keeper)
+            ledger.end_attempt(seen[0])
+            _account(ledger, failure, keeper, seen)
             nodes = None
             if gate is not None and (gate.record is not None or outcome.code == 0):
                 gate.finish(outcome.code)  # FabricGateError: the gate kept the job from starting
@@ -233,17 +237,18 @@ def _taken(run: JobRun, job_id: str) -> JobRecord:
     return rec
 
 
-def _account(ledger: Ledger, failure: Failure | None, keeper: CheckpointKeeper) -> None:
+def _account(ledger: Ledger, failure: Failure | None, keeper: CheckpointKeeper,
+             seen: tuple[float, float] | None = None) -> None:
     """After an attempt: a failure's lost work (since the last kept checkpoint) is redone
     work, and recovery starts; a success or a cancel is the end of the training."""
-    now = time.time()
+    now, mono = seen or (time.time(), time.monotonic())  # seen: when the attempt ended
     if failure is None:
         ledger.switch("idle", now)
         return
     if failure.kind == "grow":  # planned, right after a checkpoint: nothing to redo
         ledger.switch("recovery", now)
         return
-    since = time.monotonic() - keeper.last_copy if keeper.last_copy > 0 else None
+    since = mono - keeper.last_copy if keeper.last_copy > 0 else None
     trained = ledger.seconds["training"] / max(ledger.nodes, 1)
     ledger.failed(min(since, trained) if since is not None else trained, now)
 
@@ -325,6 +330,8 @@ def attempt(run: JobRun, group: NodeGroup, keeper: CheckpointKeeper, rec: JobRec
         check.feed(text)
         if ledger is not None:
             ledger.save_line(text, time.time())
+            if step_in(text) is not None:  # training from here (job/ledger.py)
+                ledger.step_seen(time.time())
         if rejoin is not None:
             rejoin.ranks.feed(node.name, text)
 

@@ -73,6 +73,13 @@ class SelfStopping(Supervision):
 
     def check(self, job: JobSpec, target: Target, log: Log) -> None:
         refuse_unsupervised(job, None if target.new else target.name)
+        if target.new and target.spares:  # issue 44: nobody would use them, and idle they
+            raise UserInputError(  # would outlive the nodes that stop themselves
+                f"--spares {target.spares}: a --detach job without --store is supervised by "
+                "nobody, so no rank would move to a spare, and the spares (idle) would not "
+                "stop themselves with the nodes",
+                hint="add --store URL (the cluster's controller uses the spares), run it "
+                     "attached, or leave --spares out")
 
     def start(self, ready: Ready) -> Started:
         from provision.model.registry import provider_info

@@ -8,7 +8,10 @@ over time, phase by phase, so its buckets sum to the run's node-seconds by const
                     held it, or took it back: the timelines' "queued" phases)
     setup         bootstrap, workdir sync, restore of a checkpoint
     gate          the fabric gate
-    training      the job's processes running, less what is moved out below:
+    training      the job's processes running from their first step line (`step N`,
+                  `resumed from step N`: before it they start, import, rendezvous and load,
+                  which is setup for a first attempt and recovery for a restart; a job that
+                  prints no step line is counted from its start), less what is moved out:
       checkpoint    training seconds the job spent saving (`checkpoint saved ... (X s)` lines)
       redone        training seconds a failure threw away: from the restored step's save to
                     the failure (they are done again after the restart)
@@ -60,6 +63,7 @@ class Ledger:
     _since: float = 0.0
     _end: float | None = None
     _failed_at: float | None = None
+    _attempt: tuple[float, str] | None = None  # an attempt's start and phase, no step yet
 
     def __post_init__(self) -> None:
         self._since = self.started
@@ -76,10 +80,40 @@ class Ledger:
         if phase not in BUCKETS or phase == "spare":
             raise ValueError(f"no ledger phase {phase!r}")
         self._accrue(at)
+        if phase == "training":
+            self._attempt = None
         if phase == "training" and self._failed_at is not None:
             self.recoveries.append(max(0.0, at - self._failed_at))
             self._failed_at = None
         self.phase = phase
+
+    def begin_attempt(self, at: float, phase: str) -> None:
+        """The job is started at `at`; until its first step line (`step_seen`) the run is in
+        `phase` (setup: a first attempt; recovery: a restart; training: one taken back)."""
+        self.switch(phase, at)
+        self._attempt = (at, phase) if phase != "training" else None
+
+    def step_seen(self, at: float) -> None:
+        """The job printed a step line: training from `at` (once per attempt)."""
+        if self._attempt is not None:
+            self._attempt = None
+            self.switch("training", at)
+
+    def end_attempt(self, at: float) -> None:
+        """The attempt ended; one that printed no step line counts as training from its
+        start (a job without step lines is not charged its whole time as setup)."""
+        if self._attempt is None:
+            return
+        start, phase = self._attempt
+        self._attempt = None
+        self._accrue(at)
+        moved = min((at - start) * self.nodes, self.seconds[phase])
+        self.seconds[phase] -= moved
+        self.seconds["training"] += moved
+        self.phase = "training"
+        if phase == "recovery" and self._failed_at is not None:
+            self.recoveries.append(max(0.0, start - self._failed_at))
+            self._failed_at = None
 
     def resize(self, nodes: int, at: float, spares: int | None = None) -> None:
         """The run holds `nodes` nodes (and `spares` spares) from `at` on (a node lost,
@@ -104,6 +138,7 @@ class Ledger:
         """A failure at `at` threw away `lost_training_s` seconds of training on every node
         (since the save it restarts from); recovery begins."""
         self.failures += 1
+        self._attempt = None  # what it did before a step line stays where it was counted
         self._accrue(at)
         self._move("redone", lost_training_s * self.nodes)
         self.phase = "recovery"
@@ -125,6 +160,33 @@ class Ledger:
 
     def total(self) -> float:
         return sum(self.seconds.values())
+
+    def state(self) -> dict[str, Any]:
+        """Everything, to go on from elsewhere (`resume`): a managed run's controller keeps
+        it in the store, so that the one that takes the job back accounts for the whole run
+        (the time nobody supervised in the phase it was in: the nodes went on)."""
+        return {"started": self.started, "nodes": self.nodes, "phase": self.phase,
+                "spares": self.spares, "seconds": dict(self.seconds), "saves": self.saves[-1000:],
+                "recoveries": self.recoveries[-1000:], "failures": self.failures,
+                "since": self._since, "end": self._end, "failed_at": self._failed_at}
+
+    @classmethod
+    def resume(cls, state: dict[str, Any]) -> Ledger:
+        """The ledger `state` describes; ValueError when it does not describe one."""
+        try:
+            led = cls(started=float(state["started"]), nodes=int(state["nodes"]),
+                      phase=str(state["phase"]), spares=int(state["spares"]),
+                      seconds={k: float(state["seconds"].get(k, 0.0)) for k in BUCKETS},
+                      saves=[float(x) for x in state["saves"]],
+                      recoveries=[float(x) for x in state["recoveries"]],
+                      failures=int(state["failures"]))
+            led._since = float(state["since"])
+            led._failed_at = None if state["failed_at"] is None else float(state["failed_at"])
+        except (KeyError, TypeError, AttributeError) as exc:
+            raise ValueError(f"not a ledger's state ({type(exc).__name__}: {exc})") from None
+        if led.phase not in BUCKETS or led.phase == "spare":
+            raise ValueError(f"not a ledger's state (phase {led.phase!r})")
+        return led
 
     def to_json(self) -> dict[str, Any]:
         wall = (self._end if self._end is not None else self._since) - self.started

@@ -63,8 +63,8 @@ def start(cluster: str | NewCluster, job: JobSpec, supervision: Supervision, *,
         if cluster.keep and supervision.hands_over is not None:  # `run --keep --detach`
             raise UserInputError("--keep and --detach contradict each other",
                                  hint="--detach hands teardown to the nodes; leave out --keep")
-        supervision.check(job, Target(spec.name, provider, spec.provider, spec.store, new=True),
-                          log)
+        supervision.check(job, Target(spec.name, provider, spec.provider, spec.store, new=True,
+                                      spares=spec.spares), log)
 
     try:
         with temporary_cluster(cluster, store=store, log=log, checks=check,

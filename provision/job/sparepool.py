@@ -61,8 +61,8 @@ class SparePool:
         provider cannot replace nodes at all)."""
         provider = self.provider
         if isinstance(provider, KeepsSpares):
+            spare = self._live_spare(provider)
             with self._lock:  # a refill adds to inv.spares from its own thread
-                spare = self.inv.spares[0] if self.inv.spares else None
                 new = provider.promote(self.inv, self.store, spare, lost) if spare else None
             if spare is not None and new is not None:
                 self.log(f"{lost.name}: its rank moves to the warm spare {spare.name} ({why})")
@@ -80,6 +80,25 @@ class SparePool:
         for pending in list(self._retiring):  # the lost one's name is free again first
             pending.exception()
         return background(lambda: provider.replace(self.inv, self.store, lost))
+
+    def _live_spare(self, provider: KeepsSpares[Any]) -> NodeRecord | None:
+        """The first spare the provider does not say is gone (one that died idle is dropped
+        and deleted: a rank must not move to it)."""
+        while True:
+            with self._lock:
+                spare = self.inv.spares[0] if self.inv.spares else None
+            if spare is None or not isinstance(provider, Recoverable) or provider.node_alive(
+                    self.inv, spare):
+                return spare
+            self.log(f"the warm spare {spare.name} is gone: deleted, the next one is taken")
+            with self._lock:
+                self.inv.spares = [s for s in self.inv.spares if s.name != spare.name]
+                self.store.save(self.inv)
+            self._retiring.append(background(self._retiring_one(provider, spare)))
+
+    def _retiring_one(self, provider: KeepsSpares[Any],
+                      node: NodeRecord) -> Callable[[], None]:
+        return lambda: self._retire(provider, node)
 
     def _after_promotion(self, provider: KeepsSpares[Any], lost: NodeRecord) -> None:
         retired = background(lambda: self._retire(provider, lost))

@@ -52,6 +52,7 @@ class Target:
     store: str | None  # the cluster's store URL, if it has one
     new: bool  # made for this job (`run`), not an existing one (`launch`)
     inv: Inventory | None = None
+    spares: int = 0  # warm spares a new cluster gets (issue 44)
 
 
 @dataclass

@@ -96,6 +96,23 @@ class Timed(Protocol):
     timelines: list[Timeline]
 
 
+def process_started_at() -> float:
+    """When this process started (Linux: its age, /proc/uptime less its start in
+    /proc/self/stat, both since boot, to the hundredth); now where that cannot be read. A CLI
+    command's clock starts with the user's (the interpreter's start and the tool's imports
+    are waited for too)."""
+    import os
+    from pathlib import Path
+
+    try:
+        ticks = int(Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()[19])
+        uptime = float(Path("/proc/uptime").read_text().split()[0])
+        age = max(0.0, uptime - ticks / os.sysconf("SC_CLK_TCK"))
+    except (OSError, ValueError, IndexError):
+        return time.time()
+    return time.time() - age
+
+
 def begin(inv: Timed, command: Command, timeline: Timeline | None = None) -> Timeline:
     """Start (or adopt) the inventory's current timeline; the caller saves the inventory."""
     tl = timeline or Timeline.begin(command)

@@ -114,6 +114,8 @@ def _same_logins(ours: Inventory, theirs: Inventory,
     to: the provider, each rank's user and jump host stay this machine's."""
     mine = {n.rank: (n.user, n.proxy_jump) for n in ours.nodes}
     odd = [n.name for n in theirs.nodes if mine.get(n.rank) != (n.user, n.proxy_jump)]
+    odd += [n.name for n in theirs.spares  # a warm spare: logged in to as the nodes are
+            if (n.user, n.proxy_jump) not in set(mine.values())]
     if theirs.provider == ours.provider and not odd and len(theirs.nodes) == len(ours.nodes):
         return True
     if warn is not None:

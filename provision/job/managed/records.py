@@ -35,6 +35,7 @@ from provision.job.managed.signing import (
     Unsigned,
     cancel_kind,
     heartbeat_kind,
+    ledger_kind,
     mac,
     open_sealed,
     seal,
@@ -152,6 +153,15 @@ class JobLog:
         self._pending: list[str] = []
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        # the run's goodput ledger (job/ledger.py Ledger.state), kept with each heartbeat and
+        # at the end in control/ledger: a controller that takes the job back goes on from it
+        self.ledger: Callable[[], dict[str, Any] | None] | None = None
+
+    def keep_ledger(self) -> None:
+        state = self.ledger() if self.ledger is not None else None
+        if state is not None:
+            self.store.put_bytes(f"{self.prefix}/control/ledger",
+                                 self._sealed(ledger_kind, json.dumps(state)))
 
     def record(self, event: str, message: str, *, nodes: list[str] | None = None,
                exit_code: int | None = None, state: str | None = None,
@@ -207,6 +217,7 @@ class JobLog:
                     if time.monotonic() - beat >= HEARTBEAT_S:
                         self.store.put_bytes(f"{self.prefix}/control/heartbeat",
                                              self._sealed(heartbeat_kind, str(time.time())))
+                        self.keep_ledger()
                         beat = time.monotonic()
                 except Exception:  # noqa: BLE001, S110 - the next flush retries
                     pass
@@ -219,6 +230,7 @@ class JobLog:
         if self._thread is not None:
             self._thread.join(timeout=10)
         self.flush()
+        self.keep_ledger()
 
     def _sealed(self, kind: Callable[[str, str], str], text: str) -> bytes:
         body = text.encode()
@@ -293,6 +305,17 @@ class JobView:
         if beat is None or not math.isfinite(beat):
             return None
         return max(0.0, time.time() - beat)
+
+    def ledger_state(self) -> dict[str, Any] | None:
+        """The run's ledger as its controller last kept it (None: none, not JSON, or with the
+        records key not sealed for this job)."""
+        data = self.store.get_bytes(f"{self.prefix}/control/ledger")
+        body = _opens(self.key, ledger_kind(self.cluster, self.job_id), data) if data else None
+        try:
+            state = json.loads(body) if body is not None else None
+        except (ValueError, UnicodeDecodeError):
+            return None
+        return state if isinstance(state, dict) else None
 
     def request_cancel(self) -> None:
         """A cancel sealed for this job (Unsigned without the records key: the controller

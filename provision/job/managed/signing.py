@@ -106,6 +106,10 @@ def cancel_kind(cluster: str, job_id: str) -> str:
     return f"cancel {cluster}/{job_id}"
 
 
+def ledger_kind(cluster: str, job_id: str) -> str:
+    return f"ledger {cluster}/{job_id}"
+
+
 def local_key(keys_dir: Path) -> bytes | None:
     """The records key of a cluster on this machine, if it has one (never made here)."""
     path = keys_dir / KEY_FILE

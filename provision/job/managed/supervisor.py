@@ -38,7 +38,7 @@ from provision.job.managed.keeper import Creds, StoreKeeper, push_outputs
 from provision.job.managed.nodecreds import ROLE_VAR, for_job
 from provision.job.managed.records import CLUSTER_FILE, RESUME_VAR, JobLog, Record
 from provision.job.managed.signing import cluster_kind, local_key, seal
-from provision.job.managed.takeback import NODE_JOB_EVENTS, TakeBack
+from provision.job.managed.takeback import NODE_JOB_EVENTS, TakeBack, resumed_ledger
 from provision.model.errors import MgpuError
 from provision.model.inventory import Inventory, InventoryStore, NodeRecord, ResourceRecord
 from provision.model.logsink import Log
@@ -255,7 +255,9 @@ def supervise(provider: AnyProvider, inv: Inventory, istore: InventoryStore, job
                  out=cast(TextIO, jlog), on_event=on_event,
                  stop=_throttled(jlog.cancel_requested, CANCEL_POLL_S), survive=True,
                  take_back=take_back.node_job if take_back else None,
-                 restarts=take_back.restarts if take_back else 0)
+                 restarts=take_back.restarts if take_back else 0,
+                 ledger=resumed_ledger(take_back, say))
+    jlog.ledger = lambda: run.ledger.state() if run.ledger is not None else None
     try:
         with NodeGroup(inv) as group:
             if take_back is None:

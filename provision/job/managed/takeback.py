@@ -30,8 +30,9 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
+from provision.job.ledger import Ledger
 from provision.job.managed.records import FINAL_STATES, LOST_AFTER_S, JobView, job_ids
 from provision.model.errors import LaunchError, MgpuError
 from provision.model.inventory import Inventory, InventoryStore
@@ -49,15 +50,18 @@ REACH_S = 20.0  # take_back: a controller that does not answer within this is lo
 class TakeBack:
     node_job: str  # the attempt running on the nodes (its id there)
     restarts: int  # restarts used so far
+    ledger: dict[str, Any] | None = None  # the run's ledger as the lost controller kept it
 
     @classmethod
     def read(cls, store: Store, cluster: str, job_id: str, key: bytes | None) -> TakeBack:
-        recs = JobView(store, cluster, job_id, key).records()
+        view = JobView(store, cluster, job_id, key)
+        recs = view.records()
         running = [r for r in recs if r.event in NODE_JOB_EVENTS and r.node_job]
         if not running:
             raise MgpuError(f"job {job_id} of {cluster!r}: the store names no attempt "
                             "running on the nodes to take back")
-        return cls(str(running[-1].node_job), max((r.restarts for r in recs), default=0))
+        return cls(str(running[-1].node_job), max((r.restarts for r in recs), default=0),
+                   view.ledger_state())
 
 
 def lost_job(inv: Inventory, key: bytes | None) -> tuple[str, float] | None:
@@ -165,3 +169,15 @@ def _controller_answers(provider: AnyProvider, inv: Inventory, store: InventoryS
         if not group.wait_until_reachable(REACH_S)[ctl.name].ok:
             return False, None
         return True, supervisor_ended(group, controller_layout(inv), job_id)
+
+
+def resumed_ledger(back: TakeBack | None, say: Log) -> Ledger | None:
+    """The goodput ledger the lost controller kept (job/ledger.py; None: none, or one that
+    cannot be used: said, and the new controller's begins anew)."""
+    if back is None or back.ledger is None:
+        return None
+    try:
+        return Ledger.resume(back.ledger)
+    except ValueError as exc:
+        say(f"the run's ledger in the store cannot be used ({exc}): a new one begins")
+        return None

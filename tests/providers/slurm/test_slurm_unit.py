@@ -422,6 +422,8 @@ def test_images_run_with_the_runtime_the_nodes_have() -> None:
     job = build_job_spec({}, {"script": example, "image": "nvcr.io/nvidia/pytorch:24.06-py3",
                               "env": {"A": "x,y"}})
     line = node_command(inv, job, inv.nodes[0])
+    # (the resident restarts' folder and port, issue 44, between the job's env and the image)
+    line = re.sub(r"MGPU_RESIDENT_DIR=\S+ MGPU_RESIDENT_PORT=\d+ ", "", line)
     assert (" -- env MGPU_CLUSTER=c1 MGPU_OUTPUT_DIR=/mgpu/outputs "
             "MGPU_CHECKPOINT_DIR=/mgpu/checkpoints MGPU_RESTART_COUNT=0 PYTHONPATH=/mgpu/py "
             "PYTHONUNBUFFERED=1 A=x,y "
@@ -479,3 +481,21 @@ def test_a_file_copied_through_ssh_mode_holds_only_the_commands_output(tmp_path:
     assert got.read_bytes() == b"\x1f\x8b payload"
     failing = SetupSshConnection(_LocalShell(), "false")  # type: ignore[arg-type]
     assert failing.run_to_file("printf data", got).exit_code == 97
+
+
+def test_spares_ask_slurm_for_more_nodes_and_an_allocation_a_failed_node_does_not_end() -> None:
+    """--spares 1 on 1 node: the plan is made for 2 (contract: the provider's own plan of
+    N + K, the partition's limits checked for them all), and the allocation is submitted with
+    --no-kill (Slurm otherwise ends a job one of whose nodes fails: the spare could never
+    take the rank). 2 + 1 do not fit the partition's 2 nodes: refused in the plan."""
+    from provision.cluster.providers import spares
+    from provision.cluster.providers.slurm.slurmcmd import sbatch_argv
+
+    spec = spares.with_spares(spec_of().model_copy(update={"nodes": 1, "spares": 1}))
+    plan = build_plan(spec, spec.options_as(SlurmOptions), TARGET, PROBE_OK, [])
+    assert plan.request.nodes == 2
+    assert "--no-kill" in sbatch_argv(plan.request)
+    assert "--no-kill" not in sbatch_argv(plan_of(PROBE_OK).request)
+    more = spares.with_spares(spec_of().model_copy(update={"spares": 1}))
+    with pytest.raises(UserInputError, match="partition debug has 2 node\\(s\\); --nodes 3"):
+        build_plan(more, more.options_as(SlurmOptions), TARGET, PROBE_OK, [])

@@ -116,7 +116,14 @@ def request_for(spec: ClusterSpec, opts: SlurmOptions, gpus_per_node: int | None
                                       else DEFAULT_TIME_MINUTES),
         partition=opts.partition, account=opts.account, qos=opts.qos,
         constraint=opts.constraint, reservation=opts.reservation,
-        gpus_per_node=gpus_per_node, extra=list(opts.sbatch_args))
+        gpus_per_node=gpus_per_node, extra=_no_kill(spec) + list(opts.sbatch_args))
+
+
+def _no_kill(spec: ClusterSpec) -> list[str]:
+    """With warm spares (issue 44) a failed node must not end the allocation: by default
+    Slurm terminates a job when one of its nodes fails; `--no-kill` keeps the allocation so
+    that new steps run on the nodes left (SchedMD, sbatch(1), "-k, --no-kill")."""
+    return ["--no-kill"] if spec.spares else []
 
 
 def probe_script(partition: str | None, test_request: AllocationRequest) -> str:
