@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import signal
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -12,7 +13,11 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # tests/fake_nodes.py and friends
 
 ROOT = Path(__file__).resolve().parent.parent
-from kit import IN_CI  # noqa: E402 - after the sys.path line above
+import engine  # noqa: E402 - after the sys.path line above
+import timekit  # noqa: E402
+from kit import IN_CI  # noqa: E402
+
+SESSION: dict[str, float] = {}
 
 pytest_plugins = ["storekit"]  # object stores and a webhook receiver (issue 18)
 
@@ -49,27 +54,48 @@ def docker_engine() -> Iterator[None]:
         if IN_CI:
             pytest.fail(f"CI=true but the Docker engine is not reachable: {why}")
         pytest.skip(f"no Docker engine: {why}")
-    if IN_CI:
-        _sweep_killed_runs()
     yield
 
 
-def _sweep_killed_runs() -> None:
-    """CI's engine starts clean: what an earlier test run killed with its machine left
-    (containers and networks of clusters whose inventories were in its temporary homes)
-    would otherwise meet tests of the same cluster names. Outside CI the engine may hold a
-    developer's own clusters: nothing is touched (`up` names such leftovers itself)."""
-    import docker
+def _main_process(config: pytest.Config) -> bool:
+    """The process that runs the session (not an xdist worker)."""
+    return not hasattr(config, "workerinput")
 
-    from provision.model.inventory import CLUSTER_TAG
 
-    client = docker.from_env(timeout=60)
-    label = {"label": CLUSTER_TAG}
-    for c in client.containers.list(all=True, filters=label):
-        print(f"removing {c.name}, left by an earlier test run")
-        c.remove(force=True)
-    for n in client.networks.list(filters=label):
-        n.remove()
+def pytest_sessionstart(session: pytest.Session) -> None:
+    """This run's lease, then what killed runs left on the engine (tests/engine.py): the
+    engine is shared by everything on the machine (two clones, CI and a developer), so only
+    objects of runs whose main process is gone are removed, never a live run's or a
+    developer's own clusters."""
+    SESSION["start"] = time.monotonic()
+    if not _main_process(session.config):
+        return
+    engine.take_lease()
+    if docker_available()[0]:
+        engine.sweep_killed_runs()
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    """What this run's tests left on the engine despite their own cleanup (each test asserts
+    it left nothing: this only keeps a failed run from leaving containers running)."""
+    if not _main_process(session.config):
+        return
+    if docker_available()[0]:
+        engine.sweep([engine.RUN], log=lambda m: print(m.replace("a killed", "this")))
+    engine.drop_lease()
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter, config: pytest.Config) -> None:
+    """Where the time went, by folder, after every run (issue 45): the sum of the tests'
+    setup + call + teardown times per folder, and the whole session's wall time."""
+    if not _main_process(config):
+        return
+    folders = timekit.by_folder(terminalreporter.stats.values())
+    if not folders:
+        return
+    terminalreporter.write_sep("=", "test time by folder")
+    for line in timekit.table(folders, time.monotonic() - SESSION["start"]):
+        terminalreporter.write_line(line)
 
 
 @pytest.fixture(scope="session")

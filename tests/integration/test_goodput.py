@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 import runkit
+from engine import LABEL
 from runkit import Run
 
 from provision.job.ledger import young_daly
@@ -124,7 +125,8 @@ def test_without_a_replacement_the_run_goes_on_smaller_and_grows_back(
                            check=True).stdout.strip()
     squatter = f"{cluster_name}-node-1"
     subprocess.run(["docker", "rm", "-f", squatter], check=True, capture_output=True)
-    subprocess.run(["docker", "create", "--name", squatter, image, "true"], check=True,
+    subprocess.run(["docker", "create", "--name", squatter, "--label", LABEL, image, "true"],
+                   check=True,
                    capture_output=True)  # no cluster label: not the tool's to remove
     try:
         run.wait_for(r"node-1 cannot be replaced now")

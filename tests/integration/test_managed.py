@@ -17,6 +17,7 @@ import time
 from pathlib import Path
 
 import pytest
+from engine import force_remove, leftovers, unique
 from kit import cli
 from storekit import StoreServer, Webhook
 
@@ -27,14 +28,6 @@ from remote.store import open_store
 pytestmark = [pytest.mark.docker, pytest.mark.usefixtures("node_image")]
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = str(ROOT / "examples" / "train_ddp.py")
-
-
-def leftovers(name: str) -> list[str]:
-    label = f"label=mgpu-cloud-cluster={name}"
-    out = subprocess.run(["docker", "ps", "-aq", "--filter", label], capture_output=True,
-                         text=True, check=True).stdout.split()
-    return out + subprocess.run(["docker", "network", "ls", "-q", "--filter", label],
-                                capture_output=True, text=True, check=True).stdout.split()
 
 
 def own_processes(home: Path, name: str) -> list[str]:
@@ -115,7 +108,7 @@ TERMINAL = {"finished", "failed", "cancelled", "torn_down"}
 def test_unattended_run_survives_lost_nodes_and_cleans_up(
         case: str, tmp_path: Path, request: pytest.FixtureRequest, webhook: Webhook) -> None:
     kind, victims = CASES[case]
-    name = f"mg-{case}"
+    name = unique(f"mg-{case}")
     env: dict[str, str] = {}
     if kind == "file":
         folder = tmp_path / "shared"
@@ -235,11 +228,6 @@ def assert_secret_unseen(container: str, secret: str) -> None:
                                         text=True).stdout
 
 
-def force_remove(name: str) -> None:
-    subprocess.run(f"docker rm -f $(docker ps -aq --filter label=mgpu-cloud-cluster={name})"
-                   f" 2>/dev/null; docker network rm {name}-net 2>/dev/null", shell=True)
-
-
 def container_id(name: str) -> str:
     return subprocess.run(["docker", "inspect", "-f", "{{.Id}}", name], capture_output=True,
                           text=True, check=True).stdout.strip()
@@ -256,7 +244,7 @@ def test_a_kept_managed_cluster_recovers_syncs_back_and_goes_down_cleanly(
     job 3: `--env MGPU_RESUME_FROM=2` starts from job 2's newest checkpoint; then `down`
         while the controller is recovering a lost node-0: it stops the controller first, one
         `down` leaves nothing."""
-    name = "mg-launch"
+    name = unique("mg-launch")
     folder = tmp_path / "shared"
     folder.mkdir()
     url = f"file://{folder}"
@@ -348,7 +336,7 @@ def test_gc_finds_and_removes_a_controller_left_behind(tmp_path: Path,
     from provision.model.inventory import CLUSTER_TAG, Inventory, ResourceRecord
     from provision.model.spec import build_cluster_spec
 
-    name = "mg-gc"
+    name = unique("mg-gc")
     home = tmp_path / "home"
     monkeypatch.setenv("MGPU_CLOUD_HOME", str(home))
     api = docker_client().api
@@ -380,7 +368,7 @@ def test_docker_nodes_cannot_log_in_to_the_controller_nor_reach_the_stores_recor
     holds the cluster key, is refused by its sshd (the same login to a node works); a
     file:// store is mounted into the nodes as NAME/data only (cluster.json and the records
     stay out of their reach), into the controller whole; the hand-off and the run work."""
-    name = "mg-trust"
+    name = unique("mg-trust")
     folder = tmp_path / "shared"
     folder.mkdir()
     url = f"file://{folder}"
@@ -440,7 +428,7 @@ def test_docker_nodes_cannot_log_in_to_the_controller_nor_reach_the_stores_recor
 
 # --- issue 36: the controller lost, then a node, with no controller running ---------------
 def test_a_lost_controller_is_made_again_and_takes_the_job_back(tmp_path: Path) -> None:
-    name = "mg-tb"
+    name = unique("mg-tb")
     folder = tmp_path / "shared"
     folder.mkdir()
     url = f"file://{folder}"

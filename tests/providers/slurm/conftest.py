@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from engine import unique
 from kit import cli as run_cli  # one runner for every test file
 
 sys.path.insert(0, str(Path(__file__).parent))
@@ -58,7 +59,7 @@ def slurm(node_image: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator
     key_dir = tmp_path_factory.mktemp("slurm-user")
     pair = generate_ed25519("user@controller")
     write_private_key(key_dir / "id_ed25519", pair)
-    name = f"slurmt-{secrets.token_hex(3)}"
+    name = unique(f"slurmt-{secrets.token_hex(3)}")
     cluster = up(name, 2, pair.public_openssh, image=image, gpus=2, accounting=True)
     try:
         yield SlurmSite(cluster, key_dir / "id_ed25519")
