@@ -62,6 +62,23 @@ def _main_process(config: pytest.Config) -> bool:
     return not hasattr(config, "workerinput")
 
 
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Tests that wait on the Docker engine first (stable: a file's tests keep their order):
+    xdist hands work out in collection order, so the long ones start while the many short
+    ones fill the gaps, instead of one long test starting last and running alone."""
+    items.sort(key=_start_order)
+
+
+def _start_order(item: pytest.Item) -> int:
+    """0: long scenarios (`slow`) and groups sharing one cluster (an xdist_group runs as one
+    unit); 1: the other tests on the engine; 2: the rest."""
+    if item.get_closest_marker("slow") or item.get_closest_marker("xdist_group"):
+        return 0
+    engine_test = item.get_closest_marker("docker") or "node_image" in getattr(
+        item, "fixturenames", ())
+    return 1 if engine_test else 2
+
+
 def pytest_sessionstart(session: pytest.Session) -> None:
     """This run's lease, then what killed runs left on the engine (tests/engine.py): the
     engine is shared by everything on the machine (two clones, CI and a developer), so only

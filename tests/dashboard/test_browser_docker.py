@@ -20,7 +20,8 @@ from conftest import Served, serve
 from engine import force_remove, leftovers, unique
 from kit import cli
 
-pytestmark = [pytest.mark.docker, pytest.mark.usefixtures("node_image")]
+pytestmark = [pytest.mark.docker, pytest.mark.usefixtures("node_image"),
+              pytest.mark.xdist_group("browser_docker")]  # one cluster, tests in file order
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = str(ROOT / "examples" / "train_ddp.py")
 NAME = unique("it22-dash")

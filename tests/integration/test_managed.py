@@ -25,7 +25,7 @@ from provision.job.managed.records import JobView
 from provision.model.inventory import InventoryStore
 from remote.store import open_store
 
-pytestmark = [pytest.mark.docker, pytest.mark.usefixtures("node_image")]
+pytestmark = [pytest.mark.docker, pytest.mark.slow, pytest.mark.usefixtures("node_image")]
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = str(ROOT / "examples" / "train_ddp.py")
 

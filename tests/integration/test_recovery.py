@@ -19,7 +19,7 @@ from runkit import Run
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = str(ROOT / "examples" / "train_ddp.py")
 DS_EXAMPLE = str(ROOT / "examples" / "train_deepspeed.py")
-pytestmark = [pytest.mark.docker, pytest.mark.usefixtures("node_image")]
+pytestmark = [pytest.mark.docker, pytest.mark.slow, pytest.mark.usefixtures("node_image")]
 
 
 @pytest.fixture

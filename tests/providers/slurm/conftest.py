@@ -17,6 +17,7 @@ from __future__ import annotations
 import secrets
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -51,6 +52,16 @@ class SlurmSite:
         """`scontrol show job` of a job (Slurm keeps ended jobs for MinJobAge=300 s)."""
         out = self.sh(f"scontrol show job -o {job_id}").stdout
         return dict(w.split("=", 1) for w in out.split() if "=" in w)
+
+    def ended_job(self, job_id: str, timeout: float = 120) -> dict[str, str]:
+        """`job` once it is no longer COMPLETING: after `scancel`, Slurm shows a job as
+        COMPLETING (its processes are still being ended on some node) before its end state
+        (squeue's "CG": https://slurm.schedmd.com/squeue.html#SECTION_JOB-STATE-CODES)."""
+        deadline = time.monotonic() + timeout
+        while (info := self.job(job_id)).get("JobState") == "COMPLETING":
+            assert time.monotonic() < deadline, f"job {job_id} still completing: {info}"
+            time.sleep(0.5)
+        return info
 
 
 @pytest.fixture(scope="module")
