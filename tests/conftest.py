@@ -18,6 +18,9 @@ import timekit  # noqa: E402
 from kit import IN_CI  # noqa: E402
 
 SESSION: dict[str, float] = {}
+LOADGROUP_BROKEN = ("--dist loadgroup is not grouping tests marked xdist_group: this pytest and "
+                    "pytest-xdist disagree on node ids (pytest-xdist#1386; pyproject.toml pins "
+                    "pytest below 9.2 for it)")
 
 pytest_plugins = ["storekit"]  # object stores and a webhook receiver (issue 18)
 
@@ -62,11 +65,24 @@ def _main_process(config: pytest.Config) -> bool:
     return not hasattr(config, "workerinput")
 
 
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Tests that wait on the Docker engine first (stable: a file's tests keep their order):
     xdist hands work out in collection order, so the long ones start while the many short
     ones fill the gaps, instead of one long test starting last and running alone."""
     items.sort(key=_start_order)
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """An xdist worker under `--dist loadgroup` whose grouped tests lost their group (the
+    scheduler reads it from the node id's `@GROUP`; pytest-xdist#1386) would split a shared
+    cluster's tests across workers: stop before anything runs."""
+    if getattr(session.config.option, "loadgroup", False):
+        lost = [i.nodeid for i in session.items
+                if i.get_closest_marker("xdist_group") and "@" not in i.nodeid]
+        if lost:
+            print(f"\n{LOADGROUP_BROKEN}", file=sys.__stderr__)  # a worker's exit is not shown
+            pytest.exit(LOADGROUP_BROKEN, returncode=3)
 
 
 def _start_order(item: pytest.Item) -> int:
