@@ -33,6 +33,19 @@ if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
 
 
 @pytest.fixture(autouse=True)
+def _engine_share(request: pytest.FixtureRequest) -> Iterator[None]:
+    """A `serial` test (it measures the machine's speed: CPU ratios between nodes, a stall
+    timeout) runs while no other test of this run uses the engine; engine tests share the
+    engine with each other (xdist workers). A lock file of this run (tests/engine.py)."""
+    order = _start_order(request.node)
+    if order == 2:  # not on the engine
+        yield
+        return
+    with engine.engine_lock(exclusive=order == 3):
+        yield
+
+
+@pytest.fixture(autouse=True)
 def mgpu_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     home = tmp_path / "mgpu-home"
     monkeypatch.setenv("MGPU_CLOUD_HOME", str(home))
@@ -87,7 +100,10 @@ def pytest_collection_finish(session: pytest.Session) -> None:
 
 def _start_order(item: pytest.Item) -> int:
     """0: long scenarios (`slow`) and groups sharing one cluster (an xdist_group runs as one
-    unit); 1: the other tests on the engine; 2: the rest."""
+    unit); 1: the other tests on the engine; 2: the rest; 3: `serial` tests, last (they wait
+    for the engine to be theirs alone, which it is once the others are done)."""
+    if item.get_closest_marker("serial"):
+        return 3
     if item.get_closest_marker("slow") or item.get_closest_marker("xdist_group"):
         return 0
     engine_test = item.get_closest_marker("docker") or "node_image" in getattr(

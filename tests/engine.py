@@ -19,6 +19,8 @@ removal of what killed runs left.
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import json
 import os
 import re
@@ -26,7 +28,7 @@ import secrets
 import subprocess
 import tempfile
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 RUN = os.environ.setdefault("MGPU_TEST_RUN", f"r{secrets.token_hex(3)}")
@@ -62,6 +64,7 @@ def take_lease() -> None:
 
 def drop_lease() -> None:
     (LEASES / RUN).unlink(missing_ok=True)
+    (LEASES / f"{RUN}.lock").unlink(missing_ok=True)
 
 
 def _alive(lease: Path) -> bool:
@@ -125,6 +128,20 @@ def sweep_killed_runs() -> None:
     sweep(runs)
     for run in runs:
         (LEASES / run).unlink(missing_ok=True)
+        (LEASES / f"{run}.lock").unlink(missing_ok=True)
+
+
+@contextlib.contextmanager
+def engine_lock(exclusive: bool) -> Iterator[None]:
+    """This run's engine lock (LEASES/RUN.lock): shared by the tests that use the engine,
+    exclusive for a `serial` one. Other runs of the suite have locks of their own."""
+    LEASES.mkdir(mode=0o755, exist_ok=True)
+    with (LEASES / f"{RUN}.lock").open("a") as f:
+        fcntl.flock(f, fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
 
 
 def leftovers(name: str) -> list[str]:

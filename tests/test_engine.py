@@ -4,6 +4,7 @@ run (a developer's own clusters that happen to look alike), never do."""
 
 from __future__ import annotations
 
+import fcntl
 import json
 import secrets
 import subprocess
@@ -94,3 +95,18 @@ def test_a_reused_pid_is_not_the_run_that_held_it() -> None:
 ])
 def test_owner(name: str, labels: dict[str, str], owner: str | None) -> None:
     assert engine.owner(name, labels) == owner
+
+
+def test_a_serial_test_waits_for_every_engine_test_and_they_share() -> None:
+    def try_lock(kind: int) -> bool:
+        with (engine.LEASES / f"{engine.RUN}.lock").open("a") as f:
+            try:
+                fcntl.flock(f, kind | fcntl.LOCK_NB)
+            except BlockingIOError:
+                return False
+            fcntl.flock(f, fcntl.LOCK_UN)
+            return True
+
+    with engine.engine_lock(exclusive=False):  # this test itself holds it shared (autouse)
+        assert try_lock(fcntl.LOCK_SH), "engine tests share the engine"
+        assert not try_lock(fcntl.LOCK_EX), "a serial test waits"
