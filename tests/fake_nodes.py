@@ -9,7 +9,7 @@
     fake.commands("node-0"), fake.stdin("node-0"), fake.connected
 
 Unscripted commands succeed with empty output. What `run_to_file` writes comes from
-`fake.files[(node, command)]`, and a file copied with transport.get_file from `fake.files[(node,
+`fake.files[(node, command)]` (or `fake.send(pattern, data)`: any command matching), and a file copied with transport.get_file from `fake.files[(node,
 remote path)]`. Everything a node was asked is recorded, in order, per node.
 """
 
@@ -40,6 +40,7 @@ class FakeConnector:
     rules: list[Rule] = field(default_factory=list)
     dead: set[str] = field(default_factory=set)
     files: dict[tuple[str, str], bytes] = field(default_factory=dict)
+    sent: list[tuple[re.Pattern[str], str | None, bytes]] = field(default_factory=list)
     log: list[tuple[str, str, bytes | None]] = field(default_factory=list)
     connected: list[str] = field(default_factory=list)
     closed: list[str] = field(default_factory=list)
@@ -58,6 +59,11 @@ class FakeConnector:
         self.rules.insert(0, Rule(re.compile(pattern), node,
                                   None if raises else CommandResult(exit_code, stdout, stderr),
                                   raises, stream))
+
+    def send(self, pattern: str, data: bytes, *, node: str | None = None) -> None:
+        """What `run_to_file` of a command matching `pattern` (on `node`, or any) writes (an
+        archive a node packs, whatever its exact command line)."""
+        self.sent.insert(0, (re.compile(pattern), node, data))
 
     def unreachable(self, *nodes: str) -> None:
         self.dead.update(nodes)
@@ -125,7 +131,9 @@ class FakeConnection:
                 return CommandResult(1, "", f"cat: {path}: No such file or directory")
             local.write_bytes(self.fake.files[(self.node, path)])
             return CommandResult(0)
-        local.write_bytes(self.fake.files.get((self.node, command), b""))
+        sent = [data for rx, node, data in self.fake.sent
+                if node in (None, self.node) and rx.search(command)]
+        local.write_bytes(sent[0] if sent else self.fake.files.get((self.node, command), b""))
         return rule.result if rule is not None and rule.result is not None else CommandResult(0)
 
     def close(self) -> None:

@@ -302,7 +302,8 @@ def test_what_nodes_say_as_the_job_ends_is_not_asked_again(tmp_path: Path) -> No
         info = tarfile.TarInfo("model.pt")
         info.size = 5
         tar.addfile(info, io.BytesIO(b"12345"))
-    fake.files[("node-0", "mkdir -p .mgpu-cloud/checkpoints && tar -czf - -C "
+    fake.files[("node-0", "mkdir -p .mgpu-cloud/checkpoints && tar -czf - --dereference "
+                          "--hard-dereference -C "
                           ".mgpu-cloud/checkpoints -- model.pt")] = packed.getvalue()
     keeper.stop(known=ends.manifests())
     assert (tmp_path / "ckpt" / "model.pt").read_bytes() == b"12345"

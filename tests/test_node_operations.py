@@ -216,7 +216,8 @@ def test_fetch_copies_rank_0_outputs(cluster, tmp_path: Path) -> None:  # type: 
         info = tarfile.TarInfo("./checkpoint.pt")
         info.size = len(data)
         tar.addfile(info, io.BytesIO(data))
-    pack = "mkdir -p .mgpu-cloud/outputs && tar -czf - -C .mgpu-cloud/outputs ."
+    pack = ("mkdir -p .mgpu-cloud/outputs && tar -czf - --dereference --hard-dereference "
+            "-C .mgpu-cloud/outputs .")
     fake = FakeConnector(files={("node-0", pack): buf.getvalue()})
     fetch_outputs(inv, tmp_path / "out", log=lambda m: None,
                   group=NodeGroup(inv, connector=fake))

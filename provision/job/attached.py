@@ -272,7 +272,8 @@ def _ended(run: JobRun, rec: JobRecord, outcome: Outcome, recap: Recap,
     if outcome.code != 0:  # a node may be gone or replaced: fresh connections
         with NodeGroup(run.inv, [n for n in run.inv.nodes
                                  if n.name not in outcome.gone]) as fresh:
-            jobs.refresh(run.inv, [rec], fresh, store=run.records)  # exit codes, logs here
+            jobs.refresh(run.inv, [rec], fresh, store=run.records,  # exit codes, logs here
+                         log=run.log)
     if failure is not None:
         rec.failure = failure.describe() + (f": {failure.cause}" if failure.cause else "")
         run.records.save(rec)
@@ -326,7 +327,7 @@ def attempt(run: JobRun, group: NodeGroup, keeper: CheckpointKeeper, rec: JobRec
         last_copy = background(lambda: keeper.stop(known=ends.manifests(), gone=gone))
         outcome.gone = gone
         if outcome.code == 0:  # every node ended well: its connection is fine
-            jobs.refresh(run.inv, [rec], group, store=run.records,  # exit codes, logs
+            jobs.refresh(run.inv, [rec], group, store=run.records, log=run.log,  # exit codes, logs
                          reported=ends.states())
         return outcome
     finally:

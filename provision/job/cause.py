@@ -21,6 +21,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
 from provision.job.diagnose import Diagnosis, diagnose, match_line, split_node
+from provision.model.nodetext import shown
 
 _RANK_PREFIX = re.compile(r"^\[(?:default)?rank(?P<rank>\d+)\]: ?")
 _EXCEPTION = re.compile(r"^(?P<type>(?:[A-Za-z_]\w*\.)*[A-Z]\w*)(?::\s?(?P<msg>.*))?$")
@@ -213,4 +214,5 @@ def explain(lines: Iterable[str], node_codes: dict[str, int] | None = None) -> l
             out.append(f"  then {_ranks(after)} failed because of it: consequences, not causes")
     for d in _hints(lines, cause, failures):
         out.append(f"likely cause ({d.node or 'a node'}): {d.cause}\n  fix: {d.fix}")
-    return out
+    # what the nodes printed is shown escaped (a node line holds no "\n": split on it)
+    return ["\n".join(shown(part) for part in line.split("\n")) for line in out]

@@ -17,13 +17,19 @@ import tarfile
 import threading
 import time
 from pathlib import Path
-from typing import Any
 
 from provision.model.errors import BootstrapError
 from provision.model.inventory import Inventory, NodeRecord
 from provision.model.logsink import Log
+from provision.model.nodejson import (
+    MAX_MANIFEST,
+    CheckpointManifest,
+    Unreadable,
+    last_line,
+    unreadable,
+)
+from provision.model.nodetext import shown
 from provision.nodes import Connector, NodeGroup, NodeStepError, fetch_tree
-from provision.nodes.preflight import parse_last_json
 from remote.ckpt import step_of
 
 Manifest = dict[str, list[float]]
@@ -31,13 +37,14 @@ INTERVAL_S = 2.0
 SETTLE_S = 1.0
 
 
-def parse_manifest(data: dict[str, Any]) -> tuple[Manifest, float]:
+def parse_manifest(data: CheckpointManifest) -> tuple[Manifest, float]:
     """(files, the node's clock) of what `remote.pyz ckpt-manifest` prints (remote/ckpt.py
-    report; an attached job's end line carries the same). Files the node found cut short
-    (its writer died while saving) are left out: they are never kept."""
-    cut = set(data.get("incomplete") or [])
-    files = {rel: v for rel, v in dict(data.get("files") or {}).items() if rel not in cut}
-    return files, float(data.get("now") or 0.0)
+    report; an attached job's end line carries the same), read as nodejson's model. Files
+    the node found cut short (its writer died while saving) are left out: never kept."""
+    cut = set(data.incomplete)
+    files = {rel: [float(size), mtime] for rel, (size, mtime) in data.files.items()
+             if rel not in cut}
+    return files, data.now
 
 
 def local_checkpoint_dir(inv: Inventory) -> Path:
@@ -102,15 +109,21 @@ class CheckpointKeeper:
             return out
         res = group.run(layout.remote_command("ckpt-manifest", layout.checkpoints), nodes=ask)
         for name, r in res.items():
-            data = parse_last_json(r.value.stdout) if r.ok and r.value is not None else None
-            if data is not None:
-                out[name] = parse_manifest(data)
-                self._say_cut(name, data.get("incomplete") or [])
+            if not r.ok or r.value is None:
+                continue
+            try:
+                data = last_line(CheckpointManifest, r.value.stdout, limit=MAX_MANIFEST)
+            except Unreadable as exc:  # said; that node's files are asked again next time
+                self.log(unreadable(name, "checkpoint manifest", exc))
+                continue
+            out[name] = parse_manifest(data)
+            self._say_cut(name, data.incomplete)
         return out
 
     def _say_cut(self, node: str, cut: list[str]) -> None:
         for rel in sorted(set(cut) - self._cut):
-            self.log(f"{node}: {rel} is cut short (its writer died while saving?): not kept")
+            self.log(f"{node}: {shown(rel)} is cut short (its writer died while saving?): "
+                     "not kept")
         self._cut |= set(cut)
 
     def sync(self, settle_s: float | None = None,
@@ -147,7 +160,8 @@ class CheckpointKeeper:
     def _copy(self, group: NodeGroup, node: NodeRecord, files: list[str]) -> None:
         layout = group.layout
         try:
-            fetch_tree(group.connection(node), layout.checkpoints, self.local, files)
+            fetch_tree(group.connection(node), layout.checkpoints, self.local, files,
+                       node=node.name)
         except NodeStepError as exc:
             raise BootstrapError(f"copying checkpoints from {node.name} failed: {exc}") from exc
 

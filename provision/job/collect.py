@@ -20,7 +20,7 @@ def fetch_outputs(inv: Inventory, dest: Path, *, log: Log = print,
     with borrowed(inv, group, [node]) as nodes:
         layout = nodes.layout
         try:
-            count = fetch_tree(nodes.connection(node), layout.outputs, dest)
+            count = fetch_tree(nodes.connection(node), layout.outputs, dest, node=node.name)
         except NodeStepError as exc:
             raise MgpuError(f"copying the outputs of {node.name} failed: {exc}") from exc
     log(f"copied {count} output file(s) from {node.name} to {dest}/")

@@ -10,29 +10,29 @@ this line) is asked as before.
 
 from __future__ import annotations
 
-import json
 import threading
 from typing import Any
 
 from provision.job.checkpoints import Manifest, parse_manifest
+from provision.model.nodejson import MAX_MANIFEST, JobEnd, Unreadable, read
 from remote.jobs import END
 
 
 class JobEnds:
     def __init__(self, job_id: str) -> None:
         self.job_id = job_id
-        self._reports: dict[str, dict[str, Any]] = {}
+        self._reports: dict[str, JobEnd] = {}
         self._lock = threading.Lock()  # each node's writer calls from its own thread
 
     def take(self, node: str, line: str) -> bool:
         """Whether `line` is `node`'s end line of this job (then kept, not shown)."""
         if not line.startswith(END):
             return False
-        try:
-            report = json.loads(line[len(END):])
-        except ValueError:
+        try:  # nodejson's model: an unreadable end line is shown as the job's output
+            report = read(JobEnd, line[len(END):], limit=MAX_MANIFEST)
+        except Unreadable:
             return False
-        if not isinstance(report, dict) or report.get("job") != self.job_id:
+        if report.job != self.job_id:
             return False
         with self._lock:
             self._reports[node] = report
@@ -41,12 +41,12 @@ class JobEnds:
     def states(self) -> dict[str, dict[str, Any]]:
         """node -> {job id: the job's state there}, as `remote.pyz job status` answers."""
         with self._lock:
-            return {node: {self.job_id: r["state"]} for node, r in self._reports.items()
-                    if isinstance(r.get("state"), dict)}
+            return {node: {self.job_id: r.state.model_dump()}
+                    for node, r in self._reports.items() if r.state is not None}
 
     def manifests(self) -> dict[str, tuple[Manifest, float]]:
         """node -> (its checkpoint folder's manifest, the node's clock), as
         `remote.pyz ckpt-manifest` answers."""
         with self._lock:
-            return {node: parse_manifest(r["checkpoints"]) for node, r in self._reports.items()
-                    if isinstance(r.get("checkpoints"), dict)}
+            return {node: parse_manifest(r.checkpoints) for node, r in self._reports.items()
+                    if r.checkpoints is not None}

@@ -10,9 +10,7 @@ and, the first time a job is seen ended, copies its logs here. Nothing here prin
 
 from __future__ import annotations
 
-import contextlib
 import datetime as dt
-import json
 import os
 import shlex
 from collections.abc import Iterable
@@ -31,7 +29,9 @@ from provision.model.jobstore import (
     is_current,
     now_iso,
 )
-from provision.model.logsink import Log
+from provision.model.logsink import Log, stderr_line
+from provision.model.nodejson import JobStatus, Unreadable, read, read_value, unreadable
+from provision.model.nodetext import read_lines, shown
 from provision.nodes import GroupResult, NodeConnection, NodeGroup, get_file
 
 if TYPE_CHECKING:
@@ -115,12 +115,14 @@ def _combine(rec: JobRecord) -> str:
 
 def refresh(inv: Inventory, recs: Iterable[JobRecord], group: NodeGroup, *,
             store: JobStore | None = None,
-            reported: dict[str, dict[str, Any]] | None = None) -> list[JobRecord]:
+            reported: dict[str, dict[str, Any]] | None = None,
+            log: Log = stderr_line) -> list[JobRecord]:
     """Ask the nodes (one command each) how the records' jobs are; save what changed; copy
     the logs of a job seen ended for the first time. Records of other clusters of that name
     and finished ones are left as they are. Returns the records, updated. `reported`: node ->
     {job id: state} that nodes already told (job/ends.py); a node that told of every record
-    here is not asked."""
+    here is not asked. Every answer is read as nodejson.JobStatus: an unreadable one is said
+    on `log` and that node counts as not answering (its part "unreachable" this time)."""
     store = store or JobStore()
     recs = list(recs)
     todo = [r for r in recs if is_current(r, inv) and (not r.final or not r.logs_saved)]
@@ -128,17 +130,17 @@ def refresh(inv: Inventory, recs: Iterable[JobRecord], group: NodeGroup, *,
         return recs
     wanted = {name for r in todo for name in r.nodes if name not in r.streamed}
     ids = {r.id for r in todo}
-    seen: dict[str, dict[str, Any] | None] = {
-        name: told for name, told in (reported or {}).items() if ids <= set(told)}
+    seen: dict[str, JobStatus | None] = {}
+    for name, told in (reported or {}).items():
+        if ids <= set(told):
+            seen[name] = _status(name, told, log)
     layout = group.layout
     nodes = [n for n in group.nodes if n.name in wanted and n.name not in seen]
     results = group.run(layout.remote_command("job", "status", "--jobs", layout.jobs),
                         nodes=nodes, timeout=30) if nodes else {}
     for name, res in results.items():
-        seen[name] = None
-        if res.ok and res.value is not None:
-            with contextlib.suppress(ValueError):
-                seen[name] = json.loads(res.value.stdout or "{}")
+        answer = res.value.stdout if res.ok and res.value is not None else None
+        seen[name] = None if answer is None else _status(name, answer.strip() or "{}", log)
     for rec in todo:
         if not rec.final:
             ended: list[float] = []
@@ -149,17 +151,14 @@ def refresh(inv: Inventory, recs: Iterable[JobRecord], group: NodeGroup, *,
                 if report is None:
                     rec.nodes[name].set("unreachable")
                     continue
-                one = report.get(rec.id)
+                one = report.root.get(rec.id)
                 if one is None:
                     rec.nodes[name].set("lost", LOST_CODE)
                 else:
-                    state = str(one.get("state", "lost"))
-                    code = one.get("exit_code")
-                    end = one.get("ended")
-                    end = float(end) if isinstance(end, int | float) else None
-                    rec.nodes[name].set(state, LOST_CODE if state == "lost" else code, end)
-                    if end is not None:
-                        ended.append(end)
+                    code = LOST_CODE if one.state == "lost" else one.exit_code
+                    rec.nodes[name].set(one.state, code, one.ended)
+                    if one.ended is not None:
+                        ended.append(one.ended)
             rec.state = _combine(rec)
             if rec.final:  # when the last node's part ended (the nodes' clocks), else now
                 rec.ended_at = (dt.datetime.fromtimestamp(max(ended), dt.UTC)
@@ -168,6 +167,16 @@ def refresh(inv: Inventory, recs: Iterable[JobRecord], group: NodeGroup, *,
             save_logs(rec, group, store=store)
         store.save(rec)
     return recs
+
+
+def _status(node: str, said: str | dict[str, Any], log: Log) -> JobStatus | None:
+    """A node's status (its answer, or what it told as its job ended), or None (said on
+    `log`) when it cannot be read."""
+    try:
+        return read(JobStatus, said) if isinstance(said, str) else read_value(JobStatus, said)
+    except Unreadable as exc:
+        log(unreadable(node, "status", exc) + "; counted as not answering")
+        return None
 
 
 def save_logs(rec: JobRecord, group: NodeGroup, *,
@@ -248,9 +257,8 @@ def print_saved_logs(rec: JobRecord, out: TextIO, nodes: list[str] | None = None
         if not path.exists():
             missing.append(name)
             continue
-        with path.open(errors="replace") as fh:
-            for line in fh:
-                out.write(f"[{name}] {line.rstrip(chr(10))}\n")
+        for line in read_lines(path):
+            out.write(f"[{name}] {shown(line)}\n")
     out.flush()
     return missing
 

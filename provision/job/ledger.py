@@ -29,7 +29,7 @@ if TYPE_CHECKING:
 
 BUCKETS = ("provisioning", "setup", "gate", "training", "checkpoint", "redone", "recovery",
            "idle")
-SAVE_COST = re.compile(r"checkpoint saved.*?\((\d+(?:\.\d+)?) ?s\)")
+SAVE_COST = re.compile(r"checkpoint saved.*?\((\d{1,12}(?:\.\d{1,12})?) ?s\)")
 # a bring-up's timeline phases (model/timeline.py) -> the ledger's buckets
 PHASE_BUCKET = {"plan": "provisioning", "create call": "provisioning",
                 "bootstrap": "setup", "sync": "setup", "restore": "setup", "gate": "gate",

@@ -1,5 +1,7 @@
 """A node's streamed output as lines: `[node-R] line` on the terminal, kept for the diagnosis
-(job/cause.py), muted after a stop the user asked for."""
+(job/cause.py), muted after a stop the user asked for. Split and shown the one way
+(model/nodetext.py): `\n` ends a line, and what is printed has its control characters and
+escape sequences escaped (the lines kept for the diagnosis are as the node sent them)."""
 
 from __future__ import annotations
 
@@ -7,6 +9,8 @@ import threading
 from collections import deque
 from collections.abc import Callable
 from typing import TextIO
+
+from provision.model.nodetext import shown, split_lines
 
 
 class PrefixWriter:
@@ -30,8 +34,7 @@ class PrefixWriter:
         self.on_show = on_show  # called before lines are printed
 
     def write(self, data: str) -> int:
-        self.buf += data.replace("\r\n", "\n")
-        *complete, self.buf = self.buf.split("\n")
+        complete, self.buf = split_lines(self.buf + data)
         if complete:
             self.show([line for line in complete if self.take is None or not self.take(line)])
             if self.on_line is not None:
@@ -51,7 +54,7 @@ class PrefixWriter:
                 if self.journal is not None:
                     self.journal.append(self.prefix + line)
                 if not self.muted:
-                    self.out.write(self.prefix + line + "\n")
+                    self.out.write(self.prefix + shown(line) + "\n")
             self.out.flush()
 
     def flush(self) -> None:

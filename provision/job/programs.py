@@ -9,8 +9,10 @@ import json
 from typing import Any
 
 from provision.job.launch import run_job
+from provision.model import nodetext
 from provision.model.inventory import Inventory
 from provision.model.logsink import Log
+from provision.model.nodejson import MAX_ANSWER, GateLine, read_value
 from provision.model.spec import DEFAULT_MASTER_PORT, JobSpec
 from provision.nodes import NodeGroup
 
@@ -52,15 +54,20 @@ def run_remote_program(
 
 
 def json_lines(output: str, node: str) -> list[dict[str, Any]]:
-    """The JSON objects `node` printed (one per line) in `[node] `-prefixed output."""
+    """The JSON objects `node` printed (one per line) in `[node] `-prefixed output, each read
+    as nodejson.GateLine (the fields the gate and `check --bandwidth` use, typed and bounded;
+    its other fields kept as printed). A line that is not one is left out."""
     prefix = f"[{node}] {{"
     records: list[dict[str, Any]] = []
-    for line in output.splitlines():
+    for line in nodetext.lines(output):
         if line.startswith(prefix):
-            try:
-                value = json.loads(line[len(prefix) - 1:])
-            except json.JSONDecodeError:
+            text = line[len(prefix) - 1:]
+            if len(text) > MAX_ANSWER:
                 continue
-            if isinstance(value, dict):
-                records.append(value)
+            try:
+                value: dict[str, Any] = json.loads(text)
+                typed = read_value(GateLine, value)  # not an object: Unreadable
+            except (ValueError, RecursionError):  # Unreadable is a ValueError
+                continue
+            records.append({**value, **typed.model_dump(exclude_none=True)})
     return records

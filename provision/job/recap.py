@@ -17,8 +17,8 @@ import re
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-_STEP = re.compile(r"\bstep[\s=:#]*(\d+)\b", re.IGNORECASE)
-_RESUMED = re.compile(r"\bresum\w*\s+(?:from\s+)?step[\s=:#]*(\d+)\b", re.IGNORECASE)
+_STEP = re.compile(r"\bstep[\s=:#]*(\d{1,15})\b", re.IGNORECASE)  # bounded: a marker
+_RESUMED = re.compile(r"\bresum\w*\s+(?:from\s+)?step[\s=:#]*(\d{1,15})\b", re.IGNORECASE)
 
 
 @dataclass

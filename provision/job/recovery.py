@@ -25,7 +25,6 @@ Recovery (the loop is provision/job/attached.supervise), at most --max-restarts 
 
 from __future__ import annotations
 
-import json
 import threading
 import time
 from collections import deque
@@ -43,6 +42,8 @@ from provision.model import timeline
 from provision.model.errors import LaunchError, MgpuError
 from provision.model.inventory import Inventory, InventoryStore, NodeRecord, Replacement
 from provision.model.logsink import Log
+from provision.model.nodejson import NodeEvent, Unreadable, read, unreadable
+from provision.model.nodetext import lines, shown
 from provision.model.spec import JobSpec
 from provision.nodes import NodeGroup, background
 
@@ -120,8 +121,11 @@ class Watcher:
             self.stragglers.feed(node.name, text)
         if text.startswith(EVENT_PREFIX):
             try:
-                event = json.loads(text[len(EVENT_PREFIX):])
-            except json.JSONDecodeError:
+                event = read(NodeEvent, text[len(EVENT_PREFIX):]).fields()
+            except Unreadable as exc:  # said (a line, an event), and the job goes on
+                self.log(said := unreadable(node.name, "event", exc))
+                if self.on_event is not None:
+                    self.on_event("unreadable", said, [node.name])
                 return
             if event.get("event") == "preemption":
                 with self.lock:
@@ -202,8 +206,8 @@ def dump_stacks(inv: Inventory, job: JobSpec, log: Log) -> None:
                                               *_container_words(inv, job)), timeout=150)
     for name, r in res.items():
         text = r.value.stdout if r.value is not None else r.why()
-        for line in text.splitlines():
-            log(f"[{name}] {line}")
+        for line in lines(text):
+            log(f"[{name}] {shown(line)}")
 
 
 def _alive(provider: AnyProvider, inv: Inventory, node: NodeRecord) -> bool:
@@ -256,7 +260,7 @@ def _crash(watcher: Watcher, inv: Inventory, code: int) -> Failure:
     if first is not None and first.node is not None and not first.consequence:
         names = [first.node]
     story = explain(watcher.output, watcher.codes)
-    cause = first.summary(with_node=False) if first is not None else None
+    cause = shown(first.summary(with_node=False)) if first is not None else None
     return Failure("rank crash", [n for n in inv.nodes if n.name in names], code, cause, story)
 
 

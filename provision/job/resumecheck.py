@@ -13,7 +13,7 @@ from __future__ import annotations
 import re
 from collections.abc import Callable
 
-STEP_LINE = re.compile(r"(?:^|[^A-Za-z_])(?:global_)?step[ =:]+(\d+)", re.I)
+STEP_LINE = re.compile(r"(?:^|[^A-Za-z_])(?:global_)?step[ =:]+(\d{1,15})(?!\d)", re.I)
 NOT_THE_JOBS = ("[mgpu-cloud]", "MGPU-", "checkpoint saved")
 
 

@@ -20,7 +20,8 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 
-COMPUTE = re.compile(r"\bcompute(_ms)?[=: ]+(\d+(?:\.\d+)?)")
+# bounded digits: a node's marker of 5000 digits is no marker (int() refuses > 4300)
+COMPUTE = re.compile(r"\bcompute(_ms)?[=: ]+(\d{1,12}(?:\.\d{1,12})?)(?![\d.])")
 WINDOW = 12  # values per node: a few markers of each of its ranks
 WARM = 6  # values every node needs before any is judged (the first steps are noisy)
 

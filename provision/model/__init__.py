@@ -6,5 +6,7 @@
     jobstore.py    job records and copied logs, kept after `down`
     registry.py    providers and launchers by name (declarations; implementations load lazily)
     errors.py      the one error tree (exit codes, hints)
+    nodetext.py    a node's text: the one line splitter and the one escaping for people
+    nodejson.py    a node's JSON: typed, bounded models; Unreadable
     keys.py, gate_record.py, base.py, assets.py, render.py
 """

@@ -3,6 +3,7 @@
     layout.py     RemoteLayout: every path of the tool's folder on a node
     shell.py      quoting for command lines run on nodes
     transport.py  NodeConnection / Connector (SSH by default), opening with retries
+    unpack.py     the one extractor of an archive a node sent (files and folders only)
     group.py      NodeGroup: parallel operations with one result per node
     pool.py       the one thread pool (fan_out), background calls, polling
     sshconn.py    SSH with pinned host keys (Fabric/paramiko); hostkeys.py, sshconfig.py

@@ -9,17 +9,22 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from provision.model import nodetext
 from provision.model.inventory import Inventory
+from provision.model.nodejson import MAX_ANSWER
 from provision.model.spec import DEFAULT_MASTER_PORT
 from provision.nodes import NodeGroup, borrowed
 
 
 def parse_last_json(text: str) -> dict[str, Any] | None:
-    """The JSON object on the last line of `text`, if it is one."""
-    lines = text.strip().splitlines()
+    """The JSON object on the last line of `text` (split on `\n` only; at most
+    nodejson.MAX_ANSWER characters), if it is one."""
+    lines = nodetext.lines(text.strip())
+    if not lines or len(lines[-1]) > MAX_ANSWER:
+        return None
     try:
-        value = json.loads(lines[-1]) if lines else None
-    except json.JSONDecodeError:
+        value = json.loads(lines[-1])
+    except (ValueError, RecursionError):
         return None
     return value if isinstance(value, dict) else None
 

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
+from provision.model import nodetext
 from provision.model.errors import MgpuError
 from provision.model.inventory import Inventory, NodeRecord
 
@@ -40,8 +41,8 @@ class CommandResult:
 
     def tail(self, lines: int = 3) -> str:
         """The last lines of stderr (or stdout), for error messages."""
-        text = (self.stderr or self.stdout).strip().splitlines()[-lines:]
-        return " | ".join(text)
+        text = nodetext.lines((self.stderr or self.stdout).strip())[-lines:]
+        return " | ".join(nodetext.shown(line) for line in text)
 
 
 class Writer(Protocol):
@@ -271,24 +272,27 @@ def get_file(conn: NodeConnection, remote: str, local: Path) -> None:
 
 
 def fetch_tree(conn: NodeConnection, remote_dir: str, dest: Path,
-               files: list[str] | None = None) -> int:
-    """Copy `remote_dir` (or only `files` in it) from a node into `dest`, merged over what is
+               files: list[str] | None = None, *, node: str) -> int:
+    """Copy `remote_dir` (or only `files` in it) from `node` into `dest`, merged over what is
     there: ONE command, a tar packed on the node straight into the transfer (nothing written
     on the node's disk; the pack-to-a-file, copy, remove sequence took three exchanges and
-    an SFTP session). Returns the number of files. NodeStepError if the node cannot pack it."""
-    import tarfile
+    an SFTP session), unpacked by THE extractor (nodes/unpack.py: files and folders only,
+    all or nothing). The node's tar is asked to send what links point to, so a job's own
+    links arrive as files. Returns the number of files. NodeStepError if the node cannot
+    pack it or the archive is refused (naming `node`)."""
     import tempfile
+
+    from provision.nodes.unpack import UnsafeArchive, unpack
 
     q = shlex.quote
     what = "-- " + " ".join(q(f) for f in files) if files is not None else "."
     with tempfile.TemporaryDirectory() as tmp:
         local = Path(tmp) / "tree.tgz"
-        packed = conn.run_to_file(f"mkdir -p {q(remote_dir)} && tar -czf - -C {q(remote_dir)} "
-                                  f"{what}", local)
+        packed = conn.run_to_file(f"mkdir -p {q(remote_dir)} && tar -czf - --dereference "
+                                  f"--hard-dereference -C {q(remote_dir)} {what}", local)
         if not packed.ok:
             raise NodeStepError(f"packing {remote_dir} failed: {packed.tail()}")
-        dest.mkdir(parents=True, exist_ok=True)  # only for a copy that came (as before)
-        with tarfile.open(local) as tar:
-            tar.extractall(dest, filter="data")  # "data": no absolute paths, no escapes
-            count = sum(1 for m in tar.getmembers() if m.isfile())
-    return count
+        try:
+            return unpack(local, dest, node=node)
+        except UnsafeArchive as exc:
+            raise NodeStepError(str(exc)) from None

@@ -8,13 +8,14 @@ redrawn from the latest sample of each node. `snapshot` takes one sample of ever
 
 from __future__ import annotations
 
-import json
 import threading
 from concurrent.futures import Future
 from typing import Any
 
 from provision.model.inventory import Inventory, NodeRecord
+from provision.model.nodetext import split_lines
 from provision.nodes import NodeConnection, NodeGroup
+from provision.nodes.preflight import parse_last_json
 
 HEADER = ("NODE", "DEVICE", "UTIL %", "MEMORY", "POWER", "TEMP", "LOAD")
 
@@ -35,9 +36,10 @@ def snapshot(group: NodeGroup) -> list[dict[str, Any]]:
     for name, res in group.run(cmd, timeout=60).items():
         entry: dict[str, Any] = {"node": name, "rank": res.node.rank}
         if res.ok and res.value is not None:
-            try:
-                entry.update(json.loads(res.value.stdout.strip().splitlines()[-1]))
-            except (ValueError, IndexError):
+            sample = parse_last_json(res.value.stdout)  # an object of bounded size, or None
+            if sample is not None:
+                entry.update({k: v for k, v in sample.items() if k not in ("node", "rank")})
+            else:
                 entry["error"] = f"unreadable sample: {res.value.stdout[-200:]!r}"
         else:
             entry["error"] = res.why()
@@ -52,14 +54,11 @@ class _Lines:
         self.buf, self.sink = "", sink
 
     def write(self, data: str) -> int:
-        self.buf += data
-        *lines, self.buf = self.buf.split("\n")
+        lines, self.buf = split_lines(self.buf + data)
         for line in lines:
-            if line.strip():
-                try:
-                    self.sink(json.loads(line))
-                except ValueError:
-                    pass  # a stray line (e.g. a login banner) is not a sample
+            sample = parse_last_json(line) if line.strip() else None
+            if sample is not None:  # a stray line (e.g. a login banner) is not a sample
+                self.sink(sample)
         return len(data)
 
     def flush(self) -> None:

@@ -24,6 +24,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from provision.model import nodetext
 from provision.model.errors import UserInputError
 from provision.model.inventory import Inventory, NodeRecord
 from provision.model.logsink import Log
@@ -98,7 +99,7 @@ class _Capture(io.StringIO):
 
     def write(self, text: str) -> int:
         with self._lock:
-            self.lines.extend(text.splitlines())
+            self.lines.extend(nodetext.lines(text))
         return len(text)
 
 

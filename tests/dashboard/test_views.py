@@ -62,7 +62,8 @@ def test_preemption_events_from_the_log() -> None:
     p.feed('MGPU-EVENT {"event": "preemption", "action": "terminate", '
            '"time": "2026-03-01T10:00:00Z", "source": "aws", "signal": "SIGUSR1"}')
     p.feed("MGPU-EVENT {not json")
-    [ev] = p.events
+    [ev, bad] = p.events  # an unreadable one is an event of its own, named (nodejson.py)
+    assert bad["event"] == "unreadable" and bad["detail"].startswith("node-1 sent an unread")
     assert ev["event"] == "preemption" and ev["node"] == "node-1"
     assert ev["t"] == dt.datetime(2026, 3, 1, 10, tzinfo=dt.UTC).timestamp()
     assert "action=terminate" in ev["detail"] and "signal=SIGUSR1" in ev["detail"]

@@ -97,8 +97,9 @@ def test_a_folder_without_seals_is_pulled_as_before(tmp_path: Path) -> None:
 @pytest.mark.parametrize("cut", [True, False])
 def test_the_keeper_never_copies_a_file_cut_short(cut: bool) -> None:
     from provision.job.checkpoints import parse_manifest
+    from provision.model.nodejson import CheckpointManifest, read_value
 
     data = {"files": {"step_000001.pt": [10, 1.0], "step_000002.pt": [5, 2.0]},
             "incomplete": ["step_000002.pt"] if cut else [], "now": 9.0}
-    files, _ = parse_manifest(data)
+    files, _ = parse_manifest(read_value(CheckpointManifest, data))  # as a node's answer is read
     assert ("step_000002.pt" in files) is not cut

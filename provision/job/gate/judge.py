@@ -39,6 +39,7 @@ from typing import Any
 from provision.job.gate.fabric import UNKNOWN, Transport, transport_of
 from provision.job.gate.words import add_diagnosis, describe
 from provision.job.programs import json_lines
+from provision.model import nodetext
 from provision.model.errors import LaunchError
 from provision.model.gate_record import GateNode, GatePair, GateRecord
 from provision.model.inventory import Inventory
@@ -119,7 +120,7 @@ def split_output(output: str, names: list[str]) -> dict[str, list[str]]:
     """`[node] line` output -> node -> its lines (prefix removed)."""
     prefixes = {f"[{name}] ": name for name in names}
     lines: dict[str, list[str]] = {name: [] for name in names}
-    for line in output.splitlines():
+    for line in nodetext.lines(output):
         head = line[: line.find("] ") + 2] if line.startswith("[") else ""
         name = prefixes.get(head)
         if name is not None:
@@ -165,7 +166,7 @@ def evaluate(inv: Inventory, output: str, code: int, *, mode: str,
     for row in rows.values():
         found = (Transport("socket", "gloo backend: CPU tensors over TCP (no GPU / NCCL)")
                  if backend == "gloo" else transport_of(lines[row.node]))
-        row.transport, row.evidence = found.name, found.evidence[-200:]
+        row.transport, row.evidence = found.name, nodetext.shown(found.evidence[-200:])
     pairs, first_round = _pair_figures([r for r in records if "pair" in r], names)
     verdict = judge(
         finished=code == 0 and summary is not None, peak_gbps=record.busbw_gbps,

@@ -8,6 +8,7 @@ from typing import Any
 
 from provision.job.gate.fabric import fix_for
 from provision.model.gate_record import GateNode, GateRecord
+from provision.model.nodetext import shown
 from remote.gatejudge import Judgement, Pair, PairFigure
 
 SLOW_NODE_FIX = (
@@ -109,7 +110,8 @@ def add_diagnosis(record: GateRecord, names: dict[int, str], lines: dict[str, li
 
     prefixed = [f"[{name}] {line}" for name in names.values() for line in lines[name]]
     for d in diagnose(prefixed):
-        _add_fix(record, f"{d.fix} (seen on {', '.join(d.nodes) or 'a node'}: {d.line[:160]})")
+        _add_fix(record, f"{d.fix} (seen on {', '.join(d.nodes) or 'a node'}: "
+                         f"{shown(d.line[:160])})")
     if code != 0 and not record.fixes:
         _add_fix(record, "run `mgpu-cloud check NAME --bandwidth` and read the output of the "
                          "nodes")

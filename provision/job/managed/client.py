@@ -21,6 +21,7 @@ from provision.job.managed.signing import Unsigned, cluster_kind, local_key, ope
 from provision.model.errors import InventoryUnreadableError, MgpuError, UserInputError
 from provision.model.inventory import Inventory, InventoryStore, checked_name, state_home
 from provision.model.logsink import Log
+from provision.model.nodetext import lines, shown
 from remote.store import Store, open_store
 
 POLL_S = 1.0
@@ -202,17 +203,17 @@ def print_logs(url: str, cluster: str, job_id: str, out: TextIO, *, follow: bool
                 final = rec  # the job's end (a teardown record may follow)
         for seq, text in view.log_chunks(after=seen_log):
             seen_log = seq
-            for line in text.splitlines():
+            for line in lines(text):
                 if prefix is None or line.startswith(prefix):
-                    out.write(line + "\n")
+                    out.write(shown(line) + "\n")
         out.flush()
         if not follow or final is not None:
             if final is not None and follow:  # the last flush may land just after it
                 time.sleep(POLL_S)
                 for _, text in view.log_chunks(after=seen_log):
-                    for line in text.splitlines():
+                    for line in lines(text):
                         if prefix is None or line.startswith(prefix):
-                            out.write(line + "\n")
+                            out.write(shown(line) + "\n")
             return final
         time.sleep(POLL_S)
 

@@ -19,6 +19,8 @@ from provision.job.checkpoints import CheckpointKeeper
 from provision.model.errors import BootstrapError
 from provision.model.inventory import Inventory, NodeRecord
 from provision.model.logsink import Log
+from provision.model.nodejson import PullSummary, Unreadable, last_line, unreadable
+from provision.model.nodetext import shown
 from provision.nodes import Connector, NodeGroup
 from remote.store import StoreURL
 
@@ -61,15 +63,20 @@ class StoreKeeper(CheckpointKeeper):
         results = group.run(command, stdin=self.env(), timeout=3600)
         results.raise_for(f"restoring the checkpoint from {self.url}", BootstrapError)
         self.mark_synced(group)
-        said = [json.loads(r.value.stdout.strip().splitlines()[-1])
-                for r in results.values() if r.value is not None and r.value.stdout.strip()]
-        for skipped in sorted({s for d in said for s in d.get("skipped") or []}):
-            self.log(f"restore: checkpoint {skipped}: skipped")
-        newest = max((d["newest_step"] for d in said if d.get("newest_step") is not None),
-                     default=None)
+        said: list[PullSummary] = []
+        for r in results.values():
+            if r.value is None or not r.value.stdout.strip():
+                continue
+            try:
+                said.append(last_line(PullSummary, r.value.stdout))
+            except Unreadable as exc:  # said; the restore itself succeeded there
+                self.log(unreadable(r.node.name, "restore summary", exc))
+        for skipped in sorted({s for d in said for s in d.skipped}):
+            self.log(f"restore: checkpoint {shown(skipped)}: skipped")
+        newest = max((d.newest_step for d in said if d.newest_step is not None), default=None)
         if newest is not None:
-            self.restored_step = int(newest)
-        return int(max((d.get("files", 0) for d in said), default=0))
+            self.restored_step = newest
+        return max((d.files for d in said), default=0)
 
 
 def push_outputs(group: NodeGroup, node: NodeRecord, url: StoreURL, creds: Creds) -> str:

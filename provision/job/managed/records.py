@@ -32,7 +32,7 @@ from remote.storekeys import UnsafeKey, checked_name, job_records
 
 EVENTS = ("submitted", "started", "node_lost", "preempted", "hang", "crashed", "replaced",
           "resumed", "finished", "failed", "cancelled", "torn_down", "taken_back", "slow_node",
-          "straggler", "resume_regression", "ledger")
+          "straggler", "resume_regression", "ledger", "unreadable")
 FINAL_STATES = ("succeeded", "failed", "cancelled")
 STATE_OF = {"submitted": "starting", "started": "running", "taken_back": "running",
             "slow_node": "recovering", "node_lost": "recovering",

@@ -8,6 +8,8 @@ ended, the record is refreshed (`jobs.refresh`, as `mgpu-cloud jobs` does: it sa
 and copies the logs here).
 Saved: the copies in the job folder ($MGPU_CLOUD_HOME/jobs/NAME/ID/node-R.log).
 
+Lines are split on `\n` only and served with their control characters escaped
+(model/nodetext.py); the metrics are parsed from the lines as the node sent them.
 Lines are numbered from the log's start; the last MAX_LINES per node are held (older ones are
 dropped, a reader asking for them gets the oldest held and learns how many it missed).
 """
@@ -23,6 +25,7 @@ from typing import Any, TextIO, cast
 from provision.job.jobs import follow, refresh
 from provision.model.inventory import Inventory, NodeRecord
 from provision.model.jobstore import JobRecord, JobStore
+from provision.model.nodetext import read_lines, shown, split_lines
 from provision.nodes import NodeGroup, describe_exception
 from provision.operations.dashboard.metrics import LogParser, Series, merged_metrics
 
@@ -66,8 +69,7 @@ class NodeLog:
 
     def write(self, data: str) -> int:
         with self._lock:
-            self._buf += data
-            *lines, self._buf = self._buf.split("\n")
+            lines, self._buf = split_lines(self._buf + data)
         for line in lines:
             self.add(line)
         return len(data)
@@ -91,7 +93,8 @@ class NodeLog:
             first = self.total - len(self.lines)
             begin = max(start, first)
             held = list(self.lines)[begin - first: begin - first + limit]
-            return {"node": self.node, "from": begin, "lines": held, "next": begin + len(held),
+            return {"node": self.node, "from": begin, "lines": [shown(line) for line in held],
+                    "next": begin + len(held),
                     "missed": max(0, first - start), "done": self.done and
                     begin + len(held) >= self.total, "error": self.error,
                     "following": self.following}
@@ -135,11 +138,10 @@ class JobWatch:
     def _load_saved(self, log: NodeLog) -> None:
         path = self.store.log_path(self.rec, log.node)
         try:
-            with path.open(errors="replace") as fh:
-                for line in fh:
-                    if self._stop.is_set():
-                        return
-                    log.add(line.rstrip("\n"))
+            for line in read_lines(path):
+                if self._stop.is_set():
+                    return
+                log.add(line)
         except FileNotFoundError:
             log.error = "no copy of this node's log was kept"
         log.done = True

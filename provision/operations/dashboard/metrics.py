@@ -14,17 +14,19 @@ job's time axis. Pure code: no I/O, tested on captured lines.
 from __future__ import annotations
 
 import datetime as dt
-import json
 import math
 import re
 import time
 from typing import Any
 
+from provision.model.nodejson import NodeEvent, Unreadable, read, unreadable
+from provision.model.nodetext import shown
+
 NUM = r"[-+]?(?:\d+\.\d*|\.\d+|\d+)(?:[eE][-+]?\d+)?"
 PAIR_RE = re.compile(
     rf"""(?<![\w/.])['"]?(?P<key>[A-Za-z][\w./-]*?)['"]?\s*[=:]\s*(?P<val>{NUM})(?![\w.])""")
 LOSS_RE = re.compile(rf"\b(?P<key>loss)\s+(?P<val>{NUM})(?![\w.])", re.I)
-STEP_RE = re.compile(r"\b(?:global_)?step[\s=:]+(\d+)\b", re.I)
+STEP_RE = re.compile(r"\b(?:global_)?step[\s=:]+(\d{1,15})\b", re.I)  # int() of 5000 digits raises
 CHARTED = re.compile(r"(^|[_/.-])(loss|acc|accuracy|lr|learning_rate|grad_norm|ppl|perplexity"
                      r"|mfu|throughput)($|[_/.-])|/s$", re.I)
 EVENT_PREFIX = "MGPU-EVENT "  # as remote/supervise.py prints it
@@ -65,16 +67,14 @@ def parse_event(line: str, node: str, seen_at: float | None) -> dict[str, Any] |
     if not text.startswith(EVENT_PREFIX):
         return None
     try:
-        data = json.loads(text[len(EVENT_PREFIX):])
-    except ValueError:
-        return None
-    if not isinstance(data, dict):
-        return None
-    kind = str(data.get("event", "event"))
+        data = read(NodeEvent, text[len(EVENT_PREFIX):]).fields()
+    except Unreadable as exc:
+        return {"event": "unreadable", "node": node, "t": seen_at,
+                "detail": unreadable(node, "event", exc)}
     detail = " ".join(f"{k}={data[k]}" for k in ("action", "source", "signal", "processes")
                       if k in data)
-    return {"event": kind, "node": node, "t": _epoch(data.get("time")) or seen_at,
-            "detail": detail}
+    return {"event": shown(data["event"]), "node": node,
+            "t": _epoch(data.get("time")) or seen_at, "detail": detail}
 
 
 class Series:

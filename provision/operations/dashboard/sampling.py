@@ -10,7 +10,6 @@ back shows again; a node that does not answer shows why, never a blank.
 from __future__ import annotations
 
 import contextlib
-import json
 import threading
 import time
 from collections import deque
@@ -18,7 +17,9 @@ from collections.abc import Callable
 from typing import Any
 
 from provision.model.inventory import Inventory, NodeRecord
+from provision.model.nodetext import split_lines
 from provision.nodes import NodeGroup, describe_exception
+from provision.nodes.preflight import parse_last_json
 from provision.operations.dashboard.metrics import align, sample_values
 
 RETRY_S = 5.0
@@ -33,13 +34,11 @@ class JsonLines:
         self.buf, self.sink = "", sink
 
     def write(self, data: str) -> int:
-        self.buf += data
-        *lines, self.buf = self.buf.split("\n")
+        lines, self.buf = split_lines(self.buf + data)
         for line in lines:
-            with contextlib.suppress(ValueError):
-                rec = json.loads(line)
-                if isinstance(rec, dict):
-                    self.sink(rec)
+            rec = parse_last_json(line)  # an object of bounded size, or None
+            if rec is not None:
+                self.sink(rec)
         return len(data)
 
     def flush(self) -> None:

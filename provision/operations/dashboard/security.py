@@ -7,7 +7,8 @@ Slurm front end every local user can connect to loopback).
 - Every request needs the random token made at start (`secrets.token_urlsafe(24)`, new on
   each start, never written to disk): the address `mgpu-cloud dashboard` prints (and opens
   with `--open`) carries it as `?token=...`; that request is answered with an HttpOnly,
-  SameSite=Strict cookie (named after the port, so two dashboards on one host keep theirs)
+  SameSite=Strict, Path=/, host-only session cookie (named after the port: cookies are not
+  port-scoped, so two dashboards on one host keep theirs; docs/security.md says what remains)
   and a 303 to the same page without the token. Scripts send `Authorization: Bearer TOKEN`.
   Without it: 401 with `WWW-Authenticate: Bearer realm="mgpu-cloud-dashboard"` (how a second
   `dashboard` on the same port knows one runs there), for pages, JSON, logs, static files
@@ -134,7 +135,13 @@ class AccessMiddleware(BaseHTTPMiddleware):
             resp = HTMLResponse(f'<!doctype html><meta http-equiv="refresh" content="0;url='
                                 f'{html.escape(where)}"><a href="{html.escape(where)}">'
                                 f'continue</a>\n')
-        resp.set_cookie(self.access.cookie, self.access.token, httponly=True,
+        # As tight as a browser allows (RFC 6265bis): no Domain (this host only, not its
+        # subdomains), Path=/ (every page is the dashboard's), a session cookie (gone with
+        # the browser; each start has a new token anyway), HttpOnly, SameSite=Strict. A
+        # cookie is not port-scoped (RFC 6265 section 8.5): the port is in its NAME, so two
+        # dashboards keep theirs. `__Host-` and Secure need https, which it does not serve.
+        resp.set_cookie(self.access.cookie, self.access.token, path="/", domain=None,
+                        max_age=None, expires=None, secure=False, httponly=True,
                         samesite="strict")
         return resp
 

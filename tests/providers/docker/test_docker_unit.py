@@ -15,7 +15,7 @@ import pytest
 
 from provision.cluster import pipeline
 from provision.cluster.providers import get_provider
-from provision.cluster.providers.docker.plan import SHARED_LABEL, SHARED_NETWORK
+from provision.cluster.providers.docker.plan import SHARED_NETWORK
 from provision.model.errors import (
     ClusterExistsError,
     ProviderUnavailableError,
@@ -94,8 +94,17 @@ class FakeEngine:
         with self.lock:
             cid = f"c{next(self.ids):063d}"
             self.containers[cid] = {"image": image, "running": False, "files": {},
-                                    "labels": {}, **kw}
+                                    "labels": {}, "nets": {net} if net else set(), **kw}
         return {"Id": cid}
+
+    def _network(self, ref: str) -> str:
+        return str(self.inspect_network(ref)["Name"])
+
+    def connect_container_to_network(self, ref: str, net: str) -> None:
+        self.containers[self._resolve(ref)]["nets"].add(self._network(net))
+
+    def disconnect_container_from_network(self, ref: str, net: str, force: bool = False) -> None:
+        self.containers[self._resolve(ref)]["nets"].discard(self._network(net))
 
     def put_archive(self, cid: str, path: str, data: bytes) -> bool:
         """Unpacks the tar into the container's files (path -> (mode, text)), as the engine
@@ -134,7 +143,12 @@ class FakeEngine:
                     "Networks": {net: {"IPAddress": f"10.9.0.{int(cid[1:]) % 250}"}}}}
 
     def remove_container(self, cid: str, force: bool) -> None:
-        self._maybe_fail("remove_container", cid)
+        try:
+            self._maybe_fail("remove_container", cid)
+        except docker.errors.APIError as exc:
+            if exc.status_code == 409:  # "removal already in progress": another one finishes it
+                self.containers.pop(cid, None)
+            raise
         with self.lock:
             if cid not in self.containers:
                 raise _api_error(404, "No such container")
@@ -145,6 +159,10 @@ class FakeEngine:
         self._maybe_fail("remove_network", nid)
         if nid not in self.networks:
             raise _api_error(404, "No such network")
+        name = self.networks[nid]["Name"]
+        if any(name in c["nets"] for c in self.containers.values()):  # as the engine refuses
+            raise _api_error(403, f"error while removing network: network {name} id {nid} "
+                                  "has active endpoints")
         del self.networks[nid]
 
     # --- high-level listing used by destroy's label sweep and gc ---------------------------
@@ -264,16 +282,16 @@ def test_containers_of_the_name_left_on_the_engine_are_refused_before_anything_i
     assert len(engine.containers) == 1 and engine.networks == {}
     engine.create_container("x", name="other-node-0", labels={CLUSTER_TAG: "other"})
     del engine.containers[next(iter(engine.containers))]
-    assert get_provider("docker").plan(_spec()).request.network == SHARED_NETWORK
+    assert get_provider("docker").plan(_spec()).request.network == "unit-net"
 
 
 def test_create_records_everything_and_pins_host_keys(engine: FakeEngine, mgpu_home: Path) -> None:
     store = InventoryStore()
     inv = _up(_spec(3, cpus=1.5, memory="2g"), store)
-    # the shared network is made, and not the cluster's (`down` keeps it)
-    assert [r.kind for r in inv.resources] == ["container", "container", "container"]
+    # the cluster's own network is made, labelled and recorded (`down` removes it)
+    assert [r.kind for r in inv.resources] == ["network", "container", "container", "container"]
     assert [(n["Name"], n["Labels"]) for n in engine.networks.values()] == [
-        (SHARED_NETWORK, {SHARED_LABEL: "shared"})]
+        ("unit-net", {CLUSTER_TAG: "unit"})]
     for rank, node in enumerate(inv.nodes):
         c = engine.containers[node.resource_id or ""]
         assert c["name"] == f"unit-node-{rank}" and c["hostname"] == f"node-{rank}"
@@ -281,7 +299,8 @@ def test_create_records_everything_and_pins_host_keys(engine: FakeEngine, mgpu_h
         host = c["host_config"]
         assert host["port_bindings"] == {22: ("127.0.0.1", None)}  # never on 0.0.0.0
         assert host["nano_cpus"] == 1_500_000_000 and host["mem_limit"] == "2g"
-        assert host["network_mode"] == SHARED_NETWORK
+        assert host["network_mode"] == "unit-net" and c["nets"] == {"unit-net"}
+        assert host["cap_drop"] == ["NET_RAW"]  # no raw sockets: no spoofing on the bridge
         # the host key and the authorized key are copied in before the start, 0600, root's;
         # nothing of them is in the container's environment (`docker inspect` shows that)
         assert "environment" not in c or not c["environment"], c.get("environment")
@@ -303,7 +322,7 @@ def test_a_failing_container_rolls_back_everything(engine: FakeEngine, mgpu_home
     engine.fail["start"] = (500, "OCI runtime create failed", "unit-node-1")
     with pytest.raises(ProvisionError, match="starting container unit-node-1 failed: OCI runtime"):
         _up(_spec(3), store)
-    assert engine.containers == {} and _names(engine) == [SHARED_NETWORK]
+    assert engine.containers == {} and _names(engine) == []  # its network too
     assert not store.exists("unit")
 
 
@@ -329,7 +348,7 @@ def test_a_failure_while_the_containers_start_rolls_back_every_one(
     store = InventoryStore()
     with pytest.raises(ProvisionError, match="template missing"):
         _up(_spec(3), store)
-    assert engine.containers == {} and _names(engine) == [SHARED_NETWORK]
+    assert engine.containers == {} and _names(engine) == []  # its network too
     assert not store.exists("unit")
 
 
@@ -341,7 +360,7 @@ def test_destroy_is_idempotent_and_sweeps_by_label(engine: FakeEngine, mgpu_home
     stray = engine.create_container("x", name="unit-node-9", labels={CLUSTER_TAG: "unit"})["Id"]
     provider = get_provider("docker")
     provider.destroy(inv, store)
-    assert engine.containers == {} and _names(engine) == [SHARED_NETWORK]
+    assert engine.containers == {} and _names(engine) == []
     assert stray not in engine.containers and inv.resources == []
     provider.destroy(inv, store)  # again: nothing to do, no error
 
@@ -371,7 +390,7 @@ def test_gc_finds_only_clusters_without_an_inventory(engine: FakeEngine, mgpu_ho
         ("container", "lost"), ("network", "lost")]
     provider.delete_orphans(_spec(), found)
     assert {c["name"] for c in engine.containers.values()} == {"unit-node-0"}
-    assert _names(engine) == [SHARED_NETWORK]  # no cluster's: not an orphan
+    assert _names(engine) == ["unit-net"]  # a cluster with an inventory: not an orphan
 
 
 def test_replace_of_a_container_already_gone(engine: FakeEngine, mgpu_home: Path) -> None:
@@ -391,47 +410,83 @@ def test_replace_of_a_container_already_gone(engine: FakeEngine, mgpu_home: Path
         get_provider("docker").replace(inv, store, new)
 
 
-def test_clusters_share_the_network_and_a_create_that_lost_the_race_uses_it(
+def test_each_cluster_gets_its_own_network_and_one_left_by_a_killed_run_is_used(
         engine: FakeEngine, mgpu_home: Path) -> None:
     store = InventoryStore()
     first = _up(_spec(1), store)
     second = _up(build_cluster_spec({}, {"name": "two", "nodes": 1}), store)
-    assert _names(engine) == [SHARED_NETWORK]
+    assert _names(engine) == ["unit-net", "two-net"]
+    for inv, net in ((first, "unit-net"), (second, "two-net")):
+        [c] = [engine.containers[n.resource_id or ""] for n in inv.nodes]
+        assert c["nets"] == {net}
     get_provider("docker").destroy(first, store)
+    assert _names(engine) == ["two-net"]
     get_provider("docker").destroy(second, store)
-    assert engine.containers == {} and _names(engine) == [SHARED_NETWORK]  # kept by down
-    # another `up` made it just after this one's plan looked and found none: the create is
-    # refused (409), and the network is used
-    engine.networks.clear()
-
-    def inspect_then_made_by_another(name: str) -> Any:
-        engine.create_network(name, "bridge", {SHARED_LABEL: "shared"})
-        raise _api_error(404, f"network {name} not found")
-
-    engine.inspect_network = inspect_then_made_by_another  # type: ignore[method-assign]
+    assert engine.containers == {} and _names(engine) == []
+    # a network of the cluster's name and label (a run killed with the machine; or another
+    # `up` made it between this plan's look and its create: 409) is used, and removed by down
+    engine.create_network("three-net", "bridge", {CLUSTER_TAG: "three"})
     inv = _up(build_cluster_spec({}, {"name": "three", "nodes": 1}), store)
-    assert _names(engine) == [SHARED_NETWORK] and len(inv.nodes) == 1
+    assert _names(engine) == ["three-net"] and [r.name for r in inv.resources_of("network")] \
+        == ["three-net"]
+    get_provider("docker").destroy(inv, store)
+    assert _names(engine) == []
 
 
-def test_a_network_of_that_name_the_tool_did_not_make_is_refused_at_plan(
-        engine: FakeEngine, mgpu_home: Path) -> None:
-    engine.create_network(SHARED_NETWORK, "macvlan", {"someone": "else"})
-    with pytest.raises(UserInputError, match="network named 'mgpu-cloud' that mgpu-cloud did "
-                                             "not make \\(driver 'macvlan'") as err:
+@pytest.mark.parametrize("labels", [{"someone": "else"}, {CLUSTER_TAG: "other"},
+                                    {"mgpu-cloud-network": "shared"}])
+def test_a_network_of_that_name_not_the_clusters_is_refused_at_plan(
+        engine: FakeEngine, mgpu_home: Path, labels: dict[str, str]) -> None:
+    engine.create_network("unit-net", "macvlan", labels)
+    with pytest.raises(UserInputError, match="network named 'unit-net' that is not cluster "
+                                             "'unit''s \\(driver 'macvlan'") as err:
         get_provider("docker").plan(_spec())
-    assert "docker network rm mgpu-cloud" in str(err.value.hint)
+    assert "docker network rm unit-net" in str(err.value.hint)
     assert engine.containers == {}
 
 
-def test_down_removes_the_own_network_an_older_inventory_records(
+def _on_the_shared_network(engine: FakeEngine, store: InventoryStore) -> Inventory:
+    """A cluster made while every docker cluster shared one network (before issue 42): its
+    inventory records no network, its containers are on `mgpu-cloud`."""
+    inv = _up(_spec(2), store)
+    own = inv.resources_of("network")[0]
+    shared = engine.create_network(SHARED_NETWORK, "bridge",
+                                   {"mgpu-cloud-network": "shared"})["Id"]
+    for node in inv.nodes:
+        engine.connect_container_to_network(node.resource_id or "", shared)
+        engine.disconnect_container_from_network(node.resource_id or "", own.id)
+        engine.containers[node.resource_id or ""]["host_config"]["network_mode"] = \
+            SHARED_NETWORK
+    store.forget(inv, "network", own.id)
+    engine.remove_network(own.id)
+    return inv
+
+
+def test_a_cluster_of_the_shared_network_keeps_it_for_replacements_and_its_controller(
         engine: FakeEngine, mgpu_home: Path) -> None:
-    """Clusters made before the shared network had NAME-net, recorded in the inventory."""
+    from provision.cluster.providers.docker.controller import create_controller
+
     store = InventoryStore()
-    inv = _up(_spec(1), store)
-    nid = engine.create_network("unit-net", "bridge", {CLUSTER_TAG: "unit"})["Id"]
-    store.record(inv, ResourceRecord(kind="network", id=nid, name="unit-net"))
+    inv = _on_the_shared_network(engine, store)
+    new = get_provider("docker").replace(inv, store, inv.nodes[1])
+    assert engine.containers[new.resource_id or ""]["nets"] == {SHARED_NETWORK}
+    ctl = create_controller(inv, store)
+    assert engine.containers[ctl.resource_id or ""]["nets"] == {SHARED_NETWORK}
     get_provider("docker").destroy(inv, store)
-    assert _names(engine) == [SHARED_NETWORK] and inv.resources == []
+    assert engine.containers == {} and _names(engine) == [SHARED_NETWORK]  # no cluster's
+
+
+def test_a_replacement_and_the_controller_join_the_clusters_own_network(
+        engine: FakeEngine, mgpu_home: Path) -> None:
+    from provision.cluster.providers.docker.controller import create_controller
+
+    store = InventoryStore()
+    inv = _up(_spec(2), store)
+    new = get_provider("docker").replace(inv, store, inv.nodes[1])
+    assert engine.containers[new.resource_id or ""]["nets"] == {"unit-net"}
+    assert engine.containers[new.resource_id or ""]["host_config"]["cap_drop"] == ["NET_RAW"]
+    ctl = engine.containers[create_controller(inv, store).resource_id or ""]
+    assert ctl["nets"] == {"unit-net"} and ctl["host_config"]["cap_drop"] == ["NET_RAW"]
 
 
 # --- trust boundaries (issue 34) ----------------------------------------------------------
@@ -475,11 +530,16 @@ def test_a_network_the_inventory_names_is_removed_only_when_labelled_the_cluster
         engine: FakeEngine, mgpu_home: Path) -> None:
     store = InventoryStore()
     inv = _up(_spec(1), store)
-    shared = next(iter(engine.networks))
-    store.record(inv, ResourceRecord(kind="network", id=shared, name=SHARED_NETWORK))
-    with pytest.raises(TeardownError, match=f"network mgpu-cloud \\({shared[:12]}\\) has no "):
+    shared = engine.create_network(SHARED_NETWORK, "bridge", {"mgpu-cloud-network": "shared"})
+    other = engine.create_network("other-net", "bridge", {CLUSTER_TAG: "other"})
+    for net in (shared, other):
+        store.record(inv, ResourceRecord(kind="network", id=net["Id"], name="x"))
+    with pytest.raises(TeardownError) as err:
         get_provider("docker").destroy(inv, store)
-    assert _names(engine) == [SHARED_NETWORK] and engine.containers == {}
+    assert f"network mgpu-cloud ({shared['Id'][:12]}) has no " in str(err.value)
+    assert f"network other-net ({other['Id'][:12]}) is labelled {CLUSTER_TAG}=other" \
+        in str(err.value)
+    assert _names(engine) == [SHARED_NETWORK, "other-net"] and engine.containers == {}
 
 
 def test_replace_refuses_a_record_naming_another_clusters_container(
@@ -533,6 +593,7 @@ def test_the_controller_authorizes_its_own_key_only_and_tears_down_only_the_clus
     with pytest.raises(TeardownError, match="other-node-0 .* not unit's: left as it is"):
         teardown_from_inside(inv, store)
     assert set(engine.containers) == {inv.controller.resource_id, other, bare}
+    assert _names(engine) == [] and ctl["nets"] == set()  # its network: left, then removed
     # a controller record naming another container does not remove it
     with pytest.raises(ProvisionError, match="other-node-0 .* not unit's: left as it is"):
         remove_self(inv.model_copy(update={"controller": inv.controller.model_copy(

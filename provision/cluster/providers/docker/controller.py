@@ -1,7 +1,7 @@
 """The docker provider's controller: one container per cluster that supervises managed runs.
 
     NAME-controller   a container of the node image (it has the tool's dependencies), on the
-                      nodes' network (plan.SHARED_NETWORK), SSH on 127.0.0.1 only (host key made
+                      cluster's network (plan.network_of), without NET_RAW, SSH on 127.0.0.1 only (host key made
                       by the tool, pinned), labelled with the cluster like the nodes (so `down`,
                       rollback and `gc` remove it). Its one credential is the engine's socket:
                       the docker provider's own credential (whoever can use the engine is root
@@ -9,11 +9,10 @@
                       path, as on every node.
 
 From inside, the controller removes the cluster at the end of a `run --detach`: the node
-containers first, only those the engine labels as the cluster's (removal.py; the shared
-network stays, and so the store and the webhook stay reachable for its last records), and at
-last itself (the last call it makes; the engine kills it). A
-cluster made before the shared network has a network of its own: the controller moves to
-the engine's default network first, then removes it.
+containers first, only those the engine labels as the cluster's (removal.py), then the
+cluster's network (it moves onto the engine's default network first, so the store and the
+webhook stay reachable for its last records), and at last itself (the last call it makes;
+the engine kills it). A cluster of the shared network's time keeps it (no cluster owns it).
 """
 
 from __future__ import annotations
@@ -58,7 +57,7 @@ def _image(inv: Inventory) -> str:
 
 def create_controller(inv: Inventory, store: InventoryStore) -> NodeRecord:
     """Create and start the controller container (recorded before it starts)."""
-    from provision.cluster.providers.docker.plan import SHARED_NETWORK
+    from provision.cluster.providers.docker.plan import DROPPED_CAPS, network_of
     from provision.model.keys import ensure_controller_key, generate_ed25519, host_key_only
 
     api = docker_client().api
@@ -67,14 +66,15 @@ def create_controller(inv: Inventory, store: InventoryStore) -> NodeRecord:
     host_key = generate_ed25519("controller")
     _, public_key = ensure_controller_key(store.keys_dir(inv.name))
     binds = {DOCKER_SOCKET: {"bind": DOCKER_SOCKET, "mode": "rw"}, **controller_binds(inv)}
-    net = SHARED_NETWORK  # the cluster's nodes are there (made by their `up`)
+    net = network_of(inv)  # the cluster's nodes are there (made by their `up`)
     with map_errors(f"creating the controller {name}"):
         cid = api.create_container(
             image, name=name, hostname="controller",
             labels={CLUSTER_TAG: inv.name, ROLE_LABEL: "controller"},
             ports=[22],
             host_config=api.create_host_config(port_bindings={22: ("127.0.0.1", None)},
-                                               network_mode=net, binds=binds),
+                                               network_mode=net, binds=binds,
+                                               cap_drop=DROPPED_CAPS),
             detach=True,
         )["Id"]
     store.record(inv, ResourceRecord(kind="container", id=cid, name=name,
@@ -96,7 +96,7 @@ def _own_id(inv: Inventory) -> str | None:
 
 def teardown_from_inside(inv: Inventory, store: InventoryStore) -> None:
     """Everything of the cluster but the controller itself, only what the engine labels as
-    the cluster's (removal.py): node containers (then an old cluster's own network, after the
+    the cluster's (removal.py): node containers, then the cluster's network (after the
     controller left it). Idempotent; the caller then calls `remove_self`. TeardownError
     naming what could not be removed or was refused (left as it is)."""
     import docker.errors
@@ -109,7 +109,7 @@ def teardown_from_inside(inv: Inventory, store: InventoryStore) -> None:
         listed = {c["Id"] for c in api.containers(all=True, filters=by_label)}
     done = remove_containers(api, inv.name, [r.id for r in inv.resources_of("container")],
                              listed=listed, keep={me} if me else set())
-    old = inv.resources_of("network")  # a cluster made before the shared network
+    old = inv.resources_of("network")  # its own (none: a cluster of the shared network)
     if old:
         me = me or socket.gethostname()
         with contextlib.suppress(docker.errors.APIError):

@@ -1,7 +1,8 @@
 """The docker provider's typed plan: what `create` makes, resolved from the spec once.
 
-    network     mgpu-cloud (bridge), shared by every docker cluster: made by the first `up`
-                that finds it missing, never removed by `down` (as kind's "kind" network)
+    network     NAME-net (bridge), the cluster's own, labelled with it (made by `up`, removed
+                by `down`, `gc`, rollback and the controller's teardown): a node reaches its
+                own cluster's nodes and controller, never another cluster's
     containers  NAME-node-R with hostname node-R (the others reach it by name through the
                 /etc/hosts block bootstrap writes, as on the clouds), SSH on 127.0.0.1 only
 Nothing here talks to the engine except `plan`'s reachability check (in provider.py).
@@ -11,19 +12,33 @@ from __future__ import annotations
 
 from provision.cluster.providers.docker.options import DockerOptions
 from provision.model.base import StrictModel
+from provision.model.inventory import Inventory
 from provision.model.plan import Plan, PlannedResource
 from provision.model.spec import ClusterSpec
 
 DEFAULT_SLOTS = 2
 
 
-# One network for every docker cluster. A network per cluster cost ~0.3 s of engine time in
-# each `run` (made 0.08-0.09 s, removed 0.18-0.20 s, measured on this machine's engine;
-# benchmarks/run_overhead.py): a third of a 2x2 run's overhead, for an isolation between
-# local rehearsal clusters of one user that nothing needs. Old inventories may still record a
-# NAME-net network: `down` removes what an inventory records.
+# A network per cluster (issue 42): on one shared bridge a node reached every other
+# cluster's nodes and controllers, and could sit between them and a plain-HTTP store
+# endpoint. Docker drops traffic between two bridge networks (its isolation chains), and
+# nodes run without NET_RAW (no raw or packet sockets: no ARP or address spoofing on their
+# own bridge). It costs ~0.3 s of engine time per `run` (made ~0.1 s, removed ~0.2 s).
+# Clusters made between issue 18 and issue 42 run on the network every docker cluster shared
+# then: their replacements and controller join it, and `down` leaves it (no cluster owns it).
 SHARED_NETWORK = "mgpu-cloud"
-SHARED_LABEL = "mgpu-cloud-network"  # = "shared"; not the cluster label: no cluster owns it
+DROPPED_CAPS = ["NET_RAW"]  # of every node and controller container
+
+
+def network_name(cluster: str) -> str:
+    return f"{cluster}-net"
+
+
+def network_of(inv: Inventory) -> str:
+    """The network the cluster's containers are on: the one its inventory records (its
+    own), else the shared one of a cluster made before each had its own."""
+    own = inv.resources_of("network")
+    return own[0].name if own and own[0].name else SHARED_NETWORK
 
 
 def container_name(cluster: str, rank: int) -> str:
@@ -54,7 +69,7 @@ class DockerPlan(Plan):
 
 def docker_request(spec: ClusterSpec) -> DockerRequest:
     return DockerRequest(
-        network=SHARED_NETWORK,
+        network=network_name(spec.name),
         nodes=[DockerNode(rank=r, container=container_name(spec.name, r), hostname=f"node-{r}")
                for r in range(spec.nodes)],
         slots=spec.gpus_per_node or DEFAULT_SLOTS,
@@ -66,7 +81,7 @@ def build_plan(spec: ClusterSpec) -> DockerPlan:
     request = docker_request(spec)
     resources = [PlannedResource(kind="network", name=request.network,
                                  details={"driver": "bridge",
-                                          "shared": "by every docker cluster, kept after down"})]
+                                          "reaches": "this cluster's nodes only"})]
     resources += [PlannedResource(kind="container", name=n.container,
                                   details={"hostname": n.hostname, "ssh": "127.0.0.1:<random port>"})
                   for n in request.nodes]

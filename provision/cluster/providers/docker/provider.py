@@ -1,10 +1,12 @@
 """Docker provider: nodes are containers of the node image on this machine's engine.
 
 Per cluster NAME (everything labelled mgpu-cloud-cluster=NAME):
-    containers  NAME-node-0 .. NAME-node-(N-1), hostname node-R, on the network `mgpu-cloud`
-                that every docker cluster shares (plan.py SHARED_NETWORK: made when missing,
-                kept by `down`); the others reach node-R through the /etc/hosts block
-                bootstrap writes (its address: the container's IP there), as on the clouds.
+    network     NAME-net, the cluster's own bridge (plan.py: no node reaches another
+                cluster's containers)
+    containers  NAME-node-0 .. NAME-node-(N-1), hostname node-R, on NAME-net, without
+                NET_RAW (plan.DROPPED_CAPS); the others reach node-R through the /etc/hosts
+                block bootstrap writes (its address: the container's IP there), as on the
+                clouds.
                 SSH published on 127.0.0.1 only (a random port); its host key (made by the
                 tool, pinned before the first login) and the cluster key's public half in
                 authorized_keys are copied in between create and start (environment.py),
@@ -26,12 +28,13 @@ from provision.cluster.providers.contract import Recoverable, Supervising
 from provision.cluster.providers.docker.engine import docker_client, map_errors
 from provision.cluster.providers.docker.environment import copy_login_files, node_binds
 from provision.cluster.providers.docker.plan import (
-    SHARED_LABEL,
+    DROPPED_CAPS,
     DockerNode,
     DockerPlan,
     DockerRequest,
     build_plan,
     docker_request,
+    network_of,
 )
 from provision.cluster.providers.docker.removal import (
     NotTheClusters,
@@ -78,7 +81,7 @@ class DockerProvider(Recoverable[DockerPlan], Supervising[DockerPlan]):
         client = docker_client()  # Docker not reachable -> clear error before anything is made
         _refuse_leftovers(client, spec.name)
         plan = build_plan(spec)
-        _refuse_a_foreign_network(client, plan.request.network)
+        _refuse_a_foreign_network(client, plan.request.network, spec.name)
         return plan
 
     # ---------------------------------------------------------------------------------------
@@ -105,7 +108,8 @@ class DockerProvider(Recoverable[DockerPlan], Supervising[DockerPlan]):
 
         def make_network() -> None:
             with map_errors(f"creating the network {request.network}"):
-                ensure_shared_network(api, request.network)
+                nid = ensure_cluster_network(api, request.network, spec.name)
+            record("network", nid, request.network)
 
         def start(node: DockerNode) -> NodeRecord:
             return _start_container(api, inv, request, image, node, host_keys[node.rank],
@@ -142,7 +146,7 @@ class DockerProvider(Recoverable[DockerPlan], Supervising[DockerPlan]):
         if exc is not None:
             raise exc
         inv.nodes = started.result()
-        inv.manage_etc_hosts = True  # node-R -> its IP on the shared network (bootstrap)
+        inv.manage_etc_hosts = True  # node-R -> its IP on the cluster's network (bootstrap)
         reached(inv, "nodes running", part_of="create call",
                 detail=f"{len(inv.nodes)} container(s)")
         store.save(inv)
@@ -242,8 +246,8 @@ class DockerProvider(Recoverable[DockerPlan], Supervising[DockerPlan]):
         # the controller first: while the nodes go it could otherwise replace one (issue 18)
         done = remove_containers(api, inv.name, [r.id for r in inv.resources_of("container")],
                                  listed=listed, first=controller_ids(inv, api))
-        # Only inventories made before the shared network (plan.SHARED_NETWORK) record one, or
-        # label one with the cluster: the shared network stays.
+        # its own network (recorded, labelled); a cluster of the shared network's time has
+        # none: the shared one carries no cluster's label and stays
         nets: set[str] = set()
         with contextlib.suppress(docker.errors.APIError):
             nets = {n["Id"] for n in api.networks(filters=by_label)}
@@ -302,37 +306,38 @@ def _refuse_leftovers(client: Any, name: str) -> None:
              "--name")
 
 
-def _refuse_a_foreign_network(client: Any, name: str) -> None:
-    """A network of that name that this tool did not make (not labelled as the shared one):
-    said at plan time, before anything is made, rather than joined."""
+def _refuse_a_foreign_network(client: Any, name: str, cluster: str) -> None:
+    """A network of the cluster's network name that is not labelled as that cluster's (made
+    by hand, by another tool): said at plan time, before anything is made, rather than
+    joined. One labelled as the cluster's (left by a run that was killed) is used."""
     import docker.errors
 
     try:
         found = client.api.inspect_network(name)
     except docker.errors.NotFound:
         return
-    if (found.get("Labels") or {}).get(SHARED_LABEL) != "shared":
+    if (found.get("Labels") or {}).get(CLUSTER_TAG) != cluster:
         raise UserInputError(
-            f"the Docker engine has a network named {name!r} that mgpu-cloud did not make "
-            f"(driver {found.get('Driver')!r}, no label {SHARED_LABEL}=shared); every docker "
-            "cluster's nodes join the network of that name",
-            hint=f"if nothing of yours uses it: docker network rm {name} (mgpu-cloud makes "
-                 "its own on the next `up`)")
+            f"the Docker engine has a network named {name!r} that is not cluster {cluster!r}'s "
+            f"(driver {found.get('Driver')!r}, no label {CLUSTER_TAG}={cluster}); the "
+            "cluster's nodes would join it",
+            hint=f"if nothing of yours uses it: docker network rm {name}; or pick another "
+                 "--name")
 
 
-def ensure_shared_network(api: Any, name: str) -> None:
-    """The network every docker cluster's containers join, made unless the engine has one of
-    that name (the plan checked that it is this tool's): one call either way. The engine
-    answers 409 to a name it has (CheckDuplicate, which engines before API 1.44 do not
-    assume), whether an earlier `up` made it or one at the same time; it is used then."""
+def ensure_cluster_network(api: Any, name: str, cluster: str) -> str:
+    """The cluster's own bridge network, labelled with it; its id. One left by a killed run
+    (the plan checked its label) is used: the engine answers 409 to a name it has
+    (CheckDuplicate, which engines before API 1.44 do not assume)."""
     import docker.errors
 
     try:
-        api.create_network(name, driver="bridge", check_duplicate=True,
-                           labels={SHARED_LABEL: "shared"})
+        return str(api.create_network(name, driver="bridge", check_duplicate=True,
+                                      labels={CLUSTER_TAG: cluster})["Id"])
     except docker.errors.APIError as exc:
         if exc.status_code != 409:
             raise
+    return str(api.inspect_network(name)["Id"])
 
 
 def _request_of(inv: Inventory, node: NodeRecord) -> DockerRequest:
@@ -342,6 +347,7 @@ def _request_of(inv: Inventory, node: NodeRecord) -> DockerRequest:
                             f"{node.name} from")
     request = docker_request(inv.spec)
     request.slots = node.slots
+    request.network = network_of(inv)  # its own; the shared one of an older cluster
     return request
 
 
@@ -356,7 +362,8 @@ def _start_container(api: Any, inv: Inventory, request: DockerRequest, image: st
     name, rank, opts = node.container, node.rank, request.node_image
     net_name = request.network
     host: dict[str, Any] = {"port_bindings": {22: ("127.0.0.1", None)},
-                            "network_mode": net_name, "shm_size": "1g"}
+                            "network_mode": net_name, "shm_size": "1g",
+                            "cap_drop": DROPPED_CAPS}
     if opts.cpus:
         host["nano_cpus"] = int(opts.cpus * 1e9)
     if opts.memory:

@@ -17,6 +17,8 @@ from provision.cluster.providers.k8s.manifests import INDEX_LABEL, RANK_LABEL
 from provision.model.errors import CapacityError, ProvisionError
 from provision.model.inventory import CLUSTER_TAG
 from provision.model.logsink import Log
+from provision.model.nodetext import lines as nodelines
+from provision.model.nodetext import shown
 
 POLL_S = float(os.environ.get("MGPU_CLOUD_K8S_POLL_S", "1"))
 # waiting reasons that will not fix themselves
@@ -97,7 +99,7 @@ def tail_of(k: Kube, pod: Any, lines: int = 10) -> str:
         return ""
     if isinstance(text, bytes):
         text = text.decode(errors="replace")
-    text = " | ".join(str(text).strip().splitlines()[-lines:])
+    text = " | ".join(shown(line) for line in nodelines(str(text).strip())[-lines:])
     return f": {text}" if text else ""
 
 
