@@ -4,7 +4,8 @@ local engine, reached over SSH through the API's port-forward. One stand-in for 
 
 Each run: every rank sees world 4, rank 0's outputs come back, and afterwards no object
 carries the cluster's label and no pod container is left; the queue holds a run until Kueue
-admits it; a pod killed mid-run is replaced alone and the job resumes from its checkpoint.
+admits it; a pod killed mid-run, or deleted through the API, is replaced alone and the job
+resumes from its checkpoint.
 """
 
 from __future__ import annotations
@@ -151,8 +152,8 @@ def test_a_killed_pod_is_replaced_alone_and_the_run_resumes(standin: Standin,
     lost = next(p for p in pods
                 if p["metadata"]["labels"]["batch.kubernetes.io/job-completion-index"] == "1")
     kept = next(p for p in pods if p is not lost)
-    subprocess.run(["docker", "kill", f"k8s-default-{lost['metadata']['name']}"], check=True,
-                   capture_output=True)
+    subprocess.run(["docker", "kill", standin.kubelet.container_name(
+        "default", lost["metadata"]["name"])], check=True, capture_output=True)
     code = run.finish()
     out = run.output
     assert code == 0, out
@@ -170,6 +171,39 @@ def test_a_killed_pod_is_replaced_alone_and_the_run_resumes(standin: Standin,
     assert kept["metadata"]["uid"] in {e["metadata"]["uid"] for e in ends}
     left_nothing(standin, name)
 
+
+def test_a_pod_deleted_under_a_running_job_is_replaced_and_the_run_resumes(
+        standin: Standin, tmp_path: Path) -> None:
+    """`kubectl delete pod` mid-run (what a drain, an eviction, a preemption do): the kubelet
+    TERMs the pod's shell, the pod ends Failed (exit 143), the Job makes a new pod at that
+    index, and the run resumes from its checkpoint. (A shell exiting 0 on TERM ends the pod
+    Succeeded: the Job counts the index complete and never makes it again.)"""
+    from kubernetes import client, config
+
+    name = "k8s-deleted"
+    run = K8sRun(standin, name, ["--max-restarts", "1", str(ROOT / "examples" /
+                                                            "train_ddp.py"),
+                                 "--steps", "40", "--save-every", "5", "--sleep", "0.25"],
+                 tmp_path)
+    run.wait_for(r"kept checkpoint from node-0: .*step_0000(09|14)")
+    pods = standin.store.list("pods", "default", f"mgpu-cloud-cluster={name}")
+    lost = next(p for p in pods
+                if p["metadata"]["labels"]["batch.kubernetes.io/job-completion-index"] == "1")
+    api = config.new_client_from_config(config_file=str(standin.kubeconfig))
+    client.CoreV1Api(api).delete_namespaced_pod(lost["metadata"]["name"], "default")
+    code = run.finish()
+    out = run.output
+    assert code == 0, out
+    assert "replacing node-1" in out and "restart 1 of 1" in out, out
+    resumed = re.search(r"resumed from step (\d+)", out)
+    assert resumed and int(resumed.group(1)) >= 9, out
+    ended = [e["status"]["phase"] for _, _, res, e in list(standin.store.events)
+             if res == "pods" and e["metadata"]["uid"] == lost["metadata"]["uid"]
+             and e.get("status", {}).get("phase") in ("Failed", "Succeeded")]
+    assert ended and ended[-1] == "Failed", ended
+    metrics = json.loads((tmp_path / "mgpu-outputs" / name / "metrics.json").read_text())
+    assert metrics["steps"] == 40 and metrics["world_size"] == 4 and metrics["restart"] == 1
+    left_nothing(standin, name)
 
 
 def test_day2_jobs_logs_exec_cancel_monitor(standin: Standin, tmp_path: Path) -> None:

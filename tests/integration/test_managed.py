@@ -23,6 +23,7 @@ from storekit import StoreServer, Webhook
 
 from provision.job.managed.records import JobView
 from provision.model.inventory import InventoryStore
+from remote.ckpt import SEALS
 from remote.store import open_store
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow, pytest.mark.usefixtures("node_image")]
@@ -80,18 +81,30 @@ def steps_in(url: str, prefix: str) -> list[int]:
                   if (m := re.search(r"step_(\d+)\.pt$", k)))
 
 
+def sealed_steps(url: str, prefix: str) -> list[int]:
+    """The steps a seal vouches for under a checkpoint prefix: what a restore takes (a file
+    in the store without its seal, its copy still under way, is left out: remote/storesync)."""
+    store = open_store(url)
+    found = set()
+    for key in store.list(f"{prefix}/{SEALS}"):
+        for rel in json.loads(store.get_bytes(key) or b"{}").get("files", {}):
+            if m := re.search(r"step_(\d+)\.pt$", rel):
+                found.add(int(m.group(1)))
+    return sorted(found)
+
+
 def kill(container: str) -> None:
     subprocess.run(["docker", "kill", container], check=True, capture_output=True)
 
 
 def lose_and_resume(url: str, name: str, victim: int, job: str = "1") -> int:
-    """Once the job's store has a checkpoint newer than its last resume, kill node `victim`;
-    wait until rank 0 resumed again; the step it resumed from."""
+    """Once the job's store has a sealed checkpoint newer than its last resume, kill node
+    `victim`; wait until rank 0 resumed again; the step it resumed from."""
     before = resumed_steps(url, name, job)
     floor = before[-1] if before else -1
     wait_for(lambda: any(s > floor
-                         for s in steps_in(url, f"{name}/data/jobs/{job}/checkpoints")),
-             180, f"no checkpoint after step {floor} reached the store")
+                         for s in sealed_steps(url, f"{name}/data/jobs/{job}/checkpoints")),
+             180, f"no sealed checkpoint after step {floor} reached the store")
     kill(f"{name}-node-{victim}")
     wait_for(lambda: len(resumed_steps(url, name, job)) > len(before)
              or "failed" in events(url, name, job), 300, f"no resume after node-{victim}")

@@ -2,7 +2,9 @@
 server calls `problems` on each create and patch, and answers 422 Invalid with them).
 
     core kinds   kubernetes-validate's strict JSON schemas (the Kubernetes OpenAPI, per
-                 version), for Kubernetes 1.30 and 1.33 (VERSIONS)
+                 version), for Kubernetes 1.30 and 1.33 (VERSIONS); what uses DRA
+                 (resource.k8s.io/v1, a pod's resourceClaims) for 1.34, where it is GA
+                 (DRA_VERSIONS)
     JobSet       the JobSet CRD's openAPIV3Schema, v1alpha2 (data/jobset-v1alpha2.openapi.json.gz:
                  its source and commit are in the file), made strict here (an unknown field
                  is an error, as kubectl's field validation makes it); and its pod template
@@ -23,6 +25,14 @@ import jsonschema
 from referencing import Registry, Resource
 
 VERSIONS = ("1.30.0", "1.33.0")
+DRA_VERSIONS = ("1.34.0",)
+
+
+def versions_for(obj: dict[str, Any]) -> tuple[str, ...]:
+    """The Kubernetes versions a manifest must be valid for: DRA's are 1.34+."""
+    text = json.dumps(obj)
+    return DRA_VERSIONS if ('"resourceClaims"' in text or "resource.k8s.io/v1" in text) \
+        else VERSIONS
 DATA = Path(__file__).parent / "data"
 JOBSET_FILE = DATA / "jobset-v1alpha2.openapi.json.gz"
 
@@ -88,12 +98,12 @@ def problems(obj: dict[str, Any]) -> list[str]:
             pod = {"apiVersion": "v1", "kind": "Pod",
                    **copy.deepcopy(rj["template"]["spec"]["template"])}
             pod.setdefault("metadata", {})["name"] = rj["name"]
-            for v in VERSIONS:
+            for v in versions_for(pod):
                 found += _errors(core_validator(v, "Job", "batch/v1"), job, f"Job (k8s {v})")
                 found += _errors(core_validator(v, "Pod", "v1"), pod, f"Pod template (k8s {v})")
         return found
     found = []
-    for v in VERSIONS:
+    for v in versions_for(obj):
         try:
             validator = core_validator(v, kind, api_version)
         except FileNotFoundError:

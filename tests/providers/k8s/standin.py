@@ -1,5 +1,6 @@
-"""The whole stand-in cluster for a test: API server, kubelet (noop or docker), the JobSet
-controller and Kueue, a kubeconfig, and the variables a provider process needs."""
+"""The whole stand-in cluster for a test: API server (with admission), kubelet (noop or
+docker), the node lifecycle / PodGC, the JobSet + Job controller and Kueue, a kubeconfig, and
+the variables a provider process needs."""
 
 from __future__ import annotations
 
@@ -9,17 +10,26 @@ from pathlib import Path
 from typing import Any
 
 from standin_api import ApiServer
-from standin_controllers import JobSetController, KueueStandin
-from standin_kubelet import DockerKubelet, NoopKubelet
+from standin_jobs import JobSetController
+from standin_kubelet import NoopKubelet
+from standin_kueue import KueueStandin
+from standin_nodes import NodeLifecycle
 
 
 class Standin:
     def __init__(self, folder: Path, *, docker: bool = False, image: str = "standin/node:1",
-                 groups: tuple[str, ...] = ("jobset.x-k8s.io", "kueue.x-k8s.io")) -> None:
-        self.api = ApiServer(groups)
+                 groups: tuple[str, ...] = ("jobset.x-k8s.io", "kueue.x-k8s.io",
+                                            "resource.k8s.io"),
+                 kueue_versions: tuple[str, ...] = ("v1beta2", "v1beta1")) -> None:
+        self.api = ApiServer(groups, kueue_versions)
         self.sid = uuid.uuid4().hex[:8]
-        self.kubelet: Any = (DockerKubelet(self.api, f"mgpu-k8s-{self.sid}", self.sid) if docker
-                             else NoopKubelet(self.api))
+        if docker:
+            from standin_docker import DockerKubelet
+
+            self.kubelet: Any = DockerKubelet(self.api, f"mgpu-k8s-{self.sid}", self.sid)
+        else:
+            self.kubelet = NoopKubelet(self.api)
+        self.nodes = NodeLifecycle(self.api, self.kubelet)
         self.jobsets = JobSetController(self.api)
         self.kueue = KueueStandin(self.api)
         self.api.start()
@@ -35,8 +45,13 @@ class Standin:
                 "MGPU_CLOUD_K8S_POLL_S": "0.1"}
 
     def add_queue(self, name: str, ns: str = "default") -> None:
-        self.store.create("kueue.x-k8s.io/v1beta1/localqueues", ns, {
+        self.store.create("kueue.x-k8s.io/v1beta2/localqueues", ns, {
             "metadata": {"name": name}, "spec": {"clusterQueue": "cq"}})
+
+    def add_quota(self, name: str, hard: dict[str, str], ns: str = "default") -> None:
+        """A ResourceQuota in the namespace (what admission then enforces)."""
+        self.store.create("resourcequotas", ns, {"metadata": {"name": name},
+                                                 "spec": {"hard": hard}})
 
     def labelled(self, cluster: str | None = None) -> list[str]:
         """Every object carrying the cluster label (of `cluster`, or of any)."""
@@ -49,6 +64,9 @@ class Standin:
         return found
 
     def stop(self) -> None:
+        self.nodes.stop()
+        self.jobsets.stop()
+        self.kueue.stop()
         self.kubelet.close()
         self.api.stop()
 

@@ -2,18 +2,24 @@
 what the k8s provider uses, nothing more.
 
     GET  /version /api /apis                         discovery (JobSet/Kueue groups optional)
-    core v1: namespaces/NS/{pods,services,secrets}[/NAME]   create get list watch patch delete
+    core v1: namespaces/NS/{pods,services,secrets,events,resourcequotas}[/NAME]
+                                                     create get list watch patch delete
+             namespaces/NS/pods/NAME/status          PATCH (as PodGC marks a pod Failed)
              namespaces/NS/pods/NAME/log             the kubelet's container log
              namespaces/NS/pods/NAME/portforward     websocket (standin_ws.py) to the pod's port
-    apis/GROUP/VERSION/namespaces/NS/PLURAL[/NAME]   jobsets, workloads, localqueues
+    apis/GROUP/VERSION/namespaces/NS/PLURAL[/NAME]   jobsets; Kueue's workloads, localqueues
+                                                     (v1beta2 stored, v1beta1 served while
+                                                     `kueue_versions` has it)
 
 Every create and patch the client sends is judged by the official schemas (k8s_schemas.py):
-a broken manifest gets 422 Invalid and is kept in `violations` (tests fail on any). Every
+a broken manifest gets 422 Invalid and is kept in `violations` (tests fail on any). Then
+admission (standin_admission.py): defaults, ResourceQuota, Kueue's JobSet webhook. Every
 request is recorded in `requests`. A bearer token is required (the kubeconfig's).
 """
 
 from __future__ import annotations
 
+import copy
 import json
 import threading
 from dataclasses import dataclass
@@ -23,12 +29,17 @@ from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
 import k8s_schemas
+import standin_admission as admission
 import standin_ws
-from standin_store import KINDS, ApiError, Store, now
+from standin_store import CLUSTER_SCOPED, KINDS, ApiError, Store, now
 
 TOKEN = "standin-token"  # noqa: S105 - the stand-in's own: the user's kubeconfig
 KUEUE_TOKEN = "kueue-controller"  # noqa: S105 - the Kueue stand-in's (not the user's Role)
-GROUPS = {"jobset.x-k8s.io": "v1alpha2", "kueue.x-k8s.io": "v1beta1"}
+KUEUE = "kueue.x-k8s.io"
+# Kueue: v1beta2 is the storage version since 0.16, v1beta1 deprecated since 0.15 and served
+# until its removal (kueue v0.19 apis/kueue/v1beta2/*_types.go +kubebuilder:storageversion;
+# v1beta1 +kubebuilder:deprecatedversion)
+KUEUE_STORED = "v1beta2"
 
 
 @dataclass
@@ -55,9 +66,14 @@ def merge_patch(target: Any, patch: Any) -> Any:
 class ApiServer:
     """Start with `start()`; `kubeconfig(path)` writes a kubeconfig for it."""
 
-    def __init__(self, groups: tuple[str, ...] = ("jobset.x-k8s.io", "kueue.x-k8s.io")) -> None:
+    def __init__(self, groups: tuple[str, ...] = ("jobset.x-k8s.io", KUEUE, "resource.k8s.io"),
+                 kueue_versions: tuple[str, ...] = ("v1beta2", "v1beta1")) -> None:
         self.store = Store()
         self.groups = groups
+        self.versions = {"jobset.x-k8s.io": ("v1alpha2",), KUEUE: kueue_versions,
+                         "resource.k8s.io": ("v1",)}
+        self.manage_jobs_without_queue_name = False  # Kueue's configuration
+        self.stream_idle_timeout_s: float | None = None  # kubelet's: 4 h (None here)
         self.requests: list[Seen] = []
         self.violations: list[str] = []
         self.kubelet: Any = None  # pod address, logs, termination (standin_kubelet.py)
@@ -94,15 +110,45 @@ class ApiServer:
             self.violations += found
             raise ApiError(422, "Invalid", f"{obj.get('kind')} is invalid: " + "; ".join(found))
 
-    def delete(self, res: str, ns: str, name: str) -> dict[str, Any]:
+    def create(self, res: str, ns: str, obj: dict[str, Any]) -> dict[str, Any]:
+        """Admission, then the store: what a user's POST and a controller's create share."""
+        obj = copy.deepcopy(obj)  # admission changes the stored object, not the request
+        if res == "pods":
+            admission.default_requests(obj)
+            admission.default_tolerations(obj)
+            admission.enforce_pod_security(self.store, ns, obj)
+            admission.resource_quota(self.store, ns, obj)
+        if res.endswith("/jobsets") and KUEUE in self.groups:
+            admission.kueue_jobset_webhook(self.store, ns, obj,
+                                           self.manage_jobs_without_queue_name)
+        return self.store.create(res, ns, obj)
+
+    def delete(self, res: str, ns: str, name: str, grace: int | None = None) -> dict[str, Any]:
+        """As the generic registry deletes (store.go Delete; BeforeDelete in
+        k8s.io/apiserver pkg/registry/rest/delete.go): a pod's grace period is the request's,
+        else its terminationGracePeriodSeconds (30), 0 when it is unscheduled or already
+        terminal (pkg/registry/core/pod/strategy.go CheckGracefulDelete); a pod being deleted
+        can only have its period shortened. Grace > 0: only marked, its kubelet ends it and
+        deletes it with grace 0. Finalizers keep any object (marked) until they are removed."""
         obj = self.store.get(res, ns, name)
-        if res == "pods" and obj["spec"].get("nodeName") and self.kubelet is not None:
-            if not obj["metadata"].get("deletionTimestamp"):
-                self.store.update(res, ns, name, lambda o: o["metadata"].update(
-                    deletionTimestamp=now()))  # the kubelet ends it, then removes it
-            return obj
+        meta = obj["metadata"]
+        if res == "pods":
+            if grace is None:
+                grace = int(obj["spec"].get("terminationGracePeriodSeconds", 30))
+            if not obj["spec"].get("nodeName") or \
+                    obj.get("status", {}).get("phase") in ("Succeeded", "Failed"):
+                grace = 0
+            if meta.get("deletionTimestamp") and grace >= meta.get(
+                    "deletionGracePeriodSeconds", 0):
+                return obj  # pending: only a shorter period changes it
+        else:
+            grace = 0
+        if grace > 0 or meta.get("finalizers"):
+            return self.store.update(res, ns, name, lambda o: o["metadata"].update(
+                deletionTimestamp=meta.get("deletionTimestamp") or now(),
+                deletionGracePeriodSeconds=grace))
         self.store.remove(res, ns, name)
-        for r, n, child in self.store.owned_by(obj["metadata"]["uid"]):
+        for r, n, child in self.store.owned_by(meta["uid"]):
             try:
                 self.delete(r, n, child)
             except ApiError:
@@ -110,13 +156,16 @@ class ApiServer:
         return obj
 
 
-def _route(path: str) -> tuple[str, str | None, str | None, str | None]:
-    """(resource, namespace, name, subresource) of an API path; ApiError 404 otherwise."""
+def _route(path: str) -> tuple[str, str | None, str | None, str | None, str]:
+    """(resource, namespace, name, subresource, version asked) of an API path; ApiError 404
+    otherwise. Kueue's kinds are stored once, under their storage version."""
     parts = [p for p in path.split("/") if p]
     if parts[:2] == ["api", "v1"]:
-        rest, prefix = parts[2:], ""
+        rest, prefix, version = parts[2:], "", "v1"
     elif parts[:1] == ["apis"] and len(parts) >= 3:
-        rest, prefix = parts[3:], f"{parts[1]}/{parts[2]}/"
+        version = parts[2]
+        stored = KUEUE_STORED if parts[1] == KUEUE else version
+        rest, prefix = parts[3:], f"{parts[1]}/{stored}/"
     else:
         raise ApiError(404, "NotFound", f"the server could not find {path}")
     if rest[:1] == ["namespaces"] and len(rest) >= 3:
@@ -125,12 +174,14 @@ def _route(path: str) -> tuple[str, str | None, str | None, str | None]:
         sub = rest[4] if len(rest) > 4 else None
     elif rest[:1] == ["namespaces"] and not prefix:
         ns, res, name, sub = "", "namespaces", (rest[1] if len(rest) > 1 else None), None
+    elif rest[:1] == ["nodes"] and not prefix:
+        ns, res, name, sub = "", "nodes", (rest[1] if len(rest) > 1 else None), None
     else:
         raise ApiError(404, "NotFound", f"the server could not find {path}")
     if res not in KINDS:
         raise ApiError(404, "NotFound", f"the server could not find the requested resource "
                                         f"({res})")
-    return res, ns, name, sub
+    return res, ns, name, sub, version
 
 
 def _handler(api: ApiServer) -> type[BaseHTTPRequestHandler]:
@@ -170,24 +221,7 @@ def _handler(api: ApiServer) -> type[BaseHTTPRequestHandler]:
                 self._send(exc.code, exc.status())
 
         def _dispatch(self, method: str, path: str, query: dict[str, str], body: Any) -> None:
-            if path.rstrip("/") in ("/version", "/api", "/apis"):
-                return self._send(200, _discovery(api, path.rstrip("/")))
-            res, ns, name, sub = _route(path)
-            if res.split("/")[0] in GROUPS and res.split("/")[0] not in api.groups:
-                raise ApiError(404, "NotFound", "the server could not find the requested "
-                                                "resource")
-            ns = ns or ""
-            if sub == "log":
-                self.store_get(res, ns, name)
-                text = api.kubelet.logs(ns, name, query) if api.kubelet else ""
-                return self._send(200, text.encode(), "text/plain")
-            if sub == "portforward":
-                pod = self.store_get(res, ns, name)
-                target = api.kubelet.address(pod) if api.kubelet else None
-                return standin_ws.serve_portforward(self, target, query)
-            if method == "GET" and name is None and query.get("watch", "").lower() in ("true", "1"):
-                return _watch(self, api, res, ns, query)
-            self._send(*_crud(api, method, res, ns, name, query, body))
+            _dispatch(self, api, method, path, query, body)
 
         def store_get(self, res: str, ns: str, name: str | None) -> dict[str, Any]:
             return api.store.get(res, ns, name or "")
@@ -210,13 +244,46 @@ def _handler(api: ApiServer) -> type[BaseHTTPRequestHandler]:
     return Handler
 
 
+def _dispatch(h: Any, api: ApiServer, method: str, path: str, query: dict[str, str],
+              body: Any) -> None:
+    """One request, authenticated: discovery, a subresource, a watch, or plain CRUD."""
+    if path.rstrip("/") in ("/version", "/api", "/apis"):
+        return h._send(200, _discovery(api, path.rstrip("/")))
+    res, ns, name, sub, version = _route(path)
+    group = res.split("/")[0] if "/" in res else ""
+    if group and (group not in api.groups or version not in api.versions[group]):
+        raise ApiError(404, "NotFound", "the server could not find the requested resource")
+    ns = ns or ""
+    if sub == "status" and method == "PATCH" and res == "pods":
+        return h._send(200, api.store.update(
+            res, ns, name or "", lambda o: o.update(status=merge_patch(
+                o.get("status", {}), (body or {}).get("status", {})))))
+    if sub == "log":
+        h.store_get(res, ns, name)
+        text = api.kubelet.logs(ns, name, query) if api.kubelet else ""
+        return h._send(200, text.encode(), "text/plain")
+    if sub == "portforward":
+        pod = h.store_get(res, ns, name)
+        target = api.kubelet.address(pod) if api.kubelet else None
+        return standin_ws.serve_portforward(h, target, query, api.stream_idle_timeout_s)
+    if method == "GET" and name is None and query.get("watch", "").lower() in ("true", "1"):
+        return _watch(h, api, res, ns, query)
+    code, answer = _crud(api, method, res, ns, name, query, body)
+    if group and isinstance(answer, dict):  # as asked: v1beta1 or v1beta2
+        for obj in [answer, *answer.get("items", [])]:
+            obj["apiVersion"] = f"{group}/{version}"
+    h._send(code, answer)
+
+
 def _discovery(api: ApiServer, path: str) -> dict[str, Any]:
     if path == "/version":
         return {"major": "1", "minor": "33", "gitVersion": "v1.33.0-standin"}
     if path == "/api":
         return {"kind": "APIVersions", "versions": ["v1"], "serverAddressByClientCIDRs": []}
-    groups = [{"name": g, "versions": [{"groupVersion": f"{g}/{GROUPS[g]}", "version": GROUPS[g]}],
-               "preferredVersion": {"groupVersion": f"{g}/{GROUPS[g]}", "version": GROUPS[g]}}
+    groups = [{"name": g, "versions": [{"groupVersion": f"{g}/{v}", "version": v}
+                                       for v in api.versions[g]],
+               "preferredVersion": {"groupVersion": f"{g}/{api.versions[g][0]}",
+                                    "version": api.versions[g][0]}}
               for g in api.groups]
     return {"kind": "APIGroupList", "apiVersion": "v1", "groups": groups}
 
@@ -226,11 +293,12 @@ def _crud(api: ApiServer, method: str, res: str, ns: str, name: str | None,
     store = api.store
     if method == "POST" and name is None:
         api.judge(body)
-        return 201, store.create(res, ns, body)
+        return 201, api.create(res, ns, body)
     if method == "GET" and name is None:
         api_version, kind = KINDS[res]
-        items = store.list(res, ns if res != "namespaces" else None,
-                           query.get("labelSelector", ""))
+        items = [o for o in store.list(res, ns if res not in CLUSTER_SCOPED else None,
+                                       query.get("labelSelector", ""))
+                 if fields_match(o, query.get("fieldSelector", ""))]
         return 200, {"kind": f"{kind}List", "apiVersion": api_version, "items": items,
                      "metadata": {"resourceVersion": str(store.rv)}}
     if name is None:
@@ -238,7 +306,8 @@ def _crud(api: ApiServer, method: str, res: str, ns: str, name: str | None,
     if method == "GET":
         return 200, store.get(res, ns, name)
     if method == "DELETE":
-        return 200, api.delete(res, ns, name)
+        grace = query.get("gracePeriodSeconds", (body or {}).get("gracePeriodSeconds"))
+        return 200, api.delete(res, ns, name, None if grace is None else int(grace))
     if method == "PATCH":
         current = store.get(res, ns, name)
         if isinstance(body, list):
@@ -252,6 +321,19 @@ def _crud(api: ApiServer, method: str, res: str, ns: str, name: str | None,
 
         return 200, store.update(res, ns, name, change)
     raise ApiError(405, "MethodNotAllowed", method)
+
+
+def fields_match(obj: dict[str, Any], selector: str) -> bool:
+    """`a.b=v,c!=w` on the fields an object's kind makes selectable (for events: reason,
+    type, involvedObject.*; pkg/registry/core/event/strategy.go ToSelectableFields)."""
+    for term in (t for t in selector.split(",") if t):
+        key, op, want = term.partition("!=") if "!=" in term else term.partition("=")
+        have: Any = obj
+        for part in key.strip().split("."):
+            have = have.get(part, "") if isinstance(have, dict) else ""
+        if (str(have) == want.lstrip("=")) != (op == "="):
+            return False
+    return True
 
 
 def _watch(h: Any, api: ApiServer, res: str, ns: str, query: dict[str, str]) -> None:

@@ -1,10 +1,17 @@
 """The stand-in API server's state: objects by resource, a resourceVersion counter, the event
 stream watches read, and label selectors as the API parses them.
 
-Resources are keyed like the API's paths: "pods", "services", "secrets", "namespaces" (core
-v1) and "GROUP/VERSION/PLURAL" for the others (jobsets, Kueue's workloads and localqueues).
+Resources are keyed like the API's paths: "pods", "services", "secrets", "namespaces",
+"nodes", "events", "resourcequotas" (core v1) and "GROUP/VERSION/PLURAL" for the others
+(jobsets; Kueue's workloads and localqueues under their storage version, v1beta2).
 Controllers (kubelet, JobSet, Kueue stand-ins) subscribe and get every event on their own
 queue, so none runs inside the store's lock.
+
+Deletion as the generic registry does it (k8s.io/apiserver pkg/registry/generic/registry/
+store.go, Delete and updateForGracefulDeletionAndFinalizers): an object with finalizers is
+only marked (deletionTimestamp); it goes once its finalizers are removed and, for a pod, once
+its deletion grace period is 0 (the kubelet's final DELETE; `shouldDeleteDuringUpdate` in
+pkg/registry/core/pod/strategy.go).
 """
 
 from __future__ import annotations
@@ -20,10 +27,14 @@ from collections.abc import Callable
 from typing import Any
 
 KINDS = {"pods": ("v1", "Pod"), "services": ("v1", "Service"), "secrets": ("v1", "Secret"),
-         "namespaces": ("v1", "Namespace"),
+         "namespaces": ("v1", "Namespace"), "nodes": ("v1", "Node"), "events": ("v1", "Event"),
+         "resourcequotas": ("v1", "ResourceQuota"),
          "jobset.x-k8s.io/v1alpha2/jobsets": ("jobset.x-k8s.io/v1alpha2", "JobSet"),
-         "kueue.x-k8s.io/v1beta1/workloads": ("kueue.x-k8s.io/v1beta1", "Workload"),
-         "kueue.x-k8s.io/v1beta1/localqueues": ("kueue.x-k8s.io/v1beta1", "LocalQueue")}
+         "resource.k8s.io/v1/resourceclaimtemplates": ("resource.k8s.io/v1",
+                                                       "ResourceClaimTemplate"),
+         "kueue.x-k8s.io/v1beta2/workloads": ("kueue.x-k8s.io/v1beta2", "Workload"),
+         "kueue.x-k8s.io/v1beta2/localqueues": ("kueue.x-k8s.io/v1beta2", "LocalQueue")}
+CLUSTER_SCOPED = {"namespaces", "nodes"}
 
 
 class ApiError(Exception):
@@ -79,6 +90,14 @@ def matches(obj: dict[str, Any], selector: str) -> bool:
     return all(p(labels) for p in parse_selector(selector))
 
 
+def finalized(obj: dict[str, Any]) -> bool:
+    """Marked for deletion, no finalizer left, and no grace period running (a pod's kubelet
+    ends it with a DELETE of grace 0; other kinds have no grace period)."""
+    meta = obj["metadata"]
+    return bool(meta.get("deletionTimestamp")) and not meta.get("finalizers") and \
+        meta.get("deletionGracePeriodSeconds", 0) == 0
+
+
 class Store:
     def __init__(self) -> None:
         self.lock = threading.Condition()
@@ -109,7 +128,7 @@ class Store:
             meta["name"] = meta["generateName"] + uuid.uuid4().hex[:5]
         api_version, kind = KINDS[res]
         obj["apiVersion"], obj["kind"] = api_version, kind
-        if res != "namespaces":
+        if res not in CLUSTER_SCOPED:
             meta["namespace"] = ns
         meta.update(uid=str(uuid.uuid4()), creationTimestamp=now(), generation=1)
         if res == "secrets" and "stringData" in obj:  # as the API stores it
@@ -143,7 +162,11 @@ class Store:
             if obj is None:
                 raise ApiError(404, "NotFound", f'{res} "{name}" not found')
             change(obj)
-            self._emit("MODIFIED", res, obj)
+            if finalized(obj):
+                del self.objects[(res, ns, name)]
+                self._emit("DELETED", res, obj)
+            else:
+                self._emit("MODIFIED", res, obj)
             return copy.deepcopy(obj)
 
     def remove(self, res: str, ns: str, name: str) -> dict[str, Any] | None:

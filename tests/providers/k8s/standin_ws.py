@@ -48,8 +48,10 @@ def read_frame(rfile: Any) -> tuple[int, bytes] | None:
     return opcode, data
 
 
-def serve_portforward(h: Any, target: tuple[str, int] | None, query: dict[str, str]) -> None:
-    """Upgrade, open the pod's port, relay both ways until either side closes."""
+def serve_portforward(h: Any, target: tuple[str, int] | None, query: dict[str, str],
+                      idle_timeout_s: float | None = None) -> None:
+    """Upgrade, open the pod's port, relay both ways until either side closes, or the client
+    has sent nothing for `idle_timeout_s`."""
     port = int(query.get("ports", "0").split(",")[0])
     key = h.headers.get("Sec-WebSocket-Key", "")
     accept = base64.b64encode(hashlib.sha1((key + GUID).encode()).digest()).decode()  # noqa: S324
@@ -100,6 +102,7 @@ def serve_portforward(h: Any, target: tuple[str, int] | None, query: dict[str, s
                 pass
 
     threading.Thread(target=pod_to_client, daemon=True).start()
+    h.connection.settimeout(idle_timeout_s)  # reads only: the idle deadline
     try:
         while not done.is_set():
             got = read_frame(h.rfile)

@@ -127,8 +127,10 @@ def test_plan_refuses_bad_input_before_anything_is_made(
         prov.plan(make_spec(k8s={"topology": "rack"}))
     with pytest.raises(UserInputError, match="a pod is already the container"):
         prov.plan(make_spec(image="pytorch/pytorch:2.5"))
+    unset = prov.plan(make_spec(k8s={"image": ""}))  # a dry run shows it, unresolved
+    assert any("image is not set" in u for u in unset.unresolved)
     with pytest.raises(UserInputError, match="image is not set"):
-        prov.plan(make_spec(k8s={"image": ""}))
+        prov.creatable(unset)
     standin.store.create("pods", "default", {"metadata": {
         "name": "stray", "labels": {"mgpu-cloud-cluster": "c1"}},
         "spec": {"containers": [{"name": "x", "image": "x"}]}})

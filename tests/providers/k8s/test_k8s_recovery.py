@@ -58,9 +58,11 @@ def test_a_failed_pod_is_replaced_alone(standin: Standin, mode: str,
 def test_a_pod_that_cannot_start_fails_up_at_once_and_rolls_back(
         standin: Standin, make_spec: Callable[..., ClusterSpec],
         up: Callable[[ClusterSpec], Inventory], monkeypatch: pytest.MonkeyPatch) -> None:
+    """A reason the kubelet never retries ends `up` at once (a failed pull is waited out:
+    test_k8s_cluster_rules.py)."""
     monkeypatch.setattr(standin.kubelet, "_run", lambda pod: standin.kubelet.waiting(
-        pod, "ErrImagePull", "pull access denied for standin/node"))
-    with pytest.raises(ProvisionError, match="ErrImagePull: pull access denied"):
+        pod, "CreateContainerConfigError", 'secret "c1-login" not found'))
+    with pytest.raises(ProvisionError, match='CreateContainerConfigError: secret "c1-login"'):
         up(make_spec(k8s={"ready_timeout_s": 60}))
     assert standin.labelled("c1") == []
 

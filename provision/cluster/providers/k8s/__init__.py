@@ -16,9 +16,10 @@ INFO = ProviderInfo(
     # Quota in a shared cluster, not dollars this tool could show (like slurm).
     costs_money=False,
     connector="provision.cluster.providers.k8s.transport:connector",
-    # PID 1 of a pod is its start shell: TERM ends the pod Succeeded (manifests.START), its
-    # index complete; it stops holding the namespace's quota.
-    self_stop="kill -TERM 1",
+    # PID 1 of a pod is its start shell: USR1 ends the pod Succeeded (manifests.START), its
+    # index complete; it stops holding the namespace's quota. (TERM, what a deletion,
+    # eviction or preemption sends, ends it Failed: its index gets a new pod.)
+    self_stop="kill -USR1 1",
     self_stop_note="each pod ends itself (Succeeded) and stops counting against the "
                    "namespace's quota; `down` deletes the cluster's objects and its inventory",
     monitor_note="CPU, memory and load are those of the machine each pod runs on (a pod "
@@ -31,7 +32,11 @@ INFO = ProviderInfo(
         Flag("--pod-image", "image",
              help="the pods' image: sshd + python3.11 (default: $MGPU_CLOUD_K8S_IMAGE)"),
         Flag("--k8s-api", "api", help="auto (JobSet when installed) | jobset | pods"),
-        Flag("--fabric", "fabric", help="none | efa (EKS) | tcpx | tcpxo (GKE)"),
+        Flag("--fabric", "fabric", help="none | efa (EKS) | tcpx | tcpxo | rdma (GKE)"),
+        Flag("--node-type", "node_type",
+             help="GPU machine type of the nodes (p5.48xlarge, a3-megagpu-8g): CPU/memory asks"),
+        Flag("--placement", "placement",
+             help="KEY=VALUE[,KEY=VALUE] node labels every pod must have"),
         Flag("--topology", "topology",
              help="Kueue TAS level the pods must share, e.g. cloud.google.com/gce-topology-block"),
     ),

@@ -3,7 +3,8 @@ at the source (the list is by label selector; a recorded object is looked up and
 read before it is deleted). `down` waits until no labelled pod is left, so nothing of the
 cluster runs once it returns.
 
-    kinds   JobSet (with its Jobs, pods and Service: foreground), Pod, Service, Secret
+    kinds   JobSet (with its Jobs, pods and Service: foreground), ResourceClaimTemplate
+            (the EFA DRA preset's), Pod, Service, Secret
 """
 
 from __future__ import annotations
@@ -15,22 +16,21 @@ from typing import Any
 
 from provision.cluster.providers.k8s import pods
 from provision.cluster.providers.k8s.client import (
-    JOBSET_GROUP,
+    CUSTOM,
     Kube,
     is_not_found,
-    jobsets,
     status_of,
 )
 from provision.cluster.providers.k8s.pods import selector
 from provision.model.inventory import CLUSTER_TAG
 
 GONE_TIMEOUT_S = 180.0
-KINDS = ("k8s-jobset", "k8s-pod", "k8s-service", "k8s-secret")
+KINDS = ("k8s-jobset", "k8s-resourceclaimtemplate", "k8s-pod", "k8s-service", "k8s-secret")
 
 
 @dataclass
 class Found:
-    kind: str  # k8s-jobset | k8s-pod | k8s-service | k8s-secret
+    kind: str  # one of KINDS
     name: str
     uid: str
     cluster: str  # its label's value
@@ -61,12 +61,14 @@ def labelled(k: Kube, label_selector: str, groups: set[str] | None = None) -> li
     server serves them)."""
     out: list[Found] = []
     for kind in KINDS:
-        if kind == "k8s-jobset":
-            if groups is not None and JOBSET_GROUP not in groups:
+        if kind in CUSTOM:
+            group, version, plural = CUSTOM[kind]
+            if groups is not None and group not in groups:
                 continue
             try:
                 items = k.custom.list_namespaced_custom_object(
-                    *jobsets(k), label_selector=label_selector).get("items", [])
+                    group, version, k.namespace, plural,
+                    label_selector=label_selector).get("items", [])
             except Exception as exc:
                 if is_not_found(exc):  # the API is not installed
                     continue
@@ -84,9 +86,11 @@ def delete(k: Kube, found: Found) -> None:
     from kubernetes import client
 
     try:
-        if found.kind == "k8s-jobset":
+        if found.kind in CUSTOM:
+            group, version, plural = CUSTOM[found.kind]
             k.custom.delete_namespaced_custom_object(
-                *jobsets(k), found.name, propagation_policy="Foreground")
+                group, version, k.namespace, plural, found.name,
+                propagation_policy="Foreground")
             return
         body = client.V1DeleteOptions(propagation_policy="Background")
         core_call(k, "delete", found.kind)(found.name, k.namespace, body=body)
@@ -105,8 +109,10 @@ def delete_if_labelled(k: Kube, kind: str, name: str, cluster: str) -> None:
 def read_labels(k: Kube, kind: str, name: str) -> dict[str, str] | None:
     """The labels of a recorded object as the API has it now; None when it is gone."""
     try:
-        if kind == "k8s-jobset":
-            return _meta(k.custom.get_namespaced_custom_object(*jobsets(k), name))[2]
+        if kind in CUSTOM:
+            group, version, plural = CUSTOM[kind]
+            return _meta(k.custom.get_namespaced_custom_object(group, version, k.namespace,
+                                                               plural, name))[2]
         return _meta(core_call(k, "read", kind)(name, k.namespace))[2]
     except Exception as exc:
         if is_not_found(exc):

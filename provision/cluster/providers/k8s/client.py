@@ -4,7 +4,11 @@ where its errors become MgpuErrors (by HTTP status and the Status object's `reas
 message text).
 
     401          ProviderUnavailableError  the kubeconfig's credentials are refused
-    403 Forbidden ProviderUnavailableError  naming the verb and resource the Role lacks
+    403 Forbidden, by whom the API says it (admission's wording is fixed upstream):
+         ResourceQuota "exceeded quota: Q, ..."  CapacityError   the namespace's quota is full
+         ResourceQuota "failed quota: Q: must specify ..."  UserInputError
+         Pod Security "violates PodSecurity ..."  UserInputError  the namespace's level
+         otherwise (RBAC: 'cannot VERB resource') ProviderUnavailableError  the Role to ask for
     404 NotFound  ProvisionError            (callers that expect it catch ApiException first)
     409 AlreadyExists  ClusterExistsError
     422 Invalid   UserInputError            quoting the field the API refused
@@ -30,7 +34,16 @@ from provision.model.errors import (
 )
 
 JOBSET_GROUP, JOBSET_VERSION, JOBSETS = "jobset.x-k8s.io", "v1alpha2", "jobsets"
-KUEUE_GROUP, KUEUE_VERSION = "kueue.x-k8s.io", "v1beta1"
+# the kinds made through CustomObjectsApi: inventory kind -> (group, version, plural)
+CUSTOM = {"k8s-jobset": (JOBSET_GROUP, JOBSET_VERSION, JOBSETS),
+          "k8s-resourceclaimtemplate": ("resource.k8s.io", "v1", "resourceclaimtemplates")}
+# Kueue: v1beta2 stored since 0.16 (v1beta1 deprecated since 0.15, its removal planned); a
+# Kueue older than 0.15 serves v1beta1 only (kueue_version asks which)
+KUEUE_GROUP, KUEUE_VERSIONS = "kueue.x-k8s.io", ("v1beta2", "v1beta1")
+# admission's refusals, as upstream words them (plugin/pkg/admission/resourcequota/
+# controller.go; k8s.io/pod-security-admission/admission/admission.go)
+QUOTA_EXCEEDED, QUOTA_UNSPECIFIED, POD_SECURITY = (
+    "exceeded quota:", "failed quota:", "violates PodSecurity")
 
 
 @dataclass(frozen=True)
@@ -97,15 +110,38 @@ def translate(action: str, exc: Any, *, planning: bool = False) -> MgpuError:
                                         f"credentials ({said})",
                                         hint="log in again (your cloud's get-credentials)")
     if status == 403:
-        return ProviderUnavailableError(
-            f"{action}: forbidden: {said}",
-            hint="ask for the Role in docs/kubernetes.md in this namespace")
+        return forbidden(action, said)
     if status == 409:
         return ClusterExistsError(f"{action}: {said}",
                                   hint="`mgpu-cloud gc --provider k8s` lists labelled leftovers")
     if status == 422 or (planning and status == 400):
         return UserInputError(f"{action}: the API server refused a manifest: {said}")
     return ProvisionError(f"{action} failed: HTTP {status} {reason}: {said}")
+
+
+def forbidden(action: str, said: str) -> MgpuError:
+    """A 403, named by who refused: the namespace's ResourceQuota or Pod Security level
+    (admission), or the Role (RBAC)."""
+    from provision.model.errors import CapacityError
+
+    if QUOTA_EXCEEDED in said:
+        return CapacityError(f"{action}: the namespace's ResourceQuota is full: {said}",
+                             hint="wait for other pods of the namespace to end, ask for fewer "
+                                  "nodes/GPUs, or ask its admin for more quota "
+                                  "(kubectl describe resourcequota)")
+    if QUOTA_UNSPECIFIED in said:
+        return UserInputError(f"{action}: the namespace's ResourceQuota refuses the pods: "
+                              f"{said}", hint="give k8s.node_type, or k8s.cpu and k8s.memory "
+                                              "(requests and limits then)")
+    if POD_SECURITY in said:
+        return UserInputError(f"{action}: the namespace's Pod Security level refuses the "
+                              f"pods: {said}",
+                              hint="docs/kubernetes.md says the level each preset needs; run "
+                                   "in a namespace labelled pod-security.kubernetes.io/"
+                                   "enforce at that level")
+    return ProviderUnavailableError(f"{action}: forbidden: {said}",
+                                    hint="ask for the Role in docs/kubernetes.md in this "
+                                         "namespace")
 
 
 @contextlib.contextmanager
@@ -126,12 +162,28 @@ def map_errors(action: str, *, planning: bool = False) -> Iterator[None]:
             hint="check KUBECONFIG / --context and that `kubectl get pods` answers") from exc
 
 
-def served_groups(k: Kube) -> set[str]:
-    """The API groups the server serves (discovery: GET /apis)."""
+def served_versions(k: Kube) -> dict[str, list[str]]:
+    """group -> the versions the server serves (discovery: GET /apis)."""
     from kubernetes import client
 
     groups = client.ApisApi(k.api).get_api_versions().groups or []
-    return {g.name for g in groups}
+    return {g.name: [v.version for v in (g.versions or [])] for g in groups}
+
+
+def served_groups(k: Kube) -> set[str]:
+    """The API groups the server serves (discovery: GET /apis)."""
+    return set(served_versions(k))
+
+
+_KUEUE: dict[int, str] = {}
+
+
+def kueue_version(k: Kube) -> str:
+    """v1beta2 where Kueue serves it (0.15+), else v1beta1; asked once per API client."""
+    if id(k.api) not in _KUEUE:
+        served = served_versions(k).get(KUEUE_GROUP, [])
+        _KUEUE[id(k.api)] = next((v for v in KUEUE_VERSIONS if v in served), KUEUE_VERSIONS[0])
+    return _KUEUE[id(k.api)]
 
 
 def jobsets(k: Kube) -> tuple[str, str, str, str]:

@@ -6,6 +6,8 @@
       or
     Service  NAME (headless) + Pods NAME-node-0-R (hostname NAME-node-0-R, subdomain NAME)
 
+    ResourceClaimTemplate NAME-efa (resource.k8s.io/v1): with k8s.efa_dra, the pods' EFA claim
+
 Every object carries the cluster label (mgpu-cloud-cluster=NAME): `down` and `gc` select by
 it. The pod runs sshd only (its start line copies its host key in first); the job lifecycle
 reaches it over SSH through the API server's port-forward (transport.py). The pods get no
@@ -17,7 +19,7 @@ from __future__ import annotations
 import copy
 from typing import Any
 
-from provision.cluster.providers.k8s.fabric import apply_fabric
+from provision.cluster.providers.k8s.fabric import apply_fabric, fabric_manifests, node_setup
 from provision.cluster.providers.k8s.request import K8sRequest
 from provision.model.inventory import CLUSTER_TAG
 
@@ -29,16 +31,32 @@ JOB_NAME = "node"  # the JobSet's one replicated job
 LOGIN_MOUNT = "/etc/mgpu-login"
 GPU_RESOURCE = "nvidia.com/gpu"
 # The rank: JOB_COMPLETION_INDEX in a JobSet's pods (the Job controller sets it), MGPU_RANK in
-# plain pods. Copies that pod's host key in, then runs sshd. The shell stays PID 1: TERM (the
-# node's own stop after a detached run, ProviderInfo.self_stop; or the kubelet deleting the
-# pod) ends the pod with 0, Succeeded, so its Job index is complete and not made again; sshd
-# dying on its own ends it with sshd's status, Failed (a lost node).
+# plain pods. Copies that pod's host key in, then runs sshd; the shell stays PID 1, and how it
+# ends is the pod's final phase (since Kubernetes 1.27 the kubelet gives a deleted pod its
+# phase from its exit code, and the Job controller counts a Succeeded pod's index complete):
+#   TERM (the pod deleted, evicted, preempted, drained)  exit 143: Failed, the Job makes a new
+#                                                        pod at its index
+#   USR1 (ProviderInfo.self_stop after a detached run)   exit 0: Succeeded, index complete
+#   sshd dying on its own                                its status: Failed (a lost node)
+#   the cluster's end (MGPU_END_UNIX: created + max_hours) reached, or already past when the
+#   pod starts (a replacement, a pod made again after a Kueue resume)  exit 0: Succeeded, so
+#   no pod of the cluster outlives --max-hours, whatever activeDeadlineSeconds restarted
 START = (
-    "set -e; r=${JOB_COMPLETION_INDEX:-$MGPU_RANK}; umask 077; mkdir -p /root/.ssh /run/sshd; "
+    "set -e; r=${JOB_COMPLETION_INDEX:-$MGPU_RANK}; umask 077; "
+    'if [ -n "${MGPU_END_UNIX:-}" ] && [ "$(date +%%s)" -ge "$MGPU_END_UNIX" ]; then '
+    "echo 'mgpu-cloud: the cluster is past its --max-hours: not starting'; exit 0; fi; "
+    "mkdir -p /root/.ssh /run/sshd; "
     f"cat {LOGIN_MOUNT}/host-key-$r > /etc/ssh/ssh_host_ed25519_key; "
     f"cat {LOGIN_MOUNT}/authorized-keys > /root/.ssh/authorized_keys; "
-    "/usr/sbin/sshd -D -e & pid=$!; trap 'kill $pid; exit 0' TERM; wait $pid"
+    "%(setup)s"
+    "/usr/sbin/sshd -D -e & pid=$!; "
+    "trap 'kill $pid; exit 143' TERM; trap 'kill $pid; exit 0' USR1; "
+    'if [ -n "${MGPU_END_UNIX:-}" ]; then '
+    '(sleep $((MGPU_END_UNIX - $(date +%%s))); kill -USR1 $$) & fi; '
+    "wait $pid"
 )
+SELF_STOP_SIGNAL = "USR1"
+END_ENV = "MGPU_END_UNIX"
 
 
 def hostname(cluster: str, rank: int) -> str:
@@ -67,21 +85,38 @@ def login_secret(req: K8sRequest, host_keys: list[str], authorized_key: str) -> 
             "metadata": _meta(req, secret_name(req.cluster)), "stringData": data}
 
 
-def pod_spec(req: K8sRequest) -> dict[str, Any]:
-    """The one pod spec of every node (a JobSet's template, or each plain pod)."""
-    resources: dict[str, Any] = {}
+def start_line(req: K8sRequest) -> str:
+    """The container's shell: START with the fabric's set-up step (fabric.node_setup)."""
+    return START % {"setup": node_setup(req)}
+
+
+def resources(req: K8sRequest) -> dict[str, Any]:
+    """CPU/memory requests always (a pod without them is BestEffort and refused by a
+    namespace's compute ResourceQuota); limits too when Guaranteed; the GPUs."""
+    requests = {"cpu": req.cpu, "memory": req.memory}
+    limits: dict[str, str] = dict(requests) if req.guaranteed else {}
     if req.gpus:
-        resources = {"limits": {GPU_RESOURCE: str(req.gpus)}}
+        limits[GPU_RESOURCE] = str(req.gpus)
+    return {"requests": requests, "limits": limits} if limits else {"requests": requests}
+
+
+def pod_spec(req: K8sRequest, deadline_s: int | None = None) -> dict[str, Any]:
+    """The one pod spec of every node (a JobSet's template, or each plain pod)."""
+    env = []
+    if req.deadline_s is not None:
+        env.append({"name": END_ENV, "value": str(req.end_unix) if req.end_unix is not None
+                    else "<set by up: the cluster's creation + max_hours, unix seconds>"})
     container: dict[str, Any] = {
         "name": "node",
-        "image": req.image,
-        "command": ["/bin/sh", "-c", START],
+        "image": req.image or "<unresolved: --pod-image IMAGE>",
+        "command": ["/bin/sh", "-c", start_line(req)],
         "ports": [{"containerPort": 22, "name": "ssh", "protocol": "TCP"}],
+        "resources": resources(req),
         "volumeMounts": [{"name": "login", "mountPath": LOGIN_MOUNT, "readOnly": True},
                          {"name": "shm", "mountPath": "/dev/shm"}],  # noqa: S108 - in the pod
     }
-    if resources:
-        container["resources"] = resources
+    if env:
+        container["env"] = env
     spec: dict[str, Any] = {
         "restartPolicy": "Never",
         "subdomain": req.cluster,
@@ -95,13 +130,15 @@ def pod_spec(req: K8sRequest) -> dict[str, Any]:
             {"name": "shm", "emptyDir": {"medium": "Memory"}},  # torch/NCCL shared memory
         ],
     }
-    if req.deadline_s is not None:
-        spec["activeDeadlineSeconds"] = req.deadline_s
+    deadline = deadline_s if deadline_s is not None else req.deadline_s
+    if deadline is not None:
+        spec["activeDeadlineSeconds"] = deadline
     return spec
 
 
-def pod_template(req: K8sRequest) -> dict[str, Any]:
-    template: dict[str, Any] = {"metadata": {"labels": labels(req)}, "spec": pod_spec(req)}
+def pod_template(req: K8sRequest, deadline_s: int | None = None) -> dict[str, Any]:
+    template: dict[str, Any] = {"metadata": {"labels": labels(req)},
+                                "spec": pod_spec(req, deadline_s)}
     apply_fabric(template, req)
     return template
 
@@ -143,8 +180,10 @@ def headless_service(req: K8sRequest) -> dict[str, Any]:
                      "ports": [{"name": "ssh", "port": 22, "targetPort": 22}]}}
 
 
-def plain_pod(req: K8sRequest, rank: int) -> dict[str, Any]:
-    template = pod_template(req)
+def plain_pod(req: K8sRequest, rank: int, deadline_s: int | None = None) -> dict[str, Any]:
+    """A plain pod; `deadline_s`: its activeDeadlineSeconds when not the whole max_hours (a
+    replacement gets only what is left)."""
+    template = pod_template(req, deadline_s)
     spec = copy.deepcopy(template["spec"])
     spec["hostname"] = hostname(req.cluster, rank)
     container = spec["containers"][0]
@@ -158,7 +197,7 @@ def plain_pod(req: K8sRequest, rank: int) -> dict[str, Any]:
 def cluster_manifests(req: K8sRequest, host_keys: list[str],
                       authorized_key: str) -> list[dict[str, Any]]:
     """Everything `create` sends, in order."""
-    out = [login_secret(req, host_keys, authorized_key)]
+    out = [login_secret(req, host_keys, authorized_key), *fabric_manifests(req)]
     if req.mode == "jobset":
         return [*out, jobset(req)]
     return [*out, headless_service(req), *(plain_pod(req, r) for r in range(req.nodes))]

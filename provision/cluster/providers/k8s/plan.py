@@ -4,7 +4,9 @@
 from __future__ import annotations
 
 from provision.cluster.providers.k8s.client import JOBSET_GROUP, KUEUE_GROUP
+from provision.cluster.providers.k8s.fabric import POD_SECURITY
 from provision.cluster.providers.k8s.manifests import placeholder_manifests
+from provision.cluster.providers.k8s.nodetypes import pod_resources
 from provision.cluster.providers.k8s.options import IMAGE_ENV, K8sOptions
 from provision.cluster.providers.k8s.request import K8sRequest
 from provision.model.errors import UserInputError
@@ -55,14 +57,15 @@ def choose_mode(opts: K8sOptions, groups: set[str] | None) -> str:
     return "pods"
 
 
-def build_request(spec: ClusterSpec, mode: str) -> K8sRequest:
+IMAGE_UNSET = ("the pods' image is not set: --pod-image IMAGE (or $" + IMAGE_ENV + "), an image "
+               "with sshd and python3 >= 3.11 that the cluster can pull, e.g. the docker "
+               "provider's node image pushed to your registry")
+
+
+def build_request(spec: ClusterSpec, mode: str, end_unix: int | None = None) -> K8sRequest:
+    """The typed request; `end_unix` (the cluster's absolute end) once it exists. An unset
+    image leaves `image` None: the plan lists it as unresolved and `up` refuses it."""
     opts = spec.options_as(K8sOptions)
-    if not opts.image:
-        raise UserInputError(
-            "the pods' image is not set",
-            hint=f"--pod-image IMAGE (or {IMAGE_ENV}): an image with sshd and python3 >= 3.11 "
-                 "that the cluster can pull, e.g. the docker provider's node image pushed to "
-                 "your registry")
     if spec.image:
         raise UserInputError(
             f"--image {spec.image}: on k8s each node is a pod, and a pod is already the "
@@ -72,14 +75,20 @@ def build_request(spec: ClusterSpec, mode: str) -> K8sRequest:
     if opts.topology and not opts.queue:
         raise UserInputError("--topology is Kueue's Topology-Aware Scheduling: it needs --queue",
                              hint="add --queue LOCALQUEUE, or use k8s.placement KEY=VALUE")
+    if opts.efa_dra and opts.fabric != "efa":
+        raise UserInputError("k8s.efa_dra is how the efa fabric gets its devices",
+                             hint="add --fabric efa, or drop k8s.efa_dra")
+    slots = spec.gpus_per_node or opts.cpu_slots
+    cpu, memory, guaranteed = pod_resources(opts.node_type, spec.gpus_per_node or 0, slots,
+                                            opts.cpu, opts.memory)
     return K8sRequest(
         cluster=spec.name, namespace=opts.namespace, context=opts.context,
-        mode=mode,
-        nodes=spec.nodes, gpus=spec.gpus_per_node or 0,
-        slots=spec.gpus_per_node or opts.cpu_slots, image=opts.image, queue=opts.queue,
-        deadline_s=int(spec.max_hours * 3600) if spec.max_hours else None,
-        fabric=opts.fabric, efa_devices=opts.efa_devices, topology=opts.topology,
-        placement=opts.placement)
+        mode=mode, nodes=spec.nodes, gpus=spec.gpus_per_node or 0, slots=slots,
+        image=opts.image or None, cpu=cpu, memory=memory, guaranteed=guaranteed,
+        queue=opts.queue,
+        deadline_s=int(spec.max_hours * 3600) if spec.max_hours else None, end_unix=end_unix,
+        fabric=opts.fabric, efa_devices=opts.efa_devices, efa_dra=opts.efa_dra,
+        node_type=opts.node_type, topology=opts.topology, placement=list(opts.placement))
 
 
 def build_plan(spec: ClusterSpec, groups: set[str] | None, unresolved: list[str]) -> K8sPlan:
@@ -88,20 +97,38 @@ def build_plan(spec: ClusterSpec, groups: set[str] | None, unresolved: list[str]
     characters of a-z, 0-9 and '-'.)"""
     opts = spec.options_as(K8sOptions)
     request = build_request(spec, choose_mode(opts, groups))
+    if request.image is None:
+        unresolved = [*unresolved, IMAGE_UNSET]
     if opts.queue and groups is not None and KUEUE_GROUP not in groups:
         raise UserInputError(f"--queue {opts.queue}: this cluster serves no {KUEUE_GROUP} API "
                              "(Kueue is not installed)", hint="drop --queue")
     resources = [PlannedResource(kind=m["kind"], name=m["metadata"]["name"],
                                  details={"namespace": request.namespace})
                  for m in placeholder_manifests(request)]
+    return K8sPlan(provider="k8s", cluster=spec.name, nodes=spec.nodes,
+                   slots_per_node=request.slots, resources=resources,
+                   notes=plan_notes(request), max_hours=spec.max_hours,
+                   unresolved=unresolved, request=request)
+
+
+def plan_notes(request: K8sRequest) -> list[str]:
+    qos = "Guaranteed (requests = limits)" if request.guaranteed else \
+        "Burstable (requests only: give k8s.node_type, or k8s.cpu and k8s.memory, for limits)"
     notes = [f"API: {MODE_WORDS[request.mode]}",
-             "nodes reached over SSH to each pod's sshd through the API server's port-forward"]
+             "nodes reached over SSH to each pod's sshd through the API server's port-forward",
+             f"each pod asks for cpu {request.cpu}, memory {request.memory}: QoS {qos}",
+             f"Pod Security: the namespace must admit `{POD_SECURITY[request.fabric]}` pods "
+             "(sshd runs as root" + (", the fabric's daemon needs hostPath volumes and "
+                                     "NET_ADMIN)" if POD_SECURITY[request.fabric] ==
+                                     "privileged" else ")")]
     if request.queue:
         notes.append(f"created suspended in Kueue queue {request.queue}; `up` waits until "
                      "it is admitted")
     if request.deadline_s:
-        notes.append(f"activeDeadlineSeconds {request.deadline_s}: the API ends the pods "
-                     "after max_hours")
-    return K8sPlan(provider="k8s", cluster=spec.name, nodes=spec.nodes,
-                   slots_per_node=request.slots, resources=resources, notes=notes,
-                   max_hours=spec.max_hours, unresolved=unresolved, request=request)
+        notes.append(f"activeDeadlineSeconds {request.deadline_s}, and each pod ends itself "
+                     "at the cluster's end (created + max_hours), whenever it was made")
+    if request.fabric == "efa" and request.queue:
+        notes.append(f"the queue's ClusterQueue must cover "
+                     f"{'DRA devices' if request.efa_dra else 'vpc.amazonaws.com/efa'} and "
+                     "hugepages-2Mi, or Kueue never admits the pods")
+    return notes

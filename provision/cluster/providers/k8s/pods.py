@@ -1,30 +1,38 @@
-"""Waiting on the API: Kueue's admission of a suspended JobSet, and each rank's pod running.
+"""Waiting on the API for each rank's pod to run.
 
-Both read the API only (a watch on the cluster's pods; the JobSet and Kueue's Workload polled),
-say what they wait for when it changes, and end with a clear error at their deadline: a pod
-that failed is named with the tail of its log (the API's pods/log), an image that cannot be
-pulled with the kubelet's reason.
+Reads the API only (a watch on the cluster's pods; the Job's events polled), says what it
+waits for when that changes, and ends with a clear error:
+- a pod that failed: named with the tail of its log (pods/log);
+- an image: InvalidImageName at once (the kubelet never retries it); a failed pull
+  (ErrImagePull, then ImagePullBackOff while the kubelet backs off) is waited out with the
+  kubelet's reason said, and given up after `pull_attempts` failed pulls: a registry hiccup
+  passes, a missing image or a refused pull does not;
+- JobSet mode: a pod the Job controller could not create leaves only a FailedCreate event on
+  the Job (the pods never appear): a refusal by admission (ResourceQuota, Pod Security) is
+  raised as client.forbidden names it, another reason is said;
+- the deadline (k8s.ready_timeout_s): what is still missing, with kubectl's commands.
 """
 
 from __future__ import annotations
 
 import os
 import time
+from dataclasses import dataclass, field
 from typing import Any
 
-from provision.cluster.providers.k8s.client import KUEUE_GROUP, KUEUE_VERSION, Kube, jobsets
-from provision.cluster.providers.k8s.manifests import INDEX_LABEL, RANK_LABEL
-from provision.model.errors import CapacityError, ProvisionError
+from provision.cluster.providers.k8s.client import Kube, forbidden
+from provision.cluster.providers.k8s.manifests import INDEX_LABEL, JOB_NAME, RANK_LABEL
+from provision.model.errors import ProvisionError
 from provision.model.inventory import CLUSTER_TAG
 from provision.model.logsink import Log
 from provision.model.nodetext import lines as nodelines
 from provision.model.nodetext import shown
 
 POLL_S = float(os.environ.get("MGPU_CLOUD_K8S_POLL_S", "1"))
-# waiting reasons that will not fix themselves
-STUCK = {"ErrImagePull", "ImagePullBackOff", "InvalidImageName", "CreateContainerConfigError",
-         "CreateContainerError"}
-JOB_UID_LABEL = "kueue.x-k8s.io/job-uid"
+EVENTS_EVERY = 5  # polls between two reads of the Job's events
+# waiting reasons that will not fix themselves (the kubelet does not retry them)
+STUCK = {"InvalidImageName", "CreateContainerConfigError", "CreateContainerError"}
+PULLING = {"ErrImagePull", "ImagePullBackOff"}
 
 
 def selector(cluster: str) -> str:
@@ -38,56 +46,18 @@ def rank_of(pod: Any) -> int | None:
     return int(found) if found is not None and str(found).isdigit() else None
 
 
+def condition(pod: Any, kind: str) -> str | None:
+    """The status of the pod's condition `kind` (True/False/Unknown), or None."""
+    for cond in (pod.status.conditions or []) if pod.status else []:
+        if cond.type == kind:
+            return str(cond.status)
+    return None
+
+
 def running(pod: Any) -> bool:
     return (pod.status is not None and pod.status.phase == "Running"
-            and bool(pod.status.pod_ip) and pod.metadata.deletion_timestamp is None)
-
-
-def queue_reason(k: Kube, uid: str) -> str:
-    """Kueue's word on the JobSet's Workload (its last condition's message), or ''."""
-    found = k.custom.list_namespaced_custom_object(
-        KUEUE_GROUP, KUEUE_VERSION, k.namespace, "workloads",
-        label_selector=f"{JOB_UID_LABEL}={uid}")
-    for wl in found.get("items", []):
-        conds = (wl.get("status") or {}).get("conditions") or []
-        if conds:
-            last = conds[-1]
-            return f"{last.get('reason', '')}: {last.get('message', '')}".strip(": ")
-    return ""
-
-
-def wait_admitted(k: Kube, name: str, queue: str, timeout_s: float, log: Log) -> float:
-    """Until Kueue unsuspends the JobSet; the seconds it waited. CapacityError at the
-    deadline (the queue is full: nothing is wrong with the request)."""
-    start = time.monotonic()
-    said = ""
-    while True:
-        js = k.custom.get_namespaced_custom_object(*jobsets(k), name)
-        if not (js.get("spec") or {}).get("suspend"):
-            waited = time.monotonic() - start
-            log(f"k8s: admitted by queue {queue} after {waited:.1f} s")
-            return waited
-        reason = queue_reason(k, js["metadata"]["uid"]) or "no Workload yet"
-        if reason != said:
-            log(f"k8s: waiting in queue {queue} ({reason})")
-            said = reason
-        if time.monotonic() - start > timeout_s:
-            raise CapacityError(
-                f"queue {queue} did not admit cluster {name!r} within {timeout_s:.0f} s "
-                f"({reason})",
-                hint="try later, ask for fewer nodes/GPUs, or raise k8s.queue_timeout_s")
-        time.sleep(POLL_S)
-
-
-def _stuck(k: Kube, pod: Any) -> str | None:
-    """Why a pod will never run, or None."""
-    if pod.status is not None and pod.status.phase in ("Failed", "Succeeded"):
-        return f"pod {pod.metadata.name} {pod.status.phase.lower()}{tail_of(k, pod)}"
-    for cs in (pod.status.container_statuses or []) if pod.status else []:
-        waiting = cs.state.waiting if cs.state else None
-        if waiting is not None and waiting.reason in STUCK:
-            return f"pod {pod.metadata.name}: {waiting.reason}: {waiting.message or ''}"
-    return None
+            and bool(pod.status.pod_ip) and pod.metadata.deletion_timestamp is None
+            and condition(pod, "Ready") != "False")
 
 
 def tail_of(k: Kube, pod: Any, lines: int = 10) -> str:
@@ -111,26 +81,89 @@ def pending_reason(pod: Any) -> str:
     return ""
 
 
-def _say_pending(pod: Any, rank: int, before: str, log: Log) -> str:
-    """Say the scheduler's reason when it changes (quota, GPUs, taints); what was said."""
-    reason = pending_reason(pod)
-    if reason and reason != before:
-        log(f"k8s: node-{rank} waits to be scheduled ({reason})")
-    return reason or before
+@dataclass
+class Watching:
+    """What wait_running has seen and said, per rank."""
+
+    cluster: str
+    pull_attempts: int
+    said: dict[int, str] = field(default_factory=dict)
+    pulls: dict[str, int] = field(default_factory=dict)  # pod uid -> failed pulls seen
+    last_reason: dict[str, str] = field(default_factory=dict)  # pod uid -> waiting reason
+    events_at: float = 0.0
+    events_seen: set[str] = field(default_factory=set)
+
+    def say(self, rank: int, text: str, log: Log) -> None:
+        if text and text != self.said.get(rank):
+            log(f"k8s: node-{rank} {text}")
+            self.said[rank] = text
+
+    def stuck(self, k: Kube, pod: Any) -> str | None:
+        """Why a pod will never run, or None (counting its failed pulls)."""
+        name = pod.metadata.name
+        if pod.status is not None and pod.status.phase in ("Failed", "Succeeded"):
+            return f"pod {name} {pod.status.phase.lower()}{tail_of(k, pod)}"
+        for cs in (pod.status.container_statuses or []) if pod.status else []:
+            waiting = cs.state.waiting if cs.state else None
+            if waiting is None:
+                continue
+            if waiting.reason in STUCK:
+                return f"pod {name}: {waiting.reason}: {waiting.message or ''}"
+            uid, before = pod.metadata.uid, self.last_reason.get(pod.metadata.uid)
+            self.last_reason[uid] = waiting.reason or ""
+            # one failed pull: ErrImagePull, then ImagePullBackOff; a watch may see only one
+            if waiting.reason in PULLING and before != waiting.reason and not (
+                    before == "ErrImagePull" and waiting.reason == "ImagePullBackOff"):
+                self.pulls[uid] = self.pulls.get(uid, 0) + 1
+                if self.pulls[uid] >= self.pull_attempts:
+                    return (f"pod {name}: the image could not be pulled in "
+                            f"{self.pulls[uid]} tries: {waiting.message or ''}")
+        return None
+
+    def waiting_reason(self, pod: Any) -> str:
+        """What the rank waits for now, in words: the scheduler, or the kubelet's pull."""
+        for cs in (pod.status.container_statuses or []) if pod.status else []:
+            waiting = cs.state.waiting if cs.state else None
+            if waiting is not None and waiting.reason in PULLING:
+                tries = self.pulls.get(pod.metadata.uid, 0)
+                return (f"waits for its image ({waiting.reason}, failed pulls "
+                        f"{tries}/{self.pull_attempts}; the kubelet retries): "
+                        f"{waiting.message or ''}")
+        reason = pending_reason(pod)
+        return f"waits to be scheduled ({reason})" if reason else ""
+
+    def job_events(self, k: Kube, log: Log) -> None:
+        """JobSet mode: the Job controller's FailedCreate events (every EVENTS_EVERY polls)."""
+        if time.monotonic() - self.events_at < EVENTS_EVERY * POLL_S:
+            return
+        self.events_at = time.monotonic()
+        job = f"{self.cluster}-{JOB_NAME}-0"
+        found = k.core.list_namespaced_event(
+            k.namespace, field_selector=f"involvedObject.name={job},reason=FailedCreate").items
+        for ev in found:
+            if ev.metadata.name in self.events_seen:
+                continue
+            self.events_seen.add(ev.metadata.name)
+            text = str(ev.message or "")
+            if " is forbidden: " in text:  # admission refused the pods: they never come
+                raise forbidden(f"cluster {self.cluster!r}: the Job controller creating its "
+                                "pods", text.removeprefix("Error creating: "))
+            log(f"k8s: the Job controller could not create a pod: {text}")
 
 
 def wait_running(k: Kube, cluster: str, ranks: set[int], timeout_s: float, log: Log,
-                 exclude: frozenset[str] = frozenset()) -> dict[int, Any]:
+                 exclude: frozenset[str] = frozenset(), pull_attempts: int = 5,
+                 job_events: bool = False) -> dict[int, Any]:
     """rank -> its Running pod (with an IP), for every rank in `ranks`; pods whose uid is in
     `exclude` (the one being replaced) do not count. ProvisionError for a pod that failed or
-    cannot start, or at the deadline."""
+    cannot start, or at the deadline; admission's refusal (job_events) as forbidden()."""
     from kubernetes import watch
 
     found: dict[int, Any] = {}
-    said: dict[int, str] = {}  # rank -> the last reason said for its pod waiting
+    seen = Watching(cluster, pull_attempts)
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
-        remaining = max(1, int(deadline - time.monotonic()))
+        remaining = max(1, int(min(deadline - time.monotonic(), EVENTS_EVERY * POLL_S)))
         w = watch.Watch()
         for event in w.stream(k.core.list_namespaced_pod, k.namespace,
                               label_selector=selector(cluster), timeout_seconds=remaining):
@@ -144,16 +177,18 @@ def wait_running(k: Kube, cluster: str, ranks: set[int], timeout_s: float, log: 
                 continue
             if event["type"] == "DELETED" or not running(pod):
                 found.pop(rank, None)
-                why = _stuck(k, pod) if event["type"] != "DELETED" else None
+                why = seen.stuck(k, pod) if event["type"] != "DELETED" else None
                 if why:
                     w.stop()
                     raise ProvisionError(f"cluster {cluster!r}: {why}")
-                said[rank] = _say_pending(pod, rank, said.get(rank, ""), log)
+                seen.say(rank, seen.waiting_reason(pod), log)
                 continue
             found[rank] = pod
             if set(found) == ranks:
                 w.stop()
                 return found
+        if job_events:
+            seen.job_events(k, log)
     missing = sorted(ranks - set(found))
     raise ProvisionError(
         f"cluster {cluster!r}: pod(s) of node(s) {missing} not running after {timeout_s:.0f} s",

@@ -5,11 +5,13 @@ reached over SSH to their sshd through the API server's port-forward (transport.
     plan     discovery (is jobset.x-k8s.io / kueue.x-k8s.io served?), the LocalQueue of
              --queue, leftovers of a cluster of that name; the manifests (plan.py)
     create   Secret (host keys), then the JobSet or the Service and pods, each recorded the
-             moment the API answers; with --queue: waits for Kueue's admission, saying the
-             queue's reason; then for every pod to run
+             moment the API answers; whenever the API answers the JobSet suspended (--queue,
+             or Kueue's webhook: a LocalQueue `default`, manageJobsWithoutQueueName) waits
+             for Kueue's admission, saying its reason (queue.py); then for every pod to run
     destroy  every labelled object (cleanup.py), then until no labelled pod is left
-    replace  a lost pod alone: JobSet: the Job controller makes the new pod at that index
-             (the old one deleted if still there); plain pods: the pod made again
+    replace  a lost pod alone (deletion.py: graceful, forced where its node does not answer):
+             JobSet: the Job controller makes the new pod at that index; plain pods: the pod
+             made again, with what is left of max_hours as its deadline
 """
 
 from __future__ import annotations
@@ -28,20 +30,20 @@ from provision.cluster.providers.k8s.cleanup import (
     labelled,
 )
 from provision.cluster.providers.k8s.client import (
-    KUEUE_GROUP,
-    KUEUE_VERSION,
+    CUSTOM,
     Kube,
     is_not_found,
-    jobsets,
     kube,
     map_errors,
     served_groups,
 )
-from provision.cluster.providers.k8s.fabric import GPU_NICS
+from provision.cluster.providers.k8s.deletion import free_pod
+from provision.cluster.providers.k8s.fabric import GPU_NICS, fabric_env
 from provision.cluster.providers.k8s.manifests import cluster_manifests, plain_pod
 from provision.cluster.providers.k8s.options import K8sOptions
 from provision.cluster.providers.k8s.plan import K8sPlan, build_plan
-from provision.cluster.providers.k8s.pods import selector, wait_admitted, wait_running
+from provision.cluster.providers.k8s.pods import condition, selector, wait_running
+from provision.cluster.providers.k8s.queue import check_queue, held_by, wait_admitted
 from provision.cluster.providers.k8s.request import K8sRequest
 from provision.model.errors import (
     ClusterExistsError,
@@ -93,28 +95,44 @@ class K8sProvider(Recoverable[K8sPlan]):
         if groups is not None:
             _refuse_leftovers(k, spec.name, groups)
             if opts.queue:
-                _check_queue(k, opts.queue)
+                check_queue(k, opts.queue)
         return plan
+
+    def creatable(self, plan: Any) -> K8sPlan:
+        """As every provider's; an unset image is the user's to give (UserInputError), not
+        the cluster's to answer."""
+        from provision.cluster.providers.k8s.plan import IMAGE_UNSET
+
+        if isinstance(plan, K8sPlan) and plan.request.image is None:
+            text, _, hint = IMAGE_UNSET.partition(": ")
+            raise UserInputError(text, hint=hint)
+        return super().creatable(plan)
 
     def _create(self, spec: ClusterSpec, plan: K8sPlan, inv: Inventory,
                 store: InventoryStore) -> None:
         from provision.model.keys import ensure_cluster_key, generate_ed25519, host_key_only
 
-        req = plan.request
+        req = plan.request.model_copy(update={"end_unix": _end_unix(inv)})
+        opts = _opts(spec)
         k = kube(req.namespace, req.context)
         key_path, public_key = ensure_cluster_key(store.keys_dir(spec.name))
         host = [generate_ed25519(f"node-{r}") for r in range(req.nodes)]
         inv.key_path = str(key_path)
         store.save(inv)
+        answered: dict[str, Any] = {}
         for manifest in cluster_manifests(req, [h.private_openssh for h in host], public_key):
-            _record(inv, store, req, create_object(k, manifest))
+            created = create_object(k, manifest)
+            _record(inv, store, req, created)
+            answered[created["kind"]] = created
         provider_waits()  # bootstrap's imports while the queue and the pods start
-        if req.mode == "jobset" and req.queue:
-            waited = wait_admitted(k, req.cluster, req.queue, _opts(spec).queue_timeout_s, _say)
+        jobset = answered.get("JobSet")
+        if jobset is not None and (jobset.get("spec") or {}).get("suspend"):
+            queue = held_by(jobset)  # --queue, or Kueue's webhook defaulted one
+            waited = wait_admitted(k, req.cluster, queue, opts.queue_timeout_s, _say)
             reached(inv, "admitted by the queue", part_of="create call",
-                    detail=f"{waited:.1f} s in {req.queue}")
-        pods = wait_running(k, req.cluster, set(range(req.nodes)), _opts(spec).ready_timeout_s,
-                            _say)
+                    detail=f"{waited:.1f} s in {queue}")
+        pods = wait_running(k, req.cluster, set(range(req.nodes)), opts.ready_timeout_s, _say,
+                            pull_attempts=opts.pull_attempts, job_events=req.mode == "jobset")
         inv.nodes = [node_record(req, rank, pods[rank], host_key_only(host[rank].public_openssh))
                      for rank in range(req.nodes)]
         inv.manage_etc_hosts = True  # node-R -> its pod IP (bootstrap; refreshed on replace)
@@ -134,28 +152,35 @@ class K8sProvider(Recoverable[K8sPlan]):
             if is_not_found(exc):
                 return False
             raise
+        # Ready False: its node stopped reporting (the pod still reads Running: nothing on
+        # that node can say otherwise; the taint manager deletes it only after 300 s)
         return bool(pod.metadata.uid == node.resource_id and pod.status is not None
-                    and pod.status.phase == "Running" and pod.metadata.deletion_timestamp is None)
+                    and pod.status.phase == "Running" and pod.metadata.deletion_timestamp is None
+                    and condition(pod, "Ready") != "False")
 
     def _replace(self, inv: Inventory, store: InventoryStore, node: NodeRecord) -> NodeRecord:
         """The lost pod alone. JobSet: its Job makes a new pod at that index once the old one
-        is gone; plain pods: the same manifest again. Same host key (the pod at index R reads
-        host-key-R), a new pod IP (recovery's refresh_peers rewrites /etc/hosts)."""
+        is Failed or gone; plain pods: the same manifest again, its deadline what is left of
+        max_hours. Same host key (the pod at index R reads host-key-R), a new pod IP
+        (recovery's refresh_peers rewrites /etc/hosts)."""
         from provision.cluster.providers.lifetime import remaining_seconds
 
         req = _request(inv)
+        opts = _opts(inv.spec)
         k = kube(req.namespace, req.context)
         old = node.resource_id or ""
-        timeout = _opts(inv.spec).ready_timeout_s if inv.spec else 600.0
+        timeout, left = opts.ready_timeout_s, None
         if inv.spec is not None and inv.spec.max_hours:
-            timeout = min(timeout, max(1, remaining_seconds(inv, inv.spec.max_hours)))
-        delete_if_labelled(k, "k8s-pod", node.address, req.cluster)
+            left = max(1, remaining_seconds(inv, inv.spec.max_hours))
+            timeout = min(timeout, left)
+        free_pod(k, node.address, req.cluster, _say)
         if req.mode == "pods":
             _wait_name_free(k, node.address)
             store.forget(inv, "k8s-pod", old)
-            _record(inv, store, req, create_object(k, plain_pod(req, node.rank)))
+            _record(inv, store, req, create_object(k, plain_pod(req, node.rank, left)))
         pod = wait_running(k, req.cluster, {node.rank}, timeout, _say,
-                           exclude=frozenset({old}))[node.rank]
+                           exclude=frozenset({old}), pull_attempts=opts.pull_attempts,
+                           job_events=req.mode == "jobset")[node.rank]
         new = node_record(req, node.rank, pod, node.host_key or "")
         inv.nodes = [new if n.rank == node.rank else n for n in inv.nodes]
         store.save(inv)
@@ -212,7 +237,16 @@ def _request(inv: Inventory) -> K8sRequest:
     if inv.spec is None or mode is None:
         raise MgpuError(f"cluster {inv.name!r}: its inventory holds no k8s spec or records",
                         hint=f"remove it with `mgpu-cloud down {inv.name}`")
-    return build_request(inv.spec, mode)
+    return build_request(inv.spec, mode, _end_unix(inv))
+
+
+def _end_unix(inv: Inventory) -> int | None:
+    """The cluster's absolute end (its inventory's creation + max_hours), unix seconds."""
+    from provision.cluster.providers.lifetime import end_of
+
+    if inv.spec is None or not inv.spec.max_hours:
+        return None
+    return int(end_of(inv, inv.spec.max_hours).timestamp())
 
 
 def _groups_or_none(k: Kube) -> set[str] | None:
@@ -231,19 +265,24 @@ def _record(inv: Inventory, store: InventoryStore, req: K8sRequest, created: dic
 
 
 def create_object(k: Kube, manifest: dict[str, Any]) -> dict[str, Any]:
-    """POST one manifest; the object as the API answered it (a dict)."""
-    ns, kind = k.namespace, manifest["kind"]
-    if kind == "JobSet":
-        created: Any = k.custom.create_namespaced_custom_object(*jobsets(k), manifest)
+    """POST one manifest; the object as the API answered it (a dict: admission's defaults and
+    webhooks' changes included, e.g. Kueue suspending a JobSet)."""
+    ns, kind = k.namespace, f"k8s-{manifest['kind'].lower()}"
+    if kind in CUSTOM:
+        group, version, plural = CUSTOM[kind]
+        created: Any = k.custom.create_namespaced_custom_object(group, version, ns, plural,
+                                                                manifest)
         return dict(created)
-    obj = core_call(k, "create", f"k8s-{kind.lower()}")(ns, manifest)
-    return {"kind": kind, **k.api.sanitize_for_serialization(obj)}
+    kind_name = manifest["kind"]
+    obj = core_call(k, "create", kind)(ns, manifest)
+    return {"kind": kind_name, **k.api.sanitize_for_serialization(obj)}
 
 
 def job_env(req: K8sRequest) -> tuple[dict[str, str], FabricExpectation | None]:
     """What every job gets: CPU pods need ACCELERATE_USE_CPU (accelerate otherwise starts
     each process alone); and what the fabric gate should expect of a preset."""
     env = {} if req.gpus else {"ACCELERATE_USE_CPU": "1"}
+    env.update(fabric_env(req))
     if req.fabric == "none":
         return env, None
     nominal = (f"{req.efa_devices} EFA device(s) per pod" if req.fabric == "efa"
@@ -268,17 +307,6 @@ def _refuse_leftovers(k: Kube, name: str, groups: set[str]) -> None:
             hint=f"kubectl delete -n {k.namespace} -l {selector(name)} "
                  "jobsets,pods,services,secrets (`mgpu-cloud gc --provider k8s` lists every "
                  "such leftover), or pick another --name")
-
-
-def _check_queue(k: Kube, queue: str) -> None:
-    try:
-        k.custom.get_namespaced_custom_object(KUEUE_GROUP, KUEUE_VERSION, k.namespace,
-                                              "localqueues", queue)
-    except Exception as exc:
-        if is_not_found(exc):
-            raise UserInputError(f"namespace {k.namespace} has no Kueue LocalQueue {queue!r}",
-                                 hint=f"kubectl get localqueues -n {k.namespace}") from None
-        raise
 
 
 def _wait_name_free(k: Kube, pod_name: str, timeout_s: float = 120.0) -> None:

@@ -17,13 +17,19 @@ class K8sRequest(StrictModel):
     nodes: int
     gpus: int  # nvidia.com/gpu per pod (0: none asked)
     slots: int
-    image: str
+    image: str | None  # None: unresolved (a dry run shows the plan; up refuses it)
+    cpu: str  # requests (and limits when `guaranteed`)
+    memory: str
+    guaranteed: bool = False  # limits = requests: QoS Guaranteed (a node type or both given)
     queue: str | None = None
     deadline_s: int | None = None  # activeDeadlineSeconds (from max_hours)
-    fabric: Literal["none", "efa", "tcpx", "tcpxo"] = "none"
+    end_unix: int | None = None  # the cluster's absolute end (created + max_hours): set by up
+    fabric: Literal["none", "efa", "tcpx", "tcpxo", "rdma"] = "none"
     efa_devices: int = 4
+    efa_dra: bool = False
+    node_type: str | None = None
     topology: str | None = None
-    placement: str | None = None
+    placement: list[str] = []
 
 
 __all__ = ["K8sRequest"]

@@ -20,6 +20,11 @@ from provision.nodes.transport import Connector, NodeConnection, SshConnection
 
 SSH_PORT = 22
 CHANNEL_DATA, CHANNEL_ERROR = 0, 1
+# An SSH keepalive after this long without sending: a quiet rank's session is otherwise cut by
+# an idle timeout on the way (the kubelet's streaming-connection-idle-timeout, a read deadline
+# only the client's data moves; 4 h by default, minutes on hardened clusters; a load balancer
+# in front of the API server: AWS NLB 350 s, classic ELB 60 s), which looks like a lost node.
+KEEPALIVE_S = 30
 
 
 class PortForwardSocket:
@@ -121,11 +126,13 @@ class PodGateway:
 
 
 class PodSshConnection(SshConnection):
-    """SshConnection (pinned host keys, the cluster key) whose socket is a port-forward."""
+    """SshConnection (pinned host keys, the cluster key) whose socket is a port-forward, with
+    SSH keepalives (KEEPALIVE_S)."""
 
     def __init__(self, inv: Inventory, node: NodeRecord, api: Any, namespace: str) -> None:
         super().__init__(inv, node)
         self._conn.gateway = PodGateway(api, namespace, node.address)
+        self._conn.keepalive_s = KEEPALIVE_S
 
 
 def connector(inv: Inventory) -> Connector:
