@@ -46,6 +46,42 @@ def test_the_ledger_sums_to_wall_time_times_nodes_through_two_failures() -> None
     assert "node-hours:" in text and "Young/Daly" in text and "redone" in text
 
 
+def test_a_wait_for_the_queue_is_its_own_bucket_taken_from_recovery() -> None:
+    """Kueue preempted the run (issue 43): of its recovery, the seconds the replacement
+    waited for the queue's admission are "queued"; the sum is still wall time x nodes."""
+    from provision.job.ledger import queued_in
+    from provision.model.timeline import Phase, Timeline
+
+    led = Ledger(started=0.0, nodes=2)
+    led.switch("training", 10.0)
+    led.failed(lost_training_s=3.0, at=40.0)
+    led.resize(2, 100.0)  # back: 60 s of recovery on 2 nodes
+    tl = Timeline(command="recovery", started_at=40.0, phases=[
+        Phase(phase="replacement", start_s=0.0, seconds=55.0),
+        Phase(phase="queued", start_s=1.0, seconds=45.0, part_of="replacement")])
+    assert queued_in(tl) == 45.0 and queued_in(None) == 0.0
+    led.queued(queued_in(tl) * led.nodes)
+    led.switch("training", 100.0)
+    got = led.close(120.0)
+    assert got["queued"] == 90.0 and got["recovery"] == 30.0
+    assert sum(got.values()) == 240.0
+    assert "queued 0.03 (" in render(led.to_json())
+
+
+def test_a_bring_up_that_waited_in_a_queue_counts_it_as_queued() -> None:
+    from provision.job.ledger import from_timeline
+    from provision.model.timeline import Phase, Timeline
+
+    tl = Timeline(command="run", started_at=1000.0, phases=[
+        Phase(phase="plan", start_s=0.0, seconds=2.0),
+        Phase(phase="create call", start_s=2.0, seconds=50.0),
+        Phase(phase="queued", start_s=3.0, seconds=40.0, part_of="create call")])
+    led = from_timeline(tl, nodes=2, now=1060.0)
+    got = led.close(1060.0)
+    assert got["queued"] == 80.0 and got["provisioning"] == (2.0 + 50.0 - 40.0) * 2
+    assert sum(got.values()) == 120.0
+
+
 def test_no_advice_without_a_save_and_a_failure() -> None:
     led = Ledger(started=0.0, nodes=4)
     led.switch("training", 1.0)

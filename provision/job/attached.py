@@ -41,7 +41,7 @@ from provision.job.ends import JobEnds
 from provision.job.gate.injob import InJobGate
 from provision.job.gate.step import GateFactory
 from provision.job.launch import SESSION_LOST, launching_nodes, run_job
-from provision.job.ledger import Ledger, from_timeline, render
+from provision.job.ledger import Ledger, from_timeline, queued_in, render
 from provision.job.liveness import gone_nodes
 from provision.job.recap import Recap
 from provision.job.recovery import (
@@ -194,6 +194,7 @@ def supervise(run: JobRun, group: NodeGroup) -> int:
             t0 = time.monotonic()
             recovery.bring_back(failure)
             ledger.resize(len(run.inv.nodes), time.time())  # fewer, with --min-nodes
+            ledger.queued(queued_in(timeline.current(run.inv)) * ledger.nodes)
             recap.recovered(time.monotonic() - t0)
     finally:
         if grower is not None:

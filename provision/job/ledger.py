@@ -4,6 +4,8 @@ A run is always in exactly one phase, on some number of nodes: the ledger integr
 over time, phase by phase, so its buckets sum to the run's node-seconds by construction.
 
     provisioning  plan, create (until every node answers)
+      queued        ... of it, and of a recovery: waiting for a queue to admit the run (Kueue
+                    held it, or took it back: the timelines' "queued" phases)
     setup         bootstrap, workdir sync, restore of a checkpoint
     gate          the fabric gate
     training      the job's processes running, less what is moved out below:
@@ -28,7 +30,7 @@ if TYPE_CHECKING:
     from provision.model.timeline import Timeline
 
 BUCKETS = ("provisioning", "setup", "gate", "training", "checkpoint", "redone", "recovery",
-           "idle")
+           "queued", "idle")
 SAVE_COST = re.compile(r"checkpoint saved.*?\((\d{1,12}(?:\.\d{1,12})?) ?s\)")
 # a bring-up's timeline phases (model/timeline.py) -> the ledger's buckets
 PHASE_BUCKET = {"plan": "provisioning", "create call": "provisioning",
@@ -89,9 +91,13 @@ class Ledger:
         self._move("redone", lost_training_s * self.nodes)
         self.phase = "recovery"
 
-    def _move(self, bucket: str, node_seconds: float) -> None:
-        moved = min(node_seconds, self.seconds["training"])
-        self.seconds["training"] -= moved
+    def queued(self, node_seconds: float) -> None:
+        """Of the recovery accrued so far, `node_seconds` waited for a queue's admission."""
+        self._move("queued", node_seconds, source="recovery")
+
+    def _move(self, bucket: str, node_seconds: float, source: str = "training") -> None:
+        moved = min(node_seconds, self.seconds[source])
+        self.seconds[source] -= moved
         self.seconds[bucket] += moved
 
     def close(self, at: float) -> dict[str, float]:
@@ -135,7 +141,17 @@ def from_timeline(tl: Timeline | None, nodes: int, now: float) -> Ledger:
         led.switch(PHASE_BUCKET.get(ph.phase, "setup"), tl.started_at + ph.start_s)
         led.switch("idle", end)
     led.switch("setup", now)
+    for ph in tl.phases:  # a wait in a queue, inside the phase that waited
+        end = tl.started_at + ph.start_s + (ph.seconds or 0.0)
+        if ph.phase == "queued" and ph.part_of and end <= now:
+            led._move("queued", (ph.seconds or 0.0) * nodes,
+                      source=PHASE_BUCKET.get(ph.part_of, "setup"))
     return led
+
+
+def queued_in(tl: Timeline | None) -> float:
+    """Seconds a timeline's "queued" phases took (a recovery waiting for Kueue)."""
+    return sum(p.seconds or 0.0 for p in tl.phases if p.phase == "queued") if tl else 0.0
 
 
 def young_daly(cost_s: float, mtbf_s: float) -> float:

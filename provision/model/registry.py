@@ -64,6 +64,9 @@ class ProviderInfo:
     costs_money: bool  # plans of a provider that costs money are confirmed before `up`
     flags: tuple[Flag, ...] = ()
     connector: str | None = None  # "module:function(inv) -> Connector"; None: SSH to the nodes
+    # "module:function(inv, node) -> argv": the program an interactive `ssh` to a node runs as
+    # its ProxyCommand (k8s: the tool's own port-forward); None: ssh connects straight
+    proxy: str | None = None
     commands: tuple[tuple[str, str], ...] = ()  # CLI sub-commands: (name, "module:typer_app")
     # The field of the options model naming the node type (shown by `cost`), if any.
     machine_type: str | None = None
@@ -120,6 +123,13 @@ def all_provider_infos() -> list[ProviderInfo]:
 def connector_for(name: str) -> Any | None:
     """The provider's own node transport factory (`inv -> Connector`), or None (SSH)."""
     ref = provider_info(name).connector
+    return load_ref(ref) if ref else None
+
+
+def proxy_for(name: str) -> Any | None:
+    """The provider's ProxyCommand maker for interactive ssh (`(inv, node) -> argv`), or
+    None (ssh reaches the node's address itself)."""
+    ref = provider_info(name).proxy
     return load_ref(ref) if ref else None
 
 

@@ -3,7 +3,8 @@
 `config_text` is an OpenSSH config with one Host block per node (aliases `NAME` for node 0
 and `NAME-node-R`), the cluster's key, and the cluster's own known_hosts with
 StrictHostKeyChecking=yes (the host keys the tool pinned; never trust on first use). Nodes
-behind a jump host reach it through a `NAME-jump-J` alias pinned the same way.
+behind a jump host reach it through a `NAME-jump-J` alias pinned the same way; a provider's
+own transport (k8s: the API's port-forward) is the node's ProxyCommand (registry.proxy_for).
 
 `install` writes it to $MGPU_CLOUD_HOME/ssh/NAME.conf (removed by `down` with the inventory)
 and makes sure ~/.ssh/config starts with ONE `Include` of that folder's *.conf, written by
@@ -20,7 +21,7 @@ from pathlib import Path
 
 from provision.model.errors import MgpuError
 from provision.model.inventory import Inventory, InventoryStore
-from provision.nodes.sshconn import node_identity
+from provision.nodes.sshconn import node_identity, proxy_command
 from remote.files import write_atomic
 
 BEGIN = "# >>> mgpu-cloud >>>"
@@ -58,7 +59,10 @@ def config_text(inv: Inventory) -> str:
         out += [f"Host {' '.join(aliases)}", f"  HostName {node.address}",
                 f"  Port {node.port}", f"  User {node.user}"]
         out += _common(_quote(node_identity(inv, node)), known)
-        if node.proxy_jump:
+        proxy = proxy_command(inv, node)
+        if proxy:
+            out.append(f"  ProxyCommand {proxy}")
+        elif node.proxy_jump:
             out.append(f"  ProxyJump {jumps[node.proxy_jump]}")
         out.append("")
     return "\n".join(out)

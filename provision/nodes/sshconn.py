@@ -156,8 +156,11 @@ def ssh_argv(inv: Inventory, rank: int, command: list[str]) -> list[str]:
     node = nodes[0]
     identity = node_identity(inv, node)
     argv = ["ssh", "-p", str(node.port), *_pinned(inv, identity)]
-    if node.proxy_jump:
-        argv += ["-o", f"ProxyCommand={jump_command(inv, identity, node.proxy_jump)}"]
+    proxy = proxy_command(inv, node)
+    if proxy is None and node.proxy_jump:
+        proxy = jump_command(inv, identity, node.proxy_jump)
+    if proxy:
+        argv += ["-o", f"ProxyCommand={proxy}"]
     argv += ["--", f"{node.user}@{node.address}"]
     if command:
         argv.append(" ".join(shlex.quote(c) for c in command))
@@ -191,6 +194,15 @@ def jump_command(inv: Inventory, identity: str, proxy_jump: str) -> str:
     before = ["ssh", "-p", port or "22", *_pinned(inv, identity)]
     after = ["--", f"{user}@{host}" if user else host]
     return " ".join([*map(_proxy_word, before), "-W", "'[%h]:%p'", *map(_proxy_word, after)])
+
+
+def proxy_command(inv: Inventory, node: NodeRecord) -> str | None:
+    """The provider's own ProxyCommand for `node` (registry.proxy_for: k8s's port-forward
+    relay), its words quoted and % doubled; None when ssh reaches the node itself."""
+    from provision.model.registry import proxy_for
+
+    make = proxy_for(inv.provider)
+    return " ".join(map(_proxy_word, make(inv, node))) if make is not None else None
 
 
 def _proxy_word(word: str) -> str:

@@ -44,7 +44,7 @@ def standin(tmp_path_factory: pytest.TempPathFactory, node_image: str) -> Iterat
         s.stop()
     assert s.api.violations == [], "\n".join(s.api.violations)
     assert left == []
-    denied = rbac.denied([r for r in s.api.requests if r.who == "user"])
+    denied = rbac.denied_to_anyone(s.api.requests)
     assert denied == [], "requests the Role of docs/kubernetes.md does not allow:\n" + \
         "\n".join(denied)
 

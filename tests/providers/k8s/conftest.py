@@ -30,7 +30,7 @@ def standin(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Standin
     s.stop()
     assert s.api.violations == [], "manifests broke the official schemas:\n" + \
         "\n".join(s.api.violations)
-    denied = rbac.denied([r for r in s.api.requests if r.who == "user"])
+    denied = rbac.denied_to_anyone(s.api.requests)
     assert denied == [], "requests the Role of docs/kubernetes.md does not allow:\n" + \
         "\n".join(denied)
 

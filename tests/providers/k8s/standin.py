@@ -4,8 +4,10 @@ the variables a provider process needs."""
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -23,9 +25,11 @@ class Standin:
                  kueue_versions: tuple[str, ...] = ("v1beta2", "v1beta1")) -> None:
         self.api = ApiServer(groups, kueue_versions)
         self.sid = uuid.uuid4().hex[:8]
-        if docker:
+        if docker:  # pods reach the API over HTTPS at this machine's docker0 address
             from standin_docker import DockerKubelet
+            from storekit import container_reachable_host
 
+            self.api.serve_pods(container_reachable_host())
             self.kubelet: Any = DockerKubelet(self.api, f"mgpu-k8s-{self.sid}", self.sid)
         else:
             self.kubelet = NoopKubelet(self.api)
@@ -97,3 +101,19 @@ class OnLog(logging.Handler):
         logger = logging.getLogger("mgpu_cloud")
         logger.removeHandler(self)
         logger.setLevel(self._level)
+
+
+@contextlib.contextmanager
+def checked(s: Standin) -> Iterator[Standin]:
+    """Use `s`, then stop it; the test fails on any manifest the schemas refused and on any
+    request the Role of docs/kubernetes.md for who sent it does not allow (rbac.py)."""
+    import rbac
+
+    try:
+        yield s
+    finally:
+        s.stop()
+    assert s.api.violations == [], "\n".join(s.api.violations)
+    denied = rbac.denied_to_anyone(s.api.requests)
+    assert denied == [], "requests the Roles of docs/kubernetes.md do not allow:\n" + \
+        "\n".join(denied)

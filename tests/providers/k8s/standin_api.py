@@ -2,19 +2,23 @@
 what the k8s provider uses, nothing more.
 
     GET  /version /api /apis                         discovery (JobSet/Kueue groups optional)
-    core v1: namespaces/NS/{pods,services,secrets,events,resourcequotas}[/NAME]
+    core v1: namespaces/NS/{pods,services,secrets,events,resourcequotas,serviceaccounts}[/NAME]
                                                      create get list watch patch delete
              namespaces/NS/pods/NAME/status          PATCH (as PodGC marks a pod Failed)
              namespaces/NS/pods/NAME/log             the kubelet's container log
              namespaces/NS/pods/NAME/portforward     websocket (standin_ws.py) to the pod's port
     apis/GROUP/VERSION/namespaces/NS/PLURAL[/NAME]   jobsets; Kueue's workloads, localqueues
                                                      (v1beta2 stored, v1beta1 served while
-                                                     `kueue_versions` has it)
+                                                     `kueue_versions` has it); roles,
+                                                     rolebindings (rbac.authorization.k8s.io)
 
 Every create and patch the client sends is judged by the official schemas (k8s_schemas.py):
 a broken manifest gets 422 Invalid and is kept in `violations` (tests fail on any). Then
 admission (standin_admission.py): defaults, ResourceQuota, Kueue's JobSet webhook. Every
-request is recorded in `requests`. A bearer token is required (the kubeconfig's).
+request is recorded in `requests`. A bearer token is required: the kubeconfig's, or a
+ServiceAccount's a pod got (standin_incluster.py: HTTPS for pods, RBAC, the ServiceAccount
+admission). A DELETE's preconditions.uid is checked (409 Conflict when the name holds
+another object: apimachinery registry/generic/registry/store.go).
 """
 
 from __future__ import annotations
@@ -31,6 +35,7 @@ from urllib.parse import parse_qs, urlsplit
 import k8s_schemas
 import standin_admission as admission
 import standin_ws
+from standin_incluster import RBAC_GROUP, InCluster
 from standin_store import CLUSTER_SCOPED, KINDS, ApiError, Store, now
 
 TOKEN = "standin-token"  # noqa: S105 - the stand-in's own: the user's kubeconfig
@@ -79,6 +84,7 @@ class ApiServer:
         self.kubelet: Any = None  # pod address, logs, termination (standin_kubelet.py)
         self.faults: list[tuple[str, str, ApiError]] = []  # (method, path part, error)
         self.store.create("namespaces", "", {"metadata": {"name": "default"}})
+        self.incluster = InCluster(self)
         self._server = ThreadingHTTPServer(("127.0.0.1", 0), _handler(self))
         self._server.daemon_threads = True
         self.url = f"http://127.0.0.1:{self._server.server_address[1]}"
@@ -89,6 +95,15 @@ class ApiServer:
     def stop(self) -> None:
         self._server.shutdown()
         self._server.server_close()
+        self.incluster.stop()
+
+    def serve_pods(self, host: str) -> None:
+        """The same API over HTTPS on `host`, for processes in pods (their ServiceAccount)."""
+        self.incluster.serve_tls(host, _handler(self))
+
+    def identify(self, auth: str | None) -> str | None:
+        who = {f"Bearer {TOKEN}": "user", f"Bearer {KUEUE_TOKEN}": "kueue"}.get(auth or "")
+        return who or self.incluster.identify(auth or "")
 
     def kubeconfig(self, path: Path, context: str = "standin") -> Path:
         import yaml
@@ -114,6 +129,7 @@ class ApiServer:
         """Admission, then the store: what a user's POST and a controller's create share."""
         obj = copy.deepcopy(obj)  # admission changes the stored object, not the request
         if res == "pods":
+            self.incluster.admit_pod(ns, obj)
             admission.default_requests(obj)
             admission.default_tolerations(obj)
             admission.enforce_pod_security(self.store, ns, obj)
@@ -123,7 +139,8 @@ class ApiServer:
                                            self.manage_jobs_without_queue_name)
         return self.store.create(res, ns, obj)
 
-    def delete(self, res: str, ns: str, name: str, grace: int | None = None) -> dict[str, Any]:
+    def delete(self, res: str, ns: str, name: str, grace: int | None = None,
+               uid: str | None = None) -> dict[str, Any]:
         """As the generic registry deletes (store.go Delete; BeforeDelete in
         k8s.io/apiserver pkg/registry/rest/delete.go): a pod's grace period is the request's,
         else its terminationGracePeriodSeconds (30), 0 when it is unscheduled or already
@@ -132,6 +149,9 @@ class ApiServer:
         deletes it with grace 0. Finalizers keep any object (marked) until they are removed."""
         obj = self.store.get(res, ns, name)
         meta = obj["metadata"]
+        if uid and uid != meta["uid"]:
+            raise ApiError(409, "Conflict", f"Precondition failed: UID in precondition: {uid}, "
+                                            f"UID in object meta: {meta['uid']}")
         if res == "pods":
             if grace is None:
                 grace = int(obj["spec"].get("terminationGracePeriodSeconds", 30))
@@ -144,9 +164,12 @@ class ApiServer:
         else:
             grace = 0
         if grace > 0 or meta.get("finalizers"):
+            # the time it should be gone: now + its grace (rest/delete.go BeforeDelete), set
+            # again when a pod's period is shortened; an object's first mark otherwise stays
+            when = now(grace) if res == "pods" or not meta.get("deletionTimestamp") \
+                else meta["deletionTimestamp"]
             return self.store.update(res, ns, name, lambda o: o["metadata"].update(
-                deletionTimestamp=meta.get("deletionTimestamp") or now(),
-                deletionGracePeriodSeconds=grace))
+                deletionTimestamp=when, deletionGracePeriodSeconds=grace))
         self.store.remove(res, ns, name)
         for r, n, child in self.store.owned_by(meta["uid"]):
             try:
@@ -176,6 +199,8 @@ def _route(path: str) -> tuple[str, str | None, str | None, str | None, str]:
         ns, res, name, sub = "", "namespaces", (rest[1] if len(rest) > 1 else None), None
     elif rest[:1] == ["nodes"] and not prefix:
         ns, res, name, sub = "", "nodes", (rest[1] if len(rest) > 1 else None), None
+    elif rest and prefix + rest[0] in CLUSTER_SCOPED:  # e.g. Kueue's WorkloadPriorityClasses
+        ns, res, name, sub = "", prefix + rest[0], (rest[1] if len(rest) > 1 else None), None
     else:
         raise ApiError(404, "NotFound", f"the server could not find {path}")
     if res not in KINDS:
@@ -207,12 +232,12 @@ def _handler(api: ApiServer) -> type[BaseHTTPRequestHandler]:
             url = urlsplit(self.path)
             query = {k: v[-1] for k, v in parse_qs(url.query).items()}
             body = self._body() if method in ("POST", "PATCH", "PUT", "DELETE") else None
-            auth = self.headers.get("Authorization")
-            who = {f"Bearer {TOKEN}": "user", f"Bearer {KUEUE_TOKEN}": "kueue"}.get(auth or "")
+            who = api.identify(self.headers.get("Authorization"))
             api.requests.append(Seen(method, url.path, body, query, who or "nobody"))
             try:
                 if who is None:
                     raise ApiError(401, "Unauthorized", "Unauthorized")
+                api.incluster.authorize(who, method, url.path, query, body)
                 for m, part, error in api.faults:  # injected by a test
                     if m == method and part in url.path:
                         raise error
@@ -251,7 +276,8 @@ def _dispatch(h: Any, api: ApiServer, method: str, path: str, query: dict[str, s
         return h._send(200, _discovery(api, path.rstrip("/")))
     res, ns, name, sub, version = _route(path)
     group = res.split("/")[0] if "/" in res else ""
-    if group and (group not in api.groups or version not in api.versions[group]):
+    if group and group != RBAC_GROUP and (group not in api.groups
+                                          or version not in api.versions[group]):
         raise ApiError(404, "NotFound", "the server could not find the requested resource")
     ns = ns or ""
     if sub == "status" and method == "PATCH" and res == "pods":
@@ -307,7 +333,8 @@ def _crud(api: ApiServer, method: str, res: str, ns: str, name: str | None,
         return 200, store.get(res, ns, name)
     if method == "DELETE":
         grace = query.get("gracePeriodSeconds", (body or {}).get("gracePeriodSeconds"))
-        return 200, api.delete(res, ns, name, None if grace is None else int(grace))
+        uid = ((body or {}).get("preconditions") or {}).get("uid")
+        return 200, api.delete(res, ns, name, None if grace is None else int(grace), uid)
     if method == "PATCH":
         current = store.get(res, ns, name)
         if isinstance(body, list):
@@ -367,5 +394,5 @@ def _watch(h: Any, api: ApiServer, res: str, ns: str, query: dict[str, str]) -> 
                         matches(obj, selector):
                     chunk(json.dumps({"type": kind, "object": obj}).encode() + b"\n")
         chunk(b"")
-    except (BrokenPipeError, ConnectionResetError):
+    except OSError:  # the client went (BrokenPipe, ConnectionReset; over TLS SSLEOFError)
         pass

@@ -1,6 +1,7 @@
 """DockerKubelet: each pod a container of its image on this machine's engine, on one bridge
 network whose DNS aliases stand in for the headless Service's records
-(HOST.SUBDOMAIN[.NS.svc.cluster.local]); secret volumes are copied in before start, a Memory
+(HOST.SUBDOMAIN[.NS.svc.cluster.local]); secret volumes and a ServiceAccount token
+(standin_incluster.py) are copied in before start, KUBERNETES_SERVICE_HOST/PORT set; a Memory
 emptyDir at /dev/shm is the container's shm; pods/log is `docker logs`.
 
 Containers are named `k8s-SID-NS-POD` (SID: the stand-in's own id), so two stand-ins on one
@@ -55,6 +56,7 @@ class DockerKubelet(Kubelet):
         for vol in spec.get("volumes", []):
             if "secret" in vol:
                 self._copy_secret(cid, pod, vol)
+        self.api.incluster.project(self.docker, cid, pod)  # its ServiceAccount's token
         self.docker.start(cid)
         self.pods[meta["uid"]] = pod
         self.containers[meta["uid"]] = cid  # watched from now on (not before it started)
@@ -77,7 +79,8 @@ class DockerKubelet(Kubelet):
         return str(self.docker.create_container(
             c["image"], command=[*c.get("command", []), *c.get("args", [])],
             name=self.container_name(ns, meta["name"]), hostname=host,
-            environment={e["name"]: e.get("value", "") for e in c.get("env", [])},
+            environment={**self.api.incluster.env(),
+                         **{e["name"]: e.get("value", "") for e in c.get("env", [])}},
             labels={STANDIN_LABEL: self.sid, "mgpu-k8s-pod": f"{ns}.{meta['name']}",
                     LABEL_KEY: RUN},  # the test run (tests/engine.py)
             host_config=hc, networking_config=net, detach=True)["Id"])

@@ -29,12 +29,18 @@ from typing import Any
 KINDS = {"pods": ("v1", "Pod"), "services": ("v1", "Service"), "secrets": ("v1", "Secret"),
          "namespaces": ("v1", "Namespace"), "nodes": ("v1", "Node"), "events": ("v1", "Event"),
          "resourcequotas": ("v1", "ResourceQuota"),
+         "serviceaccounts": ("v1", "ServiceAccount"),
+         "kueue.x-k8s.io/v1beta2/workloadpriorityclasses": ("kueue.x-k8s.io/v1beta2",
+                                                            "WorkloadPriorityClass"),
+         "rbac.authorization.k8s.io/v1/roles": ("rbac.authorization.k8s.io/v1", "Role"),
+         "rbac.authorization.k8s.io/v1/rolebindings": ("rbac.authorization.k8s.io/v1",
+                                                       "RoleBinding"),
          "jobset.x-k8s.io/v1alpha2/jobsets": ("jobset.x-k8s.io/v1alpha2", "JobSet"),
          "resource.k8s.io/v1/resourceclaimtemplates": ("resource.k8s.io/v1",
                                                        "ResourceClaimTemplate"),
          "kueue.x-k8s.io/v1beta2/workloads": ("kueue.x-k8s.io/v1beta2", "Workload"),
          "kueue.x-k8s.io/v1beta2/localqueues": ("kueue.x-k8s.io/v1beta2", "LocalQueue")}
-CLUSTER_SCOPED = {"namespaces", "nodes"}
+CLUSTER_SCOPED = {"namespaces", "nodes", "kueue.x-k8s.io/v1beta2/workloadpriorityclasses"}
 
 
 class ApiError(Exception):
@@ -47,8 +53,10 @@ class ApiError(Exception):
                 "message": self.message, "reason": self.reason, "code": self.code}
 
 
-def now() -> str:
-    return dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+def now(after_s: float = 0) -> str:
+    """RFC 3339 in seconds, as the API writes times; `after_s` from now."""
+    return (dt.datetime.now(dt.UTC) + dt.timedelta(seconds=after_s)).strftime(
+        "%Y-%m-%dT%H:%M:%SZ")
 
 
 _TERM = re.compile(r"^\s*(!?)([\w./-]+)\s*(?:(==|=|!=)\s*([\w./-]*)|\s+(in|notin)\s*\(([^)]*)\))?\s*$")

@@ -16,6 +16,7 @@ INFO = ProviderInfo(
     # Quota in a shared cluster, not dollars this tool could show (like slurm).
     costs_money=False,
     connector="provision.cluster.providers.k8s.transport:connector",
+    proxy="provision.cluster.providers.k8s.relay:proxy_argv",
     # PID 1 of a pod is its start shell: USR1 ends the pod Succeeded (manifests.START), its
     # index complete; it stops holding the namespace's quota. (TERM, what a deletion,
     # eviction or preemption sends, ends it Failed: its index gets a new pod.)
@@ -29,6 +30,8 @@ INFO = ProviderInfo(
         Flag("--context", "context", help="kubeconfig context (default: the current one)",
              gc=True),
         Flag("--queue", "queue", help="Kueue LocalQueue: made suspended, waits to be admitted"),
+        Flag("--priority", "priority",
+             help="Kueue WorkloadPriorityClass (with --queue): who may preempt whom"),
         Flag("--pod-image", "image",
              help="the pods' image: sshd + python3.11 (default: $MGPU_CLOUD_K8S_IMAGE)"),
         Flag("--k8s-api", "api", help="auto (JobSet when installed) | jobset | pods"),

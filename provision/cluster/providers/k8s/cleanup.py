@@ -4,7 +4,8 @@ read before it is deleted). `down` waits until no labelled pod is left, so nothi
 cluster runs once it returns.
 
     kinds   JobSet (with its Jobs, pods and Service: foreground), ResourceClaimTemplate
-            (the EFA DRA preset's), Pod, Service, Secret
+            (the EFA DRA preset's), Pod, Service, Secret; the controller's ServiceAccount,
+            RoleBinding and Role (controller.py)
 """
 
 from __future__ import annotations
@@ -25,7 +26,14 @@ from provision.cluster.providers.k8s.pods import selector
 from provision.model.inventory import CLUSTER_TAG
 
 GONE_TIMEOUT_S = 180.0
-KINDS = ("k8s-jobset", "k8s-resourceclaimtemplate", "k8s-pod", "k8s-service", "k8s-secret")
+KINDS = ("k8s-jobset", "k8s-resourceclaimtemplate", "k8s-pod", "k8s-service", "k8s-secret",
+         "k8s-serviceaccount", "k8s-rolebinding", "k8s-role")
+# built-in kind -> (the client's API class, the noun of its *_namespaced_NOUN calls)
+CALLS = {"k8s-pod": ("CoreV1Api", "pod"), "k8s-service": ("CoreV1Api", "service"),
+         "k8s-secret": ("CoreV1Api", "secret"),
+         "k8s-serviceaccount": ("CoreV1Api", "service_account"),
+         "k8s-role": ("RbacAuthorizationV1Api", "role"),
+         "k8s-rolebinding": ("RbacAuthorizationV1Api", "role_binding")}
 
 
 @dataclass
@@ -51,8 +59,12 @@ def _meta(obj: Any) -> tuple[str, str, dict[str, str]]:
 
 
 def core_call(k: Kube, verb: str, kind: str) -> Callable[..., Any]:
-    """CoreV1Api's `verb`_namespaced_... call for a core kind (k8s-pod/-service/-secret)."""
-    call: Callable[..., Any] = getattr(k.core, f"{verb}_namespaced_{kind.removeprefix('k8s-')}")
+    """The client's `verb`_namespaced_NOUN call for a built-in kind (CALLS)."""
+    from kubernetes import client
+
+    api_class, noun = CALLS[kind]
+    api = k.core if api_class == "CoreV1Api" else getattr(client, api_class)(k.api)
+    call: Callable[..., Any] = getattr(api, f"{verb}_namespaced_{noun}")
     return call
 
 

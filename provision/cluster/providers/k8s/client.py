@@ -1,5 +1,7 @@
 """The Kubernetes API as this provider uses it: the real `kubernetes` client, configured from
-the user's kubeconfig ($KUBECONFIG, else ~/.kube/config) and context, and the ONE boundary
+the user's kubeconfig ($KUBECONFIG, else ~/.kube/config) and context, or, in the cluster's
+controller pod (which has no kubeconfig), from the pod's own service account (in_cluster), and
+the ONE boundary
 where its errors become MgpuErrors (by HTTP status and the Status object's `reason`, never by
 message text).
 
@@ -61,6 +63,8 @@ def _api_client(kubeconfig: str, context: str | None) -> Any:
     from kubernetes import config
     from kubernetes.config.config_exception import ConfigException
 
+    if in_cluster(kubeconfig):
+        return _in_cluster_client()
     try:
         return config.new_client_from_config(config_file=kubeconfig or None, context=context,
                                              persist_config=False)
@@ -71,6 +75,36 @@ def _api_client(kubeconfig: str, context: str | None) -> Any:
             f"({exc})",
             hint="point KUBECONFIG at your cluster's kubeconfig (kubectl config view must show "
                  "it), or pass --context NAME") from None
+
+
+def in_cluster(kubeconfig: str) -> bool:
+    """No kubeconfig named or at ~/.kube/config, and the kubelet's service variables set: a
+    process in a pod (the controller), as the client's own `config.load_config` and
+    client-go's `BuildConfigFromFlags` decide (kubeconfig first, in-cluster otherwise)."""
+    from pathlib import Path
+
+    return (not kubeconfig and not (Path.home() / ".kube" / "config").exists()
+            and bool(os.environ.get("KUBERNETES_SERVICE_HOST")))
+
+
+def _in_cluster_client() -> Any:
+    """The pod's service account: KUBERNETES_SERVICE_HOST/PORT (set by the kubelet in every
+    container, kubernetes pkg/kubelet/kubelet_pods.go getServiceEnvVarMap) and the token and
+    CA the ServiceAccount admission plugin projects at
+    /var/run/secrets/kubernetes.io/serviceaccount (kubernetes-client's incluster_config.py
+    re-reads the token every minute: projected tokens are rotated by the kubelet)."""
+    from kubernetes import client, config
+    from kubernetes.config.config_exception import ConfigException
+
+    cfg = client.Configuration()
+    try:
+        config.load_incluster_config(client_configuration=cfg)
+    except ConfigException as exc:
+        raise ProviderUnavailableError(
+            f"no kubeconfig here and no usable service account in this pod ({exc})",
+            hint="the controller pod needs its service account token mounted "
+                 "(automountServiceAccountToken: true)") from None
+    return client.ApiClient(cfg)
 
 
 def kube(namespace: str, context: str | None) -> Kube:

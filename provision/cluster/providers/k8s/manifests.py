@@ -21,15 +21,34 @@ from typing import Any
 
 from provision.cluster.providers.k8s.fabric import apply_fabric, fabric_manifests, node_setup
 from provision.cluster.providers.k8s.request import K8sRequest
-from provision.model.inventory import CLUSTER_TAG
+from provision.model.inventory import CLUSTER_TAG, Inventory
+from provision.nodes.layout import RemoteLayout
 
 JOBSET_API = "jobset.x-k8s.io/v1alpha2"
 QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
+PRIORITY_LABEL = "kueue.x-k8s.io/priority-class"  # kueue pkg/controller/constants
 INDEX_LABEL = "batch.kubernetes.io/job-completion-index"  # set by the Job controller
 RANK_LABEL = "mgpu-cloud-node"  # plain pods: their rank
 JOB_NAME = "node"  # the JobSet's one replicated job
 LOGIN_MOUNT = "/etc/mgpu-login"
 GPU_RESOURCE = "nvidia.com/gpu"
+# A pod's TERM is its notice (the kubelet deleting it: Kueue's eviction or preemption, a
+# drain, the scheduler's preemption): the start shell writes it where the node's job
+# supervisor looks for notices (remote/preempt.py "file": instance-action, AWS's JSON), so it
+# signals the ranks to save and the run takes the preemption path (job/recovery.py); the
+# shell then waits while the job runs (the run stops it once the save is kept; the kubelet
+# kills at the end of the grace period, PREEMPT_GRACE_S) and ends with 143 (START).
+NOTICE_DIR = "/run/mgpu-notice"
+PREEMPT_GRACE_S = 120  # a save (recovery.PREEMPT_SAVE_DEADLINE_S: 90 s), its copy, the stop
+JOB_PIDFILE = "${HOME:-/root}/" + RemoteLayout(Inventory.model_fields["remote_root"].default
+                                               ).pidfile  # "PGID PID" while a job runs
+ON_TERM = (
+    "on_term() { "
+    "printf '{\"action\": \"terminate\", \"time\": \"%s\"}' \"$(date -u +%Y-%m-%dT%H:%M:%SZ)\" "
+    f"> {NOTICE_DIR}/instance-action; "
+    f'while [ -s "{JOB_PIDFILE}" ] && kill -0 "$(cut -d" " -f2 "{JOB_PIDFILE}")" 2>/dev/null; '
+    "do sleep 1; done; kill $pid; exit 143; }; "
+)
 # The rank: JOB_COMPLETION_INDEX in a JobSet's pods (the Job controller sets it), MGPU_RANK in
 # plain pods. Copies that pod's host key in, then runs sshd; the shell stays PID 1, and how it
 # ends is the pod's final phase (since Kubernetes 1.27 the kubelet gives a deleted pod its
@@ -45,12 +64,12 @@ START = (
     "set -e; r=${JOB_COMPLETION_INDEX:-$MGPU_RANK}; umask 077; "
     'if [ -n "${MGPU_END_UNIX:-}" ] && [ "$(date +%%s)" -ge "$MGPU_END_UNIX" ]; then '
     "echo 'mgpu-cloud: the cluster is past its --max-hours: not starting'; exit 0; fi; "
-    "mkdir -p /root/.ssh /run/sshd; "
+    f"mkdir -p /root/.ssh /run/sshd {NOTICE_DIR}; "
     f"cat {LOGIN_MOUNT}/host-key-$r > /etc/ssh/ssh_host_ed25519_key; "
     f"cat {LOGIN_MOUNT}/authorized-keys > /root/.ssh/authorized_keys; "
     "%(setup)s"
     "/usr/sbin/sshd -D -e & pid=$!; "
-    "trap 'kill $pid; exit 143' TERM; trap 'kill $pid; exit 0' USR1; "
+    + ON_TERM.replace("%", "%%") + "trap on_term TERM; trap 'kill $pid; exit 0' USR1; "
     'if [ -n "${MGPU_END_UNIX:-}" ]; then '
     '(sleep $((MGPU_END_UNIX - $(date +%%s))); kill -USR1 $$) & fi; '
     "wait $pid"
@@ -122,7 +141,7 @@ def pod_spec(req: K8sRequest, deadline_s: int | None = None) -> dict[str, Any]:
         "subdomain": req.cluster,
         "automountServiceAccountToken": False,
         "enableServiceLinks": False,
-        "terminationGracePeriodSeconds": 5,
+        "terminationGracePeriodSeconds": PREEMPT_GRACE_S if req.queue else 5,
         "containers": [container],
         "volumes": [
             {"name": "login", "secret": {"secretName": secret_name(req.cluster),
@@ -149,6 +168,8 @@ def jobset(req: K8sRequest) -> dict[str, Any]:
     a disruption (eviction, preemption, a node gone) does not count against the Job's
     backoffLimit, and a pod is replaced only once the old one has failed."""
     extra = {QUEUE_LABEL: req.queue} if req.queue else {}
+    if req.priority:
+        extra[PRIORITY_LABEL] = req.priority
     job_spec: dict[str, Any] = {
         "parallelism": req.nodes, "completions": req.nodes, "completionMode": "Indexed",
         "backoffLimit": 3 * req.nodes,

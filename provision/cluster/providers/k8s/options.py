@@ -33,6 +33,8 @@ class K8sOptions(StrictModel):
     namespace: str = "default"
     context: str | None = None
     queue: str | None = Field(None, description="Kueue LocalQueue of the namespace")
+    priority: str | None = Field(None, description="Kueue WorkloadPriorityClass of the "
+                                 "workload (label kueue.x-k8s.io/priority-class)")
     image: str | None = Field(default_factory=default_image,
                               description="pod image with sshd and python3 >= 3.11")
     api: Literal["auto", "jobset", "pods"] = "auto"
@@ -62,6 +64,14 @@ class K8sOptions(StrictModel):
     def _namespace(cls, v: str) -> str:
         if len(v) > 63 or not _DNS_LABEL.match(v):
             raise ValueError(f"namespace {v!r} is not a DNS label (a-z, 0-9, '-', at most 63)")
+        return v
+
+    @field_validator("priority")
+    @classmethod
+    def _priority(cls, v: str | None) -> str | None:
+        if v is not None and (len(v) > 63 or not _DNS_LABEL.match(v)):
+            raise ValueError(f"priority {v!r} is not a WorkloadPriorityClass name (a-z, 0-9, "
+                             "'-', at most 63: a label value)")
         return v
 
     @field_validator("placement", mode="before")

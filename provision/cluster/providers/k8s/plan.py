@@ -72,6 +72,11 @@ def build_request(spec: ClusterSpec, mode: str, end_unix: int | None = None) -> 
             "container (there is no Docker inside it to run another image)",
             hint="put the training environment into the pods' image: --pod-image IMAGE (with "
                  "sshd and python3 >= 3.11)")
+    if opts.priority and not opts.queue:
+        raise UserInputError(
+            f"--priority {opts.priority} is Kueue's workload priority: it needs --queue",
+            hint="add --queue LOCALQUEUE (a namespace's `default` LocalQueue too: --queue "
+                 "default), or drop --priority")
     if opts.topology and not opts.queue:
         raise UserInputError("--topology is Kueue's Topology-Aware Scheduling: it needs --queue",
                              hint="add --queue LOCALQUEUE, or use k8s.placement KEY=VALUE")
@@ -85,7 +90,7 @@ def build_request(spec: ClusterSpec, mode: str, end_unix: int | None = None) -> 
         cluster=spec.name, namespace=opts.namespace, context=opts.context,
         mode=mode, nodes=spec.nodes, gpus=spec.gpus_per_node or 0, slots=slots,
         image=opts.image or None, cpu=cpu, memory=memory, guaranteed=guaranteed,
-        queue=opts.queue,
+        queue=opts.queue, priority=opts.priority,
         deadline_s=int(spec.max_hours * 3600) if spec.max_hours else None, end_unix=end_unix,
         fabric=opts.fabric, efa_devices=opts.efa_devices, efa_dra=opts.efa_dra,
         node_type=opts.node_type, topology=opts.topology, placement=list(opts.placement))
@@ -124,6 +129,10 @@ def plan_notes(request: K8sRequest) -> list[str]:
     if request.queue:
         notes.append(f"created suspended in Kueue queue {request.queue}; `up` waits until "
                      "it is admitted")
+    if request.priority:
+        notes.append(f"Kueue priority {request.priority}: a workload of a higher priority may "
+                     "preempt it (every rank saves, the run waits to be admitted again and "
+                     "resumes)")
     if request.deadline_s:
         notes.append(f"activeDeadlineSeconds {request.deadline_s}, and each pod ends itself "
                      "at the cluster's end (created + max_hours), whenever it was made")

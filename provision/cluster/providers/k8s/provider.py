@@ -10,18 +10,21 @@ reached over SSH to their sshd through the API server's port-forward (transport.
              for Kueue's admission, saying its reason (queue.py); then for every pod to run
     destroy  every labelled object (cleanup.py), then until no labelled pod is left
     replace  a lost pod alone (deletion.py: graceful, forced where its node does not answer):
-             JobSet: the Job controller makes the new pod at that index; plain pods: the pod
-             made again, with what is left of max_hours as its deadline
+             JobSet: the Job controller makes the new pod at that index (after Kueue admits
+             the JobSet again when it preempted it); plain pods: the pod made again, with
+             what is left of max_hours as its deadline
+    controller  managed runs' controller pod with its own ServiceAccount and Role
+             (controller.py); it removes the cluster from inside, its own pod last
 """
 
 from __future__ import annotations
 
 import logging
-import time
 from contextlib import AbstractContextManager
 from typing import Any
 
-from provision.cluster.providers.contract import Recoverable
+from provision.cluster.providers.contract import Recoverable, Supervising
+from provision.cluster.providers.k8s import controller as ctl
 from provision.cluster.providers.k8s.cleanup import (
     KINDS,
     core_call,
@@ -39,11 +42,22 @@ from provision.cluster.providers.k8s.client import (
 )
 from provision.cluster.providers.k8s.deletion import free_pod
 from provision.cluster.providers.k8s.fabric import GPU_NICS, fabric_env
-from provision.cluster.providers.k8s.manifests import cluster_manifests, plain_pod
+from provision.cluster.providers.k8s.manifests import (
+    NOTICE_DIR,
+    cluster_manifests,
+    hostname,
+    plain_pod,
+)
 from provision.cluster.providers.k8s.options import K8sOptions
 from provision.cluster.providers.k8s.plan import K8sPlan, build_plan
 from provision.cluster.providers.k8s.pods import condition, selector, wait_running
-from provision.cluster.providers.k8s.queue import check_queue, held_by, wait_admitted
+from provision.cluster.providers.k8s.queue import (
+    check_priority,
+    check_queue,
+    held_by,
+    wait_admitted,
+    wait_readmitted,
+)
 from provision.cluster.providers.k8s.request import K8sRequest
 from provision.model.errors import (
     ClusterExistsError,
@@ -58,10 +72,11 @@ from provision.model.inventory import (
     Inventory,
     InventoryStore,
     NodeRecord,
+    PreemptionSource,
     ResourceRecord,
 )
 from provision.model.spec import ClusterSpec
-from provision.model.timeline import reached
+from provision.model.timeline import reached, timed
 from provision.nodes.pool import provider_waits
 
 log = logging.getLogger("mgpu_cloud")
@@ -71,7 +86,7 @@ def _say(msg: str) -> None:
     log.info(msg)
 
 
-class K8sProvider(Recoverable[K8sPlan]):
+class K8sProvider(Recoverable[K8sPlan], Supervising[K8sPlan]):
     name = "k8s"
 
     def plan_class(self) -> type[K8sPlan]:
@@ -96,6 +111,8 @@ class K8sProvider(Recoverable[K8sPlan]):
             _refuse_leftovers(k, spec.name, groups)
             if opts.queue:
                 check_queue(k, opts.queue)
+            if opts.priority:
+                plan.notes += [n for n in [check_priority(k, opts.priority)] if n]
         return plan
 
     def creatable(self, plan: Any) -> K8sPlan:
@@ -128,7 +145,8 @@ class K8sProvider(Recoverable[K8sPlan]):
         jobset = answered.get("JobSet")
         if jobset is not None and (jobset.get("spec") or {}).get("suspend"):
             queue = held_by(jobset)  # --queue, or Kueue's webhook defaulted one
-            waited = wait_admitted(k, req.cluster, queue, opts.queue_timeout_s, _say)
+            with timed(inv, "queued", part_of="create call"):  # the ledger's "queued"
+                waited = wait_admitted(k, req.cluster, queue, opts.queue_timeout_s, _say)
             reached(inv, "admitted by the queue", part_of="create call",
                     detail=f"{waited:.1f} s in {queue}")
         pods = wait_running(k, req.cluster, set(range(req.nodes)), opts.ready_timeout_s, _say,
@@ -138,25 +156,29 @@ class K8sProvider(Recoverable[K8sPlan]):
         inv.manage_etc_hosts = True  # node-R -> its pod IP (bootstrap; refreshed on replace)
         inv.nccl_env, inv.fabric = job_env(req)
         inv.container_runtime = "none"  # the pod is the container: a job's --image is refused
+        # a pod's TERM is its notice (manifests.START writes it): the ranks save first
+        inv.preemption = PreemptionSource(protocol="file", url=NOTICE_DIR)
         reached(inv, "nodes running", part_of="create call", detail=f"{len(inv.nodes)} pod(s)")
         store.save(inv)
 
     # --- recovery ---------------------------------------------------------------------------
     def _node_alive(self, inv: Inventory, node: NodeRecord) -> bool:
-        """False when the node's pod is gone, failed, being deleted, or another pod now."""
+        """False when the node's pod is gone, failed, another pod now, or being deleted past
+        its grace period. Within it the pod still runs: its TERM was its notice, and it saves
+        and announces a preemption itself (manifests.START)."""
         req = _request(inv)
         k = kube(req.namespace, req.context)
         try:
-            pod = k.core.read_namespaced_pod(node.address, req.namespace)
+            pod = ctl.pod_of(k, inv.name, node)
         except Exception as exc:
             if is_not_found(exc):
                 return False
             raise
         # Ready False: its node stopped reporting (the pod still reads Running: nothing on
         # that node can say otherwise; the taint manager deletes it only after 300 s)
-        return bool(pod.metadata.uid == node.resource_id and pod.status is not None
-                    and pod.status.phase == "Running" and pod.metadata.deletion_timestamp is None
-                    and condition(pod, "Ready") != "False")
+        return bool(pod is not None and pod.metadata.uid == node.resource_id
+                    and pod.status is not None and pod.status.phase == "Running"
+                    and not ctl.past_grace(pod) and condition(pod, "Ready") != "False")
 
     def _replace(self, inv: Inventory, store: InventoryStore, node: NodeRecord) -> NodeRecord:
         """The lost pod alone. JobSet: its Job makes a new pod at that index once the old one
@@ -173,11 +195,15 @@ class K8sProvider(Recoverable[K8sPlan]):
         if inv.spec is not None and inv.spec.max_hours:
             left = max(1, remaining_seconds(inv, inv.spec.max_hours))
             timeout = min(timeout, left)
-        free_pod(k, node.address, req.cluster, _say)
+        name = ctl.pod_name(k, req, node)
+        if name:
+            free_pod(k, name, req.cluster, _say)
         if req.mode == "pods":
-            _wait_name_free(k, node.address)
+            ctl.wait_name_free(k, hostname(req.cluster, node.rank), 120.0)
             store.forget(inv, "k8s-pod", old)
             _record(inv, store, req, create_object(k, plain_pod(req, node.rank, left)))
+        if req.mode == "jobset" and req.queue:  # Kueue may have preempted the whole JobSet
+            wait_readmitted(k, inv, req, opts.queue_timeout_s, _say)
         pod = wait_running(k, req.cluster, {node.rank}, timeout, _say,
                            exclude=frozenset({old}), pull_attempts=opts.pull_attempts,
                            job_events=req.mode == "jobset")[node.rank]
@@ -186,12 +212,53 @@ class K8sProvider(Recoverable[K8sPlan]):
         store.save(inv)
         return new
 
+    # --- the controller (managed runs) -------------------------------------------------------
+    def _create_controller(self, inv: Inventory, store: InventoryStore) -> NodeRecord:
+        from provision.cluster.providers.lifetime import remaining_seconds
+        from provision.model.keys import ensure_controller_key, generate_ed25519, host_key_only
+
+        req = _request(inv)
+        k = kube(req.namespace, req.context)
+        host = generate_ed25519("controller")
+        _, public_key = ensure_controller_key(store.keys_dir(inv.name))
+        deadline = (max(1, int(remaining_seconds(inv, inv.spec.max_hours)))
+                    if inv.spec is not None and inv.spec.max_hours else None)
+
+        def made(manifest: dict[str, Any]) -> dict[str, Any]:
+            created = create_object(k, manifest)
+            _record(inv, store, req, created, role="controller")
+            return created
+
+        found = ctl.create(k, req, deadline, host.private_openssh, public_key, made,
+                           _opts(inv.spec).ready_timeout_s, _say)
+        return ctl.node_record(found, host_key_only(host.public_openssh))
+
+    def _teardown_from_controller(self, inv: Inventory, store: InventoryStore) -> None:
+        req = _request(inv)
+        ctl.teardown_from_inside(kube(req.namespace, req.context), inv,
+                                 lambda kind, uid: store.forget(inv, kind, uid))
+
+    def _remove_controller_from_inside(self, inv: Inventory) -> None:
+        req = _request(inv)
+        ctl.remove_self(kube(req.namespace, req.context), inv)
+
+    def _remove_lost_controller(self, inv: Inventory, store: InventoryStore) -> None:
+        """Its pod (and login Secret) deleted, label-checked, and forgotten; its identity
+        stays for the next one."""
+        req = _request(inv)
+        k = kube(req.namespace, req.context)
+        for r in list(inv.resources):
+            if r.extra.get("role") == "controller" and r.kind in ("k8s-pod", "k8s-secret"):
+                delete_if_labelled(k, r.kind, r.name or "", inv.name)
+                store.forget(inv, r.kind, r.id)
+
     # --- teardown ---------------------------------------------------------------------------
     def _destroy(self, inv: Inventory, store: InventoryStore) -> None:
         if inv.spec is None or not isinstance(getattr(inv.spec, "k8s", None), K8sOptions):
             raise TeardownError(f"cluster {inv.name!r}: its inventory has no k8s options")
         opts = _opts(inv.spec)
         k = kube(opts.namespace, opts.context)
+        ctl.remove_first(k, inv.name)
         recorded = [(r.kind, r.name or "") for r in inv.resources if r.kind in KINDS]
         groups = _groups_or_none(k)
         out = delete_cluster(k, inv.name, recorded, groups)
@@ -256,12 +323,12 @@ def _groups_or_none(k: Kube) -> set[str] | None:
         return None
 
 
-def _record(inv: Inventory, store: InventoryStore, req: K8sRequest, created: dict[str, Any]
-            ) -> None:
+def _record(inv: Inventory, store: InventoryStore, req: K8sRequest, created: dict[str, Any],
+            role: str | None = None) -> None:
     meta = created["metadata"]
     kind = "k8s-" + created["kind"].lower()
-    store.record(inv, ResourceRecord(kind=kind, id=meta["uid"], name=meta["name"],
-                                     extra={"namespace": req.namespace, "mode": req.mode}))
+    extra = {"namespace": req.namespace, "mode": req.mode, **({"role": role} if role else {})}
+    store.record(inv, ResourceRecord(kind=kind, id=meta["uid"], name=meta["name"], extra=extra))
 
 
 def create_object(k: Kube, manifest: dict[str, Any]) -> dict[str, Any]:
@@ -307,19 +374,3 @@ def _refuse_leftovers(k: Kube, name: str, groups: set[str]) -> None:
             hint=f"kubectl delete -n {k.namespace} -l {selector(name)} "
                  "jobsets,pods,services,secrets (`mgpu-cloud gc --provider k8s` lists every "
                  "such leftover), or pick another --name")
-
-
-def _wait_name_free(k: Kube, pod_name: str, timeout_s: float = 120.0) -> None:
-    """A plain pod is made again under its name: once the old one is gone."""
-    from provision.cluster.providers.k8s.pods import POLL_S
-
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        try:
-            k.core.read_namespaced_pod(pod_name, k.namespace)
-        except Exception as exc:
-            if is_not_found(exc):
-                return
-            raise
-        time.sleep(POLL_S / 4)
-    raise TeardownError(f"pod {pod_name} is still terminating after {timeout_s:.0f} s")

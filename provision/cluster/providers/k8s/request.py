@@ -22,6 +22,7 @@ class K8sRequest(StrictModel):
     memory: str
     guaranteed: bool = False  # limits = requests: QoS Guaranteed (a node type or both given)
     queue: str | None = None
+    priority: str | None = None  # Kueue WorkloadPriorityClass (the JobSet's label)
     deadline_s: int | None = None  # activeDeadlineSeconds (from max_hours)
     end_unix: int | None = None  # the cluster's absolute end (created + max_hours): set by up
     fabric: Literal["none", "efa", "tcpx", "tcpxo", "rdma"] = "none"

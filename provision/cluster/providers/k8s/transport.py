@@ -136,16 +136,24 @@ class PodSshConnection(SshConnection):
 
 
 def connector(inv: Inventory) -> Connector:
-    """Connections to `inv`'s pods through its kubeconfig context's API server."""
+    """Connections to `inv`'s pods through its kubeconfig context's API server; a node seen
+    from inside the cluster (the controller's view, supervisor.inside_view: its address is
+    its pod IP) is reached straight over the pod network, as every pod reaches another
+    (the Kubernetes network model), and the controller needs no pods/portforward."""
     from provision.cluster.providers.k8s.client import kube
     from provision.cluster.providers.k8s.options import K8sOptions
+    from provision.nodes.transport import ssh_connector
 
     if inv.spec is None:
         raise ValueError(f"cluster {inv.name!r}: its inventory has no spec")
     opts = inv.spec.options_as(K8sOptions)
-    k = kube(opts.namespace, opts.context)
+    api: list[Any] = []  # made at the first port-forward (the controller never makes one)
 
     def make(inv: Inventory, node: NodeRecord) -> NodeConnection:
-        return PodSshConnection(inv, node, k.api, opts.namespace)
+        if node.address == node.private_address:
+            return ssh_connector(inv, node)
+        if not api:
+            api.append(kube(opts.namespace, opts.context).api)
+        return PodSshConnection(inv, node, api[0], opts.namespace)
 
     return make
