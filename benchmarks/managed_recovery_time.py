@@ -1,10 +1,12 @@
 """Node loss -> training again: unattended (the controller) beside attached (your terminal).
 
     python benchmarks/managed_recovery_time.py [--nodes 2 4] [--repeat 1]
+                                               [--how relaunch resident]
 
-For each N, the same job (examples/train_ddp.py, a checkpoint every 5 steps) twice, node-1's
-container killed once a checkpoint is kept; "total" is the kill to rank 0's "resumed from
-step" line:
+For each N and each way (`--how`: examples/train_ddp.py relaunched, or examples/
+train_resident.py whose other nodes keep their processes, issue 44), the same job (a
+checkpoint every 5 steps) twice, node-1's container killed once a checkpoint is kept;
+"total" is the kill to rank 0's "resumed from step" line:
     attached     `mgpu-cloud run --nodes N --max-restarts 1` (benchmarks/recovery_time.py's
                  measurement: the run's own output, timestamped here as it arrives)
     unattended   `mgpu-cloud run --detach --store file://... --max-restarts 1`: the job's
@@ -27,26 +29,27 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from recovery_time import EXAMPLE, one  # noqa: E402
+from recovery_time import SCRIPTS, one  # noqa: E402
 from revisions import current  # noqa: E402
 
-JOB = [EXAMPLE, "--steps", "100000", "--save-every", "5", "--sleep", "0.1", "--log-every",
-       "1000"]
+JOB = ["--steps", "100000", "--save-every", "5", "--sleep", "0.1", "--log-every", "1000"]
 
 
 def _log_files(folder: Path, name: str) -> list[Path]:
     return sorted((folder / name / "jobs" / "1" / "log").glob("*.log"))
 
 
-def unattended(n: int, home: str) -> tuple[float, float]:
+def unattended(n: int, home: str, script: str,
+               more: tuple[str, ...] = ()) -> tuple[float, float]:
     """(seen, logged): kill -> the resumed line read here / written by the controller."""
-    name = f"bench-ru-{n}"
+    name = f"bench-ru-{n}-{os.getpid()}"
     store = Path(home) / "store"  # a fresh store per run: job 1 in it is this run's
     store.mkdir(parents=True, exist_ok=True)
     tree = current()
     env = tree.env(MGPU_CLOUD_HOME=home)
     subprocess.run([*tree.cli(), "run", "--detach", "--nodes", str(n), "--name", name,
-                    "--store", f"file://{store}", "--max-restarts", "1", *JOB], env=env,
+                    "--store", f"file://{store}", "--max-restarts", "1", *more, script, *JOB],
+                   env=env,
                    cwd=home, check=True, capture_output=True)
     ckpts = store / name / "data" / "jobs" / "1" / "checkpoints"  # what the nodes write
     killed = None
@@ -72,20 +75,30 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--nodes", type=int, nargs="+", default=[2, 4])
     ap.add_argument("--repeat", type=int, default=1)
+    ap.add_argument("--how", nargs="+", choices=sorted(SCRIPTS), default=["relaunch"])
+    ap.add_argument("--spares", type=int, default=0, help="warm spares (issue 44): --spares K")
     args = ap.parse_args()
-    print(f"medians of {args.repeat} run(s); {os.cpu_count()} CPUs; seconds from the kill "
-          "to rank 0's 'resumed from step'")
-    print(f"{'N':>3} {'attached':>9} {'unattended (logged)':>20} {'(seen)':>8}")
+    more = ("--spares", str(args.spares)) if args.spares else ()
+    print(f"medians of {args.repeat} run(s); {os.cpu_count()} CPUs; load "
+          f"{os.getloadavg()[0]:.1f}; spares {args.spares}; seconds from the kill to rank 0's "
+          "'resumed from step'")
+    print(f"{'N':>3} {'how':>9} {'attached':>9} {'unattended (logged)':>20} {'(seen)':>8}")
     with tempfile.TemporaryDirectory() as tmp:
         for n in args.nodes:
-            att, logged, seen = [], [], []
-            for i in range(args.repeat):  # interleaved: the machine's load hits both alike
-                att.append(one(n, f"{tmp}/a{n}-{i}", tmp, current())["total"])
-                s, lg = unattended(n, f"{tmp}/u{n}-{i}")
-                seen.append(s)
-                logged.append(lg)
-            print(f"{n:>3} {statistics.median(att):>9.2f} {statistics.median(logged):>20.2f} "
-                  f"{statistics.median(seen):>8.2f}")
+            att: dict[str, list[float]] = {how: [] for how in args.how}
+            logged: dict[str, list[float]] = {how: [] for how in args.how}
+            seen: dict[str, list[float]] = {how: [] for how in args.how}
+            for i in range(args.repeat):  # interleaved: the machine's load hits all alike
+                for how in args.how:
+                    att[how].append(one(n, f"{tmp}/a{n}-{i}-{how}", tmp, current(),
+                                        SCRIPTS[how], more)["total"])
+                    s, lg = unattended(n, f"{tmp}/u{n}-{i}-{how}", SCRIPTS[how], more)
+                    seen[how].append(s)
+                    logged[how].append(lg)
+            for how in args.how:
+                print(f"{n:>3} {how:>9} {statistics.median(att[how]):>9.2f} "
+                      f"{statistics.median(logged[how]):>20.2f} "
+                      f"{statistics.median(seen[how]):>8.2f}", flush=True)
 
 
 if __name__ == "__main__":

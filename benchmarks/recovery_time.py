@@ -1,14 +1,20 @@
 """Time from a node's death to training again, on 2 and 4 docker nodes, split into parts.
 
-    python benchmarks/recovery_time.py [--nodes 2 4] [--repeat 1] [--against REV]
+    python benchmarks/recovery_time.py [--nodes 2 4] [--repeat 1] [--how relaunch resident]
+                                       [--against REV]
 
-For each N: `mgpu-cloud run --nodes N --max-restarts 1` of examples/train_ddp.py (saving a
-checkpoint every 5 steps); once a checkpoint is kept, node-1's container is killed. From the
-run's own output (timestamped here as it arrives):
+For each N and each way (`--how`, interleaved in one run: the machine's load hits both alike):
+`mgpu-cloud run --nodes N --max-restarts 1` of examples/train_ddp.py (relaunch: every rank
+started again) or examples/train_resident.py (resident: the other nodes' ranks keep their
+processes and re-form with the newcomer, issue 44), saving a checkpoint every 5 steps; once
+a checkpoint is kept, node-1's container is killed. From the run's own output (timestamped
+here as it arrives):
 
-    detection    kill -> "failure: node lost (node-1)"
+    detection    kill -> "failure: node lost (node-1)" / "node-1 lost: the ranks of ..."
     replacement / bootstrap / restore    the run's "ready to restart in ..." line
-    relaunch     "ready to restart" -> rank 0's "resumed from step" (torch start + rendezvous)
+    relaunch     "ready to restart" -> rank 0's "resumed from step" (relaunch: torch start +
+                 rendezvous of every rank; resident: the word to re-form, the newcomer's
+                 start, the group formed again)
     total        kill -> "resumed from step"
 
 Baseline beside it, same run: `mgpu-cloud up` of N fresh nodes (what replacing the whole
@@ -34,13 +40,17 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from revisions import Tree, current, trees  # noqa: E402
 
 EXAMPLE = str(ROOT / "examples" / "train_ddp.py")
+SCRIPTS = {"relaunch": EXAMPLE, "resident": str(ROOT / "examples" / "train_resident.py")}
+DETECTED = re.compile(r"failure: node lost|node-1 lost: the ranks of")
 
 
-def one(n: int, home: str, cwd: str, tree: Tree) -> dict[str, float]:
-    name = f"bench-rc-{n}"
+def one(n: int, home: str, cwd: str, tree: Tree, script: str = EXAMPLE,
+        more: tuple[str, ...] = ()) -> dict[str, float]:
+    """The parts of one recovery; `more`: more `run` options (e.g. --spares 1)."""
+    name = f"bench-rc-{n}-{os.getpid()}"
     env = tree.env(MGPU_CLOUD_HOME=home, PYTHONUNBUFFERED="1")
     proc = subprocess.Popen([*tree.cli(), "run", "--nodes", str(n), "--name", name, "--max-restarts",
-                             "1", EXAMPLE, "--steps", "100000", "--save-every", "5", "--sleep",
+                             "1", *more, script, "--steps", "100000", "--save-every", "5", "--sleep",
                              "0.1", "--log-every", "1000"], cwd=cwd, env=env, text=True,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     assert proc.stdout is not None
@@ -53,7 +63,7 @@ def one(n: int, home: str, cwd: str, tree: Tree) -> dict[str, float]:
                 subprocess.run(["docker", "kill", f"{name}-node-1"], check=True,
                                capture_output=True)
                 marks["kill"] = time.monotonic()
-            elif "failure: node lost" in line:
+            elif DETECTED.search(line) and "detected" not in marks:
                 marks["detected"] = now
             elif m := re.search(r"ready to restart in [\d.]+ s: replacement ([\d.]+) s, "
                                 r"bootstrap ([\d.]+) s, restore ([\d.]+) s", line):
@@ -77,10 +87,11 @@ def baseline_up(n: int, home: str) -> float:
     tree = current()
     env = tree.env(MGPU_CLOUD_HOME=home)
     t0 = time.monotonic()
-    subprocess.run([*tree.cli(), "up", "--nodes", str(n), "--name", f"bench-up-{n}"], env=env,
+    name = f"bench-up-{n}-{os.getpid()}"
+    subprocess.run([*tree.cli(), "up", "--nodes", str(n), "--name", name], env=env,
                    check=True, capture_output=True)
     elapsed = time.monotonic() - t0
-    subprocess.run([*tree.cli(), "down", f"bench-up-{n}"], env=env, check=True, capture_output=True)
+    subprocess.run([*tree.cli(), "down", name], env=env, check=True, capture_output=True)
     return elapsed
 
 
@@ -88,23 +99,31 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--nodes", type=int, nargs="+", default=[2, 4])
     ap.add_argument("--repeat", type=int, default=1)
+    ap.add_argument("--how", nargs="+", choices=sorted(SCRIPTS), default=["relaunch"],
+                    help="relaunch: a script without resident restarts; resident: one with")
+    ap.add_argument("--spares", type=int, default=0, help="warm spares (issue 44): --spares K")
     ap.add_argument("--against", metavar="REV", help="also time the recovery of git revision REV")
     args = ap.parse_args()
+    more = ("--spares", str(args.spares)) if args.spares else ()
     cols = ["detection", "replacement", "bootstrap", "restore", "relaunch", "total"]
-    print(f"medians of {args.repeat} run(s); {os.cpu_count()} CPUs; seconds")
-    print(f"{'N':>3} {'tree':>10} " + " ".join(f"{c:>11}" for c in cols)
+    print(f"medians of {args.repeat} run(s); {os.cpu_count()} CPUs; load "
+          f"{os.getloadavg()[0]:.1f}; spares {args.spares}; seconds")
+    print(f"{'N':>3} {'tree':>10} {'how':>9} " + " ".join(f"{c:>11}" for c in cols)
           + f" {'baseline up(N)':>15}")
     with tempfile.TemporaryDirectory() as tmp, trees(args.against) as found:
         for n in args.nodes:
-            runs: dict[str, list[dict[str, float]]] = {t.label: [] for t in found}
+            runs: dict[tuple[str, str], list[dict[str, float]]] = {
+                (t.label, how): [] for t in found for how in args.how}
             for _ in range(args.repeat):
                 for i, tree in enumerate(found):
-                    runs[tree.label].append(one(n, f"{tmp}/home-{i}", tmp, tree))
+                    for how in args.how:
+                        runs[tree.label, how].append(one(n, f"{tmp}/home-{i}", tmp, tree,
+                                                         SCRIPTS[how], more))
             base = statistics.median(baseline_up(n, f"{tmp}/home") for _ in range(args.repeat))
-            for label, mine in runs.items():
+            for (label, how), mine in runs.items():
                 med = {c: statistics.median(r[c] for r in mine) for c in cols}
-                print(f"{n:>3} {label:>10} " + " ".join(f"{med[c]:>11.2f}" for c in cols)
-                      + f" {base:>15.2f}")
+                print(f"{n:>3} {label:>10} {how:>9} " + " ".join(f"{med[c]:>11.2f}" for c in cols)
+                      + f" {base:>15.2f}", flush=True)
 
 
 if __name__ == "__main__":

@@ -20,6 +20,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "job": ("remote.jobs", "start / follow / status / cancel a job that outlives its session"),
     "store": ("remote.storesync", "push files to / pull a folder from a durable store (s3, gs, file)"),
     "injob": ("remote.injob", "the fabric gate in the job's own processes, then its script"),
+    "resident": ("remote.resident", "tell this node's resident ranks to re-form with a newcomer"),
 }
 
 

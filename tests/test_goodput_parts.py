@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from provision.job.ledger import BUCKETS, Ledger, render, young_daly
+from provision.job.ledger import BUCKETS, Ledger, availability_interval, render, young_daly
 from provision.job.resumecheck import ResumeCheck, step_in
 from provision.job.stragglers import WINDOW, StragglerWatch, compute_s
 
@@ -40,10 +40,46 @@ def test_the_ledger_sums_to_wall_time_times_nodes_through_two_failures() -> None
     assert set(got) == set(BUCKETS)
     data = led.to_json()
     assert data["failures"] == 2 and data["save_cost_s"] == 2.0
-    assert data["advice_s"] == round(young_daly(2.0, 240.0 / 2), 1)
+    # recoveries: 200 -> 235 and 270 -> 290 (failure seen -> training again): Tr 27.5 s
+    assert data["recovery_s"] == 27.5
+    # Tc = Ts + sqrt(2 (Tf + Tr) Ts + Ts^2) with Ts 2.0 (the median save), Tf 120 (240 s of
+    # wall time / 2 failures), Tr 27.5: 2 + sqrt(590 + 4) = 26.37...
+    assert data["advice_s"] == 26.4 == round(availability_interval(2.0, 120.0, 27.5), 1)
     assert math.isclose(young_daly(2.0, 120.0), math.sqrt(2 * 2.0 * 120.0))
     text = render(data)
-    assert "node-hours:" in text and "Young/Daly" in text and "redone" in text
+    assert "node-hours:" in text and "arXiv 2410.18124" in text and "redone" in text
+    assert "recovery Tr 27.5 s" in text
+
+
+def test_the_advice_counts_the_recovery_time_and_is_young_daly_without_it() -> None:
+    """Tr moves the interval (Tf + Tr is the time from one failure to the next: a slower
+    recovery spaces the saves further apart); with Tr = 0 and a save small against Tf it is
+    Young/Daly's sqrt(2 Ts Tf) plus the save itself."""
+    assert availability_interval(2.0, 120.0, 0.0) == pytest.approx(2 + math.sqrt(480 + 4))
+    assert availability_interval(2.0, 120.0, 60.0) > availability_interval(2.0, 120.0, 0.0)
+    tiny = availability_interval(0.01, 3600.0, 0.0)
+    assert tiny == pytest.approx(young_daly(0.01, 3600.0), rel=0.01)
+
+
+def test_spares_are_their_own_bucket_in_every_phase_and_count_in_the_total() -> None:
+    """2 nodes + 1 spare: the spare accrues whatever the ranks do (setup, training,
+    recovery), the sum is wall x (nodes + spares), and goodput counts what was paid for."""
+    led = Ledger(started=0.0, nodes=2, spares=1)
+    led.switch("setup", 10.0)
+    led.switch("training", 20.0)
+    led.failed(lost_training_s=5.0, at=60.0)
+    led.resize(2, 62.0, spares=1)  # the spare took the rank; a new one was ordered
+    led.switch("training", 64.0)
+    got = led.close(100.0)
+    assert got["spare"] == 100.0  # 1 spare x 100 s, none of it in another bucket
+    assert sum(got.values()) == 100.0 * 3
+    assert got["recovery"] == 4.0 * 2 and got["training"] == (40.0 - 5.0 + 36.0) * 2
+    data = led.to_json()
+    assert data["spares"] == 1 and data["goodput"] == round(got["training"] / 300.0, 4)
+    assert "spare, idle 0.03 (33%)" in render(data)
+    led.resize(2, 100.0, spares=0)
+    with pytest.raises(ValueError, match="no ledger phase 'spare'"):
+        led.switch("spare", 101.0)
 
 
 def test_a_wait_for_the_queue_is_its_own_bucket_taken_from_recovery() -> None:
@@ -147,7 +183,7 @@ def test_the_advice_is_said_even_for_saves_that_take_no_time() -> None:
     led.failed(lost_training_s=1.0, at=9.0)
     led.close(20.0)
     data = led.to_json()
-    assert data["advice_s"] is not None and "Young/Daly" in render(data)
+    assert data["advice_s"] is not None and "arXiv 2410.18124" in render(data)
 
 
 def test_each_node_that_comes_back_waits_for_a_checkpoint_copied_after_it() -> None:

@@ -31,6 +31,18 @@ def test_status_fits_80_columns_and_cuts_nothing() -> None:
     assert "…" not in text and "..." not in text
 
 
+def test_status_counts_warm_spares_apart_and_names_them() -> None:
+    inv = _inv("sp", 2)
+    inv.spares = [NodeRecord(name="node-2", rank=2, address="203.0.113.102", port=22,
+                             private_address="10.20.30.42", user="ubuntu")]
+    text = status_text(status_rows([inv]))
+    lines = text.splitlines()
+    assert lines[1].split()[3] == "2+1", text  # NODES: the ranks' nodes + the spares
+    assert "  node-2 (spare, idle)  ubuntu@203.0.113.102:22  10.20.30.42" in lines, text
+    assert status_rows([inv])[0]["spares"][0]["name"] == "node-2"  # --json too
+    assert max(len(line) for line in lines) <= 80, text
+
+
 def test_progress_plain_lines_for_created_resources_and_bootstrap(mgpu_home: Path) -> None:
     out = io.StringIO()
     progress = NodeProgress(out, live=False)

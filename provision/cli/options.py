@@ -29,6 +29,7 @@ _CORE_CLUSTER_OPTIONS = [
     Opt("config", str | None, typer.Option(None, "--config", "-c", help="cluster YAML file; flags override it")),
     Opt("provider", str | None, typer.Option(None, "--provider", "-p", help=f"{DEFAULT_PROVIDER} (default) | " + " | ".join(n for n in provider_names() if n != DEFAULT_PROVIDER)), ("provider",)),
     Opt("nodes", int | None, typer.Option(None, "--nodes", "-n", help=f"number of nodes (default: {DEFAULT_NODES})"), ("nodes",)),
+    Opt("spares", int | None, typer.Option(None, "--spares", help="warm spare nodes made, bootstrapped and kept idle with the cluster: a lost node's rank moves to one at once, and a new one is ordered (0)"), ("spares",)),
     Opt("name", str | None, typer.Option(None, "--name", help="cluster name (default: generated)"), ("name",)),
     Opt("gpus_per_node", int | None, typer.Option(None, "--gpus-per-node", help="slots per node (default: what the machine has)"), ("gpus_per_node",)),
     Opt("ssh_cidr", str | None, typer.Option(None, "--ssh-cidr", help="who may reach SSH (default: your own address)"), ("ssh_cidr",)),

@@ -122,7 +122,8 @@ def create_cluster(
     if bootstrap:
         import_ssh_stack_while_waiting()
     try:
-        log(f"creating {plan.nodes} node(s) on {spec.provider} ...")
+        spares = f" + {plan.spares} warm spare(s)" if plan.spares else ""
+        log(f"creating {plan.nodes - plan.spares} node(s){spares} on {spec.provider} ...")
         with timed(inv, "create call"):
             provider.create(spec, plan, inv, store)
         inv.status = "ready"
@@ -138,6 +139,11 @@ def create_cluster(
                 bootstrap_cluster(inv, store, workdir=workdir(inv) if workdir else None,
                                   log=log, group=group, wait_image=workdir is not None)
             store.save(inv)  # the bootstrap phase closed
+            if inv.spares:  # warm spares (issue 44): ready to take a rank at once
+                from provision.nodes.spares import prepare_spares
+
+                with timed(inv, "spares"):
+                    prepare_spares(inv, store, list(inv.spares), log=log)
     except BaseException as exc:
         log(f"up failed ({type(exc).__name__}: {exc}); rolling back ...")
         _roll_back(provider, inv, store, exc, log)

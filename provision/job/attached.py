@@ -53,8 +53,8 @@ from provision.job.recovery import (
     Recovery,
     Watcher,
     classify,
-    give_up_message,
 )
+from provision.job.resident import rejoin_for
 from provision.job.resumecheck import ResumeCheck
 from provision.job.supervision import Ready, Started, Supervision, Target
 from provision.model import timeline
@@ -145,8 +145,10 @@ def supervise(run: JobRun, group: NodeGroup) -> int:
         if run.job.min_nodes is not None else None
     recovery = Recovery(run.provider, run.inv, run.store, run.job, run.log, keeper,
                         run.on_event, grower)
+    recovery.pool.on_change = lambda: run.event("replaced", "a new warm spare is ready", [])
     recap = Recap(run.inv.hourly_cost_usd)
-    ledger = from_timeline(timeline.current(run.inv), len(run.inv.nodes), time.time())
+    ledger = from_timeline(timeline.current(run.inv), len(run.inv.nodes), time.time(),
+                           spares=len(run.inv.spares))
     restarts = run.restarts
     nodes: NodeGroup | None = group
     rec: JobRecord | None = None
@@ -162,8 +164,9 @@ def supervise(run: JobRun, group: NodeGroup) -> int:
                 outcome = attempt(run, current, keeper, rec, restarts, gate, ledger,
                                   take_back=taking is not None,
                                   grow=None if grower is None else
-                                  lambda: grower.due(keeper.last_copy))
+                                  lambda: grower.due(keeper.last_copy), recovery=recovery)
                 taking = None
+                restarts += outcome.resident_restarts
             failure = _ended(run, rec, outcome, recap, keeper)
             _account(ledger, failure, keeper)
             nodes = None
@@ -186,19 +189,21 @@ def supervise(run: JobRun, group: NodeGroup) -> int:
             if restarts >= run.job.max_restarts:
                 if outcome.launch_error is not None:
                     raise outcome.launch_error
-                run.log(give_up_message(failure, restarts, run.job.max_restarts))
+                run.log(failure.give_up(restarts, run.job.max_restarts))
                 return outcome.code
             restarts += 1
             run.log(f"restart {restarts} of {run.job.max_restarts}: recovering from "
                     f"{failure.describe()}")
             t0 = time.monotonic()
-            recovery.bring_back(failure)
-            ledger.resize(len(run.inv.nodes), time.time())  # fewer, with --min-nodes
+            recovery.bring_back(failure)  # fewer nodes with --min-nodes; a spare taken
+            ledger.resize(len(run.inv.nodes), time.time(), spares=recovery.pool.held())
             ledger.queued(queued_in(timeline.current(run.inv)) * ledger.nodes)
             recap.recovered(time.monotonic() - t0)
     finally:
         if grower is not None:
             grower.stop()
+        recovery.pool.stop()  # a spare being made is recorded before `down` may run
+        recovery.pool.wait()
         for line in recap.lines(time.monotonic()):
             run.log(line)
         _close(run, ledger, rec)
@@ -209,7 +214,8 @@ def _started(run: JobRun, restarts: int, taking: str | None) -> None:
         run.event("taken_back", f"job {taking} on the nodes followed again by a new "
                                 "controller (the last one was lost)")
     elif restarts:
-        run.event("resumed", f"restart {restarts} of {run.job.max_restarts}: running again")
+        run.event("resumed", f"restart {restarts} of {run.job.max_restarts}: running again "
+                             "(full relaunch: every rank started anew)")
     else:
         run.event("started",
                   f"running on {len(run.inv.nodes)} node(s): {run.job.script_in_workdir}")
@@ -297,22 +303,32 @@ def _tell(run: JobRun, failure: Failure) -> None:
 def attempt(run: JobRun, group: NodeGroup, keeper: CheckpointKeeper, rec: JobRecord,
             restarts: int, gate: InJobGate | None = None,
             ledger: Ledger | None = None, *, take_back: bool = False,
-            grow: Callable[[], bool] | None = None) -> Outcome:
+            grow: Callable[[], bool] | None = None, recovery: Recovery | None = None) -> Outcome:
     """One start of the job on every node, followed to its end, its checkpoints kept and a
     Watcher looking for hangs and preemption notices. `gate`: the fabric gate first, in the
     job's own processes. A job that ended well gets its record (exit codes, logs) while the
-    last copy of its checkpoints is made: each asks the nodes on connections of its own."""
+    last copy of its checkpoints is made: each asks the nodes on connections of its own.
+    With `recovery`, a lost node may be replaced while the others' resident ranks go on
+    (job/resident.py): the outcome counts those restarts."""
     check = ResumeCheck(keeper.restored_step if restarts or keeper.restored_step else None,
                         lambda text: _regressed(run, text))
+
+    liveness = gone_nodes(run.provider, run.inv)
+    watcher = Watcher(run.inv, run.job, keeper, run.log, stop=run.stop, on_event=run.on_event,
+                      grow=grow, gone=liveness)
+    rejoin = None if recovery is None or take_back else rejoin_for(
+        run, recovery, rec.id, restarts, watcher,
+        None if ledger is None else lambda f: _account(ledger, f, keeper),
+        None if ledger is None else lambda: ledger.switch("training", time.time()))
 
     def on_line(node: NodeRecord, text: str) -> None:
         check.feed(text)
         if ledger is not None:
             ledger.save_line(text, time.time())
+        if rejoin is not None:
+            rejoin.ranks.feed(node.name, text)
 
-    watcher = Watcher(run.inv, run.job, keeper, run.log, stop=run.stop, on_line=on_line,
-                      on_event=run.on_event, grow=grow,
-                      gone=gone_nodes(run.provider, run.inv))
+    watcher.on_line = on_line
     ends = JobEnds(rec.id)  # what each node said as its part ended: state, checkpoints
     keeper.start()
     last_copy: Future[None] | None = None
@@ -320,10 +336,14 @@ def attempt(run: JobRun, group: NodeGroup, keeper: CheckpointKeeper, rec: JobRec
         try:
             code = run_job(run.inv, run.job, log=run.log, group=group, monitor=watcher,
                            restart_count=restarts, ends=ends, out=run.out, gate=gate,
-                           survive=run.survive, take_back=take_back)
+                           survive=run.survive, take_back=take_back, rejoin=rejoin)
             outcome = Outcome(code, watcher)
         except LaunchError as exc:
             outcome = Outcome(SESSION_LOST, watcher, launch_error=exc)
+        if rejoin is not None and rejoin.used:
+            outcome.resident_restarts = rejoin.used
+            rec.resident_restarts = rejoin.said
+            run.records.save(rec)
         gone = _gone(run, watcher)
         last_copy = background(lambda: keeper.stop(known=ends.manifests(), gone=gone))
         outcome.gone = gone

@@ -16,10 +16,14 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable
-from concurrent.futures import FIRST_COMPLETED, Future, wait
-from typing import Protocol, TextIO
+from concurrent.futures import Future
+from dataclasses import dataclass
+from typing import TextIO
 
 from provision.job.ends import JobEnds
+from provision.job.following import SESSION_LOST as SESSION_LOST
+from provision.job.following import STOPPED as STOPPED
+from provision.job.following import JobGate, JobMonitor, Rejoin, follow, stop_job
 from provision.job.launchers import LaunchContext, get_launcher
 from provision.job.nodelines import Detach, adhoc_job_id, follow_command, supervisor_words
 from provision.job.output import PrefixWriter
@@ -34,21 +38,12 @@ from provision.nodes import (
     NodeConnection,
     NodeGroup,
     RemoteLayout,
+    background,
     layout_of,
 )
 from provision.nodes.bootstrap import Workdir
 from provision.nodes.container import EnvFile, check_job_image, container_name, container_run_argv
 from provision.nodes.shell import assign, words
-
-SESSION_LOST = -1  # a node's exit code when its session ended without one (node gone?)
-STOPPED = 143  # run_job's code when a monitor stopped the job
-POLL_S = 0.5  # how often run_job asks its monitor whether to stop the job
-# After one node's launcher failed, how long the others get to end by themselves before they
-# are stopped. A crashed rank takes its peers down within a second or two (their collectives
-# fail), and each node's launcher then reports its own ranks' exit codes. Stopped at once, a
-# node whose crashed rank was still exiting reported the SIGTERM it got from the stop (-15)
-# instead of the crash's exit 1. A node that does not end (a hang) is stopped after this.
-PEERS_SETTLE_S = 3.0
 
 
 def job_env(inv: Inventory, job: JobSpec, layout: RemoteLayout,
@@ -119,6 +114,30 @@ def workdir_of(inv: Inventory, job: JobSpec) -> Workdir:
     return Workdir(job.local_workdir, list(job.excludes), files)
 
 
+def resident_port(job: JobSpec) -> int:
+    """The port of the store resident ranks meet in (remote/resident.py), on global rank 0's
+    node: the one after torchrun's (which its first launcher's store holds)."""
+    return job.master_port + 1 if job.master_port < 65535 else job.master_port - 1
+
+
+@dataclass(frozen=True)
+class Join:
+    """A newcomer joining resident ranks (provision/job/resident.py): the generation they
+    form, the address of global rank 0's node (their store), its first global rank, the
+    world size, and whether its launcher starts alone (node 0's first launcher, whose store
+    a static rendezvous joins, is gone)."""
+
+    gen: int
+    master: str
+    base: int
+    world: int
+    alone: bool
+
+    def env(self) -> dict[str, str]:
+        return {"MGPU_RESIDENT_GEN": str(self.gen), "MGPU_RESIDENT_MASTER": self.master,
+                "MGPU_RESIDENT_BASE": str(self.base), "MGPU_RESIDENT_WORLD": str(self.world)}
+
+
 def launching_nodes(inv: Inventory, job: JobSpec) -> list[NodeRecord]:
     """Where the launcher starts: every node, or node 0 for a runner that fans out itself."""
     return get_launcher(job.launcher).starting_nodes(_context(inv, job))
@@ -127,15 +146,20 @@ def launching_nodes(inv: Inventory, job: JobSpec) -> list[NodeRecord]:
 def node_command(
     inv: Inventory, job: JobSpec, node: NodeRecord, program: list[str] | None = None, *,
     job_id: str | None = None, detach: Detach | None = None, restart_count: int = 0,
-    entry: list[str] | None = None, survive: bool = False,
+    entry: list[str] | None = None, survive: bool = False, join: Join | None = None,
 ) -> str:
     """The full shell command line run on `node` (every value quoted). `program` words
     starting with "@root/" are paths in the node's remote folder. The job runs under
     `remote.pyz job start` (provision/job/jobs.py): its log is kept on the node under `job_id`;
     attached (the default) it streams and stops with the controller, `detach` returns.
     `entry` (words, "@root/" as in `program`) runs before the job's script in the launcher's
-    processes (the in-job fabric gate); they learn their node as $MGPU_NODE_RANK."""
+    processes (the in-job fabric gate); they learn their node as $MGPU_NODE_RANK. A launcher
+    whose newcomers can join resident ranks gives the job's script MGPU_RESIDENT_DIR (where
+    the word to re-form arrives: the job's folder) and MGPU_RESIDENT_PORT; `join`: this node
+    is such a newcomer (remote/resident.py)."""
     home = RemoteLayout(HomePath(inv.remote_root))
+    if join is not None:  # forked from its launcher, which imported torch (remote/resident.py)
+        entry = ["@root/remote.pyz", "resident", "start", "--"]
     ctx = _context(inv, job, entry)
     node = launch_rank(inv, node)
     job_id = job_id or adhoc_job_id()
@@ -145,12 +169,15 @@ def node_command(
     supervise = supervisor_words(home, job_id, detach, preempt, job_container(inv, job),
                                  survive)
     env = job_env(inv, job, ctx.layout, restart_count)
-    if entry:
+    if entry and join is None:
         env["MGPU_NODE_RANK"] = str(node.rank)
     if program is not None:
         program = _in_root(ctx.layout, program)
     launcher = get_launcher(job.launcher)
-    argv = launcher.argv(ctx, node, program)
+    if launcher.resident(job) and program is None:
+        env.update({"MGPU_RESIDENT_DIR": ctx.layout.job_dir(job_id),
+                    "MGPU_RESIDENT_PORT": str(resident_port(job)), **(join.env() if join else {})})
+    argv = launcher.rejoin_argv(ctx, node, join.alone) if join else launcher.argv(ctx, node, program)
     prefix, container_extra = launcher.prepare(ctx, env)
     if ctx.in_container:
         image = job_image(inv, job) or ""
@@ -175,49 +202,6 @@ def launch_rank(inv: Inventory, node: NodeRecord) -> NodeRecord:
     return node if place == node.rank else node.model_copy(update={"rank": place})
 
 
-class JobMonitor(Protocol):
-    """Watches a running job for run_job (provision/job/recovery.py implements it)."""
-
-    def line(self, node: NodeRecord, text: str) -> None:
-        """Every output line of every node, as it arrives (any thread)."""
-        ...
-
-    def poll(self) -> str | None:
-        """Called every half second: a reason to stop the job on every node now, or None."""
-        ...
-
-    def finished(self, node: NodeRecord, code: int) -> None:
-        """A node's launcher ended with `code` (-1: its session dropped)."""
-        ...
-
-
-class JobGate(Protocol):
-    """The fabric gate inside the job's launch (provision/job/gate/injob.py InJobGate)."""
-
-    entry: list[str]  # words before the job's script in its launcher ("@root/" paths)
-
-    def attach(self, nodes: list[str], print_line: Callable[[str, str], None]) -> None:
-        """The nodes run_job starts, and how it prints a line of a node."""
-        ...
-
-    def take(self, node: str, line: str) -> bool:
-        """Whether the line is the gate's (kept, not printed)."""
-        ...
-
-    def stopped(self, node: str) -> bool:
-        """Whether the node's processes ended because the gate failed."""
-        ...
-
-
-def stop_job(group: NodeGroup, nodes: list[NodeRecord] | None = None,
-             grace: float = 10.0) -> None:
-    """Stop the job's process group on `nodes` (default: the group's). Idempotent and best
-    effort: a node that is gone already is not an error."""
-    layout = group.layout
-    group.run(layout.remote_command("stop", "--pidfile", layout.pidfile, "--grace", str(grace)),
-              nodes=nodes, timeout=grace + 5)
-
-
 def run_job(
     inv: Inventory,
     job: JobSpec,
@@ -233,6 +217,7 @@ def run_job(
     ends: JobEnds | None = None,
     survive: bool = False,
     take_back: bool = False,
+    rejoin: Rejoin | None = None,
 ) -> int:
     """Run `job` on the cluster; returns 0 or the first failing node's exit code (STOPPED when
     `monitor.poll()` asked to stop it). `gate`: the fabric gate runs first in the job's own
@@ -243,11 +228,10 @@ def run_job(
     the job's log under `job_id` (provision/job/jobs.py; default: an unrecorded ad hoc id).
     The first line printed is the open timeline's "first output line" (model/timeline.py).
     Without a monitor, a failure is explained here (job/cause.py: the first failing rank);
-    a monitor's owner explains it, knowing more (a lost node). `ends`: gets what each node
-    said when its part ended (job/ends.py; for `job_id`, which it then names). `survive`: the
-    job goes on if this process's channels close (a managed run's); `take_back`: job
-    `job_id` already runs on the nodes (a new controller took it back): it is followed, not
-    started."""
+    a monitor's owner explains it, knowing more (a lost node). `ends`: each node's last word
+    (job/ends.py). `survive`: the job outlives this process's channels (managed runs);
+    `take_back`: job `job_id` already runs on the nodes: followed, not started. `rejoin`: a
+    lost node is replaced while the others' resident ranks go on (job/resident.py)."""
     job_id = ends.job_id if ends is not None else job_id or adhoc_job_id()
     ends = ends or JobEnds(job_id)
     own_group = group is None
@@ -257,12 +241,12 @@ def run_job(
     writers = _writers(inv, nodes, out or sys.stdout, monitor, gate, ends, journal)
     cancelled = threading.Event()
 
-    def one(conn: NodeConnection, node: NodeRecord) -> int:
+    def one(conn: NodeConnection, node: NodeRecord, command: str | None = None) -> int:
         w = writers[node.name]
         try:
-            command = follow_command(inv, job_id) if take_back else node_command(
+            command = command or (follow_command(inv, job_id) if take_back else node_command(
                 inv, job, node, program, job_id=job_id, restart_count=restart_count,
-                entry=gate.entry if gate is not None else None, survive=survive)
+                entry=gate.entry if gate is not None else None, survive=survive))
             code = conn.run(command, out=w).exit_code
         except Exception as exc:
             if cancelled.is_set():
@@ -279,7 +263,8 @@ def run_job(
     # Stopping runs on connections of their own: the launch connections are busy streaming.
     stopper = NodeGroup(inv, connector=group.connector)
     try:
-        code = _follow(group.submit(one, nodes), stopper, log, monitor, gate, cancelled)
+        code = follow(group.submit(one, nodes), stopper, log, monitor, gate, cancelled,
+                      rejoin, start=lambda node, command: _start(group, one, node, command))
     except BaseException as exc:
         cancelled.set()
         for w in writers.values():  # the ranks' noise after a stop the user asked for
@@ -306,6 +291,14 @@ def _starting(job: JobSpec, program: list[str] | None, nodes: int, taken: str | 
         return f"following job {taken} on {nodes} node(s) again: {what}"
     return (f"launching {job.launcher} on {nodes} node(s): {what}"
             + (" (the fabric gate first, in the same processes)" if gate else ""))
+
+
+def _start(group: NodeGroup, one: Callable[[NodeConnection, NodeRecord, str], int],
+           node: NodeRecord, command: str) -> Future[int]:
+    """A newcomer's command, on a thread of its own (the group's may be held by a session
+    that hangs), through a new connection (the name's old one led to the lost node)."""
+    group.drop(node)
+    return background(lambda: one(group.connection(node), node, command))
 
 
 def _stopping(exc: BaseException, cluster: str, job_id: str) -> str:
@@ -343,37 +336,6 @@ def _writers(inv: Inventory, nodes: list[NodeRecord], out: TextIO, monitor: JobM
     if gate is not None:
         gate.attach([n.name for n in nodes], lambda node, line: writers[node].show([line]))
     return writers
-
-
-def _follow(futures: dict[Future[int], NodeRecord], stopper: NodeGroup, log: Log,
-            monitor: JobMonitor | None, gate: JobGate | None, cancelled: threading.Event) -> int:
-    """Wait for every node's launcher; the first failure (or the monitor's reason) stops the
-    others (a node the failed gate ended is not stopped: every node ends by itself)."""
-    code = 0
-    pending = set(futures)
-    while pending:
-        done, pending = wait(pending, timeout=POLL_S, return_when=FIRST_COMPLETED)
-        for fut in done:
-            node_code = fut.result()
-            if node_code != 0 and code == 0:
-                code = node_code
-                if gate is not None and gate.stopped(futures[fut].name):
-                    continue
-                why = (": its SSH session dropped (is the node gone?)"
-                       if node_code == SESSION_LOST else f" exited with {node_code}")
-                log(f"{futures[fut].name}{why}; stopping the other nodes")
-                if node_code != SESSION_LOST:  # a lost node's peers do not end by themselves
-                    wait(pending, timeout=PEERS_SETTLE_S)  # (their results: the next rounds)
-                running = [futures[f] for f in pending if not f.done()]
-                if running:
-                    stop_job(stopper, running)
-        reason = monitor.poll() if monitor is not None and pending and code == 0 else None
-        if reason is not None:
-            code = STOPPED
-            log(f"{reason}; stopping the job on every node")
-            cancelled.set()
-            stop_job(stopper, [futures[f] for f in pending])
-    return code
 
 
 def _report_failure(lines: deque[str], log: Log) -> None:

@@ -20,6 +20,7 @@ from typing import Any
 
 from provision.cluster.providers.contract import AnyProvider, Recoverable
 from provision.model.inventory import Inventory
+from provision.nodes import fan_out
 
 EVERY_S = 3.0
 
@@ -32,11 +33,23 @@ class GoneNodes:
         self.provider, self.inv, self.every_s = provider, inv, every_s
         self.at, self.busy, self.gone = 0.0, False, list[str]()
         self.lock = threading.Lock()
+        self.reset_at = 0.0
 
     def _look(self) -> None:
-        found = [n.name for n in list(self.inv.nodes) if not self.provider.node_alive(self.inv, n)]
+        began = time.monotonic()
+        nodes = list(self.inv.nodes)  # every node asked at once: one call's time, not N
+        alive = fan_out(nodes, lambda n: self.provider.node_alive(self.inv, n))
+        found = [n.name for n, ok in zip(nodes, alive, strict=True) if not ok]
         with self.lock:
-            self.gone, self.busy = found, False
+            self.busy = False
+            if began >= self.reset_at:  # a look begun before a replacement says nothing now
+                self.gone = found
+
+    def reset(self) -> None:
+        """The nodes changed (a lost one replaced while the job runs: job/resident.py):
+        forget what was found, and what a look under way will find; look again now."""
+        with self.lock:
+            self.gone, self.reset_at, self.at = [], time.monotonic(), 0.0
 
     def __call__(self) -> list[str]:
         with self.lock:

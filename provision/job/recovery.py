@@ -1,5 +1,5 @@
-"""Supervise a running job; on a failure replace only what failed and resume from the last
-checkpoint.
+"""Supervise a running job; on a failure replace only what failed, resume from the last
+checkpoint (a lost node under resident ranks without a relaunch: job/resident.py).
 
 Detection (a Watcher is the launch.JobMonitor of the run):
     node lost    a node's session dropped or the job could not start there, and the node is
@@ -17,11 +17,10 @@ Detection (a Watcher is the launch.JobMonitor of the run):
     resume       (issue 36) after a restore, the job's first step line below the restored
                  step is flagged: `resume regression: saved S, restarted at F`
 Recovery (the loop is provision/job/attached.supervise), at most --max-restarts times:
-    keep the last checkpoint -> lost / preempted nodes: replace (Recoverable.replace), or wait
-    for the same hosts (--on-node-loss restart), or stop (fail) -> bootstrap the new nodes and
-    update the others -> restore the checkpoint on every node -> launch again with
-    MGPU_RESTART_COUNT + 1. Every replacement is recorded in the inventory.
-"""
+    keep the last checkpoint -> lost / preempted nodes: a warm spare or a replacement (the
+    pool, job/sparepool.py), or wait for the same hosts (--on-node-loss restart), or stop
+    (fail) -> bootstrap the new nodes and update the others -> restore the checkpoint on every
+    node -> launch again with MGPU_RESTART_COUNT + 1. Every replacement is in the inventory."""
 
 from __future__ import annotations
 
@@ -37,6 +36,7 @@ from provision.job.checkpoints import CheckpointKeeper
 from provision.job.elastic import Grower
 from provision.job.launch import job_container
 from provision.job.notices import maintenance_message
+from provision.job.sparepool import SparePool
 from provision.job.stragglers import Slow, StragglerWatch
 from provision.model import timeline
 from provision.model.errors import LaunchError, MgpuError
@@ -45,15 +45,14 @@ from provision.model.logsink import Log
 from provision.model.nodejson import NodeEvent, Unreadable, read, unreadable
 from provision.model.nodetext import lines, shown
 from provision.model.spec import JobSpec
-from provision.nodes import NodeGroup, background
+from provision.nodes import NodeGroup, fan_out
 
 # A managed run's record sink (provision/job/managed/): (event, message, node names).
 OnEvent = Callable[[str, str, list[str]], None]
 FAILURE_EVENTS = {"node lost": "node_lost", "preemption": "preempted", "hang": "hang",
                   "rank crash": "crashed", "slow node": "slow_node", "grow": "growing"}
 REPLACED_KINDS = ("node lost", "preemption", "slow node")  # failures whose nodes are replaced
-CANCELLED = 130  # attached.supervise's code when JobRun.stop asked for the job to end
-EVENT_PREFIX = "MGPU-EVENT "  # remote/supervise.py prints events with this prefix
+CANCELLED, EVENT_PREFIX = 130, "MGPU-EVENT "  # a cancel's code; remote/supervise.py's prefix
 PREEMPT_SAVE_DEADLINE_S = 90.0  # AWS gives ~120 s, GCP ~30 s: what a save may take at most
 REACHABLE_DEADLINE_S = 10.0  # a fresh login to a node said to be alive
 RETURN_DEADLINE_S = 600.0  # --on-node-loss restart: how long to wait for the same host
@@ -70,6 +69,11 @@ class Failure:
     def describe(self) -> str:
         where = ", ".join(n.name for n in self.nodes)
         return f"{self.kind} ({where})" if where else self.kind
+
+    def give_up(self, restarts: int, max_restarts: int) -> str:
+        if not max_restarts:
+            return f"not restarting: {self.describe()} (use --max-restarts N to recover)"
+        return f"giving up: {self.describe()}; {restarts} of {max_restarts} restart(s) used"
 
 
 @dataclass
@@ -210,13 +214,16 @@ def dump_stacks(inv: Inventory, job: JobSpec, log: Log) -> None:
             log(f"[{name}] {shown(line)}")
 
 
-def _alive(provider: AnyProvider, inv: Inventory, node: NodeRecord) -> bool:
-    """Gone when the provider is sure (Recoverable.node_alive keeps the "cannot tell: alive"
-    rule); otherwise a fresh login decides."""
-    if isinstance(provider, Recoverable) and not provider.node_alive(inv, node):
-        return False
-    with NodeGroup(inv, [node]) as group:
-        return group.wait_until_reachable(REACHABLE_DEADLINE_S)[node.name].ok
+def _lost(provider: AnyProvider, inv: Inventory, gone: frozenset[str]) -> list[NodeRecord]:
+    """`gone`, and the nodes the provider is sure are gone (node_alive: "cannot tell" is
+    alive) or a fresh login cannot reach: all asked at once (not one login per node)."""
+    ask = [n for n in inv.nodes if n.name not in gone]
+    said = fan_out(ask, lambda n: not isinstance(provider, Recoverable)
+                   or provider.node_alive(inv, n))
+    with NodeGroup(inv, [n for n, ok in zip(ask, said, strict=True) if ok]) as group:
+        reached = group.wait_until_reachable(REACHABLE_DEADLINE_S)
+    return [n for n in inv.nodes if n.name in gone or n.name not in reached
+            or not reached[n.name].ok]
 
 
 @dataclass
@@ -228,6 +235,7 @@ class Outcome:
     watcher: Watcher
     launch_error: LaunchError | None = None
     gone: frozenset[str] = frozenset()  # nodes the provider said were gone as it ended
+    resident_restarts: int = 0  # lost nodes replaced while it ran (job/resident.py)
 
 
 def classify(outcome: Outcome, provider: AnyProvider, inv: Inventory) -> Failure:
@@ -239,8 +247,7 @@ def classify(outcome: Outcome, provider: AnyProvider, inv: Inventory) -> Failure
         nodes = [n for n in inv.nodes if n.name in watcher.preempted]
         slow = all(watcher.preempted[n.name].get("action") == "slow" for n in nodes)
         return Failure("slow node" if slow and nodes else "preemption", nodes, code)
-    lost = [n for n in inv.nodes  # outcome.gone: the provider said so as the attempt ended
-            if n.name in outcome.gone or not _alive(provider, inv, n)]
+    lost = _lost(provider, inv, outcome.gone)  # gone: the provider said so as it ended
     if lost:
         names = ", ".join(n.name for n in lost)
         return Failure("node lost", lost, code, story=[  # the provider or a login said so
@@ -274,11 +281,17 @@ class Recovery:
     keeper: CheckpointKeeper
     on_event: OnEvent | None = None
     grower: Grower | None = None  # --min-nodes: dropped nodes asked for again
+    pool: SparePool = field(init=False)  # where a node for a rank comes from (issue 44)
 
-    def bring_back(self, failure: Failure) -> None:
+    def __post_init__(self) -> None:
+        self.pool = SparePool(self.provider, self.inv, self.store, self.log)
+
+    def bring_back(self, failure: Failure,
+                   bootstrapped: Callable[[list[NodeRecord]], None] | None = None) -> None:
         """Make the cluster whole again for a restart (replaced nodes bootstrapped, the
         others told about them, the checkpoint on every node). Raises MgpuError if not.
-        Its phases begin a "recovery" timeline (the relaunch adds gate, first output line)."""
+        Its phases begin a "recovery" timeline (the relaunch adds gate, first output line).
+        `bootstrapped`: the new nodes, before the restore (job/resident.py starts them)."""
         timeline.begin(self.inv, "recovery")
         t0 = time.monotonic()
         nodes = failure.nodes if failure.kind in REPLACED_KINDS else []
@@ -303,6 +316,8 @@ class Recovery:
             others = [n for n in self.inv.nodes if n not in replaced]
             with NodeGroup(self.inv, others) as group:
                 refresh_peers(self.inv, self.store, group)
+            if bootstrapped is not None:
+                bootstrapped(replaced)
         t2 = time.monotonic()
         with NodeGroup(self.inv) as group, timeline.timed(self.inv, "restore"):
             restored = self.keeper.restore(group)
@@ -313,15 +328,8 @@ class Recovery:
                  f"({restored} checkpoint file(s) on every node)")
 
     def _replace(self, nodes: list[NodeRecord], why: str) -> list[NodeRecord]:
-        if not isinstance(self.provider, Recoverable):
-            raise MgpuError(
-                f"provider {self.inv.provider!r} cannot replace nodes ({', '.join(n.name for n in nodes)})",
-                hint="restart on the same machines with --on-node-loss restart, or stop with "
-                "--on-node-loss fail",
-            )
         new_nodes = []
         for node in nodes:
-            self.log(f"replacing {node.name} ({why}) ...")
             if why == "slow node":
                 from provision.model.blocklist import remember
 
@@ -340,9 +348,7 @@ class Recovery:
     def _replace_or_drop(self, node: NodeRecord, why: str) -> NodeRecord | None:
         """The replacement of `node`; None when it could not be had (an error, or not within
         --replace-timeout) and --min-nodes lets the run go on without it (job/elastic.py)."""
-        provider = self.provider
-        assert isinstance(provider, Recoverable)
-        pending = background(lambda: provider.replace(self.inv, self.store, node))
+        pending = self.pool.node_for(node, why)  # a warm spare first (job/sparepool.py)
         try:
             return pending.result(timeout=self.job.replace_timeout)
         except (MgpuError, FutureTimeout) as exc:
@@ -392,9 +398,3 @@ class Recovery:
                  " to come back (--on-node-loss restart)")
         with NodeGroup(self.inv, nodes) as group:
             group.wait_until_reachable(RETURN_DEADLINE_S).raise_for("waiting for the nodes")
-
-
-def give_up_message(failure: Failure, restarts: int, max_restarts: int) -> str:
-    if not max_restarts:
-        return f"not restarting: {failure.describe()} (use --max-restarts N to recover)"
-    return f"giving up: {failure.describe()}; {restarts} of {max_restarts} restart(s) used"

@@ -23,6 +23,7 @@ import os
 import re
 import shlex
 import shutil
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Literal
@@ -57,6 +58,10 @@ def checked_name(name: str) -> str:
         return validate_cluster_name(name)
     except ValueError as exc:
         raise UserInputError(str(exc)) from None
+
+
+def _now() -> str:
+    return dt.datetime.now(dt.UTC).isoformat(timespec="seconds")
 
 
 def state_home() -> Path:
@@ -129,9 +134,7 @@ class Replacement(BaseModel):
     old: str | None
     new: str | None
     reason: str
-    at: str = Field(
-        default_factory=lambda: dt.datetime.now(dt.UTC).isoformat(timespec="seconds")
-    )
+    at: str = Field(default_factory=lambda: _now())
 
 
 class Inventory(BaseModel):
@@ -140,12 +143,13 @@ class Inventory(BaseModel):
     name: str
     provider: str
     status: Literal["creating", "ready", "destroying"] = "creating"
-    created_at: str = Field(
-        default_factory=lambda: dt.datetime.now(dt.UTC).isoformat(timespec="seconds")
-    )
+    created_at: str = Field(default_factory=lambda: _now())
     spec: ClusterSpec | None = Field(None, description="what the user asked for, typed")
     resources: list[ResourceRecord] = Field(default_factory=list)
     nodes: list[NodeRecord] = Field(default_factory=list)
+    spares: list[NodeRecord] = Field(default_factory=list, description="warm spares (issue "
+                                     "44): made, bootstrapped, idle; not ranks")
+    spares_made: int = Field(0, description="spares ever made: the next one's number")
     key_path: str | None = None
     known_hosts_path: str | None = None
     hourly_cost_usd: float = 0.0
@@ -157,15 +161,11 @@ class Inventory(BaseModel):
     gpu_model: str | None = Field(None, description="the nodes' GPUs as the provider's catalog "
                                   "names them (e.g. 'NVIDIA B200', 'nvidia-b200'); a job's "
                                   "--image is checked against them; None: unknown")
-    container_args: list[str] = Field(
-        default_factory=list,
-        description="extra `docker run` words the provider's fabric needs (devices, mounts, env)",
-    )
+    container_args: list[str] = Field(default_factory=list, description="extra `docker run` "
+                                      "words the provider's fabric needs (devices, mounts, env)")
     container_library_path: list[str] = Field(
-        default_factory=list,
-        description="folders put first on LD_LIBRARY_PATH inside the container (e.g. the "
-        "host's libfabric and NCCL net plugin, mounted by container_args)",
-    )
+        default_factory=list, description="folders put first on LD_LIBRARY_PATH inside the "
+        "container (e.g. the host's libfabric and NCCL net plugin, mounted by container_args)")
     container_runtime: Literal["docker", "apptainer", "singularity", "none"] = Field(
         "docker", description="what runs a job's image on the nodes (provision/nodes/container.py); "
         "container_args are words of this runtime; none: the nodes cannot run images")
@@ -198,6 +198,7 @@ class Inventory(BaseModel):
         if theirs.name != self.name or len(theirs.replacements) <= len(self.replacements):
             return False
         self.nodes, self.resources = theirs.nodes, theirs.resources
+        self.spares, self.spares_made = theirs.spares, theirs.spares_made
         self.replacements = theirs.replacements
         return True
 
@@ -221,6 +222,8 @@ class InventoryStore:
     def __init__(self, home: Path | None = None) -> None:
         self.home = home or state_home()
         self.clusters_dir = self.home / "clusters"
+        # record/forget/save from several threads (a spare ordered in the background)
+        self._write = threading.RLock()
 
     # --- paths -------------------------------------------------------------------------
     def path(self, name: str) -> Path:
@@ -258,12 +261,9 @@ class InventoryStore:
                     f"cluster {name!r} is in use by another mgpu-cloud command",
                     hint="wait for it to finish (or stop it), then try again",
                 ) from None
-            try:
-                same = os.stat(lock_path).st_ino == os.fstat(fd).st_ino
-            except FileNotFoundError:
-                same = False
-            if same:
-                break
+            with contextlib.suppress(FileNotFoundError):
+                if os.stat(lock_path).st_ino == os.fstat(fd).st_ino:
+                    break
             os.close(fd)
         try:
             yield
@@ -283,10 +283,8 @@ class InventoryStore:
             text = p.read_text()
         except FileNotFoundError:
             known = ", ".join(self.names()) or "none"
-            raise ClusterNotFoundError(
-                f"no cluster named {name!r} (known clusters: {known})",
-                hint="`mgpu-cloud status` lists them",
-            ) from None
+            raise ClusterNotFoundError(f"no cluster named {name!r} (known clusters: {known})",
+                                       hint="`mgpu-cloud status` lists them") from None
         except (OSError, UnicodeDecodeError) as exc:
             raise unreadable(p, "", f"cannot be read: {exc}") from None
         try:
@@ -334,27 +332,28 @@ class InventoryStore:
     def create(self, inv: Inventory) -> None:
         """Write a new inventory; ClusterExistsError if one with that name exists."""
         if self.exists(inv.name):
-            raise ClusterExistsError(
-                f"a cluster named {inv.name!r} already exists",
-                hint=f"pick another --name, or remove it first: mgpu-cloud down {inv.name}",
-            )
+            raise ClusterExistsError(f"a cluster named {inv.name!r} already exists", hint="pick "
+                                     f"another --name, or remove it first: mgpu-cloud down {inv.name}")
         self.save(inv)
 
     def save(self, inv: Inventory) -> None:
         """Atomic: readers see the old file or the new one, never half of one."""
         self._ensure_dirs()
-        target = self.path(inv.name)
-        write_atomic(target, yaml.dump(inv.model_dump(mode="json"), Dumper=_Dumper,
-                                       sort_keys=False))
+        with self._write:
+            write_atomic(self.path(inv.name), yaml.dump(inv.model_dump(mode="json"),
+                                                        Dumper=_Dumper, sort_keys=False))
 
     def record(self, inv: Inventory, resource: ResourceRecord) -> None:
         """Add a resource and persist at once (call as soon as the cloud returns its id)."""
-        inv.resources.append(resource)
-        self.save(inv)
+        with self._write:
+            inv.resources.append(resource)
+            self.save(inv)
 
     def forget(self, inv: Inventory, kind: str, resource_id: str) -> None:
-        inv.resources = [r for r in inv.resources if not (r.kind == kind and r.id == resource_id)]
-        self.save(inv)
+        with self._write:
+            inv.resources = [r for r in inv.resources
+                             if not (r.kind == kind and r.id == resource_id)]
+            self.save(inv)
 
     def delete(self, name: str) -> None:
         """Remove the inventory, the cluster's keys, its installed ssh config and its lock

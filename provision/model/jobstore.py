@@ -71,6 +71,9 @@ class JobRecord(BaseModel):
                                 description="nodes whose log copy is what the run saw streamed")
     ledger: dict[str, Any] | None = Field(
         None, description="where the run's node-seconds went (job/ledger.py): its last attempt")
+    resident_restarts: list[str] = Field(
+        default_factory=list, description="lost nodes replaced during this attempt while the "
+        "other nodes' ranks kept their processes (job/resident.py), one line each")
 
     @property
     def final(self) -> bool:

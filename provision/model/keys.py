@@ -50,10 +50,12 @@ def known_hosts_line(hosts: list[str], port: int, public_key: str) -> str:
 
 
 def write_known_hosts(path: Path, lines: list[str]) -> None:
+    """Atomically: a connection opened meanwhile (a spare made in the background) reads the
+    old file or the new one, never a half-written one."""
+    from remote.files import write_atomic
+
     path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as fh:
-        fh.write("".join(line + "\n" for line in lines))
+    write_atomic(path, "".join(line + "\n" for line in lines), fsync=False)
 
 
 def ensure_cluster_key(key_dir: Path) -> tuple[Path, str]:

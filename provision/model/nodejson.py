@@ -13,6 +13,7 @@ marks a job failed.
     CheckpointManifest       `remote.pyz ckpt-manifest` (remote/ckpt.py report)
     PullSummary              `remote.pyz store pull` (remote/storesync.py)
     NodeEvent                `MGPU-EVENT {...}` (remote/supervise.py: preemption, maintenance)
+    ResidentEvent            `MGPU-EVENT {"event": "resident", ...}` (remote/resident.py)
     GateLine                 a fabric gate's JSON line (remote/allreduce.py)
 """
 
@@ -104,6 +105,20 @@ class NodeEvent(_Data):
         """The fields set, texts escaped for the messages that quote them."""
         return {k: shown(v) if isinstance(v, str) else v
                 for k, v in self.model_dump(exclude_none=True).items()}
+
+
+class ResidentEvent(_Data):
+    """A resident rank's phase (remote/resident.py `_say`; provision/job/resident.py)."""
+
+    event: Literal["resident"]
+    phase: Literal["formed", "interrupted", "done"]
+    gen: Annotated[int, Field(ge=0, le=1 << 31)]
+    rank: Annotated[int, Field(ge=0, le=1 << 24)]
+    world: Annotated[int, Field(ge=1, le=1 << 24)]
+    local_rank: Annotated[int, Field(ge=0, le=1 << 24)] | None = None
+    pid: Count | None = None
+    master: Text | None = None
+    error: Text | None = None
 
 
 class GateLine(_Data):

@@ -51,6 +51,12 @@ class Plan(BaseModel):
     unresolved: list[str] = Field(
         default_factory=list, description="what could not be looked up, and why; a plan with "
         "unresolved parts is printed, never created")
+    # issue 44: warm spares (cluster/providers/spares.py); `nodes` counts them too
+    spares: int = Field(0, description="of `nodes`, how many are warm spares (not ranks)")
+    node_hourly_usd: float | None = Field(
+        None, description="one node's price per hour (what a spare costs); None: unknown")
+    spares_text: list[str] = Field(default_factory=list, description="what the spares cost "
+                                   "and save, for people")
 
     def refuse_unresolved(self) -> None:
         """A plan made without the provider's answers (e.g. `--dry-run` without credentials)
@@ -93,10 +99,10 @@ class Plan(BaseModel):
         return lines
 
     def render(self) -> str:
-        lines = [
-            f"Plan for cluster {self.cluster!r} on {self.provider}: "
-            f"{self.nodes} node(s) x {self.slots_per_node} slot(s)"
-        ]
+        spares = f" + {self.spares} warm spare(s)" if self.spares else ""
+        lines = [f"Plan for cluster {self.cluster!r} on {self.provider}: "
+                 f"{self.nodes - self.spares} node(s){spares} x {self.slots_per_node} "
+                 "slot(s)"]
         for res in self.resources:
             extra = ", ".join(f"{k}={v}" for k, v in sorted(res.details.items()))
             lines.append(f"  + {res.kind:<18} {res.name}" + (f"  ({extra})" if extra else ""))
@@ -119,6 +125,7 @@ class Plan(BaseModel):
                 lines.append(f"  prices: {self.price_source}")
         else:
             lines.append("  cost: $0.00 (local)")
+        lines.extend(f"  spares: {n}" for n in self.spares_text)
         lines.extend(f"  note: {n}" for n in self.notes)
         lines.extend(f"  unresolved: {u}" for u in self.unresolved)
         return "\n".join(lines)

@@ -69,6 +69,9 @@ class ClusterSpecBase(StrictModel):
     name: str
     provider: str = DEFAULT_PROVIDER
     nodes: int = Field(1, ge=1, le=1024)
+    # issue 44: warm spares, made, bootstrapped and kept idle with the cluster; not ranks
+    spares: int = Field(0, ge=0, le=64, description="warm spare nodes: a lost node's rank "
+                        "moves to one at once (cluster/providers/spares.py)")
     gpus_per_node: int | None = Field(
         None, ge=1, description="slots per node; default: what the instance type has"
     )

@@ -188,14 +188,14 @@ def _peer_pieces(inv: Inventory, layout: RemoteLayout) -> tuple[Files, list[str]
 
 def refresh_peers(inv: Inventory, store: InventoryStore, group: NodeGroup) -> None:
     """After nodes were replaced: the group's nodes learn the new host keys and addresses
-    (node-to-node SSH, /etc/hosts). BootstrapError names every node where it failed."""
+    (node-to-node SSH, /etc/hosts) and the hostfile (a spare that took a rank may keep a
+    name of its own: a Slurm host). BootstrapError names every node where it failed."""
     from provision.nodes.sshconn import write_cluster_known_hosts  # paramiko: see _ssh_stack
 
     write_cluster_known_hosts(inv, store)
     layout = layout_of(inv)
     files, lines = _peer_pieces(inv, layout)
-    if not lines:
-        return
+    files[layout.hostfile] = (render("hostfile.j2", nodes=inv.nodes).encode(), 0o644)
     steps = ["mkdir -p ~/.ssh", "chmod 700 ~/.ssh", "tar -xzf - -C ~ --no-same-owner", *lines]
     group.upload(files_tar(files, None, layout.work), steps).raise_for(
         "updating the other nodes", BootstrapError)

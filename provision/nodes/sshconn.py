@@ -49,7 +49,8 @@ if TYPE_CHECKING:
 def write_cluster_known_hosts(inv: Inventory, store: InventoryStore) -> Path:
     """(Re)write KEYS/known_hosts from the inventory's pinned host keys."""
     path = Path(inv.known_hosts_path or store.keys_dir(inv.name) / "known_hosts")
-    lines = [known_hosts_line([n.address], n.port, n.host_key) for n in inv.nodes if n.host_key]
+    lines = [known_hosts_line([n.address], n.port, n.host_key)  # warm spares too (issue 44)
+             for n in [*inv.nodes, *inv.spares] if n.host_key]
     # Jump hosts that are not nodes themselves (ssh provider `proxy_jump`): pinned the same way.
     lines += [known_hosts_line([r.name or r.id], int(r.extra["port"]), r.extra["key"])
               for r in inv.resources_of("pinned-host-key")]

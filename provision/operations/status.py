@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from provision.model.inventory import Inventory
+from provision.model.inventory import Inventory, NodeRecord
 
 
 def status_rows(invs: list[Inventory]) -> list[dict[str, Any]]:
@@ -18,14 +18,16 @@ def status_rows(invs: list[Inventory]) -> list[dict[str, Any]]:
             "hourly_cost_usd": inv.hourly_cost_usd,
             "price_known": not inv.unpriced,
             "resources": len(inv.resources),
-            "nodes": [
-                {"name": n.name, "rank": n.rank, "address": n.address, "port": n.port,
-                 "private_address": n.private_address, "user": n.user, "slots": n.slots}
-                for n in sorted(inv.nodes, key=lambda n: n.rank)
-            ],
+            "nodes": [_node(n) for n in sorted(inv.nodes, key=lambda n: n.rank)],
+            "spares": [_node(n) for n in inv.spares],  # warm spares (issue 44), idle
         }
         for inv in invs
     ]
+
+
+def _node(n: NodeRecord) -> dict[str, Any]:
+    return {"name": n.name, "rank": n.rank, "address": n.address, "port": n.port,
+            "private_address": n.private_address, "user": n.user, "slots": n.slots}
 
 
 def text_table(rows: Sequence[Sequence[str]], right: set[int] | None = None) -> list[str]:
@@ -56,17 +58,25 @@ def _price(row: dict[str, Any]) -> str:
     return f"{row['hourly_cost_usd']:.2f}" + ("" if row.get("price_known", True) else "+?")
 
 
-def _node_lines(nodes: list[dict[str, Any]]) -> list[str]:
+def _node_lines(nodes: list[dict[str, Any]], spares: list[dict[str, Any]]) -> list[str]:
     """The nodes of one cluster under a header of their own: name, SSH login, and the
-    private address where it differs."""
-    if not nodes:
+    private address where it differs; then its warm spares, named as such."""
+    if not nodes and not spares:
         return []
-    private = any(n["private_address"] != n["address"] for n in nodes)
+    both = [*nodes, *spares]
+    private = any(n["private_address"] != n["address"] for n in both)
     rows = [("NODE", "SSH", "PRIVATE") if private else ("NODE", "SSH")]
-    for n in nodes:
+    for n in both:
         login = f"{n['user']}@{n['address']}:{n['port']}"
-        rows.append((n["name"], login, n["private_address"]) if private else (n["name"], login))
+        name = n["name"] + (" (spare, idle)" if n in spares else "")
+        rows.append((name, login, n["private_address"]) if private else (name, login))
     return text_table(rows)
+
+
+def _count(row: dict[str, Any]) -> str:
+    """NODES: the ranks' nodes, `+K` the warm spares."""
+    spares = len(row.get("spares", []))
+    return str(len(row["nodes"])) + (f"+{spares}" if spares else "")
 
 
 def status_text(rows: list[dict[str, Any]], notes: dict[str, str] | None = None) -> str:
@@ -77,13 +87,13 @@ def status_text(rows: list[dict[str, Any]], notes: dict[str, str] | None = None)
     if not rows:
         return "no clusters (create one: mgpu-cloud up)"
     head = ("CLUSTER", "PROVIDER", "STATUS", "NODES", "CREATED", "$/HOUR")
-    table = [head] + [(r["name"], r["provider"], r["status"], str(len(r["nodes"])),
+    table = [head] + [(r["name"], r["provider"], r["status"], _count(r),
                        when(r["created_at"]), _price(r)) for r in rows]
     lines = text_table(table, right={3, 5})
     out = [lines[0]]
     for r, cells in zip(rows, lines[1:], strict=True):
         out.append(cells)
-        out += ["  " + line for line in _node_lines(r["nodes"])]
+        out += ["  " + line for line in _node_lines(r["nodes"], r.get("spares", []))]
         if notes and r["name"] in notes:
             out.append(f"  {notes[r['name']]}")
     return "\n".join(out)

@@ -18,7 +18,10 @@
 #   objects the process is about to drop anyway, about 0.37 s of CPU on every node at the
 #   end of every launch (a process that imports torch and exits, in a node container: 1.38 ->
 #   1.00 s, medians of 4). Launchers only: a user's script may count on cyclic garbage
-#   being finalised at exit (a file in a cycle is flushed then). MGPU_EXIT_FREEZE=0: off.
+#   being finalised at exit (a file in a cycle is flushed then). MGPU_EXIT_FREEZE=0: off;
+# - the tool's node package (remote.pyz, beside this folder) is importable, last on the path
+#   (a module of the job's own named `remote` comes first): a script opts in to resident
+#   restarts with `from remote.resident import run` (issue 44).
 import atexit
 import faulthandler
 import os
@@ -26,6 +29,10 @@ import signal
 import sys
 
 faulthandler.register(signal.SIGUSR2, file=sys.stderr, all_threads=True, chain=False)
+
+_PYZ = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "remote.pyz")
+if os.path.isfile(_PYZ) and _PYZ not in sys.path:
+    sys.path.append(_PYZ)
 
 # (program name, or the end of its path) of the launchers' processes
 _LAUNCHERS = ("torchrun", "accelerate", "deepspeed", "torch/distributed/run.py",

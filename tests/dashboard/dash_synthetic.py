@@ -79,6 +79,8 @@ def make_big_cluster(home: Path, name: str = "big", nodes: int = 64,
         bootstrapped=True,
         replacements=[Replacement(rank=3, old="node-3", new="node-3b", reason="node lost",
                                   at=iso(95))],
+        spares=[NodeRecord(name=f"node-{nodes}", rank=nodes, address="127.0.0.1", port=1,
+                           private_address="10.9.0.2", slots=8)],  # a warm spare (issue 44)
         fabric_gate=gate_record(names, slow=(names[1], names[2]) if nodes > 2 else None),
     )
     InventoryStore(home).create(inv)
@@ -92,6 +94,12 @@ def make_big_cluster(home: Path, name: str = "big", nodes: int = 64,
     for nj in ok.nodes.values():
         nj.set("exited", 0)
     ok.state, ok.ended_at, ok.logs_saved = "succeeded", iso(90), True
+    hour = 3600.0 * nodes  # its ledger (job/ledger.py): 85 min of the ranks, 1 spare idle
+    ok.ledger = {"node_seconds": {"provisioning": 0.05 * hour, "setup": 0.05 * hour,
+                                  "training": 1.2 * hour, "recovery": 0.1 * hour,
+                                  "spare": 5100.0},
+                 "wall_s": 5100.0, "failures": 1, "spares": 1, "save_cost_s": 2.0,
+                 "recovery_s": 30.0, "goodput": 0.84, "advice_s": 120.0}
     jobs.save(ok)
     jobs.log_path(ok, names[0]).write_text("\n".join(train_log()) + "\n")
     for n in names[1:]:

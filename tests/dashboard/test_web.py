@@ -44,6 +44,11 @@ def test_every_page_renders_and_has_a_json_twin(client: Any, state: Path) -> Non
     page = client.get("/clusters/big").text
     assert 'id="runs"' in page and "could not be read" in page
     assert page.count('<tr data-node="') == 64 and 'id="gate-matrix"' in page
+    assert 'id="spares"' in page and "node-64" in page  # the warm spare, not a rank row
+    job_page = client.get("/clusters/big/jobs/1").text
+    assert 'id="job-ledger"' in job_page and '<tr data-bucket="spare, idle">' in job_page
+    buckets = {b["bucket"]: b for b in job["job"]["ledger"]}
+    assert buckets["spare, idle"]["node_hours"] == round(5100 / 3600, 4), buckets
     assert "/static/vendor/uPlot.iife.min.js" in page
     assert client.get("/static/vendor/uPlot.iife.min.js").status_code == 200
 

@@ -48,6 +48,9 @@ def test_a_killed_node_is_replaced_and_the_run_resumes(tmp_path: Path, cluster_n
     assert re.search(r"failure: node lost \(node-1\)", out), out
     assert "replacing node-1 (node lost)" in out and "ready to restart in" in out
     assert out.count("restart 1 of 1") == 1 and "restart 2" not in out
+    # a script that does not opt in to resident restarts (issue 44): every rank relaunched
+    assert "node-1 lost; full relaunch: the script does not use remote.resident.run" in out
+    assert "resident restart" not in out
     resumed = re.search(r"resumed from step (\d+)", out)
     assert resumed and int(resumed.group(1)) >= 9, out
     m = metrics(tmp_path, cluster_name)

@@ -119,3 +119,34 @@ def test_a_launchers_process_skips_the_shutdown_collection(tmp_path: Path, progr
 @pytest.mark.parametrize("program", ["train.py", "torchrun.py", "mytorchrun"])
 def test_a_users_script_keeps_its_shutdown_collection(tmp_path: Path, program: str) -> None:
     assert _exit_of(tmp_path, program) == ["exiting", "finalised"]
+
+
+# --- issue 44: the node package is importable by a job (remote.resident) -----------------------
+def test_the_node_package_beside_it_is_importable_after_the_jobs_own_modules(
+        tmp_path: Path) -> None:
+    from provision.nodes.bootstrap import remote_zipapp
+
+    root = tmp_path / "root"  # the tool's folder on a node: py/sitecustomize.py, remote.pyz
+    (root / "py").mkdir(parents=True)
+    (root / "py" / "sitecustomize.py").write_bytes((NODE_TEMPLATES / "sitecustomize.py").read_bytes())
+    (root / "remote.pyz").write_bytes(remote_zipapp())
+    job = tmp_path / "job"
+    job.mkdir()
+    (job / "probe.py").write_text("import remote.resident as r; print(r.__file__)\n")
+
+    bare = Path("/usr/bin/python3")  # as on a node: no mgpu-cloud installed (this venv's has)
+    if not bare.exists():
+        pytest.skip("no /usr/bin/python3 without mgpu-cloud")
+
+    def probe() -> str:
+        res = subprocess.run([str(bare), "probe.py"], capture_output=True, text=True,
+                             timeout=60, cwd=job,
+                             env={**os.environ, "PYTHONPATH": str(root / "py")})
+        assert res.returncode == 0, res.stderr
+        return res.stdout.strip()
+
+    assert probe() == str(root / "remote.pyz" / "remote" / "resident.py")
+    (job / "remote").mkdir()  # the job's own package of that name comes first
+    (job / "remote" / "__init__.py").write_text("")
+    (job / "remote" / "resident.py").write_text("")
+    assert probe() == str(job / "remote" / "resident.py")

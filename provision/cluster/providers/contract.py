@@ -11,9 +11,11 @@ Scheduler: `submit` = `submit_dryrun` + `schedule`; dstack's Compute + capabilit
                                                           hooks: _orphans / _delete_orphans
 Every public method runs its hook inside `errors(action)`: the ONE place where the provider's
 SDK errors (botocore, google.api_core, docker) become MgpuErrors. A provider that can replace a
-lost node names the capability `Recoverable` in its class line.
+lost node names the capability `Recoverable` in its class line; one that keeps warm spares
+(issue 44: `--spares K`, spares.py) names `KeepsSpares`; without it `--spares` is refused at
+plan time, saying why (`spares_refused`).
 
-    class AwsProvider(Recoverable[AwsPlan]): ...
+    class AwsProvider(Recoverable[AwsPlan], KeepsSpares[AwsPlan]): ...
 
 `mypy --strict` checks each provider against these signatures (get_provider is typed by it).
 """
@@ -26,7 +28,8 @@ from collections.abc import Callable
 from contextlib import AbstractContextManager
 from typing import Any, ClassVar, Generic, TypeVar
 
-from provision.model.errors import MgpuError
+from provision.cluster.providers import spares
+from provision.model.errors import MgpuError, UserInputError
 from provision.model.inventory import Inventory, InventoryStore, NodeRecord, ResourceRecord
 from provision.model.plan import Plan
 from provision.model.spec import ClusterSpec
@@ -39,6 +42,8 @@ class Provider(ABC, Generic[P]):
     """A provider's public face. Subclasses fill the underscored hooks and `plan_class`."""
 
     name: ClassVar[str]
+    # why `--spares` cannot work here (a provider that keeps spares is a KeepsSpares)
+    spares_refused: ClassVar[str] = "cannot make nodes of its own"
 
     # --- what a provider fills in ----------------------------------------------------------
     @abstractmethod
@@ -78,8 +83,16 @@ class Provider(ABC, Generic[P]):
 
     # --- what the pipeline calls (the shared rules live here, once) ------------------------
     def plan(self, spec: ClusterSpec) -> P:
+        """`_plan` of the nodes and the spares (spares.py: the provider plans N + K nodes)."""
+        if spec.spares and not isinstance(self, KeepsSpares):
+            raise UserInputError(f"--spares {spec.spares}: the {self.name} provider keeps no "
+                                 f"spares: it {self.spares_refused}",
+                                 hint="leave --spares out (spares: 0 in the YAML)")
         with self.errors(f"checking cluster {spec.name!r} with {self.name}", planning=True):
-            return self._plan(spec)
+            plan = self._plan(spares.with_spares(spec))
+            if isinstance(self, KeepsSpares) and spec.spares:
+                spares.describe(plan, spec, self._replacement_estimate(spec), self.refills)
+            return plan
 
     def creatable(self, plan: Plan) -> P:
         """`plan` as this provider's own type; a plan made without the provider's answers
@@ -91,7 +104,10 @@ class Provider(ABC, Generic[P]):
     def create(self, spec: ClusterSpec, plan: Plan, inv: Inventory, store: InventoryStore) -> None:
         typed = self.creatable(plan)
         with self.errors(f"creating cluster {spec.name!r}"):
-            self._create(spec, typed, inv, store)
+            self._create(spares.with_spares(spec), typed, inv, store)
+        if spec.spares:  # the last K made are the spares (spares.py)
+            spares.split(inv, spec.nodes)
+            store.save(inv)
 
     def destroy(self, inv: Inventory, store: InventoryStore) -> None:
         with self.errors(f"deleting cluster {inv.name!r}"):
@@ -144,6 +160,53 @@ class Recoverable(Provider[P]):
     def replace(self, inv: Inventory, store: InventoryStore, node: NodeRecord) -> NodeRecord:
         with self.errors(f"replacing {node.name} of cluster {inv.name!r}"):
             return self._replace(inv, store, node)
+
+
+class KeepsSpares(Provider[P]):
+    """Capability (issue 44; spares.py): warm spares. `--spares K` makes K more nodes with the
+    cluster (the provider's own create, asked for N + K), kept in Inventory.spares, idle and
+    out of the ranks. During a run (job/sparepool.py) a spare takes a lost node's rank
+    (`promote`), the lost node is deleted (`retire`) and a new spare is made in the
+    background (`make_spare`), unless the provider cannot (`refills` False: a fixed
+    allocation)."""
+
+    refills: ClassVar[bool] = True
+
+    @abstractmethod
+    def _replacement_estimate(self, spec: ClusterSpec) -> spares.Estimate | None:
+        """How long a replacement node takes here, and the figure's source (what a spare
+        saves, in the plan); None: the provider cannot replace a node at all."""
+
+    @abstractmethod
+    def _retire(self, inv: Inventory, store: InventoryStore, node: NodeRecord) -> None:
+        """Delete `node` (its rank went to a spare: lost, preempted or slow) and forget its
+        resources. Idempotent (already gone is fine); `inv.nodes` is not touched."""
+
+    def _make_spare(self, inv: Inventory, store: InventoryStore,
+                    spare: NodeRecord) -> NodeRecord:
+        """One more node like the cluster's, with `spare`'s name and number (spares.next_spare),
+        recorded like any resource the moment its id exists; `inv.nodes` and `inv.spares` are
+        not touched (the caller adds it once it is ready). Nothing of a failed attempt left.
+        The default: cannot (a provider with `refills` False)."""
+        raise MgpuError(f"the {self.name} provider cannot make a spare while the cluster runs")
+
+    def promote(self, inv: Inventory, store: InventoryStore, spare: NodeRecord,
+                node: NodeRecord) -> NodeRecord:
+        """`spare` takes `node`'s rank and name, in the inventory at once; `node` is left for
+        `retire`. The machine keeps its own name (container, VM, pod)."""
+        new = spare.model_copy(update={"name": node.name, "rank": node.rank})
+        inv.spares = [s for s in inv.spares if s.name != spare.name]
+        inv.nodes = [new if n.rank == node.rank else n for n in inv.nodes]
+        store.save(inv)
+        return new
+
+    def retire(self, inv: Inventory, store: InventoryStore, node: NodeRecord) -> None:
+        with self.errors(f"deleting {node.name} of cluster {inv.name!r}"):
+            self._retire(inv, store, node)
+
+    def make_spare(self, inv: Inventory, store: InventoryStore, spare: NodeRecord) -> NodeRecord:
+        with self.errors(f"making spare {spare.name} of cluster {inv.name!r}"):
+            return self._make_spare(inv, store, spare)
 
 
 class Supervising(Provider[P]):

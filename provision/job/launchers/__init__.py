@@ -85,6 +85,16 @@ class Launcher(ABC):
         reaches every rank when the launcher starts processes itself on other nodes."""
         return "", []
 
+    def resident(self, job: JobSpec) -> bool:
+        """Whether a lost node's newcomer can join the other nodes' resident ranks (issue 44:
+        remote/resident.py) with `rejoin_argv`; False: a lost node relaunches every rank."""
+        return False
+
+    def rejoin_argv(self, ctx: LaunchContext, node: NodeRecord, alone: bool) -> list[str]:
+        """A newcomer's command on `node` (when `resident`): it joins the launchers still
+        running, or starts `alone` when the one whose rendezvous it would join is gone."""
+        raise NotImplementedError(f"{self.name} has no resident restarts")
+
 
 @cache
 def get_launcher(name: str) -> Launcher:

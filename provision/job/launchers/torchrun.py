@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from provision.job.launchers import LaunchContext, Launcher
 from provision.model.inventory import NodeRecord
+from provision.model.spec import JobSpec
 
 
 class Torchrun(Launcher):
@@ -31,6 +32,25 @@ class Torchrun(Launcher):
         if program is None and _forks(ctx, node):
             argv += ["--run_path", "--start_method", "fork"]
         return argv + ctx.script(program)
+
+    def resident(self, job: JobSpec) -> bool:
+        """Static ranks only: with --rdzv the agents' rendezvous would wait for the lost
+        agent at the end (its exit barrier) and a newcomer cannot take its place."""
+        return not job.rdzv
+
+    def rejoin_argv(self, ctx: LaunchContext, node: NodeRecord, alone: bool) -> list[str]:
+        """A lost node's newcomer among resident ranks (remote/resident.py forms their group
+        through its own store). Node 0's first agent still runs: the static rendezvous joins
+        its store (the ranks it assigned are still there), and at the end that agent's exit
+        barrier counts the newcomer in place of the lost agent (else it would wait 300 s
+        for it). Without it (node 0 lost) the agent runs alone (--standalone). Its workers
+        are forked from the agent (ctx.entry: `remote.pyz resident start --`), which has
+        imported torch: one import on the newcomer instead of one per rank."""
+        if alone:
+            forks = ["--run_path", "--start_method", "fork"] if _forks(ctx, node) else []
+            return ["torchrun", "--standalone", "--nnodes", "1", "--nproc_per_node",
+                    ctx.nproc(node), *forks, *ctx.script(None)]
+        return self.argv(ctx, node, None)
 
     def prepare(self, ctx: LaunchContext, env: dict[str, str]) -> tuple[str, list[str]]:
         """OMP_NUM_THREADS=1 where torchrun would set it (more than one process per node, the

@@ -32,7 +32,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TextIO, cast
 
-from provision.cluster.providers.contract import AnyProvider, Recoverable, Supervising
+from provision.cluster.providers.contract import AnyProvider, KeepsSpares, Recoverable, Supervising
+from provision.cluster.providers.spares import Estimate
 from provision.job.managed.keeper import Creds, StoreKeeper, push_outputs
 from provision.job.managed.nodecreds import ROLE_VAR, for_job
 from provision.job.managed.records import CLUSTER_FILE, RESUME_VAR, JobLog, Record
@@ -64,6 +65,7 @@ def publish_inventory(store: Store, inv: Inventory, outside: dict[int, NodeRecor
     """CLUSTER/cluster.json: `inv` with its nodes as seen from outside the cluster (`outside`,
     by rank) and no paths of this machine. Host keys are public; nothing secret is in it."""
     view = inv.model_copy(update={"nodes": [outside.get(n.rank, n) for n in inv.nodes],
+                                  "spares": [outside.get(n.rank, n) for n in inv.spares],
                                   "key_path": None, "known_hosts_path": None})
     store.put_bytes(f"{inv.name}/{CLUSTER_FILE}",
                     seal(key, cluster_kind(inv.name), view.model_dump_json().encode()))
@@ -84,20 +86,49 @@ def localize(inv: Inventory, store: InventoryStore) -> None:
     inv.key_path = str(keys / Path(inv.key_path or "id_ed25519").name)
     inv.known_hosts_path = str(keys / "known_hosts")
     inv.nodes = [inside_view(n) for n in inv.nodes]
+    inv.spares = [inside_view(n) for n in inv.spares]
     store.save(inv)
     write_cluster_known_hosts(inv, store)
 
 
-class InsideProvider(Recoverable[Any]):
-    """A Recoverable provider seen from inside the cluster: its replacements come back at
-    their private addresses. Everything else is the inner provider's (its own error
-    boundary included)."""
+class InsideProvider(Recoverable[Any], KeepsSpares[Any]):
+    """A Recoverable provider seen from inside the cluster: its replacements and spares come
+    back at their private addresses, `outside` keeps them as the user's machine sees them
+    (by rank; a spare by its number until it takes a rank). Everything else is the inner
+    provider's (its own error boundary included)."""
 
     def __init__(self, inner: Recoverable[Any],
                  outside: dict[int, NodeRecord] | None = None) -> None:
         self.inner = inner
         self.name = inner.name  # type: ignore[misc]
         self.outside = outside if outside is not None else {}  # rank -> the record outside
+        self.refills = isinstance(inner, KeepsSpares) and inner.refills  # type: ignore[misc]
+
+    def _spares(self) -> KeepsSpares[Any]:
+        if not isinstance(self.inner, KeepsSpares):
+            raise MgpuError(f"the {self.name} provider keeps no spares")
+        return self.inner
+
+    def _replacement_estimate(self, spec: ClusterSpec) -> Estimate | None:
+        return self._spares()._replacement_estimate(spec)
+
+    def _retire(self, inv: Inventory, store: InventoryStore, node: NodeRecord) -> None:
+        self._spares().retire(inv, store, node)
+
+    def _make_spare(self, inv: Inventory, store: InventoryStore,
+                    spare: NodeRecord) -> NodeRecord:
+        made = self._spares().make_spare(inv, store, spare)
+        self.outside[made.rank] = made
+        return inside_view(made)
+
+    def promote(self, inv: Inventory, store: InventoryStore, spare: NodeRecord,
+                node: NodeRecord) -> NodeRecord:
+        new = super().promote(inv, store, spare, node)
+        seen = self.outside.pop(spare.rank, None)
+        if seen is not None:
+            self.outside[node.rank] = seen.model_copy(update={"name": node.name,
+                                                              "rank": node.rank})
+        return new
 
     def plan_class(self) -> type[Any]:
         return self.inner.plan_class()
@@ -341,7 +372,7 @@ def main(argv: list[str] | None = None) -> int:
     env = controller_env(inv.provider, given.get("env", {}))
     os.environ.update(env)
     env.update(mint_identity(inv, env))
-    outside = {n.rank: n.model_copy() for n in inv.nodes}  # as uploaded: the user's view
+    outside = {n.rank: n.model_copy() for n in [*inv.nodes, *inv.spares]}  # the user's view
     localize(inv, istore)
     fields = json.loads(Path(args.job_file).read_text())
     fields.update(workdir=args.workdir, deepspeed_config=None if not fields.get(

@@ -27,7 +27,7 @@ from typing import Any
 
 from provision.cluster.cost import cost_usd, report
 from provision.job.jobrecords import JobSummary, summary_of
-from provision.job.ledger import render
+from provision.job.ledger import buckets, render
 from provision.job.localrecords import LocalRecords
 from provision.model.errors import UserInputError
 from provision.model.gate_record import GateRecord
@@ -164,7 +164,8 @@ def cluster_view(name: str, home: Path | None = None, runs: bool = True) -> dict
     out: dict[str, Any] = {
         "name": name, "exists": inv is not None,
         "cluster": cluster_row(inv) if inv is not None else None,
-        "history": history, "nodes": [], "gate": None, "replacements": [], "bringup": [],
+        "history": history, "nodes": [], "spares": [], "gate": None, "replacements": [],
+        "bringup": [],
         "jobs": [job_row(r) for r in reversed(recs)],
         "runs": unattended_runs(name, home) if runs else [],
     }
@@ -175,6 +176,8 @@ def cluster_view(name: str, home: Path | None = None, runs: bool = True) -> dict
              "zone": n.zone, "resource_id": n.resource_id}
             for n in sorted(inv.nodes, key=lambda n: n.rank)
         ]
+        out["spares"] = [{"name": n.name, "address": n.address, "port": n.port,
+                          "user": n.user, "resource_id": n.resource_id} for n in inv.spares]
         out["gate"] = gate_view(inv.fabric_gate)
         out["replacements"] = [r.model_dump(mode="json") for r in inv.replacements]
         out["bringup"] = bringup_phases(inv)
@@ -230,6 +233,9 @@ def job_row(job: JobSummary) -> dict[str, Any]:
         "restarts": job.restarts, "logs_saved": job.logs_here,
         "current": job.current, "final": job.final, "goodput": job.goodput,
         "ledger_text": render(job.data["ledger"]) if job.data.get("ledger") else "",
+        "ledger": [{"bucket": label, "node_hours": round(hours, 4), "share": round(share, 4)}
+                   for label, hours, share in buckets(job.data["ledger"])]
+        if job.data.get("ledger") else [],
     }
 
 

@@ -185,6 +185,7 @@ def _plan(spec: ClusterSpec, launch: AwsLaunch, gpus: int, unresolved: list[str]
         slots_per_node=spec.gpus_per_node or gpus,
         resources=planned_resources(spec.name, spec.nodes, launch),
         hourly_cost_usd=round((nodes_cost or 0.0) + launch.egress.hourly_usd, 4),
+        node_hourly_usd=None if nodes_cost is None else round(nodes_cost / spec.nodes, 4),
         upfront_usd=launch.block.upfront_usd if launch.block is not None else 0.0,
         max_hours=launch.max_hours,
         price_source=f"{source}; network: {network_prices()['source']}",

@@ -10,11 +10,16 @@ from typing import Any
 from provision.cluster.providers.aws.errors import map_errors
 from provision.cluster.providers.aws.options import AwsOptions
 from provision.cluster.providers.aws.request import AwsPlan
-from provision.cluster.providers.contract import Recoverable, Supervising
+from provision.cluster.providers.contract import KeepsSpares, Recoverable, Supervising
+from provision.cluster.providers.spares import Estimate
 from provision.model.errors import ProvisionError, TeardownError
 from provision.model.inventory import Inventory, InventoryStore, NodeRecord, ResourceRecord
 from provision.model.spec import ClusterSpec
 from provision.nodes.pool import provider_waits
+
+# ASSUMED (issue 44: what a warm spare saves, in the plan): a p4d/p5 replacement is ready
+# ~10 min after it is asked for (launch, boot, EFA, a multi-GB image pull, the gate).
+REPLACEMENT_S = 600.0
 
 
 def _region_of(inv: Inventory) -> str | None:
@@ -68,7 +73,7 @@ def _delete_identity(inv: Inventory, store: InventoryStore) -> None:
                             hint=f"run `mgpu-cloud down {inv.name}` again")
 
 
-class AwsProvider(Recoverable[AwsPlan], Supervising[AwsPlan]):
+class AwsProvider(Recoverable[AwsPlan], KeepsSpares[AwsPlan], Supervising[AwsPlan]):
     name = "aws"
 
     def plan_class(self) -> type[AwsPlan]:
@@ -145,6 +150,26 @@ class AwsProvider(Recoverable[AwsPlan], Supervising[AwsPlan]):
         from provision.cluster.providers.aws.replace import replace_node
 
         return replace_node(_required_region(inv), inv, store, node)
+
+    # --- warm spares (contract.KeepsSpares; issue 44) -------------------------------------------
+    def _replacement_estimate(self, spec: ClusterSpec) -> Estimate:
+        return Estimate(REPLACEMENT_S, "assumed: a GPU instance's launch and boot, its EFA "
+                        "interfaces, the image pull and the gate; not measured here")
+
+    def _retire(self, inv: Inventory, store: InventoryStore, node: NodeRecord) -> None:
+        """Its instance terminated and its Elastic IP released (replace.py retire_old)."""
+        from provision.cluster.providers.aws.api import Ec2
+        from provision.cluster.providers.aws.replace import Replacer
+
+        Replacer(Ec2(_required_region(inv)), inv, store, node).retire_old()
+
+    def _make_spare(self, inv: Inventory, store: InventoryStore,
+                    spare: NodeRecord) -> NodeRecord:
+        """One more instance launched as a replacement is (replace.py), nothing retired."""
+        from provision.cluster.providers.aws.api import Ec2
+        from provision.cluster.providers.aws.replace import Replacer
+
+        return Replacer(Ec2(_required_region(inv)), inv, store, spare).run(spare=True)
 
     # --- managed runs (contract.Supervising; controller_vm.py) ----------------------------------
     def _create_controller(self, inv: Inventory, store: InventoryStore) -> NodeRecord:

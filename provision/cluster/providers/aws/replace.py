@@ -185,7 +185,9 @@ class Replacer:
                 continue
             self.store.forget(self.inv, rec.kind, rec.id)
 
-    def run(self) -> NodeRecord:
+    def run(self, *, spare: bool = False) -> NodeRecord:
+        """The new node; `spare` (issue 44): one more, named after `self.node` (a warm
+        spare's number), nothing retired and inv.nodes untouched."""
         # without --max-hours, nodes in a Capacity Block live until its end (capacity.py)
         max_hours = capacity.cluster_max_hours(self.inv, self.spec.max_hours, DEFAULT_MAX_HOURS)
         left = remaining_seconds(self.inv, max_hours)
@@ -201,7 +203,8 @@ class Replacer:
                                  f"group or zone for {self.node.name}")
         facts = self.launch_facts()
         creator = self.creator(facts, zone, left / 3600)
-        self.retire_old()
+        if not spare:
+            self.retire_old()
         before = {(r.kind, r.id) for r in self.inv.resources}
         try:
             left = min(left, capacity.lifetime_s(creator.s))  # before a block's end
@@ -229,8 +232,9 @@ class Replacer:
             slots=self.node.slots, host_key=host_key,
             resource_id=str(inst["InstanceId"]), zone=zone,
         )
-        self.inv.nodes = [new if n.rank == self.node.rank else n for n in self.inv.nodes]
-        self.store.save(self.inv)
+        if not spare:
+            self.inv.nodes = [new if n.rank == self.node.rank else n for n in self.inv.nodes]
+            self.store.save(self.inv)
         return new
 
     def _address(self, creator: Creator, inst: dict[str, Any]) -> str:

@@ -20,5 +20,8 @@ INFO = ProviderInfo(
     flags=(
         Flag("--base-image", "base_image", help="base of the node image"),
         Flag("--node-image", "image", help="use this node image as is"),
+        Flag("--simulate-boot", "simulate_boot", type=float,
+             help="SECONDS each node (new, replacement or spare) takes to boot before SSH "
+                  "answers, as a cloud VM (0)"),
     ),
 )

@@ -5,6 +5,7 @@
                   files) before node-entrypoint.sh starts sshd. Not in the container's
                   environment: `docker inspect` shows that to anyone who can reach the
                   engine's API, and a node's environment to the processes it starts.
+    boot          --simulate-boot (issue 44): the image's own start delayed, as a VM's boot
     store binds   a file:// store's folder, mounted at the same path: the controller gets the
                   whole folder (it writes the records and cluster.json); a node only
                   PREFIX/CLUSTER/data, the part nodes write (remote/storekeys.py: a node runs
@@ -83,3 +84,17 @@ def controller_binds(inv: Inventory) -> dict[str, dict[str, str]]:
     shared filesystem of a cloud cluster, rehearsed; issue 18)."""
     path = store_folder(inv)
     return {path: {"bind": path, "mode": "rw"}} if path else {}
+
+
+def boot_entrypoint(api: Any, image: str, seconds: float) -> list[str] | None:
+    """--simulate-boot (issue 44): the image's own entrypoint and command, started only after
+    `seconds`: until then nothing answers on the node's SSH port, as on a cloud VM that boots
+    (a new node and a replacement alike; a spare booted with the cluster). None: the image's
+    own, at once. Setting the entrypoint clears the image's command (Docker's reference,
+    "ENTRYPOINT (default command to execute at runtime)"), so both are given."""
+    if not seconds:
+        return None
+    config = api.inspect_image(image)["Config"]
+    return ["/bin/sh", "-c", 'sleep "$0" && exec "$@"', f"{seconds:g}",
+            *(config.get("Entrypoint") or []), *(config.get("Cmd") or [])]
+

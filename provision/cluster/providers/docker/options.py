@@ -17,3 +17,6 @@ class DockerOptions(StrictModel):
     cpus: float | None = Field(None, gt=0, description="CPU limit per node container")
     memory: str | None = Field(None, description="memory limit per node container, e.g. 4g")
     gpus: bool = Field(False, description="pass the host's GPUs through (needs nvidia runtime)")
+    # issue 44: a cloud node's boot made visible (a benchmark shows what a warm spare saves)
+    simulate_boot: float = Field(0.0, ge=0, le=1800, description="seconds each node (new, "
+                                 "replacement or spare) takes to boot before SSH answers")

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from provision.cluster.providers.docker.options import DockerOptions
 from provision.model.base import StrictModel
+from provision.model.errors import UserInputError
 from provision.model.inventory import Inventory
 from provision.model.plan import Plan, PlannedResource
 from provision.model.spec import ClusterSpec
@@ -59,8 +60,11 @@ class DockerRequest(StrictModel):
     slots: int
     node_image: DockerOptions  # which node image (built or given) and the per-node limits
 
-    def node(self, rank: int) -> DockerNode:
-        return next(n for n in self.nodes if n.rank == rank)
+    def node(self, rank: int, cluster: str) -> DockerNode:
+        """Node `rank`'s container, or a spare's by its number (one past the ranks)."""
+        return next((n for n in self.nodes if n.rank == rank),
+                    DockerNode(rank=rank, container=container_name(cluster, rank),
+                               hostname=f"node-{rank}"))
 
 
 class DockerPlan(Plan):
@@ -85,5 +89,21 @@ def build_plan(spec: ClusterSpec) -> DockerPlan:
     resources += [PlannedResource(kind="container", name=n.container,
                                   details={"hostname": n.hostname, "ssh": "127.0.0.1:<random port>"})
                   for n in request.nodes]
+    boot = request.node_image.simulate_boot
+    _check_boot(boot)
+    notes = [f"--simulate-boot {boot:g}: each node answers SSH {boot:g} s after it starts, "
+             "as a booting cloud VM (a new node and a replacement alike)"] if boot else []
     return DockerPlan(provider="docker", cluster=spec.name, nodes=spec.nodes,
-                      slots_per_node=request.slots, resources=resources, request=request)
+                      slots_per_node=request.slots, resources=resources, request=request,
+                      node_hourly_usd=0.0, notes=notes)
+
+
+def _check_boot(boot: float) -> None:
+    """A boot longer than bootstrap waits for SSH would fail every `up`: said before."""
+    from provision.nodes.bootstrap import SSH_DEADLINE_S
+
+    if boot and boot + 30 > SSH_DEADLINE_S:
+        raise UserInputError(
+            f"--simulate-boot {boot:g}: bootstrap waits {SSH_DEADLINE_S:g} s for a node's SSH",
+            hint=f"at most {SSH_DEADLINE_S - 30:g} s, or raise the wait: "
+                 f"MGPU_CLOUD_SSH_DEADLINE={boot + 60:g}")

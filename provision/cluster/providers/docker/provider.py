@@ -24,9 +24,14 @@ from collections.abc import Callable
 from contextlib import AbstractContextManager
 from typing import TYPE_CHECKING, Any
 
-from provision.cluster.providers.contract import Recoverable, Supervising
+from provision.cluster.providers.contract import KeepsSpares, Recoverable, Supervising
 from provision.cluster.providers.docker.engine import docker_client, map_errors
-from provision.cluster.providers.docker.environment import copy_login_files, node_binds
+from provision.cluster.providers.docker.environment import (
+    boot_entrypoint,
+    copy_login_files,
+    node_binds,
+)
+from provision.cluster.providers.docker.options import DockerOptions
 from provision.cluster.providers.docker.plan import (
     DROPPED_CAPS,
     DockerNode,
@@ -37,11 +42,13 @@ from provision.cluster.providers.docker.plan import (
     network_of,
 )
 from provision.cluster.providers.docker.removal import (
-    NotTheClusters,
-    owned_container,
+    delete_orphans,
+    orphans,
     remove_containers,
     remove_networks,
+    retire_node,
 )
+from provision.cluster.providers.spares import Estimate
 from provision.model.errors import ClusterExistsError, TeardownError, UserInputError
 from provision.model.inventory import (
     CLUSTER_TAG,
@@ -68,7 +75,7 @@ METADATA_STANDIN = "/tmp/mgpu-metadata"  # noqa: S108 - inside the node containe
 NODE_LABEL = "mgpu-cloud-node"
 
 
-class DockerProvider(Recoverable[DockerPlan], Supervising[DockerPlan]):
+class DockerProvider(Recoverable[DockerPlan], KeepsSpares[DockerPlan], Supervising[DockerPlan]):
     name = "docker"
 
     def plan_class(self) -> type[DockerPlan]:
@@ -169,42 +176,28 @@ class DockerProvider(Recoverable[DockerPlan], Supervising[DockerPlan]):
         NotTheClusters otherwise, nothing removed or made); start a new one with the same name
         and hostname and a new host key (its IP may differ: recovery's refresh_peers gives
         the others its new /etc/hosts line)."""
-        import docker.errors
-
-        from provision.model.keys import ensure_cluster_key, generate_ed25519
-
-        api = docker_client().api
-        try:  # SDK errors here and below: the `errors` hook ("replacing NODE ...")
-            cid = owned_container(api, inv.name, node.resource_id) if node.resource_id else None
-        except NotTheClusters as exc:
-            raise NotTheClusters(
-                f"{node.name} of cluster {inv.name!r} is not replaced: its record names a "
-                f"container that is not the cluster's ({exc.message})",
-                hint="the inventory may come from a store a node can write; check it with "
-                     f"`mgpu-cloud status {inv.name}`, then `mgpu-cloud down {inv.name}`",
-            ) from None
-        old = next((r for r in inv.resources_of("container") if r.id == node.resource_id), None)
-        image = (old.extra.get("image") if old else None) or next(  # any node's: the same
-            (r.extra["image"] for r in inv.resources_of("container") if r.extra.get("image")), "")
-        if not image:
-            image = api.inspect_container(cid or node.resource_id or "")["Config"]["Image"]
-        if cid:
-            with contextlib.suppress(docker.errors.NotFound):  # already gone: fine
-                api.remove_container(cid, force=True)
-        if node.resource_id:
-            store.forget(inv, "container", node.resource_id)
-        request = _request_of(inv, node)
-        _, public_key = ensure_cluster_key(store.keys_dir(inv.name))
-
-        def record(kind: str, rid: str, name: str) -> None:
-            store.record(inv, ResourceRecord(kind=kind, id=rid, name=name,
-                                             extra={"image": image}))
-
-        new = _start_container(api, inv, request, image, request.node(node.rank),
-                               generate_ed25519(node.name), public_key, record)
+        image = _image_of(inv, node)
+        self._retire(inv, store, node)
+        new = _start_one(inv, store, node, image)
         inv.nodes = [new if n.rank == node.rank else n for n in inv.nodes]
         store.save(inv)
         return new
+
+    # --- warm spares (contract.KeepsSpares; issue 44) ---------------------------------------
+    def _replacement_estimate(self, spec: ClusterSpec) -> Estimate:
+        boot = spec.options_as(DockerOptions).simulate_boot
+        return Estimate(boot + 1.0, (f"--simulate-boot {boot:g} s + " if boot else "") +
+                        "~1 s to start a container and log in, measured here")
+
+    def _retire(self, inv: Inventory, store: InventoryStore, node: NodeRecord) -> None:
+        """The node's container removed, when the engine labels it as the cluster's
+        (NotTheClusters otherwise: nothing removed), and forgotten."""
+        retire_node(docker_client().api, inv, store, node)
+
+    def _make_spare(self, inv: Inventory, store: InventoryStore,
+                    spare: NodeRecord) -> NodeRecord:
+        """A container NAME-node-S (S: the spare's number), booting like any node."""
+        return _start_one(inv, store, spare, _image_of(inv, None))
 
     # --- managed runs: the controller (docker/controller.py; contract.Supervising) --------
     def _create_controller(self, inv: Inventory, store: InventoryStore) -> NodeRecord:
@@ -258,35 +251,12 @@ class DockerProvider(Recoverable[DockerPlan], Supervising[DockerPlan]):
 
     # ---------------------------------------------------------------------------------------
     def _orphans(self, spec: ClusterSpec, known: set[str]) -> list[ResourceRecord]:
-        client = docker_client()
-        found: list[ResourceRecord] = []
-        for c in client.containers.list(all=True, filters={"label": CLUSTER_TAG}):
-            owner = c.labels.get(CLUSTER_TAG, "")
-            if owner not in known:
-                found.append(ResourceRecord(kind="container", id=c.id, name=c.name,
-                                            extra={"cluster": owner}))
-        for n in client.networks.list(filters={"label": CLUSTER_TAG}):
-            owner = (n.attrs.get("Labels") or {}).get(CLUSTER_TAG, "")
-            if owner not in known:
-                found.append(ResourceRecord(kind="network", id=n.id, name=n.name,
-                                            extra={"cluster": owner}))
-        return found
+        return orphans(docker_client(), known)
 
     def _delete_orphans(self, spec: ClusterSpec, resources: list[ResourceRecord]) -> None:
         """Each as the cluster its label named when `gc` listed it, checked again now: the
         list alone removes nothing."""
-        api = docker_client().api
-        failures: list[str] = []
-        for owner in sorted({r.extra.get("cluster", "") for r in resources}):
-            mine = [r for r in resources if r.extra.get("cluster", "") == owner]
-            done = remove_containers(api, owner, [r.id for r in mine if r.kind == "container"],
-                                     listed=set())
-            remove_networks(api, owner, [r.id for r in mine if r.kind == "network"],
-                            listed=set(), into=done)
-            failures += done.failures + [why for *_, why in done.refused]
-        if failures:
-            raise TeardownError("could not remove every orphan: " + "; ".join(failures),
-                                hint="`mgpu-cloud gc --provider docker` lists what is left")
+        delete_orphans(docker_client().api, resources)
 
 
 def _refuse_leftovers(client: Any, name: str) -> None:
@@ -383,6 +353,7 @@ def _start_container(api: Any, inv: Inventory, request: DockerRequest, image: st
             ports=[22],
             host_config=api.create_host_config(**host),
             detach=True,
+            entrypoint=boot_entrypoint(api, image, opts.simulate_boot),
         )["Id"]
     record("container", cid, name)
     with map_errors(f"starting container {name}"):
@@ -395,3 +366,33 @@ def _start_container(api: Any, inv: Inventory, request: DockerRequest, image: st
         private_address=settings["Networks"][net_name]["IPAddress"], user="root",
         slots=request.slots, host_key=host_key_only(host_key.public_openssh), resource_id=cid,
     )
+
+
+def _image_of(inv: Inventory, node: NodeRecord | None) -> str:
+    """The node image `node` (else any node) was made from: the same for every node."""
+    old = next((r for r in inv.resources_of("container")
+                if node is not None and r.id == node.resource_id), None)
+    image = (old.extra.get("image") if old else None) or next(
+        (r.extra["image"] for r in inv.resources_of("container") if r.extra.get("image")), "")
+    if not image and node is not None and node.resource_id:
+        image = docker_client().api.inspect_container(node.resource_id)["Config"]["Image"]
+    if not image:
+        raise TeardownError(f"cluster {inv.name!r}: its inventory names no node image")
+    return str(image)
+
+
+def _start_one(inv: Inventory, store: InventoryStore, node: NodeRecord,
+               image: str) -> NodeRecord:
+    """A new container for `node`'s name and rank (a replacement, or a spare by its number),
+    with a new host key, recorded before it starts."""
+    from provision.model.keys import ensure_cluster_key, generate_ed25519
+
+    request = _request_of(inv, node)
+    _, public_key = ensure_cluster_key(store.keys_dir(inv.name))
+
+    def record(kind: str, rid: str, name: str) -> None:
+        store.record(inv, ResourceRecord(kind=kind, id=rid, name=name, extra={"image": image}))
+
+    return _start_container(docker_client().api, inv, request, image,
+                            request.node(node.rank, inv.name), generate_ed25519(node.name),
+                            public_key, record)

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from provision.model.errors import ProvisionError, TeardownError
-from provision.model.inventory import CLUSTER_TAG, Inventory
+from provision.model.inventory import CLUSTER_TAG, Inventory, NodeRecord, ResourceRecord
 
 
 class Forgetting(Protocol):
@@ -160,3 +160,56 @@ def remove_networks(api: Any, cluster: str, refs: Iterable[str], *, listed: set[
             continue
         into.done.append(("network", ref))
     return into
+
+
+def retire_node(api: Any, inv: Inventory, store: Forgetting, node: NodeRecord) -> None:
+    """`node`'s container removed (a replacement's first step; a node whose rank went to a
+    spare), only when the engine labels it as the cluster's: NotTheClusters otherwise,
+    nothing removed. Forgotten in `inv`. Idempotent."""
+    import docker.errors
+
+    try:
+        cid = owned_container(api, inv.name, node.resource_id) if node.resource_id else None
+    except NotTheClusters as exc:
+        raise NotTheClusters(
+            f"{node.name} of cluster {inv.name!r} is not replaced: its record names a "
+            f"container that is not the cluster's ({exc.message})",
+            hint="the inventory may come from a store a node can write; check it with "
+                 f"`mgpu-cloud status {inv.name}`, then `mgpu-cloud down {inv.name}`",
+        ) from None
+    if cid:
+        with contextlib.suppress(docker.errors.NotFound):  # already gone: fine
+            api.remove_container(cid, force=True)
+    if node.resource_id:
+        store.forget(inv, "container", node.resource_id)
+
+
+def orphans(client: Any, known: set[str]) -> list[ResourceRecord]:
+    """Containers and networks labelled with a cluster that no inventory here knows."""
+    found: list[ResourceRecord] = []
+    for c in client.containers.list(all=True, filters={"label": CLUSTER_TAG}):
+        owner = c.labels.get(CLUSTER_TAG, "")
+        if owner not in known:
+            found.append(ResourceRecord(kind="container", id=c.id, name=c.name,
+                                        extra={"cluster": owner}))
+    for n in client.networks.list(filters={"label": CLUSTER_TAG}):
+        owner = (n.attrs.get("Labels") or {}).get(CLUSTER_TAG, "")
+        if owner not in known:
+            found.append(ResourceRecord(kind="network", id=n.id, name=n.name,
+                                        extra={"cluster": owner}))
+    return found
+
+
+def delete_orphans(api: Any, resources: list[ResourceRecord]) -> None:
+    """Each as the cluster its label named when `gc` listed it, checked again now."""
+    failures: list[str] = []
+    for owner in sorted({r.extra.get("cluster", "") for r in resources}):
+        mine = [r for r in resources if r.extra.get("cluster", "") == owner]
+        done = remove_containers(api, owner, [r.id for r in mine if r.kind == "container"],
+                                 listed=set())
+        remove_networks(api, owner, [r.id for r in mine if r.kind == "network"],
+                        listed=set(), into=done)
+        failures += done.failures + [why for *_, why in done.refused]
+    if failures:
+        raise TeardownError("could not remove every orphan: " + "; ".join(failures),
+                            hint="`mgpu-cloud gc --provider docker` lists what is left")

@@ -7,8 +7,9 @@ import logging
 from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
-from provision.cluster.providers.contract import Recoverable, Supervising
+from provision.cluster.providers.contract import KeepsSpares, Recoverable, Supervising
 from provision.cluster.providers.gcp.options import GcpOptions
+from provision.cluster.providers.spares import Estimate
 from provision.model.errors import TeardownError
 from provision.model.inventory import Inventory, InventoryStore, NodeRecord, ResourceRecord
 from provision.model.spec import ClusterSpec
@@ -18,6 +19,9 @@ if TYPE_CHECKING:  # the plan module loads google.cloud.compute (~1.4 s): only w
     from provision.cluster.providers.gcp.plan import GcpPlan
 
 log = logging.getLogger(__name__)
+# ASSUMED (issue 44: what a warm spare saves, in the plan): an a3/a2 replacement is ready
+# ~10 min after it is asked for (insert, boot, GPUDirect NICs, a multi-GB image pull, gate).
+REPLACEMENT_S = 600.0
 
 
 def _project_of(inv: Inventory) -> str | None:
@@ -43,7 +47,7 @@ def _delete_identity(inv: Inventory, store: InventoryStore) -> list[str]:
                            inv.name)
 
 
-class GcpProvider(Recoverable["GcpPlan"], Supervising["GcpPlan"]):
+class GcpProvider(Recoverable["GcpPlan"], KeepsSpares["GcpPlan"], Supervising["GcpPlan"]):
     name = "gcp"
 
     @contextlib.contextmanager
@@ -141,6 +145,24 @@ class GcpProvider(Recoverable["GcpPlan"], Supervising["GcpPlan"]):
         from provision.cluster.providers.gcp.replace import replace_node
 
         return replace_node(build_clients(_project_of(inv)), inv, store, node)
+
+    # --- warm spares (contract.KeepsSpares; issue 44) -------------------------------------------
+    def _replacement_estimate(self, spec: ClusterSpec) -> Estimate:
+        return Estimate(REPLACEMENT_S, "assumed: a GPU VM's insert and boot, its guest "
+                        "agent's host key, the image pull and the gate; not measured here")
+
+    def _retire(self, inv: Inventory, store: InventoryStore, node: NodeRecord) -> None:
+        from provision.cluster.providers.gcp.clients import build_clients
+        from provision.cluster.providers.gcp.replace import retire_node
+
+        retire_node(build_clients(_project_of(inv)), inv, store, node)
+
+    def _make_spare(self, inv: Inventory, store: InventoryStore,
+                    spare: NodeRecord) -> NodeRecord:
+        from provision.cluster.providers.gcp.clients import build_clients
+        from provision.cluster.providers.gcp.replace import make_spare
+
+        return make_spare(build_clients(_project_of(inv)), inv, store, spare)
 
     # --- managed runs (contract.Supervising; controller_vm.py) ----------------------------------
     def _create_controller(self, inv: Inventory, store: InventoryStore) -> NodeRecord:

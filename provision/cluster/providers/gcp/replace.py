@@ -17,6 +17,10 @@ replace     the old VM is deleted FIRST and waited for: the cluster's COLLOCATED
             and pinned. Recorded before the insert is sent, like every instance. A stockout is
             a CapacityError naming the zone; what the attempt recorded is deleted again
             (nothing half-made stays).
+make_spare  (issue 44) one more VM the same way, NAME-node-S, under the same policy (its
+            vmCount counted the spares at `up`); retire_node the lost VM's deletion alone
+            (its rank went to a spare), done before the new spare is made so that the
+            policy's vmCount still holds.
 """
 
 from __future__ import annotations
@@ -89,29 +93,70 @@ def replacement_layout(clients: Clients, inv: Inventory, node: NodeRecord, image
     )
 
 
-def replace_node(clients: Clients, inv: Inventory, store: InventoryStore,
-                 node: NodeRecord) -> NodeRecord:
-    if inv.spec is None or inv.spec.provider != "gcp" or not node.zone or not node.resource_id:
-        raise ProvisionError(f"cluster {inv.name!r}: its inventory does not say where "
-                             f"{node.name} runs (spec, zone, instance)")
+def _lifetime_left(inv: Inventory, node: NodeRecord) -> int:
+    """Seconds left of the cluster's --max-hours; ProvisionError when too few for a node."""
+    assert inv.spec is not None
     max_hours = inv.spec.max_hours or DEFAULT_MAX_HOURS
     left = remaining_seconds(inv, max_hours)
     if left < MIN_REMAINING_S:
         raise ProvisionError(
             f"not replacing {node.name}: the cluster's --max-hours {max_hours:g} ends in "
             f"{max(0, left)} s", hint="start a new cluster for the rest of the run")
+    return left
+
+
+def retire_node(clients: Clients, inv: Inventory, store: InventoryStore,
+                node: NodeRecord) -> None:
+    """`node`'s VM deleted and waited for (read first: deleted only if marked for the
+    cluster), forgotten. ProvisionError when it could not be."""
+    if not node.zone or not node.resource_id:
+        return
     old = _record_of(inv, node) or teardown.instance_record(clients.project, node.zone,
                                                             node.resource_id)
-    layout = replacement_layout(clients, inv, node, old.extra.get("image"), left)
-    _, login_public = ensure_cluster_key(store.keys_dir(inv.name))
-
     failures = teardown.delete_records(clients, [old],
                                        on_deleted=lambda r: store.forget(inv, r.kind, r.id),
                                        cluster=inv.name)
     if failures:
-        raise ProvisionError(f"could not delete the lost VM of {node.name}: "
-                             + "; ".join(failures))
-    name, zone = node.resource_id, node.zone
+        raise ProvisionError(f"could not delete the VM of {node.name}: " + "; ".join(failures))
+
+
+def replace_node(clients: Clients, inv: Inventory, store: InventoryStore,
+                 node: NodeRecord) -> NodeRecord:
+    if inv.spec is None or inv.spec.provider != "gcp" or not node.zone or not node.resource_id:
+        raise ProvisionError(f"cluster {inv.name!r}: its inventory does not say where "
+                             f"{node.name} runs (spec, zone, instance)")
+    left = _lifetime_left(inv, node)
+    old = _record_of(inv, node) or teardown.instance_record(clients.project, node.zone,
+                                                            node.resource_id)
+    layout = replacement_layout(clients, inv, node, old.extra.get("image"), left)
+    retire_node(clients, inv, store, node)
+    new = _make(clients, inv, store, node, node.resource_id, layout)
+    inv.nodes = [new if n.rank == node.rank else n for n in inv.nodes]
+    store.save(inv)
+    return new
+
+
+def make_spare(clients: Clients, inv: Inventory, store: InventoryStore,
+               spare: NodeRecord) -> NodeRecord:
+    """One more VM like the cluster's (issue 44), VM NAME-node-S (S: the spare's number), in
+    the zone of `spare` (the lost node's), from the image the cluster's VMs there were made
+    from; nothing deleted, inv.nodes untouched."""
+    if inv.spec is None or inv.spec.provider != "gcp" or not spare.zone:
+        raise ProvisionError(f"cluster {inv.name!r}: its inventory does not say where a "
+                             "spare would run (spec, zone)")
+    like = next((r for r in inv.resources_of(teardown.INSTANCE) if r.zone == spare.zone), None)
+    layout = replacement_layout(clients, inv, spare, like.extra.get("image") if like else None,
+                                _lifetime_left(inv, spare))
+    return _make(clients, inv, store, spare, layout.instance_name(spare.rank), layout)
+
+
+def _make(clients: Clients, inv: Inventory, store: InventoryStore, node: NodeRecord,
+          name: str, layout: Layout) -> NodeRecord:
+    """VM `name` for `node`'s rank (or spare number), its host key read and pinned; a
+    stockout is a CapacityError naming the zone, and what the attempt recorded is deleted."""
+    assert node.zone is not None
+    zone = node.zone
+    _, login_public = ensure_cluster_key(store.keys_dir(inv.name))
     rec = teardown.instance_record(clients.project, zone, name, layout.image)
     try:
         inst = _insert_one(clients, store, inv, layout, zone, name, login_public)
@@ -128,10 +173,7 @@ def replace_node(clients: Clients, inv: Inventory, store: InventoryStore,
     except MgpuError:
         _undo(clients, inv, store, rec)
         raise
-    new = node_record(node.rank, inst, zone, node.slots, keys[name])
-    inv.nodes = [new if n.rank == node.rank else n for n in inv.nodes]
-    store.save(inv)
-    return new
+    return node_record(node.rank, inst, zone, node.slots, keys[name])
 
 
 def _insert_one(clients: Clients, store: InventoryStore, inv: Inventory, layout: Layout,

@@ -88,6 +88,11 @@ def _say(msg: str) -> None:
 
 class K8sProvider(Recoverable[K8sPlan], Supervising[K8sPlan]):
     name = "k8s"
+    # issue 44: what spare pods need first (docs/kubernetes.md, "Not built yet")
+    spares_refused = ("replaces a lost pod by its index (the JobSet's completion index, or "
+                      "the plain pod's name) with that index's host key, so a spare pod taking "
+                      "another index's rank needs the pod's index kept apart from the rank: "
+                      "not built yet")
 
     def plan_class(self) -> type[K8sPlan]:
         return K8sPlan

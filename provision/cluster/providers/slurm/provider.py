@@ -23,7 +23,7 @@ from __future__ import annotations
 import logging
 import shlex
 
-from provision.cluster.providers.contract import Provider
+from provision.cluster.providers.contract import KeepsSpares
 from provision.cluster.providers.slurm.allocation import (
     cancel,
     nodes_of,
@@ -38,6 +38,7 @@ from provision.cluster.providers.slurm.plan import SlurmPlan, resolve_target
 from provision.cluster.providers.slurm.plan import plan as make_plan
 from provision.cluster.providers.slurm.slurmcmd import JOB_NAME_PREFIX, format_time, shell
 from provision.cluster.providers.slurm.transport import JOB_KIND, LOGIN_KIND
+from provision.cluster.providers.spares import Estimate
 from provision.model.errors import ProvisionError, TeardownError
 from provision.model.inventory import Inventory, InventoryStore, NodeRecord, ResourceRecord
 from provision.model.spec import ClusterSpec
@@ -50,11 +51,32 @@ DIR_KIND = "remote-dir"
 SSH_CHECK_S = 20.0
 
 
-class SlurmProvider(Provider[SlurmPlan]):
+class SlurmProvider(KeepsSpares[SlurmPlan]):
     """A held allocation on a Slurm site: an allocation cannot swap one node, so a lost node
-    can only be waited for (`--on-node-loss restart`) or end the run."""
+    can only be waited for (`--on-node-loss restart`) or end the run, unless the allocation
+    holds warm spares (issue 44: `--spares K` asks Slurm for N + K nodes): a lost node's rank
+    then moves to one of them. A used spare is not made again (an allocation cannot grow),
+    and the lost node stays in the allocation until it ends."""
 
     name = "slurm"
+    refills = False
+
+    def _replacement_estimate(self, spec: ClusterSpec) -> Estimate | None:
+        return None  # no replacement at all: without a spare a lost node ends the run
+
+    def _retire(self, inv: Inventory, store: InventoryStore, node: NodeRecord) -> None:
+        log.info("slurm: %s stays in allocation %s until it ends (a running job's allocation "
+                 "is not shrunk here); nothing runs on it", node.name, node.resource_id)
+
+    def promote(self, inv: Inventory, store: InventoryStore, spare: NodeRecord,
+                node: NodeRecord) -> NodeRecord:
+        """The spare takes `node`'s rank and keeps its own name: a node is named by its
+        Slurm host name, which `srun --nodelist` and the hostfile use."""
+        new = spare.model_copy(update={"rank": node.rank})
+        inv.spares = [s for s in inv.spares if s.name != spare.name]
+        inv.nodes = [new if n.rank == node.rank else n for n in inv.nodes]
+        store.save(inv)
+        return new
 
     def plan_class(self) -> type[SlurmPlan]:
         return SlurmPlan

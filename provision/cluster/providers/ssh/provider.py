@@ -137,6 +137,9 @@ class SshProvider(Provider[SshPlan]):
     can only be waited for: `--on-node-loss restart`)."""
 
     name = "ssh"
+    spares_refused = ("uses the machines you list and cannot make one more: a listed "
+                      "machine kept idle as a spare would be one you pay for anyway; a lost "
+                      "node is restarted on (--on-node-loss restart) or ends the run")
 
     def __init__(self, resolve_key: KeyResolver = resolve_host_key,
                  connector: Connector | None = None) -> None:

@@ -1,0 +1,62 @@
+"""provision/job/liveness.py: the provider asked about every node at once (issue 44: no
+per-node serial wait in the detection), and a look begun before a replacement says nothing
+after it (GoneNodes.reset, job/resident.py)."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+from provision.cluster.providers import get_provider
+from provision.job.liveness import GoneNodes
+from provision.model.inventory import Inventory, NodeRecord
+
+
+def _inv(n: int) -> Inventory:
+    nodes = [NodeRecord(name=f"node-{r}", rank=r, address="127.0.0.1", port=4000 + r,
+                        private_address=f"10.0.0.{r + 1}", slots=1) for r in range(n)]
+    return Inventory(name="demo", provider="docker", nodes=nodes, status="ready")
+
+
+def _until(gone: GoneNodes, want: list[str]) -> list[str]:
+    end = time.monotonic() + 10
+    while time.monotonic() < end:
+        if (got := gone()) == want:
+            return got
+        time.sleep(0.02)
+    return gone()
+
+
+def test_every_node_is_asked_at_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    together = threading.Barrier(6, timeout=5)  # breaks unless all six calls overlap
+    provider = get_provider("docker")
+
+    def alive(inv: Inventory, node: NodeRecord) -> bool:
+        together.wait()
+        return node.name != "node-4"
+
+    monkeypatch.setattr(provider, "node_alive", alive)
+    gone = GoneNodes(provider, _inv(6), every_s=0.0)  # type: ignore[arg-type]
+    assert _until(gone, ["node-4"]) == ["node-4"]
+
+
+def test_a_look_begun_before_a_reset_says_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
+    provider = get_provider("docker")
+    release = threading.Event()
+
+    def alive(inv: Inventory, node: NodeRecord) -> bool:
+        release.wait(5)  # a slow look, under way while the node is replaced
+        return node.name != "node-1"
+
+    monkeypatch.setattr(provider, "node_alive", alive)
+    gone = GoneNodes(provider, _inv(2), every_s=3600.0)  # type: ignore[arg-type]
+    assert gone() == []  # the first look starts
+    gone.reset()  # node-1 replaced meanwhile
+    release.set()
+    end = time.monotonic() + 5
+    while gone.busy and time.monotonic() < end:
+        time.sleep(0.02)
+    assert not gone.busy and gone.gone == [], "the old look's node-1 is not the new node-1"
+    assert _until(gone, ["node-1"]) == ["node-1"]  # a look begun after it counts
