@@ -64,6 +64,7 @@ JOB_OPTIONS = [
     Opt("replace_timeout", float | None, typer.Option(None, "--replace-timeout", help="with --min-nodes: seconds a replacement may take before the run goes on without it"), ("replace_timeout",)),
     Opt("fabric_check", str | None, typer.Option(None, "--fabric-check", help="auto (default: on for multi-node clusters whose provider knows the fabric, i.e. aws/gcp) | on | off"), ("fabric_check",)),
     Opt("notify", str | None, typer.Option(None, "--notify", help="webhook URL: one JSON POST (Slack-compatible) per state change of a managed job"), ("notify",)),
+    Opt("allow_broad_node_credentials", bool | None, typer.Option(None, "--allow-broad-node-credentials", help="a managed run even when its nodes would get this shell's own AWS keys (temporary keys without MGPU_STORE_ROLE_ARN, an S3-compatible store without STS)"), ("allow_broad_node_credentials",)),
     Opt("allow_slow_network", bool | None, typer.Option(None, "--allow-slow-network", help="run even when the fabric gate fails (with a warning)"), ("allow_slow_network",)),
 ]
 
@@ -93,7 +94,8 @@ def in_panel(title: str, options: list[Opt]) -> list[Opt]:
 
 
 _RECOVERY = {"max_restarts", "stall_timeout", "on_node_loss", "preempt_signal", "notify",
-             "replace_slow", "slow_fraction", "min_nodes", "replace_timeout"}
+             "replace_slow", "slow_fraction", "min_nodes", "replace_timeout",
+             "allow_broad_node_credentials"}
 _FABRIC = {"fabric_check", "allow_slow_network"}
 in_panel(JOB, [o for o in JOB_OPTIONS if o.name not in _RECOVERY | _FABRIC])
 in_panel(RECOVERY, [o for o in JOB_OPTIONS if o.name in _RECOVERY])

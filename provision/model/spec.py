@@ -182,6 +182,9 @@ class JobSpec(StrictModel):
     allow_slow_network: bool = Field(False, description="run even when the fabric gate fails")
     # issue 18: a webhook told of every state change of a managed job
     notify: str | None = Field(None, description="http(s) URL: one JSON POST per state change")
+    # issue 42: a managed run whose nodes would hold this shell's own store keys
+    allow_broad_node_credentials: bool = Field(
+        False, description="run even when the nodes' store keys cannot be narrowed")
 
     @field_validator("notify")
     @classmethod

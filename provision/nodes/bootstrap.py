@@ -9,7 +9,6 @@ Paths on the node come from nodes.RemoteLayout.
 
 from __future__ import annotations
 
-import fnmatch
 import io
 import os
 import shlex
@@ -17,14 +16,13 @@ import tarfile
 import tempfile
 import time
 import zipapp
-from collections.abc import Iterable
 from dataclasses import dataclass, field
 from functools import cache
 from pathlib import Path
 
 from provision.model.assets import remote_package_dir, templates_dir
 from provision.model.errors import BootstrapError, LaunchError
-from provision.model.inventory import Inventory, InventoryStore, NodeRecord, state_home
+from provision.model.inventory import Inventory, InventoryStore, NodeRecord
 from provision.model.logsink import Log
 from provision.model.render import render
 from provision.model.timeline import reached
@@ -68,39 +66,6 @@ def remote_zipapp() -> bytes:
         out = Path(tmp) / "remote.pyz"
         zipapp.create_archive(stage, out)
         return out.read_bytes()
-
-
-def workdir_tar(root: Path, excludes: list[str], skip: Iterable[Path] = ()) -> bytes:
-    """A gzip tar of `root` without paths whose any component matches an exclude pattern,
-    and without the files and folders `skip` names (absolute; symlinks resolved)."""
-    skipped = {os.path.realpath(p) for p in skip}
-
-    def excluded(rel: str) -> bool:
-        return (any(fnmatch.fnmatch(part, pat) for part in rel.split("/") for pat in excludes)
-                or os.path.realpath(os.path.join(root, rel)) in skipped)
-
-    buf = io.BytesIO()
-    with tarfile.open(fileobj=buf, mode="w:gz", compresslevel=1) as tar:
-        for dirpath, dirnames, filenames in os.walk(root):
-            rel_dir = os.path.relpath(dirpath, root)
-            dirnames[:] = sorted(d for d in dirnames
-                                 if not excluded(os.path.normpath(os.path.join(rel_dir, d))))
-            for name in sorted(filenames):
-                rel = os.path.normpath(os.path.join(rel_dir, name))
-                if not excluded(rel):
-                    tar.add(os.path.join(dirpath, name), arcname=rel, recursive=False)
-    return buf.getvalue()
-
-
-def never_synced(inv: Inventory) -> list[Path]:
-    """What no workdir sync ships, wherever it lies: the tool's state folder (keys, every
-    cluster's inventory, history, job logs) and the key files this cluster uses."""
-    paths = [state_home()]
-    if inv.key_path:
-        key = Path(inv.key_path).expanduser()
-        paths += [key, key.with_suffix(".pub")]
-    others = [inv.known_hosts_path, *(n.identity_file for n in inv.nodes)]
-    return paths + [Path(p).expanduser() for p in others if p]
 
 
 def files_tar(files: Files, workdir: bytes | None, work: str) -> bytes:
@@ -201,16 +166,21 @@ def refresh_peers(inv: Inventory, store: InventoryStore, group: NodeGroup) -> No
         "updating the other nodes", BootstrapError)
 
 
-def payload(inv: Inventory, files: Files, workdir: Workdir | None) -> tuple[bytes, list[str]]:
+def payload(inv: Inventory, files: Files, workdir: Workdir | None,
+            log: Log | None = None) -> tuple[bytes, list[str]]:
     """One archive (files + the job's workdir and its extra files) and the shell steps that
-    unpack it on a node, replacing the previous workdir. Used by bootstrap and launch."""
+    unpack it on a node, replacing the previous workdir. Used by bootstrap and launch. The
+    workdir goes through shipping.workdir_archive (the state folder and keys stay here;
+    `log` hears what was left out)."""
+    from provision.nodes.shipping import workdir_archive
+
     q = shlex.quote
     layout = layout_of(inv)
     files = dict(files)
     tree = None
     if workdir is not None:
         files.update(workdir.files)
-        tree = workdir_tar(workdir.local, workdir.excludes, never_synced(inv))
+        tree = workdir_archive(workdir.local, workdir.excludes, inv, log)
     archive = files_tar(files, tree, layout.work)
     steps = [f"rm -rf {q(layout.work)}",
              f"mkdir -p {q(layout.outputs)} {q(layout.work)} {q(layout.checkpoints)} ~/.ssh",
@@ -267,7 +237,7 @@ def bootstrap_cluster(
     }
     peer_files, extra = _peer_pieces(inv, layout)
     files.update(peer_files)
-    archive, steps = payload(inv, files, workdir)
+    archive, steps = payload(inv, files, workdir, log)
     command = " && ".join(steps + extra)
     answered: dict[str, float] = {}  # node -> unix time SSH answered
     present: dict[str, float] = {}  # node -> unix time the image was there
@@ -352,7 +322,7 @@ def sync_workdir(inv: Inventory, workdir: Workdir, *, log: Log = print,
     are never replaced under a running job; LaunchError names the busy nodes, and nothing is
     replaced on them. BootstrapError names every other node where it failed."""
     layout = layout_of(inv)
-    archive, steps = payload(inv, {}, workdir)
+    archive, steps = payload(inv, {}, workdir, log)
     guard = layout.remote_command("job", "idle", "--pidfile", layout.pidfile)
     with borrowed(inv, group) as nodes:
         results = nodes.upload(archive, [guard, *steps])

@@ -163,8 +163,9 @@ def test_resuming_a_previous_run_on_purpose_needs_its_checkpoints(tmp_path: Path
 
 def test_down_asks_a_live_managed_job_to_stop_and_never_hangs_on_a_silent_controller(
         tmp_path: Path) -> None:
-    from provision.job.managed.records import JobLog, JobView
+    from provision.job.managed.records import JobLog, JobView, claim_job_id
     from provision.job.managed.stopping import stop_before_down
+    from provision.model.keys import ensure_records_key
     from remote.store import open_store
 
     url = f"file://{tmp_path}/store"
@@ -174,15 +175,16 @@ def test_down_asks_a_live_managed_job_to_stop_and_never_hangs_on_a_silent_contro
     notes: list[str] = []
     store = open_store(url)
     here = InventoryStore(tmp_path / "home")
+    key = ensure_records_key(here.keys_dir("c1"))
     stop_before_down(inv, here, notes.append)  # no controller: nothing
     inv.controller = NodeRecord(name="controller", rank=-1, address="127.0.0.1", port=9,
                                 private_address="controller", host_key="ssh-ed25519 AAAA")
-    jl = JobLog(store, "c1", "1")
+    jl = JobLog(store, "c1", claim_job_id(store, "c1", b"{}", key), key=key)
     jl.record("submitted", "x")
     jl.record("finished", "done", exit_code=0)
     stop_before_down(inv, here, notes.append)  # ended: nothing
     assert notes == [] and JobView(store, "c1", "1").records()[-1].event == "finished"
-    jl = JobLog(store, "c1", "2")
+    jl = JobLog(store, "c1", claim_job_id(store, "c1", b"{}", key), key=key)
     jl.record("started", "running")
     stop_before_down(inv, here, notes.append, deadline_s=0.5)
     assert store.get_bytes("c1/jobs/2/control/cancel") is not None  # asked through the store

@@ -119,7 +119,7 @@ def test_forged_records_steer_nothing(tmp_path: Path, monkeypatch: pytest.Monkey
     key = ensure_records_key(here.keys_dir("c1"))
     url = inv.spec.store if inv.spec and inv.spec.store else ""
     store = open_store(url)
-    jl = JobLog(store, "c1", "1", key=key)
+    jl = JobLog(store, "c1", claim_job_id(store, "c1", b"{}", key), key=key)
     jl.record("submitted", "x")
     jl.record("started", "running")
     for seq, event in ((3, "failed"), (4, "torn_down")):
@@ -143,7 +143,8 @@ def test_two_writers_of_job_ids_get_two_ids(tmp_path: Path) -> None:
     lock = threading.Lock()
 
     def claim(i: int) -> None:
-        job_id = claim_job_id(open_store(f"file://{tmp_path}"), "c1", str(i).encode())
+        job_id = claim_job_id(open_store(f"file://{tmp_path}"), "c1", str(i).encode(),
+                              b"k" * 32)
         with lock:
             got.append(job_id)
 

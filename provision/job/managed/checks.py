@@ -33,6 +33,7 @@ from provision.model.errors import (
     UserInputError,
 )
 from provision.model.inventory import Inventory, InventoryStore
+from provision.model.logsink import Log
 from provision.model.spec import JobSpec
 from remote.store import StoreURL, open_store, parse_url
 from remote.storekeys import UnsafeKey, job_data
@@ -179,6 +180,30 @@ def _classify(url: StoreURL, exc: Exception) -> MgpuError:
              "and the credentials")
 
 
+def refuse_broad(url: StoreURL, env: dict[str, str], *, allowed: bool, log: Log) -> None:
+    """A managed run whose nodes would get this shell's own AWS keys (nodecreds.broad:
+    nothing can narrow them) is refused, saying why and what narrows them, unless `allowed`
+    (--allow-broad-node-credentials): then it is said once and the run goes on."""
+    from provision.job.managed.nodecreds import ROLE_VAR, broad
+
+    why = broad(url, env)
+    if why is None:
+        return
+    if allowed:
+        log(f"--allow-broad-node-credentials: the nodes get this shell's own AWS keys for "
+            f"{url} ({why}); every node, and the code it runs, can use them")
+        return
+    fix = (f"set {ROLE_VAR} to a role these keys may assume (the nodes then get its "
+           "session, narrowed to the run's folder), or use an IAM user's long-lived keys "
+           "(narrowed with GetFederationToken)" if env.get("AWS_SESSION_TOKEN") else
+           "set AWS_ENDPOINT_URL_STS to the store's STS endpoint (MinIO and Ceph RGW serve "
+           "AssumeRole), so the nodes' keys are narrowed to the run's folder")
+    raise UserInputError(
+        f"--store {url}: the nodes would get this shell's own AWS keys: {why}; a node, and "
+        "any code it runs, could then read and write everything those keys reach",
+        hint=f"{fix}; or pass --allow-broad-node-credentials to accept it")
+
+
 def check_store(provider: str, store_url: str, env: dict[str, str] | None = None) -> StoreURL:
     """Everything about `--store` that can be checked before anything is created."""
     try:
@@ -204,7 +229,8 @@ def check_resume(inv_name: str, url: str, job: JobSpec) -> None:
         raise UserInputError(f"{RESUME_VAR}={source}: {exc}") from None
     objects = open_store(url)
     if not objects.list(f"{prefix}/checkpoints"):
-        known = ", ".join(job_ids(objects, inv_name)) or "none"
+        key = local_key(InventoryStore().keys_dir(inv_name))
+        known = ", ".join(job_ids(objects, inv_name, key)) or "none"
         raise UserInputError(
             f"{RESUME_VAR}={source}: job {source} of {inv_name!r} has no checkpoints in {url}",
             hint=f"jobs there: {known} (`mgpu-cloud jobs {inv_name}`); leave {RESUME_VAR} out "
@@ -216,10 +242,10 @@ def refuse_if_running(inv: Inventory) -> None:
     if not inv.spec or not inv.spec.store:
         return
     objects = open_store(inv.spec.store)
-    ids = job_ids(objects, inv.name)
+    key = local_key(InventoryStore().keys_dir(inv.name))
+    ids = job_ids(objects, inv.name, key)
     if not ids:
         return
-    key = local_key(InventoryStore().keys_dir(inv.name))
     records = JobView(objects, inv.name, ids[-1], key).records()
     if records and records[-1].state not in ("succeeded", "failed", "cancelled"):
         raise LaunchError(f"managed job {ids[-1]} is still {records[-1].state} on "

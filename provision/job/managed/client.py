@@ -151,12 +151,13 @@ def summary(store: Store, cluster: str, job_id: str) -> dict[str, Any]:
 
 
 def all_jobs(url: str, cluster: str) -> list[dict[str, Any]]:
+    """Every job of `cluster` (with its records key: only those sealed as jobs)."""
     store = open_store(url)
-    return [summary(store, cluster, i) for i in job_ids(store, cluster)]
+    return [summary(store, cluster, i) for i in job_ids(store, cluster, records_key(cluster))]
 
 
 def latest_id(url: str, cluster: str, job_id: str | None) -> str:
-    ids = job_ids(open_store(url), cluster)
+    ids = job_ids(open_store(url), cluster, records_key(cluster))
     if job_id is None:
         if not ids:
             raise UserInputError(f"the store {url} has no job of cluster {cluster!r}")
@@ -219,4 +220,12 @@ def print_logs(url: str, cluster: str, job_id: str, out: TextIO, *, follow: bool
 
 
 def cancel(url: str, cluster: str, job_id: str) -> None:
-    JobView(open_store(url), cluster, job_id).request_cancel()
+    """A cancel sealed with the cluster's records key: the controller acts on no other."""
+    key = records_key(cluster)
+    if key is None:
+        raise UserInputError(
+            f"cancelling job {job_id} of {cluster!r} needs the cluster's records key, which "
+            "this machine does not hold (the controller acts only on a sealed cancel)",
+            hint=f"run it on the machine that made the cluster, or copy its "
+                 f"keys/{cluster}/records.key into $MGPU_CLOUD_HOME/keys/{cluster}/ (0600)")
+    JobView(open_store(url), cluster, job_id, key).request_cancel()

@@ -37,7 +37,6 @@ from provision.job.managed.records import (
     RESUME_VAR,
     JobView,
     claim_job_id,
-    job_prefix,
 )
 from provision.job.managed.signing import KEY_FILE
 from provision.job.supervision import Ready, Started, Supervision, Target
@@ -51,7 +50,6 @@ from remote.store import StoreURL, open_store, parse_url
 CONTROLLER_DIR = "controller"  # under the controller's remote folder
 START_DEADLINE_S = 600.0
 SETUP_DEADLINE_S = 900.0  # a cloud controller's first boot: apt + pip of the dependencies
-REACH_S = 20.0  # take_back: a controller that does not answer within this is lost
 TEARDOWN_KEY = "_teardown"  # in spec.json: whether the controller removes the cluster
 
 
@@ -59,7 +57,7 @@ def controller_layout(inv: Inventory) -> RemoteLayout:
     return RemoteLayout(f"{inv.remote_root}/{CONTROLLER_DIR}")
 
 
-def _store_url(inv: Inventory) -> StoreURL:
+def store_url(inv: Inventory) -> StoreURL:
     return parse_url(inv.spec.store if inv.spec and inv.spec.store else "")
 
 
@@ -89,11 +87,13 @@ def _tree_files(name: str, root: Path) -> dict[str, tuple[bytes, int]]:
 
 
 def controller_payload(inv: Inventory, job: JobSpec, job_id: str, env: dict[str, Any],
-                       layout: RemoteLayout) -> bytes:
-    """One archive: the tool's code, its state for this cluster, the job."""
+                       layout: RemoteLayout, log: Log | None = None) -> bytes:
+    """One archive: the tool's code, its state for this cluster, the job (its folder through
+    shipping.workdir_archive: the state folder and key files stay here, `log` hears it)."""
     import provision
     from provision.model.assets import templates_dir
-    from provision.nodes.bootstrap import files_tar, remote_zipapp, workdir_tar
+    from provision.nodes.bootstrap import files_tar, remote_zipapp
+    from provision.nodes.shipping import workdir_archive
 
     lib = Path(provision.__file__).resolve().parent
     keys = Path(inv.key_path or "").parent
@@ -121,7 +121,8 @@ def controller_payload(inv: Inventory, job: JobSpec, job_id: str, env: dict[str,
                        (f"{layout.root}/lib/remote", lib.parent / "remote"),
                        (f"{layout.root}/lib/templates", templates_dir())):
         entries.update(_tree_files(name, root))
-    return files_tar(entries, workdir_tar(job.local_workdir, job.excludes), work)
+    tree = workdir_archive(job.local_workdir, job.excludes, inv, log)
+    return files_tar(entries, tree, work)
 
 
 def controller_state(inv: Inventory, url: StoreURL, job_id: str, job: JobSpec,
@@ -222,7 +223,7 @@ def check_node_sdk(inv: Inventory, group: NodeGroup) -> None:
     every node without it."""
     from provision.job.managed.checks import NODE_SDK, node_sdk_probe
 
-    url = _store_url(inv)
+    url = store_url(inv)
     line = node_sdk_probe(url)
     if line is None:
         return
@@ -248,67 +249,29 @@ def hand_off(provider: AnyProvider, inv: Inventory, store: InventoryStore, job: 
              env: dict[str, str], *, teardown: bool, log: Log) -> str:
     """Give `job` to the cluster's controller; return its id once it runs (LaunchError when
     the controller reports a failure first, or nothing within START_DEADLINE_S)."""
-    url = _store_url(inv)
+    from provision.model.keys import ensure_records_key
+
+    url = store_url(inv)
     ensure_controller(provider, inv, store, log)
     objects = open_store(url)
     spec = {**job.model_dump(mode="json"), TEARDOWN_KEY: teardown}
-    job_id = claim_job_id(objects, inv.name, json.dumps(spec).encode())
-    _deliver(inv, store, job, job_id, controller_state(inv, url, job_id, job, env, log),
+    key = ensure_records_key(store.keys_dir(inv.name))
+    job_id = claim_job_id(objects, inv.name, json.dumps(spec).encode(), key)
+    deliver(inv, store, job, job_id, controller_state(inv, url, job_id, job, env, log),
              teardown=teardown, log=log)
     return job_id
 
 
-def take_back(provider: AnyProvider, inv: Inventory, store: InventoryStore, job_id: str, *,
-              log: Log) -> None:
-    """A new supervisor for job `job_id`, which runs on the nodes while its controller is
-    lost (takeback.py): on the same controller when it answers, else on a new one."""
-    from provision.job.managed.checks import store_env
-
-    url = _store_url(inv)
-    data = json.loads(open_store(url).get_bytes(f"{job_prefix(inv.name, job_id)}/spec.json")
-                      or b"{}")
-    teardown = bool(data.pop(TEARDOWN_KEY, False))
-    job = JobSpec.model_validate(data)
-    if not job.local_workdir.is_dir():
-        raise LaunchError(f"job {job_id}: its folder {job.local_workdir} is not here any more "
-                          "(a new controller needs it to set up replaced nodes)")
-    answers, ended = _controller_answers(provider, inv, store, job_id)
-    if ended is False:
-        log(f"the supervisor of job {job_id} still runs on its controller: nothing to do")
-        return
-    if not answers:
-        if not isinstance(provider, Supervising):
-            raise LaunchError(f"provider {inv.provider!r} makes no controller")
-        log(f"its controller does not answer: making a new one for {inv.name!r} ...")
-        provider.remake_controller(inv, store)
-    state = controller_state(inv, url, job_id, job, store_env(), log)
-    _deliver(inv, store, job, job_id, state, teardown=teardown, log=log, take_back=True)
-
-
-def _controller_answers(provider: AnyProvider, inv: Inventory, store: InventoryStore,
-                        job_id: str) -> tuple[bool, bool | None]:
-    """(whether the controller answers, whether its supervisor of `job_id` has ended)."""
-    from provision.cluster.providers.contract import Recoverable
-
-    ctl = inv.controller
-    if ctl is None or (isinstance(provider, Recoverable) and not provider.node_alive(inv, ctl)):
-        return False, None  # the provider is sure: no need to wait for a login
-    with NodeGroup(controller_inventory(inv, store)) as group:
-        if not group.wait_until_reachable(REACH_S)[ctl.name].ok:
-            return False, None
-        return True, supervisor_ended(group, controller_layout(inv), job_id)
-
-
-def _deliver(inv: Inventory, store: InventoryStore, job: JobSpec, job_id: str,
+def deliver(inv: Inventory, store: InventoryStore, job: JobSpec, job_id: str,
              state: dict[str, Any], *, teardown: bool, log: Log, take_back: bool = False) -> None:
     """The controller gets ONE upload (code, inventory, keys, job) and starts the supervisor;
     back once the job's `started` (or `taken_back`) record is in the store."""
     from provision.model.keys import ensure_records_key
 
-    url = _store_url(inv)
+    url = store_url(inv)
     key = ensure_records_key(store.keys_dir(inv.name))
     layout = controller_layout(inv)
-    archive = controller_payload(inv, job, job_id, state, layout)
+    archive = controller_payload(inv, job, job_id, state, layout, log)
     q = shlex.quote
     with NodeGroup(controller_inventory(inv, store)) as group:
         group.wait_until_reachable().raise_for("reaching the controller", LaunchError)
@@ -374,9 +337,15 @@ class Controller(Supervision):
         self.env = store_env() if env is None else env  # what reaches a store from here
 
     def check(self, job: JobSpec, target: Target, log: Log) -> None:
-        from provision.job.managed.checks import check_resume, check_store, refuse_if_running
+        from provision.job.managed.checks import (
+            check_resume,
+            check_store,
+            refuse_broad,
+            refuse_if_running,
+        )
 
-        check_store(target.provider_name, target.store or "", self.env)
+        url = check_store(target.provider_name, target.store or "", self.env)
+        refuse_broad(url, self.env, allowed=job.allow_broad_node_credentials, log=log)
         refuse_unsupervised(target.provider, target.provider_name)
         check_resume(target.name, target.store or "", job)
         if target.inv is not None:

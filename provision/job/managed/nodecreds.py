@@ -17,8 +17,10 @@ of each `remote.pyz store` command (never a file, never argv):
 
 What cannot be narrowed (documented in docs/security.md): an S3-compatible endpoint with no
 STS (AWS_ENDPOINT_URL_S3 set without AWS_ENDPOINT_URL_STS / AWS_ENDPOINT_URL), and temporary
-keys (a session token: SSO, an assumed role) with no MGPU_STORE_ROLE_ARN; the nodes then get
-the shell's keys as before, and `broad` says why.
+keys (a session token: SSO, an assumed role) with no MGPU_STORE_ROLE_ARN; `broad` says why. A
+managed run is then refused at plan time unless --allow-broad-node-credentials
+(checks.refuse_broad); allowed, or in an attached run with --store, the nodes get the
+shell's keys and it is said.
 """
 
 from __future__ import annotations

@@ -2,8 +2,10 @@
 
     CLUSTER/jobs/ID/events/SEQ.json   a Record (SEQ: 6 digits), with the controller's MAC
     CLUSTER/jobs/ID/log/SEQ.log       the job's output, `[node-R] `-prefixed, one object per flush
-    CLUSTER/jobs/ID/spec.json         the JobSpec as started; its conditional write claims ID
-    CLUSTER/jobs/ID/control/cancel    present once someone asked the job to stop
+    CLUSTER/jobs/ID/spec.json         the JobSpec as started, sealed; its conditional write
+                                      claims ID
+    CLUSTER/jobs/ID/control/heartbeat the controller's time, sealed, every HEARTBEAT_S
+    CLUSTER/jobs/ID/control/cancel    present once someone asked the job to stop, sealed
     CLUSTER/data/jobs/ID/checkpoints/ the run's checkpoints (the nodes' part: remote/storekeys.py)
     CLUSTER/cluster.json              the controller's inventory (supervisor.publish_inventory)
 
@@ -12,21 +14,34 @@ conditional write (`put_new`: a second writer of the same number moves on to the
 never overwrites), and a reader lists the folder and reads in order. JobLog writes (controller
 side); JobView reads (`jobs`, `logs`, `attach`, from any machine with the store URL and
 credentials). With the cluster's records key (the machine that made the cluster, and its
-controller) a record whose MAC does not verify is left out and counted (`JobView.refused`):
-nothing a node wrote steers `down` or `attach`.
+controller) a record whose MAC does not verify is left out and counted (`JobView.refused`),
+a spec, heartbeat or cancel likewise counts as absent, and a job is listed only when its
+spec.json verifies (signing.py): nothing a node wrote steers `down`, `attach`, a take-back
+or the controller, nor hides the newest job.
 """
 
 from __future__ import annotations
 
 import datetime as dt
 import json
+import math
 import threading
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from provision.job.managed.signing import mac
+from provision.job.managed.signing import (
+    Unsigned,
+    cancel_kind,
+    heartbeat_kind,
+    mac,
+    open_sealed,
+    seal,
+    spec_kind,
+    unchecked_body,
+    verify,
+)
 from remote.store import Store
 from remote.storekeys import UnsafeKey, checked_name, job_records
 
@@ -82,17 +97,37 @@ class Record:
 
     @classmethod
     def read(cls, data: bytes, key: bytes | None) -> Record | None:
-        """A record from its JSON; None when `key` is given and its MAC does not verify."""
-        import hmac
-
-        fields = json.loads(data)
+        """A record from its JSON; None when it is not a record (any field missing, extra or
+        of another type) or `key` is given and its MAC does not verify."""
+        try:
+            fields = json.loads(data)
+        except (ValueError, UnicodeDecodeError):
+            return None
+        if not isinstance(fields, dict):
+            return None
         given = fields.pop("mac", None)
+        if not _typed(fields):
+            return None
         rec = cls(**fields)
-        if key is None:
+        if key is None or verify(key, rec.kind(), rec.to_json().encode(), given):
             return rec
-        ok = isinstance(given, str) and hmac.compare_digest(
-            given, mac(key, rec.kind(), rec.to_json().encode()))
-        return rec if ok else None
+        return None
+
+
+# A record's fields and their types (None allowed where the default is None)
+FIELDS: dict[str, type | tuple[type, ...]] = {
+    "seq": int, "cluster": str, "job": str, "event": str, "state": str, "message": str,
+    "at": str, "nodes": list, "restarts": int, "exit_code": (int, type(None)),
+    "node_job": (str, type(None))}
+REQUIRED = ("seq", "cluster", "job", "event", "state", "message")
+
+
+def _typed(fields: dict[str, Any]) -> bool:
+    if set(fields) - set(FIELDS) or any(k not in fields for k in REQUIRED):
+        return False
+    if any(isinstance(v, bool) or not isinstance(v, FIELDS[k]) for k, v in fields.items()):
+        return False
+    return all(isinstance(n, str) for n in fields.get("nodes", []))
 
 
 def job_prefix(cluster: str, job_id: str) -> str:
@@ -171,7 +206,7 @@ class JobLog:
                     self.flush()
                     if time.monotonic() - beat >= HEARTBEAT_S:
                         self.store.put_bytes(f"{self.prefix}/control/heartbeat",
-                                             str(time.time()).encode())
+                                             self._sealed(heartbeat_kind, str(time.time())))
                         beat = time.monotonic()
                 except Exception:  # noqa: BLE001, S110 - the next flush retries
                     pass
@@ -185,8 +220,16 @@ class JobLog:
             self._thread.join(timeout=10)
         self.flush()
 
+    def _sealed(self, kind: Callable[[str, str], str], text: str) -> bytes:
+        body = text.encode()
+        return body if self.key is None else seal(self.key, kind(self.cluster, self.job_id),
+                                                  body)
+
     def cancel_requested(self) -> bool:
-        return self.store.get_bytes(f"{self.prefix}/control/cancel") is not None
+        """A cancel sealed for this job is there (with no records key: any cancel)."""
+        data = self.store.get_bytes(f"{self.prefix}/control/cancel")
+        return data is not None and _opens(self.key, cancel_kind(self.cluster, self.job_id),
+                                           data) is not None
 
 
 class JobView:
@@ -207,10 +250,7 @@ class JobView:
             data = self.store.get_bytes(key)
             if data is None:
                 continue
-            try:
-                rec = Record.read(data, self.key)
-            except (ValueError, TypeError):
-                rec = None
+            rec = Record.read(data, self.key)
             if rec is None or rec.seq != seq or (rec.cluster, rec.job) != (self.cluster,
                                                                             self.job_id):
                 self.refused.add(key)
@@ -230,19 +270,50 @@ class JobView:
         return out
 
     def spec(self) -> dict[str, Any] | None:
+        """The job's spec.json: with the records key only one sealed for this job (None
+        otherwise: written or copied there by something else); without it, as the store
+        gives it (to show, never to act on)."""
         data = self.store.get_bytes(f"{self.prefix}/spec.json")
-        return json.loads(data) if data else None
+        body = _opens(self.key, spec_kind(self.cluster, self.job_id), data) if data else None
+        try:
+            spec = json.loads(body) if body is not None else None
+        except (ValueError, UnicodeDecodeError):
+            return None
+        return spec if isinstance(spec, dict) else None
 
     def heartbeat_age(self) -> float | None:
-        """Seconds since the controller's last heartbeat (None: it never wrote one)."""
+        """Seconds since the controller's last heartbeat (None: it never wrote one, or with
+        the records key none sealed for this job)."""
         data = self.store.get_bytes(f"{self.prefix}/control/heartbeat")
+        body = _opens(self.key, heartbeat_kind(self.cluster, self.job_id), data) if data else None
         try:
-            return None if data is None else max(0.0, time.time() - float(data))
+            beat = float(body) if body is not None else None
         except ValueError:
             return None
+        if beat is None or not math.isfinite(beat):
+            return None
+        return max(0.0, time.time() - beat)
 
     def request_cancel(self) -> None:
-        self.store.put_bytes(f"{self.prefix}/control/cancel", now_iso().encode())
+        """A cancel sealed for this job (Unsigned without the records key: the controller
+        would not act on it)."""
+        if self.key is None:
+            raise Unsigned(f"cancelling job {self.job_id} of {self.cluster!r} needs the "
+                           "cluster's records key, which this machine does not hold")
+        self.store.put_bytes(f"{self.prefix}/control/cancel",
+                             seal(self.key, cancel_kind(self.cluster, self.job_id),
+                                  now_iso().encode()))
+
+
+def _opens(key: bytes | None, kind: str, data: bytes) -> bytes | None:
+    """The body of a sealed object; None when `key` is given and it is not sealed for
+    `kind`. Without `key`: its body unchecked."""
+    if key is None:
+        return unchecked_body(data)
+    try:
+        return open_sealed(key, kind, data)
+    except Unsigned:
+        return None
 
 
 def _seq_of(key: str) -> int | None:
@@ -258,11 +329,16 @@ def _plain(name: str) -> bool:
     return True
 
 
-def job_ids(store: Store, cluster: str) -> list[str]:
+def job_ids(store: Store, cluster: str, key: bytes | None = None) -> list[str]:
     """The ids of the jobs of `cluster` in the store (only plain names: an id becomes a path
-    on the controller and here)."""
+    on the controller and here). With the records key only jobs whose spec.json is sealed
+    for them: whatever else lies under CLUSTER/jobs/ is no job, so it can never be "the
+    newest" one (which `jobs` tears down after, `down` cancels, a take-back follows)."""
     ids = {k.split("/")[2] for k in store.list(f"{cluster}/jobs") if k.count("/") >= 3}
-    return sorted((i for i in ids if _plain(i)), key=lambda i: (len(i), i))
+    plain = sorted((i for i in ids if _plain(i)), key=lambda i: (len(i), i))
+    if key is None:
+        return plain
+    return [i for i in plain if JobView(store, cluster, i, key).spec() is not None]
 
 
 def next_job_id(store: Store, cluster: str) -> str:
@@ -270,11 +346,12 @@ def next_job_id(store: Store, cluster: str) -> str:
     return str(max(ids, default=0) + 1)
 
 
-def claim_job_id(store: Store, cluster: str, spec: bytes) -> str:
-    """The next free job id, claimed by writing its spec.json conditionally: two machines
-    handing over at once get two ids, never one overwritten."""
+def claim_job_id(store: Store, cluster: str, spec: bytes, key: bytes) -> str:
+    """The next free job id, claimed by writing its spec.json (sealed for that id)
+    conditionally: two machines handing over at once get two ids, never one overwritten."""
     for _ in range(CLAIMS):
         job_id = next_job_id(store, cluster)
-        if store.put_new(f"{job_prefix(cluster, job_id)}/spec.json", spec):
+        sealed = seal(key, spec_kind(cluster, job_id), spec)
+        if store.put_new(f"{job_prefix(cluster, job_id)}/spec.json", sealed):
             return job_id
     raise RuntimeError(f"could not claim a job id in {store.url}/{cluster}/jobs")

@@ -51,8 +51,8 @@ def stop_before_down(inv: Inventory, store: InventoryStore, log: Log,
         return
     try:
         objects = open_store(inv.spec.store)
-        ids = job_ids(objects, inv.name)
         key = local_key(store.keys_dir(inv.name))
+        ids = job_ids(objects, inv.name, key)
         view = JobView(objects, inv.name, ids[-1], key) if ids else None
         records = view.records() if view is not None else []
     except Exception as exc:  # noqa: BLE001 - the store blinked: down goes on

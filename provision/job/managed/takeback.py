@@ -30,14 +30,19 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from provision.job.managed.records import FINAL_STATES, LOST_AFTER_S, JobView, job_ids
-from provision.model.errors import MgpuError
+from provision.model.errors import LaunchError, MgpuError
 from provision.model.inventory import Inventory, InventoryStore
 from provision.model.logsink import Log
 from remote.store import Store, open_store
 
+if TYPE_CHECKING:
+    from provision.cluster.providers.contract import AnyProvider
+
 NODE_JOB_EVENTS = ("started", "resumed", "taken_back")
+REACH_S = 20.0  # take_back: a controller that does not answer within this is lost
 
 
 @dataclass(frozen=True)
@@ -61,7 +66,7 @@ def lost_job(inv: Inventory, key: bytes | None) -> tuple[str, float] | None:
     if inv.controller is None or inv.spec is None or not inv.spec.store:
         return None
     store = open_store(inv.spec.store)
-    ids = job_ids(store, inv.name)
+    ids = job_ids(store, inv.name, key)
     if not ids:
         return None
     view = JobView(store, inv.name, ids[-1], key)
@@ -79,7 +84,6 @@ def take_back_if_lost(name: str, log: Log, istore: InventoryStore | None = None)
     doc); its id, or None when nothing had to be done. Never raises for a store that
     cannot be read (the command that asked goes on)."""
     from provision.cluster.providers import get_provider
-    from provision.job.managed.handoff import take_back
     from provision.job.managed.signing import local_key
 
     istore = istore or InventoryStore()
@@ -100,3 +104,64 @@ def take_back_if_lost(name: str, log: Log, istore: InventoryStore | None = None)
         inv = istore.load(name)
         take_back(get_provider(inv.provider), inv, istore, job_id, log=log)
     return job_id
+
+
+def take_back(provider: AnyProvider, inv: Inventory, store: InventoryStore, job_id: str, *,
+              log: Log) -> None:
+    """A new supervisor for job `job_id`, which runs on the nodes while its controller is
+    lost (takeback.py): on the same controller when it answers, else on a new one."""
+    from pydantic import ValidationError
+
+    from provision.cluster.providers.contract import Supervising
+    from provision.job.managed.checks import store_env
+    from provision.job.managed.handoff import TEARDOWN_KEY, controller_state, deliver, store_url
+    from provision.job.managed.signing import local_key
+    from provision.model.spec import JobSpec
+
+    url = store_url(inv)
+    key = local_key(store.keys_dir(inv.name))
+    data = JobView(open_store(url), inv.name, job_id, key).spec() if key else None
+    if data is None:
+        raise LaunchError(f"job {job_id} of {inv.name!r}: its spec.json is not sealed for it "
+                          "with the cluster's records key (written or copied there by "
+                          "something else): not taken back",
+                          hint=f"`mgpu-cloud down {inv.name}` removes the cluster")
+    teardown = data.pop(TEARDOWN_KEY, False) is True
+    try:
+        job = JobSpec.model_validate(data)
+    except ValidationError as exc:
+        raise LaunchError(f"job {job_id}: its spec.json is not a job: {exc}") from None
+    if not job.local_workdir.is_dir():
+        raise LaunchError(f"job {job_id}: its folder {job.local_workdir} is not here any more "
+                          "(a new controller needs it to set up replaced nodes)")
+    answers, ended = _controller_answers(provider, inv, store, job_id)
+    if ended is False:
+        log(f"the supervisor of job {job_id} still runs on its controller: nothing to do")
+        return
+    if not answers:
+        if not isinstance(provider, Supervising):
+            raise LaunchError(f"provider {inv.provider!r} makes no controller")
+        log(f"its controller does not answer: making a new one for {inv.name!r} ...")
+        provider.remake_controller(inv, store)
+    state = controller_state(inv, url, job_id, job, store_env(), log)
+    deliver(inv, store, job, job_id, state, teardown=teardown, log=log, take_back=True)
+
+
+def _controller_answers(provider: AnyProvider, inv: Inventory, store: InventoryStore,
+                        job_id: str) -> tuple[bool, bool | None]:
+    """(whether the controller answers, whether its supervisor of `job_id` has ended)."""
+    from provision.cluster.providers.contract import Recoverable
+    from provision.job.managed.handoff import (
+        controller_inventory,
+        controller_layout,
+        supervisor_ended,
+    )
+    from provision.nodes import NodeGroup
+
+    ctl = inv.controller
+    if ctl is None or (isinstance(provider, Recoverable) and not provider.node_alive(inv, ctl)):
+        return False, None  # the provider is sure: no need to wait for a login
+    with NodeGroup(controller_inventory(inv, store)) as group:
+        if not group.wait_until_reachable(REACH_S)[ctl.name].ok:
+            return False, None
+        return True, supervisor_ended(group, controller_layout(inv), job_id)

@@ -35,6 +35,7 @@ from urllib.parse import parse_qs, urlsplit
 import k8s_schemas
 import standin_admission as admission
 import standin_ws
+from standin_delete import check_preconditions
 from standin_incluster import RBAC_GROUP, InCluster
 from standin_store import CLUSTER_SCOPED, KINDS, ApiError, Store, now
 
@@ -332,6 +333,7 @@ def _crud(api: ApiServer, method: str, res: str, ns: str, name: str | None,
     if method == "GET":
         return 200, store.get(res, ns, name)
     if method == "DELETE":
+        check_preconditions(res, store.get(res, ns, name), body)
         grace = query.get("gracePeriodSeconds", (body or {}).get("gracePeriodSeconds"))
         uid = ((body or {}).get("preconditions") or {}).get("uid")
         return 200, api.delete(res, ns, name, None if grace is None else int(grace), uid)

@@ -1,7 +1,10 @@
 """Deleting a cluster's objects: only what the API shows with the cluster's label, checked
-at the source (the list is by label selector; a recorded object is looked up and its label
-read before it is deleted). `down` waits until no labelled pod is left, so nothing of the
-cluster runs once it returns.
+at the source at deletion time. Every object, listed by label selector or recorded in the
+inventory, goes through `delete_if_labelled`: read, its label checked, deleted with the read's
+uid and resourceVersion as preconditions, so the API itself refuses (409 Conflict) to delete
+an object that changed after the read (its label taken off between the listing and the
+deletion, say); it is then read again. `down` waits until no labelled pod is left, so nothing
+of the cluster runs once it returns.
 
     kinds   JobSet (with its Jobs, pods and Service: foreground), ResourceClaimTemplate
             (the EFA DRA preset's), Pod, Service, Secret; the controller's ServiceAccount,
@@ -26,6 +29,7 @@ from provision.cluster.providers.k8s.pods import selector
 from provision.model.inventory import CLUSTER_TAG
 
 GONE_TIMEOUT_S = 180.0
+ATTEMPTS = 5  # reads of one object that keeps changing under a delete before giving up
 KINDS = ("k8s-jobset", "k8s-resourceclaimtemplate", "k8s-pod", "k8s-service", "k8s-secret",
          "k8s-serviceaccount", "k8s-rolebinding", "k8s-role")
 # built-in kind -> (the client's API class, the noun of its *_namespaced_NOUN calls)
@@ -93,43 +97,64 @@ def labelled(k: Kube, label_selector: str, groups: set[str] | None = None) -> li
     return out
 
 
-def delete(k: Kube, found: Found) -> None:
-    """Delete one object; NotFound is success."""
+def delete(k: Kube, found: Found, resource_version: str) -> None:
+    """Delete one object if it is still the one read (its uid and resourceVersion as the
+    delete's preconditions: the API answers 409 Conflict otherwise); NotFound is success."""
     from kubernetes import client
 
+    same = client.V1Preconditions(uid=found.uid or None,
+                                  resource_version=resource_version or None)
     try:
-        if found.kind in CUSTOM:
+        if found.kind in CUSTOM:  # a body's options win over the query's (apiserver)
             group, version, plural = CUSTOM[found.kind]
-            k.custom.delete_namespaced_custom_object(
-                group, version, k.namespace, plural, found.name,
-                propagation_policy="Foreground")
+            body = client.V1DeleteOptions(propagation_policy="Foreground", preconditions=same)
+            k.custom.delete_namespaced_custom_object(group, version, k.namespace, plural,
+                                                     found.name, body=body)
             return
-        body = client.V1DeleteOptions(propagation_policy="Background")
+        body = client.V1DeleteOptions(propagation_policy="Background", preconditions=same)
         core_call(k, "delete", found.kind)(found.name, k.namespace, body=body)
     except Exception as exc:
         if not is_not_found(exc):
             raise
 
 
-def delete_if_labelled(k: Kube, kind: str, name: str, cluster: str) -> None:
-    """Delete one object only while the API labels it with `cluster` (checked now)."""
-    have = read_labels(k, kind, name)
-    if cluster and have is not None and have.get(CLUSTER_TAG) == cluster:
-        delete(k, Found(kind, name, "", cluster))
+def delete_if_labelled(k: Kube, kind: str, name: str, cluster: str) -> bool:
+    """Delete one object only while the API labels it with `cluster`, checked at deletion
+    time (the module doc). True when it is deleted or gone; False when it is not (or no
+    longer) the cluster's, and left as it is."""
+    for _ in range(ATTEMPTS):
+        now = read(k, kind, name)
+        if now is None:
+            return True
+        uid, labels, resource_version = now
+        if not cluster or labels.get(CLUSTER_TAG) != cluster:
+            return False
+        try:
+            delete(k, Found(kind, name, uid, cluster), resource_version)
+            return True
+        except Exception as exc:
+            if status_of(exc)[0] != 409:  # Conflict: it changed since the read: read again
+                raise
+    raise RuntimeError(f"{kind} {name} changed under every one of {ATTEMPTS} deletes")
 
 
-def read_labels(k: Kube, kind: str, name: str) -> dict[str, str] | None:
-    """The labels of a recorded object as the API has it now; None when it is gone."""
+def read(k: Kube, kind: str, name: str) -> tuple[str, dict[str, str], str] | None:
+    """(uid, labels, resourceVersion) of an object as the API has it now; None when gone."""
     try:
         if kind in CUSTOM:
             group, version, plural = CUSTOM[kind]
-            return _meta(k.custom.get_namespaced_custom_object(group, version, k.namespace,
-                                                               plural, name))[2]
-        return _meta(core_call(k, "read", kind)(name, k.namespace))[2]
+            obj = k.custom.get_namespaced_custom_object(group, version, k.namespace, plural,
+                                                        name)
+            resource_version = (obj.get("metadata") or {}).get("resourceVersion", "")
+        else:
+            obj = core_call(k, "read", kind)(name, k.namespace)
+            resource_version = obj.metadata.resource_version or ""
     except Exception as exc:
         if is_not_found(exc):
             return None
         raise
+    _, uid, labels = _meta(obj)
+    return uid, labels, resource_version
 
 
 def delete_cluster(k: Kube, cluster: str, recorded: list[tuple[str, str]],
@@ -140,30 +165,26 @@ def delete_cluster(k: Kube, cluster: str, recorded: list[tuple[str, str]],
     out = Outcome()
     targets = labelled(k, selector(cluster), groups)
     names = {(f.kind, f.name) for f in targets}
-    for kind, name in recorded:
-        if (kind, name) in names or kind not in KINDS:
-            continue
-        have = read_labels(k, kind, name)
-        if have is None:
-            continue
-        if have.get(CLUSTER_TAG) != cluster:
-            out.refused.append(f"{kind} {name} is not labelled {CLUSTER_TAG}={cluster}: "
-                               "left as it is")
-            continue
-        targets.append(Found(kind, name, "", cluster))
+    targets += [Found(kind, name, "", cluster) for kind, name in recorded
+                if (kind, name) not in names and kind in KINDS]
     for found in targets:  # JobSets first (KINDS order): their pods go with them
         try:
-            delete(k, found)
-            out.deleted.append(found)
+            if delete_if_labelled(k, found.kind, found.name, cluster):
+                out.deleted.append(found)
+            else:
+                out.refused.append(f"{found.kind} {found.name} is not labelled "
+                                   f"{CLUSTER_TAG}={cluster}: left as it is")
         except Exception as exc:  # noqa: BLE001 - every object is tried, failures reported
             status, reason, message = status_of(exc)
-            out.failures.append(f"{found.kind} {found.name}: HTTP {status} {reason} {message}")
+            said = f"HTTP {status} {reason} {message}" if status else str(exc)
+            out.failures.append(f"{found.kind} {found.name}: {said}")
     wait_pods_gone(k, cluster, out)
     return out
 
 
 def wait_pods_gone(k: Kube, cluster: str, out: Outcome,
-                   timeout_s: float = GONE_TIMEOUT_S) -> None:
+                   timeout_s: float | None = None) -> None:
+    timeout_s = GONE_TIMEOUT_S if timeout_s is None else timeout_s  # read now: tests set it
     deadline = time.monotonic() + timeout_s
     while True:
         left = k.core.list_namespaced_pod(k.namespace, label_selector=selector(cluster)).items
