@@ -10,8 +10,14 @@ setup:
 demo: setup
 	$(VENV)/bin/mgpu-cloud run --provider docker --nodes 2 examples/train_ddp.py --steps 50
 
+# The suite in parallel: workers wait on containers, sshd and processes far more than they
+# compute (tests/engine.py keeps workers and concurrent runs apart; tests sharing one cluster
+# are one xdist_group). Bytecode first: every CLI the tests start imports the project, and
+# PYTHONDONTWRITEBYTECODE machines would compile it again each time.
+TEST_WORKERS ?= 4
 test: setup
-	$(PY) -m pytest -q
+	$(PY) -m compileall -q provision remote
+	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadgroup --durations=15
 
 unit:
 	$(PY) -m pytest -q --ignore=tests/integration

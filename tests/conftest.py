@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import signal
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -12,7 +13,14 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # tests/fake_nodes.py and friends
 
 ROOT = Path(__file__).resolve().parent.parent
-from kit import IN_CI  # noqa: E402 - after the sys.path line above
+import engine  # noqa: E402 - after the sys.path line above
+import timekit  # noqa: E402
+from kit import IN_CI  # noqa: E402
+
+SESSION: dict[str, float] = {}
+LOADGROUP_BROKEN = ("--dist loadgroup is not grouping tests marked xdist_group: this pytest and "
+                    "pytest-xdist disagree on node ids (pytest-xdist#1386; pyproject.toml pins "
+                    "pytest below 9.2 for it)")
 
 pytest_plugins = ["storekit"]  # object stores and a webhook receiver (issue 18)
 
@@ -22,6 +30,19 @@ pytest_plugins = ["storekit"]  # object stores and a webhook receiver (issue 18)
 # (Python's handler here; a child starts with SIG_DFL again) for this process and its children.
 if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
     signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
+@pytest.fixture(autouse=True)
+def _engine_share(request: pytest.FixtureRequest) -> Iterator[None]:
+    """A `serial` test (it measures the machine's speed: CPU ratios between nodes, a stall
+    timeout) runs while no other test of this run uses the engine; engine tests share the
+    engine with each other (xdist workers). A lock file of this run (tests/engine.py)."""
+    order = _start_order(request.node)
+    if order == 2:  # not on the engine
+        yield
+        return
+    with engine.engine_lock(exclusive=order == 3):
+        yield
 
 
 @pytest.fixture(autouse=True)
@@ -49,27 +70,81 @@ def docker_engine() -> Iterator[None]:
         if IN_CI:
             pytest.fail(f"CI=true but the Docker engine is not reachable: {why}")
         pytest.skip(f"no Docker engine: {why}")
-    if IN_CI:
-        _sweep_killed_runs()
     yield
 
 
-def _sweep_killed_runs() -> None:
-    """CI's engine starts clean: what an earlier test run killed with its machine left
-    (containers and networks of clusters whose inventories were in its temporary homes)
-    would otherwise meet tests of the same cluster names. Outside CI the engine may hold a
-    developer's own clusters: nothing is touched (`up` names such leftovers itself)."""
-    import docker
+def _main_process(config: pytest.Config) -> bool:
+    """The process that runs the session (not an xdist worker)."""
+    return not hasattr(config, "workerinput")
 
-    from provision.model.inventory import CLUSTER_TAG
 
-    client = docker.from_env(timeout=60)
-    label = {"label": CLUSTER_TAG}
-    for c in client.containers.list(all=True, filters=label):
-        print(f"removing {c.name}, left by an earlier test run")
-        c.remove(force=True)
-    for n in client.networks.list(filters=label):
-        n.remove()
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Tests that wait on the Docker engine first (stable: a file's tests keep their order):
+    xdist hands work out in collection order, so the long ones start while the many short
+    ones fill the gaps, instead of one long test starting last and running alone."""
+    items.sort(key=_start_order)
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """An xdist worker under `--dist loadgroup` whose grouped tests lost their group (the
+    scheduler reads it from the node id's `@GROUP`; pytest-xdist#1386) would split a shared
+    cluster's tests across workers: stop before anything runs."""
+    if getattr(session.config.option, "loadgroup", False):
+        lost = [i.nodeid for i in session.items
+                if i.get_closest_marker("xdist_group") and "@" not in i.nodeid]
+        if lost:
+            print(f"\n{LOADGROUP_BROKEN}", file=sys.__stderr__)  # a worker's exit is not shown
+            pytest.exit(LOADGROUP_BROKEN, returncode=3)
+
+
+def _start_order(item: pytest.Item) -> int:
+    """0: long scenarios (`slow`) and groups sharing one cluster (an xdist_group runs as one
+    unit); 1: the other tests on the engine; 2: the rest; 3: `serial` tests, last (they wait
+    for the engine to be theirs alone, which it is once the others are done)."""
+    if item.get_closest_marker("serial"):
+        return 3
+    if item.get_closest_marker("slow") or item.get_closest_marker("xdist_group"):
+        return 0
+    engine_test = item.get_closest_marker("docker") or "node_image" in getattr(
+        item, "fixturenames", ())
+    return 1 if engine_test else 2
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    """This run's lease, then what killed runs left on the engine (tests/engine.py): the
+    engine is shared by everything on the machine (two clones, CI and a developer), so only
+    objects of runs whose main process is gone are removed, never a live run's or a
+    developer's own clusters."""
+    SESSION["start"] = time.monotonic()
+    if not _main_process(session.config):
+        return
+    engine.take_lease()
+    if docker_available()[0]:
+        engine.sweep_killed_runs()
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    """What this run's tests left on the engine despite their own cleanup (each test asserts
+    it left nothing: this only keeps a failed run from leaving containers running)."""
+    if not _main_process(session.config):
+        return
+    if docker_available()[0]:
+        engine.sweep([engine.RUN], log=lambda m: print(m.replace("a killed", "this")))
+    engine.drop_lease()
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter, config: pytest.Config) -> None:
+    """Where the time went, by folder, after every run (issue 45): the sum of the tests'
+    setup + call + teardown times per folder, and the whole session's wall time."""
+    if not _main_process(config):
+        return
+    folders = timekit.by_folder(terminalreporter.stats.values())
+    if not folders:
+        return
+    terminalreporter.write_sep("=", "test time by folder")
+    for line in timekit.table(folders, time.monotonic() - SESSION["start"]):
+        terminalreporter.write_line(line)
 
 
 @pytest.fixture(scope="session")

@@ -14,6 +14,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from engine import force_remove, leftovers, unique
 
 RUNS: list[Run] = []
 
@@ -66,19 +67,11 @@ class Run:
         return "".join(self.lines)
 
 
-def leftovers(name: str) -> list[str]:
-    label = f"label=mgpu-cloud-cluster={name}"
-    out = subprocess.run(["docker", "ps", "-aq", "--filter", label], capture_output=True,
-                         text=True, check=True).stdout.split()
-    out += subprocess.run(["docker", "network", "ls", "-q", "--filter", label],
-                          capture_output=True, text=True, check=True).stdout.split()
-    return out
-
-
 def cluster_name(prefix: str, request: pytest.FixtureRequest) -> Iterator[str]:
-    """A fixture's body: the test's cluster name (`prefix` + the test's name), and afterwards
-    every run stopped and nothing of that cluster left (the test fails otherwise)."""
-    name = prefix + re.sub(r"[^a-z0-9]+", "-", request.node.name.lower())[:20].strip("-")
+    """A fixture's body: the test's cluster name (`prefix` + the test's name + this run's
+    token, tests/engine.py), and afterwards every run stopped and nothing of that cluster left
+    (the test fails otherwise)."""
+    name = unique(prefix + re.sub(r"[^a-z0-9]+", "-", request.node.name.lower())[:20].strip("-"))
     yield name
     for run in RUNS:  # a test that failed half-way: SIGTERM makes `run` tear down
         if run.proc.poll() is None:
@@ -86,8 +79,5 @@ def cluster_name(prefix: str, request: pytest.FixtureRequest) -> Iterator[str]:
             run.proc.wait(timeout=120)
     RUNS.clear()
     left = leftovers(name)
-    subprocess.run(f"docker rm -f $(docker ps -aq --filter label=mgpu-cloud-cluster={name}) "
-                   f"2>/dev/null; docker network rm {name}-net 2>/dev/null", shell=True)
+    force_remove(name)
     assert left == [], f"left behind: {left}"
-
-

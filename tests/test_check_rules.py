@@ -35,6 +35,16 @@ def test_findings_are_every_rule_s_errors_first() -> None:
         ("error", "preflight"), ("error", "master-port"), ("warning", "disk")]
 
 
+def test_torch_missing_says_each_nodes_own_reason_escaped() -> None:
+    slow, gone = a100_node(), a100_node()
+    slow.update(torch=None, torch_error="/opt/venv/bin/python3: timed out after 30s")
+    gone.update(torch=None, torch_error="No module named 'torch'\x1b[2J")
+    (finding,) = compare_preflights({"node-0": slow, "node-1": gone}, 8)
+    assert finding.check == "torch" and finding.nodes == ("node-0", "node-1")
+    assert "node-0: /opt/venv/bin/python3: timed out after 30s" in finding.message
+    assert "node-1: No module named 'torch'\\x1b[2J" in finding.message, finding.message
+
+
 def test_a_refused_master_port_reads_as_healthy() -> None:
     assert port_text({"status": "refused"}) == "refused (ok: reachable, free)"
     assert port_text({"status": "timeout"}) == "timeout"

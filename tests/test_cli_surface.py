@@ -168,6 +168,25 @@ def test_jobs_without_a_name_uses_the_only_cluster_and_fits_80_columns(
     assert two.exit_code != 0 and "only, second" in two.output
 
 
+def test_jobs_of_killed_ranks_fit_80_columns() -> None:
+    """The widest cells a row can hold at once (a detached job's state, a signal's exit code
+    on every node): STARTED leaves the row for a line of its own, nothing is cut
+    (seen: 81 columns on real nodes, under load)."""
+    inv = _inv("only")
+    InventoryStore().create(inv.model_copy(update={"status": "creating"}))
+    job = build_job_spec({}, {"script": EXAMPLE, "args": ["--steps", "12"]})
+    rec = jobrecords.begin(inv, job, inv.nodes, detached=True)
+    rec.state = "cancelled"  # its ranks killed: 137 on each node
+    for node in rec.nodes.values():
+        node.set("exited", 137)
+    JobStore().save(rec)
+    res = invoke("jobs", columns=80)
+    assert res.exit_code == 0, res.output
+    assert _widest(res.output) <= 80, res.output
+    flat = " ".join(res.output.split())
+    assert "137,137" in flat and "started " in flat, res.output
+
+
 def test_a_managed_clusters_jobs_fit_80_columns(tmp_path: Path) -> None:
     from provision.job.managed.records import JobLog, next_job_id
     from remote.store import open_store

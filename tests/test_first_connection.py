@@ -15,6 +15,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+import engine
 import pytest
 
 from provision.model.inventory import Inventory, InventoryStore, NodeRecord
@@ -63,7 +64,7 @@ def sshd(node_image: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[
     user_key = generate_ed25519("controller")
     image_key = generate_ed25519("image")
     subprocess.run(
-        ["docker", "run", "-d", "--name", name, "--label", f"{LABEL}=firstconn",
+        ["docker", "run", "-d", "--name", name, "--label", f"{LABEL}=firstconn", "--label", engine.LABEL,
          "-p", "127.0.0.1::22", "-e", f"MGPU_HOST_KEY={image_key.private_openssh}",
          "-e", f"MGPU_AUTHORIZED_KEY={user_key.public_openssh}", node_image],
         check=True, capture_output=True, text=True)

@@ -66,7 +66,7 @@ def print_jobs(records: Any, as_json: bool) -> None:
               _duration(s.duration_s()), "-" if s.restarts is None else str(s.restarts),
               s.exit_text(), "-" if s.goodput is None else f"{100 * s.goodput:.0f}%",
               s.command) for s in summaries]
-    typer.echo("\n".join(fit_table(rows, right={0, 4, 6})))
+    typer.echo("\n".join(fit_table(rows, right={0, 4, 6}, spill=(2,))))  # STARTED may move
 
 
 # --------------------------------------------------------------------------------------------

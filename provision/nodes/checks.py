@@ -13,6 +13,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from provision.model.nodetext import shown
+
 GiB = 2**30
 LOW_DISK_WARN = 20 * GiB
 LOW_DISK_ERROR = 2 * GiB
@@ -73,8 +75,13 @@ def _one(severity: str, check: str, message: str, nodes: Sequence[str],
 
 
 def no_torch(ns: Nodes) -> list[Finding]:
+    """Each node's own reason (node text: escaped, bounded): a missing module reads unlike
+    an import that took longer than the probe's time (a busy node)."""
     missing = [n for n, r in ns.reports.items() if not r.get("torch")]
-    return _one("error", "torch", "torch cannot be imported by the node's python", missing,
+    why = "; ".join(f"{n}: {shown(str(err))[:200]}" for n in missing
+                    if (err := ns.reports[n].get("torch_error")))
+    return _one("error", "torch", "torch cannot be imported by the node's python"
+                + (f" ({why})" if why else ""), missing,
                 "install torch on these nodes (or run in the training image)") if missing else []
 
 

@@ -10,7 +10,6 @@ go to each test's tmp dir (and to $MGPU_DASHBOARD_DOCS when set: docs/dashboard/
 from __future__ import annotations
 
 import json
-import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -18,23 +17,16 @@ from typing import Any
 import pytest
 from browser import DOCS, browser_or_skip, js_errors, make_driver, screenshot, shot, wait_for
 from conftest import Served, serve
+from engine import force_remove, leftovers, unique
 from kit import cli
 
-pytestmark = [pytest.mark.docker, pytest.mark.usefixtures("node_image")]
+pytestmark = [pytest.mark.docker, pytest.mark.usefixtures("node_image"),
+              pytest.mark.xdist_group("browser_docker")]  # one cluster, tests in file order
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = str(ROOT / "examples" / "train_ddp.py")
-NAME = "it22-dash"
+NAME = unique("it22-dash")
 # Pictures for docs/ (MGPU_DASHBOARD_DOCS set) are taken once the charts hold more points.
 SAMPLES, LOSS_POINTS = (30, 30) if DOCS else (5, 8)
-
-
-def leftovers() -> list[str]:
-    found = []
-    for kind in ("ps", "network"):
-        cmd = ["docker", kind, *(["-a"] if kind == "ps" else ["ls"]), "-q", "--filter",
-               f"label=mgpu-cloud-cluster={NAME}"]
-        found += subprocess.run(cmd, capture_output=True, text=True, check=True).stdout.split()
-    return found
 
 
 @pytest.fixture(scope="module")
@@ -47,9 +39,8 @@ def home(tmp_path_factory: pytest.TempPathFactory, node_image: str) -> Iterator[
         yield home
     finally:
         cli("down", NAME, home=home)  # idempotent: the last test removed it already
-        subprocess.run(f"docker rm -f $(docker ps -aq --filter label=mgpu-cloud-cluster={NAME})"
-                       f" 2>/dev/null; docker network rm {NAME}-net 2>/dev/null", shell=True)
-        assert leftovers() == []
+        force_remove(NAME)
+        assert leftovers(NAME) == []
 
 
 @pytest.fixture(scope="module")
@@ -199,5 +190,5 @@ def test_down_on_the_page_removes_the_cluster(site: Served, driver: Any) -> None
     wait_for(lambda: "Cluster removed." in driver.find_element("id", "removal").text, 180,
              "the removal to finish")
     assert driver.find_element("id", "cluster-state").text == "removed"
-    assert leftovers() == []
+    assert leftovers(NAME) == []
     assert js_errors(driver) == []

@@ -13,6 +13,8 @@ from browser import browser_or_skip, js_errors, make_driver, screenshot, shot, w
 from conftest import Served, serve
 from dash_synthetic import make_big_cluster, make_removed_cluster
 
+pytestmark = pytest.mark.xdist_group("browser_synthetic")  # one site, one browser
+
 
 @pytest.fixture(scope="module")
 def site(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:

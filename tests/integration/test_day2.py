@@ -18,12 +18,14 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from engine import force_remove, leftovers, unique
 from kit import IN_CI, cli
 
-pytestmark = [pytest.mark.docker, pytest.mark.usefixtures("node_image")]
+pytestmark = [pytest.mark.docker, pytest.mark.usefixtures("node_image"),
+              pytest.mark.xdist_group("day2")]  # one cluster, tests in file order
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = str(ROOT / "examples" / "train_ddp.py")
-NAME = "it14-day2"
+NAME = unique("it14-day2")
 
 
 def jobs_json(home: Path, name: str = NAME) -> list[dict[str, object]]:
@@ -31,20 +33,6 @@ def jobs_json(home: Path, name: str = NAME) -> list[dict[str, object]]:
     assert res.returncode == 0, res.stderr
     data: list[dict[str, object]] = json.loads(res.stdout)
     return data
-
-
-def leftovers(name: str) -> list[str]:
-    out = subprocess.run(["docker", "ps", "-aq", "--filter", f"label=mgpu-cloud-cluster={name}"],
-                         capture_output=True, text=True, check=True).stdout.split()
-    nets = subprocess.run(["docker", "network", "ls", "-q", "--filter",
-                           f"label=mgpu-cloud-cluster={name}"],
-                          capture_output=True, text=True, check=True).stdout.split()
-    return out + nets
-
-
-def force_remove(name: str) -> None:
-    subprocess.run(f"docker rm -f $(docker ps -aq --filter label=mgpu-cloud-cluster={name}) "
-                   f"2>/dev/null; docker network rm {name}-net 2>/dev/null", shell=True)
 
 
 @pytest.fixture(scope="module")
@@ -183,7 +171,7 @@ def test_after_down_logs_and_cost_remain(home: Path) -> None:
 
 
 def test_run_detach_nodes_stop_themselves(tmp_path: Path, node_image: str) -> None:
-    name = "it14-rundetach"
+    name = unique("it14-rundetach")
     try:
         res = cli("run", "--detach", "--idle-minutes", "0", "--nodes", "1", "--name", name,
                   "--nproc-per-node", "1", "--", EXAMPLE, "--steps", "3", home=tmp_path)
@@ -207,7 +195,7 @@ def test_run_detach_nodes_stop_themselves(tmp_path: Path, node_image: str) -> No
 
 
 def test_scale_prints_a_row_per_size(tmp_path: Path, node_image: str) -> None:
-    name = "it14-scale"
+    name = unique("it14-scale")
     chart = tmp_path / "scale.png"
     draw = IN_CI or importlib.util.find_spec("matplotlib") is not None  # CI installs it
     try:

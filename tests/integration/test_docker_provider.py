@@ -15,12 +15,16 @@ import time
 from pathlib import Path
 
 import pytest
+from engine import LABEL, created_since, force_remove, leftovers, unique
 from kit import cli
 
 ROOT = Path(__file__).resolve().parents[2]
 
 pytestmark = [pytest.mark.docker, pytest.mark.usefixtures("node_image")]
 EXAMPLE = str(ROOT / "examples" / "train_ddp.py")
+RUN_NAME, FAIL, UP, HOSTKEY, GONE, CRASH, OWN, TAKEN, LEFTOVER = map(unique, (
+    "it-run", "it-fail", "it-up", "it-hostkey", "it-gone", "it-crash", "it-own", "taken",
+    "leftover"))
 
 
 def popen_cli(*args: str, cwd: Path) -> subprocess.Popen[str]:
@@ -28,19 +32,6 @@ def popen_cli(*args: str, cwd: Path) -> subprocess.Popen[str]:
         [sys.executable, "-m", "provision.cli", *args], cwd=cwd, stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT, text=True,
     )
-
-
-def leftovers(name: str) -> list[str]:
-    """Containers and networks still carrying the cluster's label."""
-    label = f"label=mgpu-cloud-cluster={name}"
-    found = []
-    for kind in ("container", "network"):
-        cmd = ["docker", kind, "ls", "-q", "--filter", label]
-        if kind == "container":
-            cmd.insert(3, "-a")
-        out = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout.split()
-        found += [f"{kind}:{x}" for x in out]
-    return found
 
 
 def wait_for_line(proc: subprocess.Popen[str], pattern: str, timeout: float = 240) -> list[str]:
@@ -64,13 +55,12 @@ def cleanup():  # type: ignore[no-untyped-def]
     yield names
     for name in names:
         cli("down", name)
-        subprocess.run(f"docker rm -f $(docker ps -aq --filter label=mgpu-cloud-cluster={name}) "
-                       f"2>/dev/null; docker network rm {name}-net 2>/dev/null", shell=True)
+        force_remove(name)
 
 
 def test_run_trains_across_two_nodes_and_fetches_checkpoint(tmp_path: Path, cleanup) -> None:  # type: ignore[no-untyped-def]
-    cleanup.append("it-run")
-    res = cli("run", "--provider", "docker", "--nodes", "2", "--name", "it-run", EXAMPLE,
+    cleanup.append(RUN_NAME)
+    res = cli("run", "--provider", "docker", "--nodes", "2", "--name", RUN_NAME, EXAMPLE,
               "--steps", "15", cwd=tmp_path)
     out = res.stdout + res.stderr
     assert res.returncode == 0, out
@@ -81,7 +71,7 @@ def test_run_trains_across_two_nodes_and_fetches_checkpoint(tmp_path: Path, clea
     assert "[node-0] done: world_size=4" in out
     # the run's last lines name where its bring-up's time went
     assert re.search(r"run timeline: [\d.]+ s to first output line; slowest phase: \w", out), out
-    ckpt = tmp_path / "mgpu-outputs" / "it-run" / "checkpoint.pt"
+    ckpt = tmp_path / "mgpu-outputs" / RUN_NAME / "checkpoint.pt"
     metrics = json.loads((ckpt.parent / "metrics.json").read_text())
     assert metrics["world_size"] == 4 and metrics["steps"] == 15
 
@@ -89,23 +79,23 @@ def test_run_trains_across_two_nodes_and_fetches_checkpoint(tmp_path: Path, clea
 
     state = torch.load(ckpt, weights_only=True)
     assert state["steps"] == 15 and "0.weight" in state["model"]
-    assert leftovers("it-run") == []
+    assert leftovers(RUN_NAME) == []
 
 
 def test_failing_script_stops_all_nodes_and_tears_down(tmp_path: Path, cleanup) -> None:  # type: ignore[no-untyped-def]
-    cleanup.append("it-fail")
-    res = cli("run", "--nodes", "2", "--name", "it-fail", EXAMPLE, "--steps", "50",
+    cleanup.append(FAIL)
+    res = cli("run", "--nodes", "2", "--name", FAIL, EXAMPLE, "--steps", "50",
               "--fail-at-step", "2", cwd=tmp_path)
     out = res.stdout + res.stderr
     assert res.returncode != 0, out
     assert "failing on purpose at step 2" in out
-    assert "cluster 'it-fail' removed" in out
-    assert leftovers("it-fail") == []
+    assert f"cluster {FAIL!r} removed" in out
+    assert leftovers(FAIL) == []
 
 
 @pytest.mark.parametrize("sig,code", [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
 def test_signal_mid_training_tears_down(tmp_path: Path, cleanup, sig: int, code: int) -> None:  # type: ignore[no-untyped-def]
-    name = f"it-sig{int(sig)}"
+    name = unique(f"it-sig{int(sig)}")
     cleanup.append(name)
     proc = popen_cli("run", "--nodes", "2", "--name", name, EXAMPLE, "--steps", "100000",
                      "--sleep", "0.05", cwd=tmp_path)
@@ -121,73 +111,73 @@ def test_signal_mid_training_tears_down(tmp_path: Path, cleanup, sig: int, code:
 
 
 def test_up_exec_status_ssh_trust_down_twice(tmp_path: Path, cleanup) -> None:  # type: ignore[no-untyped-def]
-    cleanup.append("it-up")
-    res = cli("up", "--nodes", "2", "--name", "it-up")
+    cleanup.append(UP)
+    res = cli("up", "--nodes", "2", "--name", UP)
     assert res.returncode == 0, res.stderr
-    assert res.stdout.strip() == "it-up"
+    assert res.stdout.strip() == UP
 
-    res = cli("exec", "it-up", "--", "hostname")
+    res = cli("exec", UP, "--", "hostname")
     assert res.returncode == 0, res.stderr
     assert "--- node-0 (exit 0) ---\nnode-0" in res.stdout
     assert "--- node-1 (exit 0) ---\nnode-1" in res.stdout
 
     # Per-node exit codes: fails on node-1 only, and the result says so for each node.
-    res = cli("exec", "it-up", "--", 'test "$(hostname)" = node-0')
+    res = cli("exec", UP, "--", 'test "$(hostname)" = node-0')
     assert res.returncode == 1
     assert "--- node-0 (exit 0) ---" in res.stdout and "--- node-1 (exit 1) ---" in res.stdout
 
     # Nodes reach each other by name, passwordless, with pinned host keys (DeepSpeed/pdsh).
-    res = cli("exec", "it-up", "--", "ssh -o BatchMode=yes node-1 hostname && "
+    res = cli("exec", UP, "--", "ssh -o BatchMode=yes node-1 hostname && "
               "cat ~/.mgpu-cloud/hostfile")
     assert res.returncode == 0, res.stdout + res.stderr
     assert "node-1\nnode-0 slots=2\nnode-1 slots=2" in res.stdout
-    res = cli("exec", "it-up", "--", "pdsh -R ssh -w node-0,node-1 hostname | sort")
+    res = cli("exec", UP, "--", "pdsh -R ssh -w node-0,node-1 hostname | sort")
     assert "node-0: node-0\nnode-1: node-1" in res.stdout, res.stdout + res.stderr
 
     res = cli("status", "--json")
     rows = json.loads(res.stdout)
-    assert [r["name"] for r in rows] == ["it-up"]
+    assert [r["name"] for r in rows] == [UP]
     # where `up`'s time went, phase by phase (a part indented under its phase)
-    res = cli("status", "it-up", "--timeline")
+    res = cli("status", UP, "--timeline")
     assert res.returncode == 0, res.stderr
     for phase in ("  plan ", "  create call ", "    nodes running ", "  bootstrap ",
                   "    ssh answers "):
         assert phase in res.stdout, res.stdout
     assert "slowest phase: " in res.stdout
-    (tl,) = json.loads(cli("status", "it-up", "--timeline", "--json").stdout)["it-up"]
+    (tl,) = json.loads(cli("status", UP, "--timeline", "--json").stdout)[UP]
     assert [p["phase"] for p in tl["phases"]] == ["plan", "create call", "nodes running",
                                                   "bootstrap", "ssh answers"]
     assert [n["address"] for n in rows[0]["nodes"]] == ["127.0.0.1", "127.0.0.1"]
     # node-1 is its IP on the cluster's own network, named in /etc/hosts
     # (bootstrap's block, written in place: the engine bind-mounts that file)
     ip = rows[0]["nodes"][1]["private_address"]
-    res = cli("exec", "it-up", "--", "getent hosts node-1")
+    res = cli("exec", UP, "--", "getent hosts node-1")
     answers = re.findall(r"^(\S+)\s+node-1$", res.stdout, re.M)  # node-1 also has the engine's
     assert len(answers) >= 2 and set(answers) == {ip}, res.stdout
 
     # Containers publish SSH on loopback only.
-    ports = subprocess.run(["docker", "port", "it-up-node-0", "22"], capture_output=True,
+    ports = subprocess.run(["docker", "port", f"{UP}-node-0", "22"], capture_output=True,
                            text=True).stdout
     assert ports.startswith("127.0.0.1:"), ports
 
     # The host key and authorized_keys are copied in, 0600, before the start: nothing of them
     # is in the container's configuration (`docker inspect`), nor in sshd's environment or a
     # session's (a job never sees them).
-    inspected = subprocess.run(["docker", "inspect", "it-up-node-0", "it-up-node-1"],
+    inspected = subprocess.run(["docker", "inspect", f"{UP}-node-0", f"{UP}-node-1"],
                                capture_output=True, text=True, check=True).stdout
     assert "PRIVATE KEY" not in inspected and "MGPU_HOST_KEY" not in inspected
-    res = cli("exec", "it-up", "--", "env; tr '\\0' '\\n' < /proc/1/environ; "
+    res = cli("exec", UP, "--", "env; tr '\\0' '\\n' < /proc/1/environ; "
               "stat -c '%a %U' /etc/ssh/ssh_host_ed25519_key /root/.ssh/authorized_keys")
     assert res.returncode == 0, res.stdout + res.stderr
     assert "MGPU_HOST_KEY" not in res.stdout and "PRIVATE KEY" not in res.stdout
     assert "MGPU_AUTHORIZED_KEY" not in res.stdout
     assert res.stdout.count("\n600 root\n600 root\n") == 2, res.stdout
 
-    _run_to_file_over_real_ssh("it-up", tmp_path)
+    _run_to_file_over_real_ssh(UP, tmp_path)
 
-    assert cli("down", "it-up").returncode == 0
-    assert leftovers("it-up") == []  # its own network too (labelled with the cluster)
-    again = cli("down", "it-up")
+    assert cli("down", UP).returncode == 0
+    assert leftovers(UP) == []  # its own network too (labelled with the cluster)
+    again = cli("down", UP)
     assert again.returncode == 0 and "nothing to remove" in again.stderr
 
 
@@ -223,38 +213,38 @@ def _run_to_file_over_real_ssh(name: str, tmp_path: Path) -> None:
 
 
 def test_changed_host_key_is_refused(tmp_path: Path, cleanup, mgpu_home: Path) -> None:  # type: ignore[no-untyped-def]
-    cleanup.append("it-hostkey")
-    assert cli("up", "--nodes", "1", "--name", "it-hostkey").returncode == 0
+    cleanup.append(HOSTKEY)
+    assert cli("up", "--nodes", "1", "--name", HOSTKEY).returncode == 0
     from provision.model.inventory import InventoryStore
     from provision.model.keys import generate_ed25519, host_key_only
     from provision.nodes.sshconn import write_cluster_known_hosts
 
     store = InventoryStore()
-    inv = store.load("it-hostkey")
+    inv = store.load(HOSTKEY)
     inv.nodes[0].host_key = host_key_only(generate_ed25519().public_openssh)
     store.save(inv)
     write_cluster_known_hosts(inv, store)
-    res = cli("exec", "it-hostkey", "--", "hostname")
+    res = cli("exec", HOSTKEY, "--", "hostname")
     assert res.returncode != 0
     assert "BadHostKeyException" in res.stderr or "host key" in res.stderr.lower(), res.stderr
-    assert cli("down", "it-hostkey").returncode == 0
-    assert leftovers("it-hostkey") == []
+    assert cli("down", HOSTKEY).returncode == 0
+    assert leftovers(HOSTKEY) == []
 
 
 def test_down_after_containers_removed_by_hand(cleanup) -> None:  # type: ignore[no-untyped-def]
-    cleanup.append("it-gone")
-    assert cli("up", "--nodes", "2", "--name", "it-gone", "--no-bootstrap").returncode == 0
-    subprocess.run("docker rm -f it-gone-node-0 it-gone-node-1", shell=True, check=True,
+    cleanup.append(GONE)
+    assert cli("up", "--nodes", "2", "--name", GONE, "--no-bootstrap").returncode == 0
+    subprocess.run(f"docker rm -f {GONE}-node-0 {GONE}-node-1", shell=True, check=True,
                    capture_output=True)
-    res = cli("down", "it-gone")
+    res = cli("down", GONE)
     assert res.returncode == 0, res.stderr
-    assert leftovers("it-gone") == []
+    assert leftovers(GONE) == []
     assert cli("status", "--json").stdout.strip() == "[]"
 
 
 def test_down_works_from_the_inventory_after_the_controller_crashed(tmp_path: Path, cleanup) -> None:  # type: ignore[no-untyped-def]
-    cleanup.append("it-crash")
-    proc = popen_cli("run", "--nodes", "2", "--name", "it-crash", EXAMPLE, "--steps", "100000",
+    cleanup.append(CRASH)
+    proc = popen_cli("run", "--nodes", "2", "--name", CRASH, EXAMPLE, "--steps", "100000",
                      "--sleep", "0.05", cwd=tmp_path)
     try:
         wait_for_line(proc, r"\[node-0\] step 0 loss")
@@ -262,19 +252,19 @@ def test_down_works_from_the_inventory_after_the_controller_crashed(tmp_path: Pa
         proc.wait(timeout=30)
     finally:
         proc.kill()
-    assert leftovers("it-crash"), "the crash should have left the nodes behind"
+    assert leftovers(CRASH), "the crash should have left the nodes behind"
     # The job noticed its controller was gone (stdin closed) and stopped itself.
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
-        ps = subprocess.run(["docker", "exec", "it-crash-node-0", "pgrep", "-f", "train_ddp"],
+        ps = subprocess.run(["docker", "exec", f"{CRASH}-node-0", "pgrep", "-f", "train_ddp"],
                             capture_output=True, text=True)
         if ps.returncode != 0:
             break
         time.sleep(1)
     assert ps.returncode != 0, "training processes outlived their controller"
-    res = cli("down", "it-crash")
+    res = cli("down", CRASH)
     assert res.returncode == 0, res.stderr
-    assert leftovers("it-crash") == []
+    assert leftovers(CRASH) == []
 
 
 def test_down_removes_only_what_the_engine_labels_as_the_clusters(node_image: str,
@@ -284,31 +274,32 @@ def test_down_removes_only_what_the_engine_labels_as_the_clusters(node_image: st
     leaves them running; the next `down` finishes."""
     from provision.model.inventory import InventoryStore, ResourceRecord
 
-    cleanup.append("it-own")
-    assert cli("up", "--nodes", "1", "--name", "it-own", "--no-bootstrap").returncode == 0
-    victims = {"it-own-victim-a": ["--label", "mgpu-cloud-cluster=someone-else"],
-               "it-own-victim-b": []}
+    cleanup.append(OWN)
+    assert cli("up", "--nodes", "1", "--name", OWN, "--no-bootstrap").returncode == 0
+    victims = {f"{OWN}-victim-a": ["--label", "mgpu-cloud-cluster=someone-else"],
+               f"{OWN}-victim-b": []}
     try:
         for victim, labels in victims.items():
-            subprocess.run(["docker", "run", "-d", "--name", victim, *labels, node_image,
+            subprocess.run(["docker", "run", "-d", "--name", victim, *labels, "--label", LABEL,
+                            node_image,
                             "sleep", "600"], check=True, capture_output=True)
         store = InventoryStore()
-        inv = store.load("it-own")
+        inv = store.load(OWN)
         for victim in victims:
             store.record(inv, ResourceRecord(kind="container", id=_id(victim, full=True),
-                                             name="it-own-node-9"))
-        res = cli("down", "it-own")
+                                             name=f"{OWN}-node-9"))
+        res = cli("down", OWN)
         assert res.returncode == 6, res.stderr
-        assert (f"container it-own-victim-a ({_id('it-own-victim-a')}) is labelled "
-                "mgpu-cloud-cluster=someone-else, not it-own's: left as it is") in res.stderr
-        assert (f"container it-own-victim-b ({_id('it-own-victim-b')}) has no "
+        assert (f"container {OWN}-victim-a ({_id(f'{OWN}-victim-a')}) is labelled "
+                f"mgpu-cloud-cluster=someone-else, not {OWN}'s: left as it is") in res.stderr
+        assert (f"container {OWN}-victim-b ({_id(f'{OWN}-victim-b')}) has no "
                 "mgpu-cloud-cluster label") in res.stderr, res.stderr
         for victim in victims:
             running = subprocess.run(["docker", "inspect", "-f", "{{.State.Running}}", victim],
                                      capture_output=True, text=True)
             assert running.stdout.strip() == "true", running.stderr
-        assert leftovers("it-own") == []
-        again = cli("down", "it-own")
+        assert leftovers(OWN) == []
+        again = cli("down", OWN)
         assert again.returncode == 0, again.stderr
     finally:
         subprocess.run(["docker", "rm", "-f", *victims], capture_output=True)
@@ -324,11 +315,15 @@ def test_down_removes_only_what_the_engine_labels_as_the_clusters(node_image: st
     ],
 )
 def test_bad_input_creates_nothing(args: list[str], code: int, message: str, tmp_path: Path) -> None:
-    before = subprocess.run(["docker", "ps", "-aq"], capture_output=True, text=True).stdout
-    res = cli(*args, cwd=tmp_path)
+    name = unique("it-bad")
+    since = time.time()
+    res = cli(*args, *([] if "--name" in args else ["--name", name]), cwd=tmp_path)
     assert res.returncode == code, res.stdout + res.stderr
     assert message in res.stderr
-    assert subprocess.run(["docker", "ps", "-aq"], capture_output=True, text=True).stdout == before
+    # what the engine made since: nothing of that cluster, not even for a moment (other
+    # tests of this run and other runs make containers meanwhile: asked by the cluster label)
+    for label in (name, "Bad_Name"):
+        assert created_since(since, label) == [], label
 
 
 def test_malformed_yaml(tmp_path: Path) -> None:
@@ -341,25 +336,25 @@ def test_malformed_yaml(tmp_path: Path) -> None:
 def test_name_in_use_is_refused_before_anything_is_made(tmp_path: Path) -> None:
     from provision.model.inventory import Inventory, InventoryStore
 
-    InventoryStore().create(Inventory(name="taken", provider="docker"))
-    res = cli("up", "--name", "taken", "--nodes", "1")
+    InventoryStore().create(Inventory(name=TAKEN, provider="docker"))
+    res = cli("up", "--name", TAKEN, "--nodes", "1")
     assert res.returncode == 2 and "already exists" in res.stderr
-    assert leftovers("taken") == []
+    assert leftovers(TAKEN) == []
 
 
 def test_a_killed_runs_containers_are_named_before_anything_is_made(node_image: str) -> None:
     # what a machine restart in the middle of a run leaves: containers, and no inventory
-    subprocess.run(["docker", "create", "--name", "leftover-node-0", "--label",
-                    "mgpu-cloud-cluster=leftover", node_image, "true"], check=True,
+    subprocess.run(["docker", "create", "--name", f"{LEFTOVER}-node-0", "--label", LABEL, "--label",
+                    f"mgpu-cloud-cluster={LEFTOVER}", node_image, "true"], check=True,
                    capture_output=True)
     try:
-        res = cli("up", "--name", "leftover", "--nodes", "2")
+        res = cli("up", "--name", LEFTOVER, "--nodes", "2")
         assert res.returncode == 2, res.stderr
-        assert "that no inventory here knows: leftover-node-0" in res.stderr, res.stderr
-        assert "docker rm -f leftover-node-0" in res.stderr and "Conflict" not in res.stderr
-        assert leftovers("leftover") == [f"container:{_id('leftover-node-0')}"], "untouched"
+        assert f"that no inventory here knows: {LEFTOVER}-node-0" in res.stderr, res.stderr
+        assert f"docker rm -f {LEFTOVER}-node-0" in res.stderr and "Conflict" not in res.stderr
+        assert leftovers(LEFTOVER) == [f"container:{_id(f'{LEFTOVER}-node-0')}"], "untouched"
     finally:
-        subprocess.run(["docker", "rm", "-f", "leftover-node-0"], capture_output=True)
+        subprocess.run(["docker", "rm", "-f", f"{LEFTOVER}-node-0"], capture_output=True)
 
 
 def _id(container: str, full: bool = False) -> str:

@@ -15,10 +15,12 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from engine import unique
 from kit import IN_CI, cli
 
-pytestmark = [pytest.mark.docker, pytest.mark.usefixtures("node_image")]
-NAME = "it-gate"
+pytestmark = [pytest.mark.docker, pytest.mark.usefixtures("node_image"),
+              pytest.mark.xdist_group("fabric_gate")]  # one cluster, tests in file order
+NAME = unique("it-gate")
 THROTTLE = ["tbf", "rate", "20mbit", "burst", "32kbit", "latency", "400ms"]
 JOB = 'import os\nprint(f"job ran: rank {os.environ[\'RANK\']}", flush=True)\n'
 
@@ -130,7 +132,7 @@ def test_run_gates_in_the_job_processes_before_its_script(tmp_path: Path, job: P
     """`run`: the gate runs in the processes torchrun starts for the job; its verdict is
     said before any line of the job (one stream: stderr into stdout, in the order written)."""
     home = tmp_path / "home"
-    name = "it-gate-run"
+    name = unique("it-gate-run")
     try:
         res = subprocess.run(
             [sys.executable, "-m", "provision.cli", "run", "--nodes", "2", "--name", name,

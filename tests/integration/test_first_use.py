@@ -19,16 +19,13 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from engine import force_remove, unique
 from kit import cli
 
-pytestmark = [pytest.mark.docker, pytest.mark.usefixtures("node_image")]
-NAME = "it23-user"
+pytestmark = [pytest.mark.docker, pytest.mark.usefixtures("node_image"),
+              pytest.mark.xdist_group("first_use")]  # one cluster, tests in file order
+NAME = unique("it23-user")
 SCRIPTS = Path(__file__).resolve().parents[1] / "data" / "scripts"
-
-
-def force_remove(name: str) -> None:
-    subprocess.run(f"docker rm -f $(docker ps -aq --filter label=mgpu-cloud-cluster={name}) "
-                   f"2>/dev/null; docker network rm {name}-net 2>/dev/null", shell=True)
 
 
 def node_shell(node: int, command: str) -> str:

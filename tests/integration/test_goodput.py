@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 import runkit
+from engine import LABEL
 from runkit import Run
 
 from provision.job.ledger import availability_interval
@@ -22,7 +23,7 @@ from provision.model.jobstore import JobStore
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = str(ROOT / "examples" / "train_ddp.py")
-pytestmark = [pytest.mark.docker, pytest.mark.usefixtures("node_image")]
+pytestmark = [pytest.mark.docker, pytest.mark.slow, pytest.mark.usefixtures("node_image")]
 
 
 @pytest.fixture
@@ -72,6 +73,7 @@ def _compute(lines: list[str], node: str) -> list[float]:
             for m in [re.search(r"compute=([\d.]+)", line)] if m]
 
 
+@pytest.mark.serial  # node-1's compute against node-0's: other tests' load would blur it
 def test_a_slowed_node_is_named_then_swapped_and_the_run_speeds_up_again(
         tmp_path: Path, cluster_name: str) -> None:
     """node-1's CPU is cut to a tenth (docker update --cpus): its ranks' forward passes slow
@@ -127,7 +129,8 @@ def test_without_a_replacement_the_run_goes_on_smaller_and_grows_back(
                            check=True).stdout.strip()
     squatter = f"{cluster_name}-node-1"
     subprocess.run(["docker", "rm", "-f", squatter], check=True, capture_output=True)
-    subprocess.run(["docker", "create", "--name", squatter, image, "true"], check=True,
+    subprocess.run(["docker", "create", "--name", squatter, "--label", LABEL, image, "true"],
+                   check=True,
                    capture_output=True)  # no cluster label: not the tool's to remove
     try:
         run.wait_for(r"node-1 cannot be replaced now")

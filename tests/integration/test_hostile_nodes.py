@@ -9,19 +9,19 @@ write on this machine outside its outputs folder, nor reach another cluster.
   bridge network; the engine drops traffic between bridges), not B's published SSH port, and
   cannot open a raw socket (NET_RAW dropped: no spoofing on its own bridge).
 
-Every cluster name is unique to the test run (another session may share the engine).
+Every cluster name carries the test run's token (tests/engine.py).
 """
 
 from __future__ import annotations
 
 import json
 import subprocess
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+from engine import force_remove, leftovers, unique
 from kit import cli
 
 pytestmark = [pytest.mark.docker, pytest.mark.usefixtures("node_image")]
@@ -71,31 +71,16 @@ print("tar replaced", flush=True)
 '''
 
 
-def _leftovers(name: str) -> list[str]:
-    found: list[str] = []
-    for kind in ("container", "network"):
-        cmd = ["docker", kind, "ls", "-q", "--filter", f"label=mgpu-cloud-cluster={name}"]
-        if kind == "container":
-            cmd.insert(3, "-a")
-        found += subprocess.run(cmd, capture_output=True, text=True, check=True).stdout.split()
-    return found
-
-
 @pytest.fixture
 def names() -> Iterator[list[str]]:
     """Clusters a test makes; afterwards each is taken down, and none may be left."""
     made: list[str] = []
     yield made
-    left = {name: _leftovers(name) for name in made}
+    left = {name: leftovers(name) for name in made}
     for name in made:
         cli("down", name)
-        subprocess.run(f"docker rm -f $(docker ps -aq --filter label=mgpu-cloud-cluster={name})"
-                       f" 2>/dev/null; docker network rm {name}-net 2>/dev/null", shell=True)
+        force_remove(name)
     assert all(not ids for ids in left.values()), left
-
-
-def _unique(prefix: str) -> str:
-    return f"{prefix}{uuid.uuid4().hex[:6]}"
 
 
 def _everything_under(root: Path) -> list[str]:
@@ -105,7 +90,7 @@ def _everything_under(root: Path) -> list[str]:
 @pytest.mark.parametrize("checkpoint", ["no", "yes"])
 def test_a_job_that_answers_copies_with_a_crafted_archive_writes_nothing_here(
         tmp_path: Path, names: list[str], checkpoint: str) -> None:
-    name = _unique("hx")
+    name = unique(f"hx-{checkpoint}")
     names.append(name)
     work = tmp_path / "project"
     work.mkdir()
@@ -123,7 +108,7 @@ def test_a_job_that_answers_copies_with_a_crafted_archive_writes_nothing_here(
                f"mgpu-outputs/{name}/checkpoints"}
     assert set(_everything_under(work)) <= allowed, _everything_under(work)
     assert not list(tmp_path.rglob("planted-by-node"))
-    assert _leftovers(name) == []  # the run still took its cluster down
+    assert leftovers(name) == []  # the run still took its cluster down
 
 
 def _inspect(container: str) -> Any:
@@ -160,7 +145,7 @@ def _reach(container: str, host: str, port: int) -> str:
 
 def test_a_node_reaches_its_own_cluster_only_and_opens_no_raw_socket(
         names: list[str]) -> None:
-    a, b = _unique("isa"), _unique("isb")
+    a, b = unique("isa"), unique("isb")
     names += [a, b]
     for name, count in ((a, "2"), (b, "1")):
         res = cli("up", "--nodes", count, "--name", name, "--no-bootstrap")
@@ -182,7 +167,7 @@ def test_a_node_reaches_its_own_cluster_only_and_opens_no_raw_socket(
     assert caps == ["NET_RAW"], caps
     for name in (a, b):
         assert cli("down", name).returncode == 0
-        assert _leftovers(name) == []  # its network too
+        assert leftovers(name) == []  # its network too
 
 
 def test_a_managed_run_on_its_own_network_tears_it_down_from_inside(
@@ -194,7 +179,7 @@ def test_a_managed_run_on_its_own_network_tears_it_down_from_inside(
 
     from remote.store import open_store
 
-    name = _unique("hm")
+    name = unique("hm")
     names.append(name)
     folder = tmp_path / "shared"
     folder.mkdir()
@@ -212,9 +197,9 @@ def test_a_managed_run_on_its_own_network_tears_it_down_from_inside(
                 for k in store.list(f"{name}/jobs/1/events")]
         time.sleep(1)
     assert "finished" in seen and "torn_down" in seen, seen
-    while time.monotonic() < deadline and _leftovers(name):
+    while time.monotonic() < deadline and leftovers(name):
         time.sleep(1)  # the controller removes itself last
-    assert _leftovers(name) == []
+    assert leftovers(name) == []
 
 
 LINKING_JOB = r'''
@@ -236,7 +221,7 @@ def test_a_jobs_own_links_arrive_as_the_files_they_point_to(
     """The node's `tar` is asked to dereference (--dereference --hard-dereference): a real
     GNU tar's archive of a folder holding a symbolic and a hard link passes the extractor,
     both as plain files."""
-    name = _unique("hl")
+    name = unique("hl")
     names.append(name)
     (tmp_path / "linking.py").write_text(LINKING_JOB)
     res = cli("run", "--nodes", "2", "--name", name, str(tmp_path / "linking.py"),

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from engine import unique
 from kit import cli, cli_env
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "providers" / "k8s"))
@@ -104,7 +105,7 @@ def left_nothing(s: Standin, name: str) -> None:
 ], ids=["deepspeed", "accelerate"])
 def test_run_trains_world_4_and_leaves_nothing(standin: Standin, tmp_path: Path,
                                                args: list[str], script: str) -> None:
-    name = "k8s-" + script.split("_")[1].split(".")[0]
+    name = unique("k8s-" + script.split("_")[1].split(".")[0])
     run = K8sRun(standin, name, [*args, str(ROOT / "examples" / script), "--steps", "6"],
                  tmp_path)
     code = run.finish()
@@ -120,7 +121,7 @@ def test_run_trains_world_4_and_leaves_nothing(standin: Standin, tmp_path: Path,
 
 def test_run_waits_in_the_queue_then_trains_world_4(standin: Standin, tmp_path: Path) -> None:
     """torchrun with the fabric gate, held by Kueue until its quota allows."""
-    name = "k8s-torchrun"
+    name = unique("k8s-torchrun")
     standin.add_queue("team-q")
     standin.kueue.quota_pods = 0
     run = K8sRun(standin, name, ["--queue", "team-q", "--fabric-check", "on",
@@ -141,7 +142,7 @@ def test_run_waits_in_the_queue_then_trains_world_4(standin: Standin, tmp_path: 
 
 def test_a_killed_pod_is_replaced_alone_and_the_run_resumes(standin: Standin,
                                                             tmp_path: Path) -> None:
-    name = "k8s-lost"
+    name = unique("k8s-lost")
     run = K8sRun(standin, name, ["--max-restarts", "1", "--max-hours", "1",
                                  str(ROOT / "examples" / "train_ddp.py"), "--steps", "40",
                                  "--save-every", "5", "--sleep", "0.25"], tmp_path)
@@ -241,7 +242,7 @@ def test_an_attached_run_keeps_its_checkpoints_in_the_store(standin: Standin, tm
     checkpoints to the store themselves, as docker nodes do."""
     import boto3
 
-    name = "k8s-store"
+    name = unique("k8s-store")
     run = K8sRun(standin, name, ["--store", s3_store.url, str(ROOT / "examples" /
                                                               "train_ddp.py"),
                                  "--steps", "6", "--save-every", "5"], tmp_path)

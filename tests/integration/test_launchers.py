@@ -14,11 +14,13 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from engine import unique
 from kit import cli
 
-pytestmark = [pytest.mark.docker, pytest.mark.usefixtures("node_image")]
+pytestmark = [pytest.mark.docker, pytest.mark.usefixtures("node_image"),
+              pytest.mark.xdist_group("launchers")]  # one cluster, tests in file order
 ROOT = Path(__file__).resolve().parents[2]
-NAME = "it-launch"
+NAME = unique("it-launch")
 
 
 @pytest.fixture(scope="module")

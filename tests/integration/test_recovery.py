@@ -19,7 +19,7 @@ from runkit import Run
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = str(ROOT / "examples" / "train_ddp.py")
 DS_EXAMPLE = str(ROOT / "examples" / "train_deepspeed.py")
-pytestmark = [pytest.mark.docker, pytest.mark.usefixtures("node_image")]
+pytestmark = [pytest.mark.docker, pytest.mark.slow, pytest.mark.usefixtures("node_image")]
 
 
 @pytest.fixture
@@ -79,6 +79,7 @@ def test_a_killed_node_is_replaced_and_the_run_resumes(tmp_path: Path, cluster_n
     assert "[node-0] " in first and "resumed from step" in second, second
 
 
+@pytest.mark.serial  # --stall-timeout 15 also counts the ranks' start (torch's import)
 def test_a_stopped_rank_is_a_hang_with_stacks_then_a_restart(tmp_path: Path,
                                                              cluster_name: str) -> None:
     run = Run(cluster_name, ["--nodes", "2", "--max-restarts", "1", "--stall-timeout", "15",

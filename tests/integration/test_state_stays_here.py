@@ -7,7 +7,6 @@ loss. Read from the containers' filesystems."""
 from __future__ import annotations
 
 import io
-import secrets
 import shutil
 import subprocess
 import tarfile
@@ -15,6 +14,7 @@ import time
 from pathlib import Path
 
 import pytest
+from engine import unique
 from kit import cli
 
 from provision.model.keys import ensure_cluster_key, ensure_controller_key, ensure_records_key
@@ -58,7 +58,7 @@ def _remove(name: str) -> None:
 
 
 def test_no_key_of_any_cluster_reaches_a_job_folder(tmp_path: Path) -> None:
-    name = f"ship-{secrets.token_hex(3)}"
+    name = unique("ship")
     project = tmp_path / "project"
     project.mkdir()
     shutil.copy(ROOT / "examples" / "train_ddp.py", project / "train.py")

@@ -20,6 +20,7 @@ import threading
 import time
 from typing import Any
 
+from engine import LABEL_KEY, RUN
 from standin_kubelet import STANDIN_LABEL, Kubelet
 from standin_store import ApiError
 
@@ -32,7 +33,8 @@ class DockerKubelet(Kubelet):
         self.network, self.sid = network, sid
         self.containers: dict[str, str] = {}  # pod uid -> container id
         self.pods: dict[str, dict[str, Any]] = {}
-        self.docker.create_network(network, driver="bridge", labels={STANDIN_LABEL: sid})
+        self.docker.create_network(network, driver="bridge",
+                                   labels={STANDIN_LABEL: sid, LABEL_KEY: RUN})
         super().__init__(api)
         threading.Thread(target=self._monitor, daemon=True).start()
 
@@ -79,7 +81,8 @@ class DockerKubelet(Kubelet):
             name=self.container_name(ns, meta["name"]), hostname=host,
             environment={**self.api.incluster.env(),
                          **{e["name"]: e.get("value", "") for e in c.get("env", [])}},
-            labels={STANDIN_LABEL: self.sid, "mgpu-k8s-pod": f"{ns}.{meta['name']}"},
+            labels={STANDIN_LABEL: self.sid, "mgpu-k8s-pod": f"{ns}.{meta['name']}",
+                    LABEL_KEY: RUN},  # the test run (tests/engine.py)
             host_config=hc, networking_config=net, detach=True)["Id"])
 
     def _copy_secret(self, cid: str, pod: dict[str, Any], vol: dict[str, Any]) -> None:

@@ -17,12 +17,14 @@ from __future__ import annotations
 import secrets
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
+from engine import unique
 from kit import cli as run_cli  # one runner for every test file
 
 sys.path.insert(0, str(Path(__file__).parent))
@@ -51,6 +53,16 @@ class SlurmSite:
         out = self.sh(f"scontrol show job -o {job_id}").stdout
         return dict(w.split("=", 1) for w in out.split() if "=" in w)
 
+    def ended_job(self, job_id: str, timeout: float = 120) -> dict[str, str]:
+        """`job` once it is no longer COMPLETING: after `scancel`, Slurm shows a job as
+        COMPLETING (its processes are still being ended on some node) before its end state
+        (squeue's "CG": https://slurm.schedmd.com/squeue.html#SECTION_JOB-STATE-CODES)."""
+        deadline = time.monotonic() + timeout
+        while (info := self.job(job_id)).get("JobState") == "COMPLETING":
+            assert time.monotonic() < deadline, f"job {job_id} still completing: {info}"
+            time.sleep(0.5)
+        return info
+
 
 @pytest.fixture(scope="module")
 def slurm(node_image: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[SlurmSite]:
@@ -58,7 +70,7 @@ def slurm(node_image: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator
     key_dir = tmp_path_factory.mktemp("slurm-user")
     pair = generate_ed25519("user@controller")
     write_private_key(key_dir / "id_ed25519", pair)
-    name = f"slurmt-{secrets.token_hex(3)}"
+    name = unique(f"slurmt-{secrets.token_hex(3)}")
     cluster = up(name, 2, pair.public_openssh, image=image, gpus=2, accounting=True)
     try:
         yield SlurmSite(cluster, key_dir / "id_ed25519")

@@ -24,7 +24,7 @@ EXAMPLE = str(ROOT / "examples" / "train_ddp.py")
 # (measured 4 of 28 first runs on a fresh cluster): accepted only with its own signature.
 TORCH_EXIT_ABORT = "terminate called without an active exception"
 
-pytestmark = [pytest.mark.docker]
+pytestmark = [pytest.mark.docker, pytest.mark.xdist_group("slurm_site")]  # one site
 
 
 def job_id_of(output: str) -> str:
@@ -60,7 +60,7 @@ def test_run_trains_on_the_allocation_and_cancels_it(slurm: Any, slurm_user: Pat
     assert (outputs / "checkpoint.pt").is_file()
     job = job_id_of(out)
     assert f"allocation {job} cancelled" in out and "cluster 'slurm-run' removed" in out
-    info = slurm.job(job)
+    info = slurm.ended_job(job)
     assert info["JobState"] == "CANCELLED", info
     assert info["TimeLimit"] == "01:00:00" and info["NumNodes"] == "2", info  # --time default
     assert info["JobName"] == "mgpu-cloud-slurm-run" and info["Partition"] == "debug", info
@@ -142,7 +142,7 @@ def test_pending_allocation_shows_its_reason_then_up_exec_down(slurm: Any, slurm
     finally:
         down = cli("down", "slurm-pend")
     assert down.returncode == 0, down.stderr
-    assert slurm.job(job)["JobState"] == "CANCELLED"
+    assert slurm.ended_job(job)["JobState"] == "CANCELLED"
     kept = slurm.sh("cat ~/keep.txt ~/.mgpu-cloud/other.txt; ls -A ~/.mgpu-cloud", user="user")
     assert kept.stdout == "mine\nother\nother.txt\n"  # our slurm/ folder gone, nothing else
     no_node_dirs(slurm, "user", "slurm-pend")
@@ -215,7 +215,7 @@ def test_gc_finds_and_cancels_jobs_no_inventory_knows(slurm: Any, slurm_user: Pa
         assert other not in found.stdout
         gone = cli("gc", "--provider", "slurm", "--login", slurm.login("user"), "--delete")
         assert gone.returncode == 0 and "deleted 1 resource(s)" in gone.stderr, gone.stderr
-        assert slurm.job(ghost)["JobState"] == "CANCELLED"
+        assert slurm.ended_job(ghost)["JobState"] == "CANCELLED"
         assert slurm.job(other)["JobState"] in ("PENDING", "RUNNING")
     finally:
         slurm.sh(f"scancel {ghost} {other}", user="user")

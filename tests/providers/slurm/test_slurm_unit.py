@@ -421,12 +421,10 @@ def test_images_run_with_the_runtime_the_nodes_have() -> None:
                     container_args=["--nv"])
     job = build_job_spec({}, {"script": example, "image": "nvcr.io/nvidia/pytorch:24.06-py3",
                               "env": {"A": "x,y"}})
-    line = node_command(inv, job, inv.nodes[0])
-    # (the resident restarts' folder and port, issue 44, between the job's env and the image)
-    line = re.sub(r"MGPU_RESIDENT_DIR=\S+ MGPU_RESIDENT_PORT=\d+ ", "", line)
+    line = node_command(inv, job, inv.nodes[0], job_id="7")
     assert (" -- env MGPU_CLUSTER=c1 MGPU_OUTPUT_DIR=/mgpu/outputs "
             "MGPU_CHECKPOINT_DIR=/mgpu/checkpoints MGPU_RESTART_COUNT=0 PYTHONPATH=/mgpu/py "
-            "PYTHONUNBUFFERED=1 A=x,y "
+            "PYTHONUNBUFFERED=1 A=x,y MGPU_RESIDENT_DIR=/mgpu/jobs/7 MGPU_RESIDENT_PORT=29501 "
             "apptainer exec --bind \"$HOME\"/.mgpu-cloud/slurm/c1:/mgpu --pwd /mgpu/work --nv "
             "docker://nvcr.io/nvidia/pytorch:24.06-py3 torchrun ") in line, line
     assert "docker run" not in line and "sudo" not in line

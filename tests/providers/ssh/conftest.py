@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import engine
 import pytest
 from kit import cli as run_cli  # one runner for every test file
 
@@ -108,7 +109,7 @@ def lab(node_image: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[L
 
     client = docker.from_env(timeout=120)
     tag = secrets.token_hex(3)
-    labels = {LABEL: f"ssh-{tag}"}
+    labels = {LABEL: f"ssh-{tag}", engine.LABEL_KEY: engine.RUN}
     user_dir = tmp_path_factory.mktemp("user-ssh")
     user_key = generate_ed25519("user@controller")
     write_private_key(user_dir / "id_ed25519", user_key)

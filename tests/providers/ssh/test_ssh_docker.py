@@ -20,7 +20,7 @@ from provision.model.keys import generate_ed25519, host_key_only, write_private_
 ROOT = Path(__file__).resolve().parents[3]
 EXAMPLE = str(ROOT / "examples" / "train_ddp.py")
 
-pytestmark = [pytest.mark.docker]
+pytestmark = [pytest.mark.docker, pytest.mark.xdist_group("ssh_lab")]  # one lab
 
 
 def write_inventory(path: Path, key: Path, hosts: list[dict[str, Any]]) -> Path:
