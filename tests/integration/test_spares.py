@@ -2,14 +2,13 @@
 moves to the spare at once and a new spare is made in the background; `up --spares` makes,
 bootstraps and gates the spares with the cluster, `status` names them and `down` removes
 them; `--simulate-boot` holds a node's SSH back for its boot. Each cluster's name is unique
-to its test run (a random suffix); nothing is left behind (the fixture checks)."""
+to its test run (the run's token, tests/engine.py); nothing is left behind (the fixture checks)."""
 
 from __future__ import annotations
 
 import json
 import math
 import re
-import secrets
 import subprocess
 import time
 from collections.abc import Iterator
@@ -29,18 +28,8 @@ pytestmark = [pytest.mark.docker, pytest.mark.usefixtures("node_image")]
 
 
 @pytest.fixture
-def cluster_name() -> Iterator[str]:
-    name = f"sp-{secrets.token_hex(3)}"
-    yield name
-    for run in runkit.RUNS:  # a test that failed half-way: SIGTERM makes `run` tear down
-        if run.proc.poll() is None:
-            run.proc.terminate()
-            run.proc.wait(timeout=180)
-    runkit.RUNS.clear()
-    left = runkit.leftovers(name)
-    if left:
-        subprocess.run(["docker", "rm", "-f", *left], capture_output=True)
-    assert left == [], f"left behind: {left}"
+def cluster_name(request: pytest.FixtureRequest) -> Iterator[str]:
+    yield from runkit.cluster_name("sp-", request)
 
 
 def _containers(name: str) -> list[str]:
