@@ -113,6 +113,37 @@ def test_a_pod_on_a_lost_node_is_not_alive_and_is_forced_and_replaced(
         assert standin.jobsets.jobs[js["metadata"]["uid"]].failed == 0
 
 
+def test_freeing_a_pod_leaves_another_pod_made_under_its_name(
+        standin: Standin, make_spec: Callable[..., ClusterSpec],
+        up: Callable[[ClusterSpec], Inventory], monkeypatch: pytest.MonkeyPatch) -> None:
+    """A pod read, then made again under its name (plain pods; someone's replace) before the
+    DELETE: the DELETE carries the uid read as its precondition, the API answers 409, and
+    the new pod stays (by name alone it would be deleted)."""
+    import copy
+
+    from provision.cluster.providers.k8s import deletion
+    from provision.cluster.providers.k8s.client import kube
+
+    inv = up(make_spec(k8s={"api": "pods"}))
+    name = inv.nodes[1].address
+    k = kube("default", None)
+    read = deletion.read_pod
+
+    def read_before_it_was_made_again(k: Any, pod_name: str) -> Any:
+        pod = copy.deepcopy(read(k, pod_name))
+        pod.metadata.uid = "uid-of-the-pod-deleted-meanwhile"
+        return pod
+
+    monkeypatch.setattr(deletion, "read_pod", read_before_it_was_made_again)
+    deletion.free_pod(k, name, "c1", lambda m: None)
+    pod = standin.store.get("pods", "default", name)
+    assert pod["metadata"]["uid"] == inv.nodes[1].resource_id
+    assert not pod["metadata"].get("deletionTimestamp")
+    deletes = [r for r in standin.api.requests if r.method == "DELETE" and name in r.path]
+    assert deletes and all(r.body["preconditions"] == {"uid": "uid-of-the-pod-deleted-meanwhile"}
+                           for r in deletes)
+
+
 # --- 3, 4: Kueue ----------------------------------------------------------------------------
 def test_kueue_holds_a_jobset_made_without_queue_when_localqueue_default_exists(
         standin: Standin, make_spec: Callable[..., ClusterSpec],

@@ -14,6 +14,8 @@ again, on a cluster that behaves as Kubernetes does:
   ignores it: no count against backoffLimit; the Job's tracking finalizer goes once the pod is
   Failed), then DELETE with grace 0. The old process may live on where the node is cut off;
   its rank has been replaced by then.
+Every DELETE carries the uid read as its precondition (the API answers 409 Conflict when the
+name now holds another pod: a plain pod made again under it is left alone).
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from provision.cluster.providers.k8s.client import Kube, is_not_found
+from provision.cluster.providers.k8s.client import Kube, is_not_found, status_of
 from provision.cluster.providers.k8s.pods import POLL_S, condition
 from provision.model.inventory import CLUSTER_TAG
 from provision.model.logsink import Log
@@ -46,16 +48,18 @@ def free_pod(k: Kube, name: str, cluster: str, log: Log,
     pod = read_pod(k, name)
     if pod is None or (pod.metadata.labels or {}).get(CLUSTER_TAG) != cluster:
         return
+    uid = pod.metadata.uid
     if pod.status is not None and pod.status.phase in TERMINAL:
-        _delete(k, name, None)
+        _delete(k, name, None, uid)
         return
     if condition(pod, "Ready") != "False":
-        _delete(k, name, None)
+        _delete(k, name, None, uid)
         grace = float(pod.spec.termination_grace_period_seconds or 30)
         deadline = time.monotonic() + grace + force_after_s
         while time.monotonic() < deadline:
             pod = read_pod(k, name)
-            if pod is None or (pod.status is not None and pod.status.phase in TERMINAL):
+            if pod is None or pod.metadata.uid != uid or (
+                    pod.status is not None and pod.status.phase in TERMINAL):
                 return
             time.sleep(POLL_S / 4)
         log(f"k8s: pod {name} is still running {grace + force_after_s:.0f} s after its "
@@ -79,17 +83,19 @@ def _force(k: Kube, pod: Any) -> None:
         if is_not_found(exc):
             return
         raise
-    _delete(k, name, 0)
+    _delete(k, name, 0, pod.metadata.uid)
 
 
-def _delete(k: Kube, name: str, grace: int | None) -> None:
+def _delete(k: Kube, name: str, grace: int | None, uid: str) -> None:
+    """DELETE pod `name` only while it is the pod of `uid` (gone or another one: done)."""
     from kubernetes import client
 
-    body = client.V1DeleteOptions(grace_period_seconds=grace, propagation_policy="Background")
+    body = client.V1DeleteOptions(grace_period_seconds=grace, propagation_policy="Background",
+                                  preconditions=client.V1Preconditions(uid=uid))
     try:
         k.core.delete_namespaced_pod(name, k.namespace, body=body, grace_period_seconds=grace)
     except Exception as exc:
-        if not is_not_found(exc):
+        if not is_not_found(exc) and status_of(exc)[0] != 409:
             raise
 
 
