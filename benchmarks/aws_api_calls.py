@@ -13,7 +13,6 @@ touched: fake credentials, moto in-process.
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import sys
 import tempfile
@@ -26,13 +25,10 @@ sys.path.insert(0, str(ROOT))
 
 
 def _fakes_module():
-    spec = importlib.util.spec_from_file_location(
-        "aws_test_fakes", ROOT / "tests" / "providers" / "aws" / "conftest.py")
-    assert spec and spec.loader
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up
-    spec.loader.exec_module(module)
-    return module
+    sys.path.insert(0, str(ROOT / "tests" / "providers" / "aws"))  # aws_fakes and its fakes
+    import aws_fakes
+
+    return aws_fakes
 
 
 # EC2 has no batch form of these: each takes one address or one instance. GetConsoleOutput

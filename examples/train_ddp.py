@@ -85,9 +85,8 @@ def save_checkpoint(model: DDP, opt: torch.optim.Optimizer, step: int) -> None:
     say(f"checkpoint saved: step {step} -> {path} ({time.time() - began:.3f} s)")
 
 
-def main() -> None:
-    args = parse_args()
-    signal.signal(signal.SIGUSR1, request_save)  # mgpu-cloud's preemption signal
+def init_distributed() -> tuple[int, int, int, torch.device]:
+    """Joins the process group; returns (rank, world size, local rank, device)."""
     use_cuda = torch.cuda.is_available()
     dist.init_process_group(backend="nccl" if use_cuda else "gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
@@ -97,29 +96,44 @@ def main() -> None:
         torch.cuda.set_device(device)
     say(f"rank {rank}/{world} on {socket.gethostname()}: local_rank={local_rank} "
         f"backend={dist.get_backend()} device={device}")
+    return rank, world, local_rank, device
 
-    torch.manual_seed(0)  # same initial weights everywhere (DDP also broadcasts them)
-    true_w = torch.randn(16, 1)
-    model = DDP(
-        nn.Sequential(nn.Linear(16, args.hidden), nn.ReLU(), nn.Linear(args.hidden, 1)).to(device),
-        device_ids=[local_rank] if use_cuda else None,
-    )
-    opt = torch.optim.SGD(model.parameters(), lr=args.lr)
-    gen = torch.Generator().manual_seed(1000 + rank)  # each rank its own shard of the data
 
-    start = 0
-    latest = None if args.ignore_checkpoint else latest_checkpoint()
-    if latest:  # every rank loads it (mgpu-cloud put the folder on every node)
-        state = torch.load(latest, map_location=device)
-        model.module.load_state_dict(state["model"])
-        opt.load_state_dict(state["opt"])
-        start = state["step"] + 1
-        if rank == 0:
-            say(f"resumed from step {state['step']} ({latest}), restart {RESTART}")
+def resume(model: DDP, opt: torch.optim.Optimizer, device: torch.device, rank: int,
+           ignore_checkpoint: bool) -> int:
+    """Loads the newest checkpoint, if any; returns the step to start at."""
+    latest = None if ignore_checkpoint else latest_checkpoint()
+    if not latest:
+        return 0
+    # every rank loads it (mgpu-cloud put the folder on every node)
+    state = torch.load(latest, map_location=device)
+    model.module.load_state_dict(state["model"])
+    opt.load_state_dict(state["opt"])
+    if rank == 0:
+        say(f"resumed from step {state['step']} ({latest}), restart {RESTART}")
+    return int(state["step"]) + 1
 
+
+def save_due(args: argparse.Namespace, step: int, device: torch.device) -> bool:
+    """Save when it is time, or when any rank got the signal (all ranks agree: one tiny
+    all-reduce, because a signal may reach only some ranks)."""
     global save_requested
+    due = args.save_every > 0 and (step + 1) % args.save_every == 0
+    flag = torch.tensor([1.0 if due or save_requested else 0.0], device=device)
+    dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+    if flag.item() > 0:
+        save_requested = False
+        return True
+    return False
+
+
+def train(args: argparse.Namespace, model: DDP, opt: torch.optim.Optimizer,
+          true_w: torch.Tensor, device: torch.device, rank: int, start: int,
+          t0: float) -> tuple[torch.Tensor, float]:
+    """Runs steps start..args.steps-1 on data made from true_w; returns the last loss and
+    the time the first step ended (t0 if none ran)."""
+    gen = torch.Generator().manual_seed(1000 + rank)  # each rank its own shard of the data
     loss = torch.tensor(0.0)
-    t0 = time.time()
     t_warm = t0  # after the first step: connection set-up and first-step costs are not throughput
     for step in range(start, args.steps):
         x = torch.randn(args.batch_size, 16, generator=gen)
@@ -140,39 +154,58 @@ def main() -> None:
             time.sleep(args.sleep)
         if rank == 0 and (step % args.log_every == 0 or step == args.steps - 1):
             say(f"step {step} loss {loss.item():.4f}")
-        # Save when it is time, or when any rank got the signal (all ranks agree: one tiny
-        # all-reduce, because a signal may reach only some ranks).
-        due = args.save_every > 0 and (step + 1) % args.save_every == 0
-        flag = torch.tensor([1.0 if due or save_requested else 0.0], device=device)
-        dist.all_reduce(flag, op=dist.ReduceOp.MAX)
-        if flag.item() > 0:
-            save_requested = False
-            if rank == 0:
-                save_checkpoint(model, opt, step)
+        if save_due(args, step, device) and rank == 0:
+            save_checkpoint(model, opt, step)
         if step == start:
             t_warm = time.time()
+    return loss, t_warm
 
+
+def report(args: argparse.Namespace, model: DDP, world: int, final: torch.Tensor, start: int,
+           times: tuple[float, float, float]) -> None:
+    """Rank 0's ending: the model and metrics.json to $MGPU_OUTPUT_DIR, the closing lines.
+    times: (t0 the start, t_warm the end of the first step, t_end the end of the last)."""
+    t0, t_warm, t_end = times
+    out_dir = os.environ.get("MGPU_OUTPUT_DIR", "outputs")
+    os.makedirs(out_dir, exist_ok=True)
+    torch.save({"model": model.module.state_dict(), "steps": args.steps},
+               os.path.join(out_dir, "checkpoint.pt"))
+    with open(os.path.join(out_dir, "metrics.json"), "w") as fh:
+        json.dump({"world_size": world, "final_loss": final.item(), "steps": args.steps,
+                   "resumed_from": start, "restart": RESTART,
+                   "seconds": round(time.time() - t0, 2)}, fh)
+    say(f"done: world_size={world} final_loss={final.item():.4f} "
+        f"checkpoint={out_dir}/checkpoint.pt")
+    ran = args.steps - start  # steps this attempt ran (after a resume: fewer)
+    timed_steps = ran - 1 if ran > 1 else 1
+    elapsed = max(t_end - (t_warm if ran > 1 else t0), 1e-9)
+    say(f"throughput: samples/s={timed_steps * args.batch_size * world / elapsed:.1f} "
+        f"(global batch {args.batch_size * world}, {timed_steps} timed steps)")
+
+
+def main() -> None:
+    args = parse_args()
+    signal.signal(signal.SIGUSR1, request_save)  # mgpu-cloud's preemption signal
+    rank, world, local_rank, device = init_distributed()
+
+    torch.manual_seed(0)  # same initial weights everywhere (DDP also broadcasts them)
+    true_w = torch.randn(16, 1)
+    model = DDP(
+        nn.Sequential(nn.Linear(16, args.hidden), nn.ReLU(), nn.Linear(args.hidden, 1)).to(device),
+        device_ids=[local_rank] if device.type == "cuda" else None,
+    )
+    opt = torch.optim.SGD(model.parameters(), lr=args.lr)
+    start = resume(model, opt, device, rank, args.ignore_checkpoint)
+
+    t0 = time.time()
+    loss, t_warm = train(args, model, opt, true_w, device, rank, start, t0)
     t_end = time.time()
     # Mean final loss over all ranks: proves the all-reduce worked across nodes.
     final = loss.detach().clone()
     dist.all_reduce(final)
     final /= world
     if rank == 0:
-        out_dir = os.environ.get("MGPU_OUTPUT_DIR", "outputs")
-        os.makedirs(out_dir, exist_ok=True)
-        torch.save({"model": model.module.state_dict(), "steps": args.steps},
-                   os.path.join(out_dir, "checkpoint.pt"))
-        with open(os.path.join(out_dir, "metrics.json"), "w") as fh:
-            json.dump({"world_size": world, "final_loss": final.item(), "steps": args.steps,
-                       "resumed_from": start, "restart": RESTART,
-                       "seconds": round(time.time() - t0, 2)}, fh)
-        say(f"done: world_size={world} final_loss={final.item():.4f} "
-            f"checkpoint={out_dir}/checkpoint.pt")
-        ran = args.steps - start  # steps this attempt ran (after a resume: fewer)
-        timed_steps = ran - 1 if ran > 1 else 1
-        elapsed = max(t_end - (t_warm if ran > 1 else t0), 1e-9)
-        say(f"throughput: samples/s={timed_steps * args.batch_size * world / elapsed:.1f} "
-            f"(global batch {args.batch_size * world}, {timed_steps} timed steps)")
+        report(args, model, world, final, start, (t0, t_warm, t_end))
     dist.barrier()
     # DDP's reducer holds the process group: free it (and its gloo threads) now, while the
     # interpreter is alive, not during its shutdown (a SIGABRT "terminate called without an

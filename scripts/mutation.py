@@ -59,6 +59,7 @@ SCOPES: dict[str, Scope] = {
     "extraction": Scope(["provision/nodes/unpack.py"], ["tests/test_unpack.py"]),
     "deletion-docker": Scope(["provision/cluster/providers/docker/removal.py"],
                              ["tests/providers/docker/test_docker_unit.py",
+                              "tests/providers/docker/test_docker_trust.py",
                               "tests/providers/docker/test_removal_edges.py"]),
     "deletion-aws": Scope(["provision/cluster/providers/aws/teardown.py"],
                           ["tests/providers/aws/test_aws_foreign.py",

@@ -1,133 +1,28 @@
 """Warm spares (issue 44) without any engine: the pool that answers "a node for this rank"
-(job/sparepool.py), the contract's plan and create of N + K nodes (contract.KeepsSpares,
-cluster/providers/spares.py), and what a plan says the spares cost and save. The same on
-real docker nodes: tests/integration/test_spares.py."""
+(job/sparepool.py) and the contract's create of N + K nodes (contract.KeepsSpares), on the
+in-memory providers of tests/sparekit.py; a Slurm spare's promotion. What a plan says of
+spares: tests/test_spares_plan.py; the managed hand-off: tests/managed/test_spares_handoff.py.
+The same on real docker nodes: tests/integration/test_spares.py."""
 
 from __future__ import annotations
 
 import threading
 from pathlib import Path
-from typing import Any
 
 import pytest
+from sparekit import FixedAllocation, MemoryCloud, make_cluster, make_pool
 
 from provision.cluster.providers import spares
-from provision.cluster.providers.contract import KeepsSpares, Provider, Recoverable
-from provision.job.sparepool import SparePool
-from provision.model.errors import BootstrapError, CapacityError, MgpuError, UserInputError
-from provision.model.inventory import Inventory, InventoryStore, NodeRecord, ResourceRecord
-from provision.model.plan import Plan, PlannedResource
-from provision.model.spec import ClusterSpec, build_cluster_spec
-
-
-def _node(rank: int, rid: str, name: str | None = None) -> NodeRecord:
-    return NodeRecord(name=name or f"node-{rank}", rank=rank, address=f"10.0.0.{rank + 10}",
-                      private_address=f"10.1.0.{rank + 10}", resource_id=rid, zone="z1")
-
-
-class Memory(KeepsSpares[Plan]):
-    """An in-memory provider with scripted behaviour: every call recorded in `calls`;
-    `gate` (when set) holds make_spare until released; `fail_spare` makes it raise."""
-
-    name = "docker"  # a registered name: the spec must validate
-
-    def __init__(self) -> None:
-        self.calls: list[tuple[str, str]] = []
-        self.gate: threading.Event | None = None
-        self.fail_spare: MgpuError | None = None
-        self.made = 0
-        self.asked_nodes: list[int] = []
-
-    def plan_class(self) -> type[Plan]:
-        return Plan
-
-    def _plan(self, spec: ClusterSpec) -> Plan:
-        self.asked_nodes.append(spec.nodes)
-        return Plan(provider="docker", cluster=spec.name, nodes=spec.nodes, slots_per_node=1,
-                    resources=[PlannedResource(kind="vm", name=f"{spec.name}-node-{r}")
-                               for r in range(spec.nodes)],
-                    hourly_cost_usd=10.0 * spec.nodes, node_hourly_usd=10.0)
-
-    def _create(self, spec: ClusterSpec, plan: Plan, inv: Inventory,
-                store: InventoryStore) -> None:
-        self.asked_nodes.append(spec.nodes)
-        for rank in range(spec.nodes):
-            store.record(inv, ResourceRecord(kind="vm", id=f"vm-{rank}"))
-            inv.nodes.append(_node(rank, f"vm-{rank}"))
-
-    def _destroy(self, inv: Inventory, store: InventoryStore) -> None:
-        for r in list(inv.resources):
-            store.forget(inv, r.kind, r.id)
-
-    def _orphans(self, spec: ClusterSpec, known: set[str]) -> list[ResourceRecord]:
-        return []
-
-    def _delete_orphans(self, spec: ClusterSpec, resources: list[ResourceRecord]) -> None:
-        return None
-
-    def _replacement_estimate(self, spec: ClusterSpec) -> spares.Estimate:
-        return spares.Estimate(600.0, "assumed for the test")
-
-    def _retire(self, inv: Inventory, store: InventoryStore, node: NodeRecord) -> None:
-        self.calls.append(("retire", node.name + "/" + (node.resource_id or "")))
-
-    def _make_spare(self, inv: Inventory, store: InventoryStore,
-                    spare: NodeRecord) -> NodeRecord:
-        self.calls.append(("make_spare", spare.name))
-        if self.gate is not None:
-            assert self.gate.wait(10)
-        if self.fail_spare is not None:
-            raise self.fail_spare
-        self.made += 1
-        store.record(inv, ResourceRecord(kind="vm", id=f"vm-spare-{self.made}"))
-        return _node(spare.rank, f"vm-spare-{self.made}", name=spare.name)
-
-
-class MemoryCloud(Memory, Recoverable[Plan]):
-    """... that can also replace a node (a cloud)."""
-
-    def _node_alive(self, inv: Inventory, node: NodeRecord) -> bool:
-        return True
-
-    def _replace(self, inv: Inventory, store: InventoryStore, node: NodeRecord) -> NodeRecord:
-        self.calls.append(("replace", node.name))
-        new = _node(node.rank, f"vm-new-{node.rank}")
-        inv.nodes = [new if n.rank == node.rank else n for n in inv.nodes]
-        return new
-
-
-class FixedAllocation(Memory):
-    """Like a Slurm allocation: spares come with it, none is made again, no replacement."""
-
-    refills = False
-
-
-def _cluster(tmp_path: Path, provider: Provider[Any], nodes: int = 2,
-             k: int = 1) -> tuple[Inventory, InventoryStore]:
-    spec = build_cluster_spec({}, {"name": "sp", "provider": "docker", "nodes": nodes,
-                                   "spares": k})
-    store = InventoryStore(tmp_path)
-    inv = Inventory(name="sp", provider="docker", spec=spec)
-    store.create(inv)
-    provider.create(spec, provider.plan(spec), inv, store)
-    return inv, store
-
-
-def _pool(provider: Provider[Any], inv: Inventory, store: InventoryStore,
-          prepared: list[str], unfit: str | None = None) -> tuple[SparePool, list[str]]:
-    said: list[str] = []
-
-    def prepare(inv_: Inventory, store_: InventoryStore, made: list[NodeRecord]) -> None:
-        prepared.extend(n.name for n in made)
-        if unfit in {n.name for n in made}:
-            raise BootstrapError(f"spare(s) not fit to take a rank: {unfit}: torch 2.1")
-
-    return SparePool(provider, inv, store, said.append, prepare=prepare), said
+from provision.cluster.providers.contract import KeepsSpares, Recoverable
+from provision.model.errors import CapacityError, MgpuError
+from provision.model.inventory import Inventory, InventoryStore, NodeRecord
+from provision.model.plan import Plan
+from provision.model.spec import build_cluster_spec
 
 
 def test_create_makes_n_plus_k_and_keeps_the_last_k_out_of_the_ranks(tmp_path: Path) -> None:
     cloud = MemoryCloud()
-    inv, store = _cluster(tmp_path, cloud, nodes=3, k=2)
+    inv, store = make_cluster(tmp_path, cloud, nodes=3, k=2)
     assert cloud.asked_nodes == [5, 5]  # one plan and one create, for all of them
     assert [n.name for n in inv.nodes] == ["node-0", "node-1", "node-2"]
     assert [(n.name, n.rank) for n in inv.spares] == [("node-3", 3), ("node-4", 4)]
@@ -140,11 +35,11 @@ def test_create_makes_n_plus_k_and_keeps_the_last_k_out_of_the_ranks(tmp_path: P
 def test_a_lost_nodes_rank_moves_to_a_ready_spare_at_once_and_a_new_one_is_ordered(
         tmp_path: Path) -> None:
     cloud = MemoryCloud()
-    inv, store = _cluster(tmp_path, cloud)
+    inv, store = make_cluster(tmp_path, cloud)
     spare = inv.spares[0]
     cloud.gate = threading.Event()  # the new spare takes its time
     prepared: list[str] = []
-    pool, said = _pool(cloud, inv, store, prepared)
+    pool, said = make_pool(cloud, inv, store, prepared)
     lost = inv.nodes[1]
     got = pool.node_for(lost, "node lost")
     assert got.done()  # no provisioning on the critical path
@@ -168,9 +63,9 @@ def test_a_lost_nodes_rank_moves_to_a_ready_spare_at_once_and_a_new_one_is_order
 
 def test_with_no_spare_left_the_rank_gets_todays_replacement(tmp_path: Path) -> None:
     cloud = MemoryCloud()
-    inv, store = _cluster(tmp_path, cloud, k=1)
+    inv, store = make_cluster(tmp_path, cloud, k=1)
     cloud.fail_spare = CapacityError("no capacity in z1")
-    pool, said = _pool(cloud, inv, store, [])
+    pool, said = make_pool(cloud, inv, store, [])
     first = pool.node_for(inv.nodes[0], "node lost").result()
     pool.wait()
     assert first.resource_id == "vm-2" and inv.spares == [] and pool.held() == 0
@@ -181,9 +76,9 @@ def test_with_no_spare_left_the_rank_gets_todays_replacement(tmp_path: Path) -> 
 
 def test_a_spare_that_is_not_fit_is_deleted_and_not_kept(tmp_path: Path) -> None:
     cloud = MemoryCloud()
-    inv, store = _cluster(tmp_path, cloud)
+    inv, store = make_cluster(tmp_path, cloud)
     prepared: list[str] = []
-    pool, said = _pool(cloud, inv, store, prepared, unfit="node-3")
+    pool, said = make_pool(cloud, inv, store, prepared, unfit="node-3")
     pool.node_for(inv.nodes[1], "slow node").result()
     pool.wait()
     assert prepared == ["node-3"] and inv.spares == [] and pool.held() == 0
@@ -193,8 +88,8 @@ def test_a_spare_that_is_not_fit_is_deleted_and_not_kept(tmp_path: Path) -> None
 
 def test_a_fixed_allocation_uses_its_spares_then_says_none_is_left(tmp_path: Path) -> None:
     alloc = FixedAllocation()
-    inv, store = _cluster(tmp_path, alloc, k=1)
-    pool, _ = _pool(alloc, inv, store, [])
+    inv, store = make_cluster(tmp_path, alloc, k=1)
+    pool, _ = make_pool(alloc, inv, store, [])
     assert pool.node_for(inv.nodes[1], "node lost").result().resource_id == "vm-2"
     pool.wait()
     assert not any(c[0] == "make_spare" for c in alloc.calls)  # refills False
@@ -207,89 +102,12 @@ def test_a_fixed_allocation_uses_its_spares_then_says_none_is_left(tmp_path: Pat
 
 def test_after_stop_no_new_spare_is_ordered(tmp_path: Path) -> None:
     cloud = MemoryCloud()
-    inv, store = _cluster(tmp_path, cloud)
-    pool, _ = _pool(cloud, inv, store, [])
+    inv, store = make_cluster(tmp_path, cloud)
+    pool, _ = make_pool(cloud, inv, store, [])
     pool.stop()
     pool.node_for(inv.nodes[0], "node lost").result()
     pool.wait()
     assert not any(c[0] == "make_spare" for c in cloud.calls) and inv.spares_made == 1
-
-
-class Machines(Provider[Plan]):
-    """Like the ssh provider: existing machines, no spares, no replacement."""
-
-    name = "docker"
-    spares_refused = "uses machines you already have: it cannot make one more"
-
-    def plan_class(self) -> type[Plan]:
-        return Plan
-
-    def _plan(self, spec: ClusterSpec) -> Plan:
-        raise AssertionError("refused before the provider is asked")
-
-    def _create(self, spec: ClusterSpec, plan: Plan, inv: Inventory,
-                store: InventoryStore) -> None:
-        return None
-
-    def _destroy(self, inv: Inventory, store: InventoryStore) -> None:
-        return None
-
-    def _orphans(self, spec: ClusterSpec, known: set[str]) -> list[ResourceRecord]:
-        return []
-
-    def _delete_orphans(self, spec: ClusterSpec, resources: list[ResourceRecord]) -> None:
-        return None
-
-
-def test_a_provider_without_spares_refuses_them_at_plan_time_saying_why() -> None:
-    spec = build_cluster_spec({}, {"name": "sp", "provider": "docker", "nodes": 2, "spares": 1})
-    with pytest.raises(UserInputError, match="--spares 1: the docker provider keeps no "
-                                             "spares: it uses machines you already have"):
-        Machines().plan(spec)
-
-
-def test_the_plan_says_what_the_spares_cost_and_save_at_the_assumed_failure_rate() -> None:
-    """64 nodes at $98.32/h with 2 spares, a replacement assumed to take 10 min: the plan
-    counts 64 ranks + 2 spares, prices them (2 x $98.32/h, in the total), names the failure
-    rate it assumes and its source, and says what a failure a spare takes saves."""
-    cloud = MemoryCloud()
-    cloud._plan = lambda spec: Plan(  # type: ignore[method-assign]
-        provider="docker", cluster=spec.name, nodes=spec.nodes, slots_per_node=8,
-        hourly_cost_usd=round(98.32 * spec.nodes, 2), node_hourly_usd=98.32)
-    spec = build_cluster_spec({}, {"name": "sp", "provider": "docker", "nodes": 64, "spares": 2})
-    plan = cloud.plan(spec)
-    assert (plan.nodes, plan.spares, plan.hourly_cost_usd) == (66, 2, round(98.32 * 66, 2))
-    text = plan.render()
-    assert "64 node(s) + 2 warm spare(s) x 8 slot(s)" in text
-    assert "spares: 2 x $98.32/h = $196.64/h, in the cost above" in text
-    assert "the hostfile and the world size stay 64 node(s)" in text
-    rate = spares.NODE_FAILURES_PER_HOUR  # 419 / (54 days x 24 h x 2,048 nodes)
-    assert rate == pytest.approx(419 / (54 * 24 * 2048))
-    assert "Llama 3's 419 unexpected interruptions in 54 days" in text
-    assert f"1 per {1 / rate:,.0f} node-hours" in text
-    every_h = 1 / (64 * rate)
-    assert f"64 node(s) lose one about every {every_h:,.0f} h" in text
-    # a failure a spare takes: 10 min of 64 nodes waiting = 10.67 node-hours = $1,048.75
-    assert "~10.0 min on all 64 node(s) (assumed for the test): 10.67 node-hours ($1,048.75)" \
-        in text
-    saved_per_h = 64 * 600 / 3600 * 98.32 / every_h
-    assert f"on average ${saved_per_h:,.2f}/h saved against $196.64/h" in text
-    even = (2 / (rate * 600 / 3600)) ** 0.5
-    assert f"from ~{even:,.0f} nodes" in text
-
-
-def test_a_free_provider_says_its_spares_cost_nothing_and_one_without_replacements_why(
-        ) -> None:
-    spec = build_cluster_spec({}, {"name": "sp", "provider": "docker", "nodes": 2, "spares": 1})
-    plan = Plan(provider="slurm", cluster="sp", nodes=3, slots_per_node=1, node_hourly_usd=0.0)
-    spares.describe(plan, spec, None)
-    assert (plan.nodes, plan.spares) == (3, 1)  # the machines made; 1 of them a spare
-    assert plan.spares_text[0].startswith("1 x $0.00/h (local)")
-    assert "slurm cannot make a replacement node: without a spare a lost node ends the run" \
-        in plan.spares_text[-1]
-    unknown = Plan(provider="aws", cluster="sp", nodes=3, slots_per_node=1)
-    spares.describe(unknown, spec, spares.Estimate(60.0, "x"))
-    assert unknown.spares_text[0].startswith("1 node(s), price unknown")
 
 
 def test_a_slurm_spare_takes_the_rank_under_its_own_host_name_and_every_hostfile_says_so(
@@ -333,91 +151,6 @@ def test_a_slurm_spare_takes_the_rank_under_its_own_host_name_and_every_hostfile
         plan.spares_text[0]
 
 
-@pytest.mark.parametrize(("provider", "why"), [
-    ("ssh", "uses the machines you list and cannot make one more"),
-    ("k8s", "needs the pod's index kept apart from the rank: not built yet")])
-def test_providers_that_keep_no_spares_refuse_them_in_their_plan_saying_why(
-        provider: str, why: str) -> None:
-    from provision.cluster.providers import get_provider
-
-    spec = build_cluster_spec({}, {"name": "sp", "provider": provider, "nodes": 2,
-                                   "spares": 1})
-    with pytest.raises(UserInputError, match=f"--spares 1: the {provider} provider keeps no "
-                                             "spares") as err:
-        get_provider(provider).plan(spec)  # before anything is asked of a host or a cluster
-    assert why in err.value.message
-
-
-def test_spares_survive_the_hand_off_seen_from_inside_and_published_as_seen_from_outside(
-        tmp_path: Path) -> None:
-    """The controller reaches the spares at their private addresses (localize), a spare it
-    promotes or makes is published in cluster.json as the user's machine reaches it, and the
-    user's machine adopts the spares with the rest (more replacements)."""
-    from provision.job.managed.signing import cluster_kind, open_sealed
-    from provision.job.managed.supervisor import InsideProvider, localize, publish_inventory
-    from remote.store import open_store
-
-    cloud = MemoryCloud()
-    inv, store = _cluster(tmp_path / "user", cloud)
-    mine = inv.model_copy(deep=True)
-    outside = {n.rank: n.model_copy() for n in [*inv.nodes, *inv.spares]}
-    ctl = InventoryStore(tmp_path / "controller")
-    ctl.save(inv)
-    localize(inv, ctl)
-    assert [(s.address, s.port) for s in inv.spares] == [("10.1.0.12", 22)]  # inside view
-    inside = InsideProvider(cloud, outside)
-    assert inside.refills
-    pool, _ = _pool(inside, inv, ctl, [])
-    pool.node_for(inv.nodes[1], "node lost").result()
-    pool.wait()
-    assert inv.nodes[1].address == "10.1.0.12" and outside[1].address == "10.0.0.12"
-    assert outside[1].name == "node-1" and 2 not in outside  # the spare's record moved
-    [made] = inv.spares
-    assert made.address == "10.1.0.13" and outside[3].address == "10.0.0.13"
-    key = b"k" * 32
-    bucket = open_store(f"file://{tmp_path / 'store'}")
-    publish_inventory(bucket, inv, outside, key)
-    sealed = (tmp_path / "store" / "sp" / "cluster.json").read_bytes()
-    theirs = Inventory.model_validate_json(open_sealed(key, cluster_kind("sp"), sealed))
-    assert [(n.name, n.address) for n in theirs.nodes] == [("node-0", "10.0.0.10"),
-                                                          ("node-1", "10.0.0.12")]
-    assert [(n.name, n.address) for n in theirs.spares] == [("node-3", "10.0.0.13")]
-    assert mine.adopt(theirs)  # a promotion and a refill are replacements: taken
-    assert [s.name for s in mine.spares] == ["node-3"] and mine.spares_made == 2
-
-
-def test_a_stores_copy_whose_spare_logs_in_otherwise_is_not_adopted(tmp_path: Path) -> None:
-    from provision.job.managed.client import _same_logins
-
-    inv, _ = _cluster(tmp_path, MemoryCloud())
-    theirs = inv.model_copy(deep=True)
-    said: list[str] = []
-    assert _same_logins(inv, theirs, said.append)
-    theirs.spares[0].proxy_jump = "evil@203.0.113.9:22"
-    assert not _same_logins(inv, theirs, said.append)
-    assert "node-2" in said[-1]
-
-
-def test_a_self_stopping_detached_run_refuses_spares_nobody_would_use() -> None:
-    """`run --detach` without a store: no one supervises the job, so no rank would move to
-    a spare, and an idle spare would not stop itself with the nodes: refused, saying what
-    works; with a store (the controller) or attached it is fine."""
-    from provision.job.attached import Attached
-    from provision.job.detached import SelfStopping
-    from provision.job.supervision import Target
-    from provision.model.spec import build_job_spec
-
-    example = Path(__file__).resolve().parent.parent / "examples" / "train_ddp.py"
-    job = build_job_spec({}, {"script": str(example)})
-    target = Target("sp", MemoryCloud(), "docker", None, new=True, spares=1)
-    with pytest.raises(UserInputError, match="--spares 1: a --detach job without --store") \
-            as err:
-        SelfStopping().check(job, target, print)
-    assert "--store URL" in (err.value.hint or "")
-    SelfStopping().check(job, Target("sp", MemoryCloud(), "docker", None, new=True), print)
-    Attached().check(job, target, print)
-
-
 def test_a_spare_that_died_idle_is_dropped_and_the_next_one_takes_the_rank(
         tmp_path: Path) -> None:
     class Dying(MemoryCloud):
@@ -425,8 +158,8 @@ def test_a_spare_that_died_idle_is_dropped_and_the_next_one_takes_the_rank(
             return node.name != "node-2"
 
     cloud = Dying()
-    inv, store = _cluster(tmp_path, cloud, k=2)
-    pool, said = _pool(cloud, inv, store, [])
+    inv, store = make_cluster(tmp_path, cloud, k=2)
+    pool, said = make_pool(cloud, inv, store, [])
     pool.stop()  # no refill: only the choice is looked at
     new = pool.node_for(inv.nodes[1], "node lost").result()
     pool.wait()

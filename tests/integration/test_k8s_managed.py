@@ -21,9 +21,9 @@ from pathlib import Path
 
 import pytest
 from kit import cli
+from managedkit import events, log_text, steps_in, wait_for
 from storekit import StoreServer
 
-from provision.job.managed.records import JobView
 from remote.store import open_store
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "providers" / "k8s"))
@@ -40,30 +40,6 @@ EXAMPLE = str(ROOT / "examples" / "train_ddp.py")
 def standin(tmp_path: Path, node_image: str) -> Iterator[Standin]:
     with checked(Standin(tmp_path, docker=True, image=node_image)) as s:
         yield s
-
-
-def events(url: str, name: str, job: str = "1") -> list[str]:
-    store = open_store(url)
-    return [json.loads(store.get_bytes(k) or b"{}")["event"]
-            for k in store.list(f"{name}/jobs/{job}/events")]
-
-
-def log_text(url: str, name: str, job: str = "1") -> str:
-    return "".join(text for _, text in JobView(open_store(url), name, job).log_chunks())
-
-
-def steps_in(url: str, prefix: str) -> list[int]:
-    return sorted(int(m.group(1)) for k in open_store(url).list(prefix)
-                  if (m := re.search(r"step_(\d+)\.pt$", k)))
-
-
-def wait_for(check: object, timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if check():  # type: ignore[operator]
-            return
-        time.sleep(0.5)
-    raise AssertionError(f"{what} within {timeout:.0f} s")
 
 
 def kill_pod(s: Standin, name: str, selector: str) -> str:

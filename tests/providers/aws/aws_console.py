@@ -1,4 +1,4 @@
-"""What a node's serial console shows, for the console-output fake (conftest.AwsFakes)."""
+"""What a node's serial console shows, for the console-output fake (aws_fakes.AwsFakes)."""
 
 from __future__ import annotations
 

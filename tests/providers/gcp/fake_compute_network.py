@@ -1,8 +1,9 @@
-"""The VPC part of the Compute fake: networks and subnetworks (GPUDirect's data networks), as a
-mixin of FakeCompute (fake_compute.py). Served like the real API: names unique per scope (409),
-a subnetwork needs its network, a firewall rule needs its network, a VM's NICs need theirs;
-a network with subnetworks or firewall rules, or a subnetwork a VM uses, cannot be deleted
-(400 resourceInUseByAnotherResource: "Deleting a VPC network", "Deleting a subnet")."""
+"""The VPC part of the Compute fake: networks, subnetworks (GPUDirect's data networks) and
+firewall rules, as a mixin of FakeCompute (fake_compute.py). Served like the real API: names
+unique per scope (409), a subnetwork needs its network, a firewall rule needs its network, a
+VM's NICs need theirs; a network with subnetworks or firewall rules, or a subnetwork a VM uses,
+cannot be deleted (400 resourceInUseByAnotherResource: "Deleting a VPC network", "Deleting a
+subnet")."""
 
 from __future__ import annotations
 
@@ -34,11 +35,17 @@ class NetworkMixin:
         ("DELETE", r"projects/([^/]+)/regions/([^/]+)/subnetworks/([^/]+)$",
          "_delete_subnetwork"),
         ("GET", r"projects/([^/]+)/aggregated/subnetworks$", "_aggregated_subnetworks"),
+
+        ("POST", r"projects/([^/]+)/global/firewalls$", "_insert_firewall"),
+        ("GET", r"projects/([^/]+)/global/firewalls$", "_list_firewalls"),
+        ("GET", r"projects/([^/]+)/global/firewalls/([^/]+)$", "_get_firewall"),
+        ("DELETE", r"projects/([^/]+)/global/firewalls/([^/]+)$", "_delete_firewall"),
     ]
 
     def _init_network(self) -> None:
         self.networks = {}
         self.subnetworks = {}
+        self.firewalls = {}
 
     # FakeCompute's write helpers: _dedup, _remember, _new_op, _public, _take_op_fault
 
@@ -149,4 +156,36 @@ class NetworkMixin:
         op = self._new_op(project, "delete",
                           f"projects/{project}/regions/{region}/subnetworks/{name}",
                           ("region", region))
+        return 200, self._public(op)
+
+    # --- firewalls --------------------------------------------------------------------------------
+    def _insert_firewall(self, project: str, query: dict[str, str], body: Any,
+                         path: str) -> tuple[int, Any]:
+        if (dup := self._dedup(query)) is not None:
+            return 200, dup
+        name = body["name"]
+        if (project, name) in self.firewalls:
+            raise HttpError(409, "alreadyExists", f"firewall {name} already exists")
+        self.require_network(project, body.get("network", "global/networks/default"))
+        target = f"projects/{project}/global/firewalls/{name}"
+        fault = self._take_op_fault("POST", path + "/" + name)
+        op = self._new_op(project, "insert", target, None, fault)
+        self._remember(query, op)
+        if fault is None:
+            self.firewalls[(project, name)] = dict(body, selfLink=f"{BASE}/{target}")
+        return 200, self._public(op)
+
+    def _list_firewalls(self, project: str, **_: Any) -> tuple[int, Any]:
+        return 200, {"items": [v for (p, _n), v in self.firewalls.items() if p == project]}
+
+    def _get_firewall(self, project: str, name: str, **_: Any) -> tuple[int, Any]:
+        fw = self.firewalls.get((project, name))
+        if fw is None:
+            raise HttpError(404, "notFound", f"firewall {name} not found")
+        return 200, fw
+
+    def _delete_firewall(self, project: str, name: str, **_: Any) -> tuple[int, Any]:
+        if self.firewalls.pop((project, name), None) is None:
+            raise HttpError(404, "notFound", f"firewall {name} not found")
+        op = self._new_op(project, "delete", f"projects/{project}/global/firewalls/{name}", None)
         return 200, self._public(op)

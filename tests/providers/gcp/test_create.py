@@ -27,6 +27,44 @@ def metadata(body: dict[str, Any]) -> dict[str, str]:
     return {i["key"]: i["value"] for i in body["metadata"]["items"]}
 
 
+def assert_firewalls(fake: FakeCompute) -> None:
+    """The two firewalls: ssh from the caller's range, all traffic inside the cluster."""
+    ssh_fw, internal_fw = bodies(fake, r"global/firewalls$")
+    assert ssh_fw["name"] == "c1-ssh"
+    assert ssh_fw["sourceRanges"] == ["203.0.113.0/24"]
+    assert ssh_fw["allowed"] == [{"IPProtocol": "tcp", "ports": ["22"]}]
+    assert ssh_fw["targetTags"] == ["mgpu-cloud-c1"]
+    assert internal_fw["allowed"] == [{"IPProtocol": "all"}]
+    assert internal_fw["sourceTags"] == internal_fw["targetTags"] == ["mgpu-cloud-c1"]
+    assert "sourceRanges" not in internal_fw
+    for fw in (ssh_fw, internal_fw):
+        assert fw["description"] == f"{CLUSTER_TAG}=c1"
+
+
+def assert_saved_inventory(saved: Inventory) -> None:
+    """The inventory of a 3-node a2 cluster: nodes, keys, node-side settings."""
+    assert [n.name for n in saved.nodes] == ["node-0", "node-1", "node-2"]
+    node = saved.nodes[1]
+    assert (node.rank, node.user, node.slots, node.zone) == (1, "mgpu", 8, "us-central1-a")
+    assert node.resource_id == "c1-node-1"
+    assert node.address.startswith("203.0.113.") and node.private_address.startswith("10.128.")
+    assert node.host_key is not None and node.host_key.startswith("ssh-ed25519 AAAA")
+    assert len(node.host_key.split()) == 2
+    assert saved.key_path and saved.key_path.endswith("keys/c1/id_ed25519")
+    assert saved.wait_for_gpu and saved.manage_etc_hosts
+    assert saved.container_image == "nvcr.io/nvidia/pytorch:24.06-py3"
+    assert saved.nccl_env["NCCL_IB_DISABLE"] == "1"
+    assert saved.fabric is None  # a2: no row in the fabric table, `--fabric-check auto` skips it
+    # on-demand too: host maintenance ends GPU VMs (no live migration) with a notice
+    assert saved.preemption is not None
+    assert (saved.preemption.protocol, saved.preemption.url) == ("gcp",
+                                                                 "http://metadata.google.internal")
+    assert saved.hourly_cost_usd > 0
+    kinds = sorted(r.kind for r in saved.resources)
+    assert kinds == ["firewall", "firewall", "instance", "instance", "instance", "resource-policy"]
+    assert all(r.extra["project"] == PROJECT for r in saved.resources)
+
+
 def test_up_sends_compact_policy_terminate_labels_and_firewalls(
     fake: FakeCompute, make_spec: MakeSpec, up: Up, store: InventoryStore
 ) -> None:
@@ -70,16 +108,7 @@ def test_up_sends_compact_policy_terminate_labels_and_firewalls(
         assert node.host_key not in str(body)
     assert fake.sent("POST", r"/instances$") == []  # no single inserts
 
-    ssh_fw, internal_fw = bodies(fake, r"global/firewalls$")
-    assert ssh_fw["name"] == "c1-ssh"
-    assert ssh_fw["sourceRanges"] == ["203.0.113.0/24"]
-    assert ssh_fw["allowed"] == [{"IPProtocol": "tcp", "ports": ["22"]}]
-    assert ssh_fw["targetTags"] == ["mgpu-cloud-c1"]
-    assert internal_fw["allowed"] == [{"IPProtocol": "all"}]
-    assert internal_fw["sourceTags"] == internal_fw["targetTags"] == ["mgpu-cloud-c1"]
-    assert "sourceRanges" not in internal_fw
-    for fw in (ssh_fw, internal_fw):
-        assert fw["description"] == f"{CLUSTER_TAG}=c1"
+    assert_firewalls(fake)
 
     # every insert carries a requestId, every one different
     inserts = [r for r in fake.requests if r.method == "POST" and not r.path.endswith("/wait")]
@@ -87,27 +116,7 @@ def test_up_sends_compact_policy_terminate_labels_and_firewalls(
     assert all(rids) and len(set(rids)) == len(rids) == 4  # policy, 2 firewalls, 1 bulkInsert
 
     # the inventory: nodes, keys, node-side settings
-    saved = store.load("c1")
-    assert [n.name for n in saved.nodes] == ["node-0", "node-1", "node-2"]
-    node = saved.nodes[1]
-    assert (node.rank, node.user, node.slots, node.zone) == (1, "mgpu", 8, "us-central1-a")
-    assert node.resource_id == "c1-node-1"
-    assert node.address.startswith("203.0.113.") and node.private_address.startswith("10.128.")
-    assert node.host_key is not None and node.host_key.startswith("ssh-ed25519 AAAA")
-    assert len(node.host_key.split()) == 2
-    assert saved.key_path and saved.key_path.endswith("keys/c1/id_ed25519")
-    assert saved.wait_for_gpu and saved.manage_etc_hosts
-    assert saved.container_image == "nvcr.io/nvidia/pytorch:24.06-py3"
-    assert saved.nccl_env["NCCL_IB_DISABLE"] == "1"
-    assert saved.fabric is None  # a2: no row in the fabric table, `--fabric-check auto` skips it
-    # on-demand too: host maintenance ends GPU VMs (no live migration) with a notice
-    assert saved.preemption is not None
-    assert (saved.preemption.protocol, saved.preemption.url) == ("gcp",
-                                                                 "http://metadata.google.internal")
-    assert saved.hourly_cost_usd > 0
-    kinds = sorted(r.kind for r in saved.resources)
-    assert kinds == ["firewall", "firewall", "instance", "instance", "instance", "resource-policy"]
-    assert all(r.extra["project"] == PROJECT for r in saved.resources)
+    assert_saved_inventory(store.load("c1"))
 
 
 def test_operations_are_waited_on_through_our_own_clients(
