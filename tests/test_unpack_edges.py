@@ -233,6 +233,14 @@ def test_only_the_owners_execute_bit_makes_an_executable(box: Path, tmp_path: Pa
     assert stat.S_IMODE((box / "dest" / "deep" / "er").stat().st_mode) == 0o755
 
 
+def test_a_folder_named_after_its_files_is_taken(box: Path, tmp_path: Path) -> None:
+    """`d` as a member after `d/f` (a tar that lists a folder's files first): the folder the
+    file's name implied, not a name given twice."""
+    assert unpack_bytes(tgz([Member("d/f", data=b"1"), Member("d", "dir")]), box / "dest",
+                        tmp_path) == 1
+    assert (box / "dest" / "d" / "f").read_bytes() == b"1"
+
+
 def test_an_empty_folder_is_made(box: Path, tmp_path: Path) -> None:
     assert unpack_bytes(tgz([Member("empty", "dir"), Member("./e2/", "dir")]),
                         box / "dest", tmp_path) == 0
