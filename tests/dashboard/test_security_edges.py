@@ -39,3 +39,12 @@ def test_a_403_does_not_ask_for_the_token_and_says_what_to_do(client: Any) -> No
 
 def test_head_is_a_read_like_get(client: Any) -> None:
     assert client.head("/api/health").status_code == 200  # no CSRF token asked
+
+
+def test_a_same_site_location_keeps_every_character_past_its_slashes() -> None:
+    """Only slashes and backslashes are taken off the front (a path starting with `X`, the
+    letter mutmut pads strings with, keeps it)."""
+    from provision.operations.dashboard.security import same_site_path
+
+    assert same_site_path("/Xpage", []) == "/Xpage"
+    assert same_site_path("//\\\\Xpage/a b", [("k", "v")]) == "/Xpage/a%20b?k=v"
