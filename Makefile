@@ -37,8 +37,9 @@ clean:
 
 # Mutation testing of the trust-critical modules, each against its own fast tests
 # (scripts/mutation.py: the scopes; docs/security.md: the scores; docs/mutation-survivors.md:
-# the survivors explained as equivalent). `make mutation SCOPES="signing logins"` runs some.
+# the survivors explained as equivalent). `make mutation SCOPES="signing logins"` runs some;
+# MUTATION_ARGS="--max-children 1" tests one mutant at a time (a machine shared with others).
 .PHONY: mutation
 mutation: setup
 	$(VENV)/bin/pip install -q -e ".[mutation]"
-	$(PY) scripts/mutation.py $(SCOPES)
+	$(PY) scripts/mutation.py $(SCOPES) $(MUTATION_ARGS)

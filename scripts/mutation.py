@@ -1,6 +1,6 @@
 """`make mutation`: mutmut over the trust-critical modules, each against its own fast tests.
 
-    python scripts/mutation.py [SCOPE ...] [--list]
+    python scripts/mutation.py [SCOPE ...] [--list] [--max-children N]
 
 Each scope (SCOPES below: the modules a promise of docs/security.md rests on, and the fast
 tests that hold it) runs in a folder of its own, build/mutation/SCOPE/, where links to the
@@ -56,7 +56,8 @@ SCOPES: dict[str, Scope] = {
                       "tests/managed/test_adoption_logins.py"]),
     "logins": Scope(["provision/model/logins.py"],
                     ["tests/test_logins.py", "tests/test_inventory.py"]),
-    "extraction": Scope(["provision/nodes/unpack.py"], ["tests/test_unpack.py"]),
+    "extraction": Scope(["provision/nodes/unpack.py"],
+                        ["tests/test_unpack.py", "tests/test_unpack_edges.py"]),
     "deletion-docker": Scope(["provision/cluster/providers/docker/removal.py"],
                              ["tests/providers/docker/test_docker_unit.py",
                               "tests/providers/docker/test_docker_trust.py",
@@ -129,12 +130,14 @@ def explained() -> set[str]:
     return set(re.findall(r"^- `([^`]+)`", EXPLAINED.read_text(), re.MULTILINE))
 
 
-def run_scope(name: str, scope: Scope, mutmut: str) -> dict[str, object]:
+def run_scope(name: str, scope: Scope, mutmut: str, children: int | None = None
+              ) -> dict[str, object]:
     import fnmatch
 
     here = prepare(name, scope)
     with open(here / "mutmut.log", "w") as log:
-        subprocess.run([mutmut, "run", *scope.functions], cwd=here, stdout=log,
+        extra = ["--max-children", str(children)] if children else []
+        subprocess.run([mutmut, "run", *extra, *scope.functions], cwd=here, stdout=log,
                        stderr=subprocess.STDOUT, check=False)
     if "failed to collect stats" in (here / "mutmut.log").read_text(errors="replace"):
         return {"files": scope.files, "tests": scope.tests, "mutants": 0, "killed": 0,
@@ -154,6 +157,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("scopes", nargs="*", help=f"default: all ({', '.join(SCOPES)})")
     parser.add_argument("--list", action="store_true", help="print the scopes and exit")
+    parser.add_argument("--max-children", type=int, metavar="N",
+                        help="mutants tested at once (mutmut's default: one per CPU)")
     args = parser.parse_args(argv)
     if args.list:
         for name, scope in SCOPES.items():
@@ -171,7 +176,7 @@ def main(argv: list[str] | None = None) -> int:
         if missing:
             print(f"{name}: skipped ({', '.join(missing)} not in this checkout)")
             continue
-        got = run_scope(name, SCOPES[name], mutmut)
+        got = run_scope(name, SCOPES[name], mutmut, args.max_children)
         summary[name] = got
         if got.get("failed"):
             print(f"{name}: its tests fail without a mutant: see {got['failed']}")

@@ -12,7 +12,9 @@ anything, so the archive is hostile input.
   bytes), and no segment is longer than a filesystem takes (255 bytes); a leading `./` (what `tar -C DIR .` writes) is dropped; a name given twice, or
   one under a name that is a file, is refused;
 - counts and sizes are bounded (MAX_MEMBERS, MAX_BYTES, MAX_HEADER_BYTES, and the bytes
-  read from the stream as a whole);
+  read from the stream as a whole); a negative size is refused;
+- a file is written 0o755 when its owner may run it, 0o644 otherwise, folders 0o755 (less
+  the umask), with the member's time when it is one (0 to 2**40 seconds);
 - all or nothing: the members are written into a FRESH folder made beside `dest`, each with
   `os.open(O_CREAT|O_EXCL|O_NOFOLLOW)` relative to a folder descriptor opened with
   O_NOFOLLOW (no link anyone planted is followed); only when the whole archive passed are
@@ -106,12 +108,9 @@ class _Plan:
                 raise _Refused(f"{name[:80]!r} lies under the file {parent[:80]!r}")
             self.kinds.setdefault(parent, "implied")
         seen = self.kinds.get(name)
-        if seen == "implied" and kind == "dir":
-            self.kinds[name] = "dir"
-        elif seen is not None:
+        if seen is not None and not (seen == "implied" and kind == "dir"):
             raise _Refused(f"{name[:80]!r} is in the archive twice")
-        else:
-            self.kinds[name] = kind
+        self.kinds[name] = kind
 
 
 def member_name(raw: str) -> str | None:
@@ -125,9 +124,7 @@ def member_name(raw: str) -> str | None:
             raise _Refused(f"{name[:80]!r}: a segment longer than {MAX_SEGMENT} bytes")
     except UnsafeKey as exc:
         raise _Refused(str(exc).replace("store key", "name")) from None
-    except UnicodeError:
-        raise _Refused(f"the name {raw[:80]!r} is not UTF-8") from None
-    return name
+    return name  # a name is UTF-8: tarfile decodes it strictly (`errors="strict"` below)
 
 
 def _kind(m: tarfile.TarInfo) -> str:
@@ -136,7 +133,7 @@ def _kind(m: tarfile.TarInfo) -> str:
     if m.type in (tarfile.REGTYPE, tarfile.AREGTYPE) and m.sparse is None:
         return "file"
     what = ("a symbolic link" if m.issym() else "a hard link" if m.islnk() else
-            "a device" if m.isdev() else f"of type {m.type!r}")
+            "a fifo" if m.isfifo() else "a device" if m.isdev() else f"of type {m.type!r}")
     target = f" -> {m.linkname[:80]!r}" if m.linkname else ""
     raise _Refused(f"{m.name[:80]!r}{target} is {what} (only files and folders are accepted)")
 
@@ -166,7 +163,7 @@ def _write(archive: Path, fresh: Path) -> _Plan:
     limit = MAX_BYTES + MAX_MEMBERS * HEADER_ALLOWANCE + (1 << 20)
     root = os.open(fresh, _NOFOLLOW_DIR)
     try:
-        with gzip.open(archive, "rb") as raw, tarfile.open(
+        with gzip.open(archive) as raw, tarfile.open(
                 fileobj=_Bounded(raw, limit), mode="r|",  # type: ignore[call-overload]
                 tarinfo=_Header, errors="strict") as tar:
             for count, m in enumerate(tar, 1):
@@ -181,9 +178,11 @@ def _write(archive: Path, fresh: Path) -> _Plan:
                 if kind == "dir":
                     os.close(_folder(root, name, create=True))
                     continue
+                if m.size < 0:  # tarfile 3.11 reads a negative size: it would lower `content`
+                    raise _Refused(f"{name[:80]!r} has a negative size ({m.size})")
                 plan.files += 1
                 plan.content += m.size
-                if m.size > MAX_BYTES or plan.content > MAX_BYTES:
+                if plan.content > MAX_BYTES:
                     raise _Refused(f"more than {MAX_BYTES} bytes of files (set "
                                    "MGPU_CLOUD_FETCH_MAX_BYTES for a bigger one)")
                 src = tar.extractfile(m)
@@ -199,7 +198,7 @@ def _write(archive: Path, fresh: Path) -> _Plan:
     return plan
 
 
-def _folder(root: int, rel: str, *, create: bool) -> int:
+def _folder(root: int, rel: str, *, create: bool = False) -> int:
     """A descriptor of folder `rel` under `root`, each segment opened without following a
     link (and made when `create`)."""
     fd = os.dup(root)
@@ -237,6 +236,7 @@ def _write_file(root: int, name: str, src: IO[bytes], m: tarfile.TarInfo) -> Non
                 raise _Refused(f"{name[:80]!r} is cut short")
             out.write(chunk)
             left -= len(chunk)
+        out.flush()  # the last bytes written after the time would set it to now
         if 0 <= m.mtime < 1 << 40:  # a time that makes sense (1e300 would not)
             os.utime(out.fileno(), (m.mtime, m.mtime))
 
@@ -250,9 +250,9 @@ def _merge(fresh: Path, dest: Path) -> None:
     dst = os.open(dest, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     try:
         moves: list[tuple[str, str]] = []
-        _check(src, dst, "", moves)
+        _check(src, dst, "", moves, str(dest))
         for parent, name in moves:
-            sfd, dfd = _folder(src, parent, create=False), _folder(dst, parent, create=False)
+            sfd, dfd = _folder(src, parent), _folder(dst, parent)
             try:
                 os.rename(name, name, src_dir_fd=sfd, dst_dir_fd=dfd)
             finally:
@@ -263,7 +263,7 @@ def _merge(fresh: Path, dest: Path) -> None:
         os.close(dst)
 
 
-def _check(src: int, dst: int, rel: str, moves: list[tuple[str, str]]) -> None:
+def _check(src: int, dst: int, rel: str, moves: list[tuple[str, str]], dest: str) -> None:
     for entry in sorted(os.listdir(src)):
         shown = f"{rel}/{entry}".lstrip("/")
         mine = os.stat(entry, dir_fd=src, follow_symlinks=False)
@@ -276,7 +276,7 @@ def _check(src: int, dst: int, rel: str, moves: list[tuple[str, str]]) -> None:
             sfd = os.open(entry, _NOFOLLOW_DIR, dir_fd=src)
             dfd = os.open(entry, _NOFOLLOW_DIR, dir_fd=dst)
             try:
-                _check(sfd, dfd, shown, moves)
+                _check(sfd, dfd, shown, moves, dest)
             finally:
                 os.close(sfd)
                 os.close(dfd)
@@ -284,14 +284,7 @@ def _check(src: int, dst: int, rel: str, moves: list[tuple[str, str]]) -> None:
             moves.append((rel, entry))
         else:
             here = ("a symbolic link" if stat.S_ISLNK(there.st_mode) else
-                    "a folder" if stat.S_ISDIR(there.st_mode) else "not a regular file")
-            raise _Refused(f"{shown[:80]!r} is {here} in {dest_name(dst)}, and the archive "
-                           "holds another kind there")
-
-
-def dest_name(fd: int) -> str:
-    """The path of an open folder, for messages."""
-    try:
-        return os.readlink(f"/proc/self/fd/{fd}")
-    except OSError:
-        return "the destination"
+                    "a folder" if stat.S_ISDIR(there.st_mode) else
+                    "a file" if stat.S_ISREG(there.st_mode) else "neither a file nor a folder")
+            raise _Refused(f"{shown[:80]!r} is {here} in {dest}, and the archive holds another "
+                           "kind there")

@@ -39,3 +39,23 @@ def test_a_403_does_not_ask_for_the_token_and_says_what_to_do(client: Any) -> No
 
 def test_head_is_a_read_like_get(client: Any) -> None:
     assert client.head("/api/health").status_code == 200  # no CSRF token asked
+
+
+def test_a_same_site_location_keeps_every_character_past_its_slashes() -> None:
+    """Only slashes and backslashes are taken off the front (a path starting with `X`, the
+    letter mutmut pads strings with, keeps it)."""
+    from provision.operations.dashboard.security import same_site_path
+
+    assert same_site_path("/Xpage", []) == "/Xpage"
+    assert same_site_path("//\\\\Xpage/a b", [("k", "v")]) == "/Xpage/a%20b?k=v"
+
+
+def test_a_post_whose_origin_is_this_server_is_taken(client: Any) -> None:
+    """The Origin check compares the origin's host:port with the Host header: this server's
+    own origin is handed on exactly as a POST without one (another site's is refused)."""
+    csrf = {"X-CSRF-Token": client.dash.access.csrf}
+    plain = client.post("/api/clusters/big/jobs/3/cancel", headers=csrf)
+    own = client.post("/api/clusters/big/jobs/3/cancel",
+                      headers={**csrf, "Origin": f"http://{client.base_url.netloc.decode()}"})
+    assert plain.status_code != 403 and own.status_code == plain.status_code
+    assert own.json() == plain.json()

@@ -21,6 +21,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+import aws_moto_filters
+
 Params = dict[str, Any]
 
 # EFA interfaces (= network cards used for EFA) per instance type. Sources: "Maximize network
@@ -341,6 +343,8 @@ class AwsRules:
                 self.launched[inst["InstanceId"]] = (region, context.get("rules_params", {}))
 
         client.meta.events.register(f"after-call.{service}.RunInstances", launched)
+        client.meta.events.register(f"after-call.{service}.DescribeNatGateways",
+                                    aws_moto_filters.nat_gateway_tag_filters)
 
     def _request(self, params: Params, model: Any, context: dict[str, Any], **_: Any) -> None:
         self.requests += 1

@@ -34,3 +34,28 @@ def test_a_refusal_says_whose_it_is_and_a_gone_record_is_dropped(
     assert gone not in said  # gone already: forgotten, not a problem
     assert not [r for r in inv.resources if r.id in (theirs, loose, gone)]
     get_provider("aws").destroy(inv, store)  # nothing of it left to refuse: it finishes
+
+
+def test_another_clusters_nat_gateway_is_refused_and_left_running(
+        fakes, spec_for, store, up_cluster, moto_ec2) -> None:
+    """A NAT gateway recorded in c1's inventory that EC2 tags for c2: looked up by id (with
+    DescribeNatGateways' own parameter name, `Filter`), refused by name, never deleted, and
+    dropped from the inventory; a second teardown has nothing of it left to refuse."""
+    inv = up_cluster(spec_for(name="c1", instance_type="g6.xlarge"))
+    vpc = moto_ec2.create_vpc(CidrBlock="10.9.0.0/16")["Vpc"]["VpcId"]
+    subnet = moto_ec2.create_subnet(VpcId=vpc, CidrBlock="10.9.1.0/24")["Subnet"]["SubnetId"]
+    eip = moto_ec2.allocate_address(Domain="vpc")["AllocationId"]
+    tags = [{"ResourceType": "natgateway",
+             "Tags": [{"Key": "mgpu-cloud-cluster", "Value": "c2"}]}]
+    nat = moto_ec2.create_nat_gateway(SubnetId=subnet, AllocationId=eip,
+                                      TagSpecifications=tags)["NatGateway"]["NatGatewayId"]
+    inv.resources.append(ResourceRecord(kind="nat-gateway", id=nat, name=nat, region=REGION))
+    store.save(inv)
+    with pytest.raises(TeardownError) as err:
+        get_provider("aws").destroy(inv, store)
+    assert (f"refused to delete nat-gateway {nat}: it is tagged mgpu-cloud-cluster=c2, not "
+            "mgpu-cloud-cluster=c1 (left alone; dropped from the inventory)") in err.value.message
+    left = moto_ec2.describe_nat_gateways(NatGatewayIds=[nat])["NatGateways"]
+    assert [n["State"] for n in left] == ["available"]
+    assert not [r for r in inv.resources if r.id == nat]
+    get_provider("aws").destroy(inv, store)
