@@ -25,6 +25,7 @@ from provision.job.managed.signing import (
     Unsigned,
     cluster_kind,
     heartbeat_kind,
+    ledger_kind,
     mac,
     open_sealed,
     seal,
@@ -186,6 +187,28 @@ def test_only_a_heartbeat_sealed_for_the_job_counts(tmp_path: Path,
     store.put_bytes(f"c1/jobs/{job}/control/heartbeat",
                     jl._sealed(heartbeat_kind, str(time.time())))
     assert view.heartbeat_age() == pytest.approx(0, abs=5)
+
+
+def test_only_a_ledger_sealed_for_the_job_is_taken_back(tmp_path: Path,
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    """A controller taking the job back goes on from the lost one's ledger (issue 44): only
+    one sealed for this job; a forged or copied one is none (a new ledger begins)."""
+    here, inv, store, key = _managed(tmp_path, monkeypatch)
+    job = _running_job(store, key, b"{}", beat_age=600)
+    view = JobView(store, "c1", job, key)
+    kept = {"node_seconds": {"training": 1e9}, "wall_s": 5.0}
+    body = json.dumps(kept).encode()
+    for forged in (body, seal(b"x" * 32, ledger_kind("c1", job), body),
+                   seal(key, ledger_kind("c1", "7"), body),
+                   seal(key, heartbeat_kind("c1", job), body),
+                   seal(key, ledger_kind("c1", job), b"[1]"),
+                   seal(key, ledger_kind("c1", job), b"{not json")):
+        store.put_bytes(f"c1/jobs/{job}/control/ledger", forged)
+        assert view.ledger_state() is None, forged
+    jl = JobLog(store, "c1", job, key=key)  # the controller's own, through its writer
+    jl.ledger = lambda: kept
+    jl.keep_ledger()
+    assert view.ledger_state() == kept
 
 
 # --- cancel: the controller stops the job ---------------------------------------------------

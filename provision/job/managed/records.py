@@ -285,13 +285,7 @@ class JobView:
         """The job's spec.json: with the records key only one sealed for this job (None
         otherwise: written or copied there by something else); without it, as the store
         gives it (to show, never to act on)."""
-        data = self.store.get_bytes(f"{self.prefix}/spec.json")
-        body = _opens(self.key, spec_kind(self.cluster, self.job_id), data) if data else None
-        try:
-            spec = json.loads(body) if body is not None else None
-        except (ValueError, UnicodeDecodeError):
-            return None
-        return spec if isinstance(spec, dict) else None
+        return self._sealed_object("spec.json", spec_kind)
 
     def heartbeat_age(self) -> float | None:
         """Seconds since the controller's last heartbeat (None: it never wrote one, or with
@@ -309,13 +303,19 @@ class JobView:
     def ledger_state(self) -> dict[str, Any] | None:
         """The run's ledger as its controller last kept it (None: none, not JSON, or with the
         records key not sealed for this job)."""
-        data = self.store.get_bytes(f"{self.prefix}/control/ledger")
-        body = _opens(self.key, ledger_kind(self.cluster, self.job_id), data) if data else None
+        return self._sealed_object("control/ledger", ledger_kind)
+
+    def _sealed_object(self, name: str,
+                       kind: Callable[[str, str], str]) -> dict[str, Any] | None:
+        """The JSON object under the job's `name` (None: none, not a JSON object, or with the
+        records key not sealed for this job as `kind`)."""
+        data = self.store.get_bytes(f"{self.prefix}/{name}")
+        body = _opens(self.key, kind(self.cluster, self.job_id), data) if data else None
         try:
-            state = json.loads(body) if body is not None else None
+            found = json.loads(body) if body is not None else None
         except (ValueError, UnicodeDecodeError):
             return None
-        return state if isinstance(state, dict) else None
+        return found if isinstance(found, dict) else None
 
     def request_cancel(self) -> None:
         """A cancel sealed for this job (Unsigned without the records key: the controller
