@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from storekit import free_port
 
 from remote.allreduce import (
     bus_bandwidth,
@@ -148,7 +149,7 @@ def test_gate_mode_measures_every_pair_across_three_torchrun_agents(tmp_path: Pa
     pytest.importorskip("torch")
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1",
            "CUDA_VISIBLE_DEVICES": ""}
-    port = "29687"
+    port = str(free_port("127.0.0.1"))  # two suites on one machine never share it
     agents = [
         subprocess.Popen(
             [sys.executable, "-m", "torch.distributed.run", "--nnodes", "3", "--node_rank",

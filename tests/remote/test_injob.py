@@ -15,6 +15,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from storekit import free_port
 
 from remote.injob import EXIT_GATE_FAILED, MARKER, split_argv
 
@@ -82,7 +83,7 @@ def _torchrun(tmp_path: Path, nodes: int, nproc: int, port: int, *gate: str,
 @pytest.mark.slow
 def test_torchrun_gate_passes_then_the_script_runs_in_the_same_processes(
         tmp_path: Path) -> None:
-    nodes = _torchrun(tmp_path, 3, 2, 29691)
+    nodes = _torchrun(tmp_path, 3, 2, free_port("127.0.0.1"))
     for rank, node in enumerate(nodes):
         assert node.returncode == 0, node.stderr[-3000:]
         lines = node.stdout.splitlines()
@@ -135,7 +136,7 @@ def test_forked_from_the_agent_the_script_starts_as_a_new_interpreter_would(
     elastic's, which would turn SIGTERM into an exception in it), and ends as a new
     interpreter would: its exit handlers run, an exception's traceback is on its stderr and
     the exit code is 1, sys.exit(3)'s is 3."""
-    nodes = _torchrun(tmp_path, 2, 2, 29694, script=FORKED, fork=True)
+    nodes = _torchrun(tmp_path, 2, 2, free_port("127.0.0.1"), script=FORKED, fork=True)
     out = "".join(node.stdout for node in nodes)
     assert out.count(MARKER) == 2 and out.count("ran rank") == 4, out
     assert out.count("torch was there before the script: True") == 4, out
@@ -151,7 +152,7 @@ def test_forked_from_the_agent_the_script_starts_as_a_new_interpreter_would(
 @pytest.mark.slow
 def test_a_failed_gate_exits_8_and_never_starts_the_script(tmp_path: Path) -> None:
     # gloo is TCP: a gate that expects EFA fails on every node (wrong transport)
-    nodes = _torchrun(tmp_path, 2, 1, 29692, "--expect-transport", "efa")
+    nodes = _torchrun(tmp_path, 2, 1, free_port("127.0.0.1"), "--expect-transport", "efa")
     for node in nodes:
         assert node.returncode != 0
         assert "exitcode  : 8" in node.stderr or f"exitcode: {EXIT_GATE_FAILED}" in node.stderr
@@ -173,7 +174,7 @@ def test_without_an_agent_rank_0_serves_the_store_to_the_gate_and_the_job(
          "train.py", "--x"],
         env={**os.environ, **ENV, "RANK": str(r), "LOCAL_RANK": str(r % 2), "WORLD_SIZE": "4",
              "MGPU_NODE_RANK": str(r // 2), "MASTER_ADDR": "127.0.0.1",
-             "MASTER_PORT": "29693"},
+             "MASTER_PORT": str(free_port("127.0.0.1"))},
         cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         for r in range(4)]
     outs = [p.communicate(timeout=240)[0] for p in procs]
