@@ -4,6 +4,7 @@ only lost its connection), and after a Ctrl-C one line instead of every rank's t
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -41,8 +42,11 @@ def test_the_first_failing_rank_ends_the_output(tmp_path: Path, cluster_name: st
     assert code != 0, out
     tail = "\n".join(out.splitlines()[-10:])
     # rank 2 is node-1's first process (2 per node); the other three died of its crash
-    assert "first failure: rank 2 (node-1), exit 1: ValueError: bad batch at step 3 " \
-           "(fail3.py:8)" in tail, tail
+    # its exit code is node-1's torchrun's word: 1, or -15 when that agent was itself being
+    # stopped while it reaped the crashed rank (seen in 2 of 5 loaded runs even with 10 s of
+    # settle; not understood yet: issue 45's note). The cause, its rank, node and place hold.
+    assert re.search(r"first failure: rank 2 \(node-1\), exit (1|-15): ValueError: bad batch "
+                     r"at step 3 \(fail3\.py:8\)", tail), tail
     assert 'raise ValueError(f"bad batch at step {step}")' in tail, tail
     assert "then ranks 0, 1, 3 failed because of it" in tail, tail
     # the peers' dropped connections and torchrun's SIGTERMs are consequences, not causes

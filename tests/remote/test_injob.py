@@ -169,12 +169,13 @@ def test_without_an_agent_rank_0_serves_the_store_to_the_gate_and_the_job(
     """DeepSpeed's per-node launcher: plain processes, RANK/LOCAL_RANK/WORLD_SIZE/MASTER_*,
     and `--local_rank=N` between the program and its arguments."""
     (tmp_path / "train.py").write_text(SCRIPT)
+    port = str(free_port("127.0.0.1"))  # one for all four ranks
     procs = [subprocess.Popen(
         [sys.executable, "-u", "-m", "remote", f"--local_rank={r % 2}", "injob", "--",
          "train.py", "--x"],
         env={**os.environ, **ENV, "RANK": str(r), "LOCAL_RANK": str(r % 2), "WORLD_SIZE": "4",
              "MGPU_NODE_RANK": str(r // 2), "MASTER_ADDR": "127.0.0.1",
-             "MASTER_PORT": str(free_port("127.0.0.1"))},
+             "MASTER_PORT": port},
         cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         for r in range(4)]
     outs = [p.communicate(timeout=240)[0] for p in procs]
