@@ -213,9 +213,11 @@ def watch_preemption(protocol: str, url: str, signame: str, pgid: int, me: int,
         if notice is not None:
             when = save_at(notice)
             if when <= time.time():
+                at = time.time()  # before the signal: a save it asks for is newer (mtime)
                 told = notify(pgid, me, sig, container)
                 _event({"event": "preemption", "action": notice.action, "time": notice.time,
-                        "source": notice.source, "signal": sig.name, "processes": told})
+                        "source": notice.source, "signal": sig.name, "processes": told,
+                        "at": at})
                 return
             if announced is None or abs((notice.deadline or 0) - announced) > 60:
                 announced = notice.deadline

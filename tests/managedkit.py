@@ -67,13 +67,18 @@ def steps_in(url: str, prefix: str) -> list[int]:
                   if (m := re.search(r"step_(\d+)\.pt$", k)))
 
 
-def sealed_steps(url: str, prefix: str) -> list[int]:
-    """The steps a seal vouches for under a checkpoint prefix: what a restore takes (a file
-    in the store without its seal, its copy still under way, is left out: remote/storesync)."""
+def sealed_steps(url: str, prefix: str, since: float = 0.0) -> list[int]:
+    """The steps a seal written at or after `since` vouches for under a checkpoint prefix:
+    what a restore takes (a file in the store without its seal, its copy still under way, is
+    left out: remote/storesync; so is a file a later life is writing again under the same
+    name, until its new seal comes: its bytes differ from the older seal)."""
     store = open_store(url)
     found = set()
     for key in store.list(f"{prefix}/{SEALS}"):
-        for rel in json.loads(store.get_bytes(key) or b"{}").get("files", {}):
+        seal = json.loads(store.get_bytes(key) or b"{}")
+        if float(seal.get("at") or 0) < since:
+            continue
+        for rel in seal.get("files", {}):
             if m := re.search(r"step_(\d+)\.pt$", rel):
                 found.add(int(m.group(1)))
     return sorted(found)
@@ -84,12 +89,14 @@ def kill(container: str) -> None:
 
 
 def lose_and_resume(url: str, name: str, victim: int, job: str = "1") -> int:
-    """Once the job's store has a sealed checkpoint newer than its last resume, kill node
-    `victim`; wait until rank 0 resumed again; the step it resumed from."""
+    """Once the job's store has a checkpoint newer than its last resume, sealed since then,
+    kill node `victim`; wait until rank 0 resumed again; the step it resumed from."""
+    since = time.time()  # after the last resume: seals of this life only (a seal of the
+    # life before may name a step this life is writing again: a restore then skips it)
     before = resumed_steps(url, name, job)
     floor = before[-1] if before else -1
-    wait_for(lambda: any(s > floor
-                         for s in sealed_steps(url, f"{name}/data/jobs/{job}/checkpoints")),
+    wait_for(lambda: any(s > floor for s in sealed_steps(
+        url, f"{name}/data/jobs/{job}/checkpoints", since)),
              180, f"no sealed checkpoint after step {floor} reached the store")
     kill(f"{name}-node-{victim}")
     wait_for(lambda: len(resumed_steps(url, name, job)) > len(before)

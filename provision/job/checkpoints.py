@@ -165,14 +165,29 @@ class CheckpointKeeper:
         except NodeStepError as exc:
             raise BootstrapError(f"copying checkpoints from {node.name} failed: {exc}") from exc
 
-    def wait_for_copy(self, after: float, deadline_s: float) -> bool:
-        """Until a copy happens after monotonic time `after` (e.g. the save a preemption
-        notice asked for), syncing at once instead of every interval. False at the deadline."""
+    def clocks(self) -> dict[str, float]:
+        """Every answering node's own clock now (from a fresh manifest)."""
+        with self._lock:
+            group = self._group or NodeGroup(self.inv, connector=self.connector)
+            try:
+                return {name: now for name, (_, now) in self._manifests(group).items()}
+            finally:
+                if group is not self._group:
+                    group.close()
+
+    def wait_for_save(self, since: dict[str, float], deadline_s: float) -> bool:
+        """Until a file a node wrote at or after `since[node]` (that node's clock: e.g. when
+        its ranks were asked to save) is kept here, syncing at once instead of every
+        interval. A copy of an older save that comes late does not count (the copy of a
+        step saved before a preemption notice, made just after it, is not the notice's
+        save). False at the deadline."""
         end = time.monotonic() + deadline_s
         while time.monotonic() < end:
             self.sync()
-            if self.last_copy > after:
-                return True
+            with self._lock:
+                if any(mtime >= since[name] for name, files in self.synced.items()
+                       if name in since for _, mtime in files.values()):
+                    return True
             time.sleep(0.5)
         return False
 

@@ -89,7 +89,6 @@ class Watcher:
     preempted: dict[str, dict[str, str]] = field(default_factory=dict)
     reason: str | None = None
     last_output: float = field(default_factory=time.monotonic)
-    notice_at: float = 0.0
     lock: threading.Lock = field(default_factory=threading.Lock)
     stop: Callable[[], bool] | None = None  # True: stop the job for good (a managed cancel)
     # every node's lines, `[node-R] `-prefixed, in the order they arrived (for the diagnosis)
@@ -114,7 +113,6 @@ class Watcher:
         if self.job.replace_slow:
             with self.lock:  # the preemption path: save, copy, stop, replace, resume
                 self.preempted.setdefault(slow.node, {"action": "slow", "signalled": "no"})
-                self.notice_at = self.notice_at or time.monotonic()
 
     def line(self, node: NodeRecord, text: str) -> None:
         self.last_output = time.monotonic()
@@ -134,7 +132,6 @@ class Watcher:
             if event.get("event") == "preemption":
                 with self.lock:
                     self.preempted.setdefault(node.name, event)
-                    self.notice_at = self.notice_at or time.monotonic()
             elif event.get("event") in ("maintenance-scheduled", "maintenance-cleared"):
                 self.log(maintenance_message(node, event))
 
@@ -178,6 +175,9 @@ class Watcher:
                 f"{' at ' + first['time'] if first.get('time') else ''})")
         self.log(f"{', '.join(names)}: {what}; every rank is asked to save now ({signame}); "
                  "waiting for the checkpoint")
+        # the notice's save is newer than the first signal (node clock) or than each node's now
+        ats = [float(e["at"]) for e in self.preempted.values() if e.get("at")]
+        since = {n.name: min(ats) for n in self.inv.nodes} if ats else self.keeper.clocks()
         with NodeGroup(self.inv) as group:  # the notified nodes signalled their own ranks
             others = [n for n in self.inv.nodes if n.name not in self.preempted
                       or self.preempted[n.name].get("signalled") == "no"]
@@ -186,7 +186,7 @@ class Watcher:
                                             "--signal", signame,
                                             *_container_words(self.inv, self.job)),
                       nodes=others, timeout=60)
-        if self.keeper.wait_for_copy(after=self.notice_at, deadline_s=PREEMPT_SAVE_DEADLINE_S):
+        if self.keeper.wait_for_save(since, deadline_s=PREEMPT_SAVE_DEADLINE_S):
             self.log("the checkpoint saved after the notice is kept")
         else:
             self.log(f"no checkpoint was saved within {PREEMPT_SAVE_DEADLINE_S:.0f} s of the "

@@ -100,6 +100,7 @@ class NodeEvent(_Data):
     processes: Count | list[Count] | None = None
     deadline: Epoch | None = None
     save_at: Epoch | None = None
+    at: Epoch | None = None  # preemption: the node's clock as it signalled its ranks
 
     def fields(self) -> dict[str, Any]:
         """The fields set, texts escaped for the messages that quote them."""

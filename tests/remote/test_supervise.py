@@ -113,6 +113,7 @@ def test_a_preemption_notice_signals_the_job_and_tells_the_controller(tmp_path: 
     run = start(tmp_path, tmp_path / "job.pid", "sh", "-c", script,
                 extra=("--preempt", "file", str(standin), "SIGUSR1"))
     time.sleep(0.5)
+    before = time.time()
     (standin / "instance-action").write_text(
         json.dumps({"action": "terminate", "time": "2026-11-30T12:00:00Z"}))
     run.wait(timeout=30)  # the script exits after saving (stdin stays open: not cancelled)
@@ -122,6 +123,7 @@ def test_a_preemption_notice_signals_the_job_and_tells_the_controller(tmp_path: 
     assert saved.exists()
     event = json.loads(next(line for line in out.splitlines()
                             if line.startswith("MGPU-EVENT "))[len("MGPU-EVENT "):])
+    assert before <= event.pop("at") <= time.time()  # the node's clock as it signalled
     assert event == {"event": "preemption", "action": "terminate",
                      "time": "2026-11-30T12:00:00Z", "source": str(standin / "instance-action"),
                      "signal": "SIGUSR1", "processes": 1}
