@@ -38,8 +38,39 @@ def test_every_node_is_asked_at_once(monkeypatch: pytest.MonkeyPatch) -> None:
         return node.name != "node-4"
 
     monkeypatch.setattr(provider, "node_alive", alive)
-    gone = GoneNodes(provider, _inv(6), every_s=0.0)  # type: ignore[arg-type]
+    # one look only (a look every poll would outlive the test: a later one, half on the real
+    # node_alive once monkeypatch is undone, broke the barrier inside another test)
+    gone = GoneNodes(provider, _inv(6), every_s=3600.0)  # type: ignore[arg-type]
     assert _until(gone, ["node-4"]) == ["node-4"]
+    assert not gone.busy
+
+
+def test_a_provider_that_raises_cannot_tell_and_looking_goes_on(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """An error the provider let through is "cannot tell" (alive) for that node, the others
+    are still judged, and the next look starts (before: `busy` stayed set for good)."""
+    provider = get_provider("docker")
+    looks: list[str] = []
+
+    def alive(inv: Inventory, node: NodeRecord) -> bool:
+        looks.append(node.name)
+        if node.name == "node-0":
+            raise RuntimeError("the API's connection dropped")
+        return node.name != "node-2"
+
+    monkeypatch.setattr(provider, "node_alive", alive)
+    gone = GoneNodes(provider, _inv(3), every_s=0.05)  # type: ignore[arg-type]
+    assert _until(gone, ["node-2"]) == ["node-2"]
+    end = time.monotonic() + 10
+    while looks.count("node-0") < 2 and time.monotonic() < end:
+        gone()
+        time.sleep(0.06)
+    assert looks.count("node-0") >= 2, "no second look after the one that raised"
+    gone.every_s = 3600.0  # no more looks: wait for the one under way
+    end = time.monotonic() + 10
+    while gone.busy and time.monotonic() < end:
+        time.sleep(0.02)
+    assert not gone.busy
 
 
 def test_a_look_begun_before_a_reset_says_nothing(monkeypatch: pytest.MonkeyPatch) -> None:

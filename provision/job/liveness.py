@@ -19,7 +19,7 @@ from collections.abc import Callable
 from typing import Any
 
 from provision.cluster.providers.contract import AnyProvider, Recoverable
-from provision.model.inventory import Inventory
+from provision.model.inventory import Inventory, NodeRecord
 from provision.nodes import fan_out
 
 EVERY_S = 3.0
@@ -35,10 +35,19 @@ class GoneNodes:
         self.lock = threading.Lock()
         self.reset_at = 0.0
 
+    def _alive(self, node: NodeRecord) -> bool:
+        """The provider's word; an error it did not turn into "cannot tell" is "cannot
+        tell" too (alive): a look that raised would leave `busy` set and end the looking
+        for the rest of the job."""
+        try:
+            return self.provider.node_alive(self.inv, node)
+        except Exception:  # noqa: BLE001 - cannot tell: alive (contract.Recoverable)
+            return True
+
     def _look(self) -> None:
         began = time.monotonic()
         nodes = list(self.inv.nodes)  # every node asked at once: one call's time, not N
-        alive = fan_out(nodes, lambda n: self.provider.node_alive(self.inv, n))
+        alive = fan_out(nodes, self._alive)
         found = [n.name for n, ok in zip(nodes, alive, strict=True) if not ok]
         with self.lock:
             self.busy = False
