@@ -131,16 +131,23 @@ class SshConnection:
         import shutil
         import threading
 
+        from provision.nodes.unpack import CappedWriter
+
         self._conn.open()
         chan = self._conn.client.get_transport().open_session()
         err = bytearray()
+
+        def drain_stderr() -> None:  # its last 64 KiB: a node's stderr is not bounded
+            for chunk in iter(lambda: chan.recv_stderr(1 << 16), b""):
+                err.extend(chunk)
+                del err[:-(64 << 10)]
+
         try:
             chan.exec_command(command)
-            drain = threading.Thread(target=lambda: err.extend(chan.makefile_stderr("rb").read()),
-                                     daemon=True)
+            drain = threading.Thread(target=drain_stderr, daemon=True)
             drain.start()
-            with open(local, "wb") as fh:
-                shutil.copyfileobj(chan.makefile("rb"), fh, 1 << 16)
+            with open(local, "wb") as fh:  # UnsafeArchive past unpack.MAX_DOWNLOAD bytes
+                shutil.copyfileobj(chan.makefile("rb"), CappedWriter(fh), 1 << 16)
             drain.join()
             code = chan.recv_exit_status()
             if code == -1 and not chan.get_transport().is_active():  # not the command's end
@@ -288,8 +295,11 @@ def fetch_tree(conn: NodeConnection, remote_dir: str, dest: Path,
     what = "-- " + " ".join(q(f) for f in files) if files is not None else "."
     with tempfile.TemporaryDirectory() as tmp:
         local = Path(tmp) / "tree.tgz"
-        packed = conn.run_to_file(f"mkdir -p {q(remote_dir)} && tar -czf - --dereference "
-                                  f"--hard-dereference -C {q(remote_dir)} {what}", local)
+        try:  # a connection writes through unpack.CappedWriter
+            packed = conn.run_to_file(f"mkdir -p {q(remote_dir)} && tar -czf - --dereference "
+                                      f"--hard-dereference -C {q(remote_dir)} {what}", local)
+        except UnsafeArchive as exc:
+            raise NodeStepError(f"the archive from {node} was refused: {exc}") from None
         if not packed.ok:
             raise NodeStepError(f"packing {remote_dir} failed: {packed.tail()}")
         try:

@@ -59,6 +59,29 @@ class UnsafeArchive(Exception):
     written into the destination."""
 
 
+# what a node may send for one archive, counted as it arrives, before anything is unpacked:
+# the files' bytes, every member's headers, and gzip's own overhead (5 bytes per 64 KiB
+# stored block at worst: 1% is ample)
+MAX_DOWNLOAD = MAX_BYTES + MAX_BYTES // 100 + MAX_MEMBERS * HEADER_ALLOWANCE + (1 << 20)
+
+
+class CappedWriter:
+    """`fh.write`, refused past `cap` bytes in all: an archive is bounded while it arrives
+    (a node's endless stream would otherwise fill this machine's disk before the unpacking
+    counts anything)."""
+
+    def __init__(self, fh: IO[bytes], cap: int | None = None) -> None:
+        self.fh, self.written = fh, 0
+        self.cap = MAX_DOWNLOAD if cap is None else cap
+
+    def write(self, data: bytes) -> int:
+        self.written += len(data)
+        if self.written > self.cap:
+            raise UnsafeArchive(f"it sent more than {self.cap} bytes for one archive: refused "
+                                "(a bigger checkpoint: set MGPU_CLOUD_FETCH_MAX_BYTES)")
+        return self.fh.write(data)
+
+
 class _Refused(Exception):
     """Raised inside the reading; becomes UnsafeArchive with the node's name."""
 

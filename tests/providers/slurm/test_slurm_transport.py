@@ -187,3 +187,24 @@ def test_a_file_copied_through_ssh_mode_holds_only_the_commands_output(tmp_path:
     assert got.read_bytes() == b"\x1f\x8b payload"
     failing = SetupSshConnection(_LocalShell(), "false")  # type: ignore[arg-type]
     assert failing.run_to_file("printf data", got).exit_code == 97
+
+
+def test_an_endless_archive_through_srun_stops_at_the_cap(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """srun mode writes a copy through unpack.CappedWriter too (nodes/unpack.py): a node's
+    stream past the cap is refused while it arrives, not after it filled this disk."""
+    from provision.nodes import unpack
+
+    monkeypatch.setattr(unpack, "MAX_DOWNLOAD", 1 << 20)
+
+    class Endless(FakeSession):
+        def run(self, command: str, **kw: Any) -> CommandResult:
+            for _ in range(1000):  # 64 MiB offered, 64x the cap
+                kw["binary_out"].write(b"\0" * (1 << 16))
+            return CommandResult(0)
+
+    conn = SrunConnection(Endless(), Allocation("9", TARGET, setup=None),  # type: ignore[arg-type]
+                          node("node1"))
+    with pytest.raises(unpack.UnsafeArchive, match=r"more than 1048576 bytes"):
+        conn.run_to_file("tar -czf - .", tmp_path / "a.tgz")
+    assert (tmp_path / "a.tgz").stat().st_size <= 1 << 20

@@ -22,7 +22,7 @@ import socket
 import threading
 import time
 from collections.abc import Iterator
-from typing import BinaryIO
+from typing import TYPE_CHECKING
 
 import paramiko
 
@@ -31,6 +31,9 @@ from provision.model.errors import ProviderUnavailableError, UserInputError
 from provision.nodes import CommandResult, Writer
 from provision.nodes.hostkeys import CONNECT_TIMEOUT_S, describe_connect_error
 from provision.nodes.sshconn import PinnedHostKeys
+
+if TYPE_CHECKING:
+    from _typeshed import SupportsWrite
 
 MAX_CHANNELS = 8
 READ_CHUNK = 65536
@@ -228,7 +231,7 @@ class LoginSession:
 
     # --- commands ------------------------------------------------------------------------
     def run(self, command: str, *, stdin: bytes | None = None, out: Writer | None = None,
-            timeout: float | None = None, binary_out: BinaryIO | None = None) -> CommandResult:
+            timeout: float | None = None, binary_out: SupportsWrite[bytes] | None = None) -> CommandResult:
         """Run `command` in the login user's shell. `stdin`: sent, then EOF (without it the
         command's stdin stays open until the channel closes: the job supervisor's
         --watch-stdin relies on that). `out`: stdout+stderr streamed as text; `binary_out`:
@@ -246,7 +249,7 @@ class LoginSession:
             return _collect(chan, out, binary_out, deadline)
 
 
-def _collect(chan: paramiko.Channel, out: Writer | None, binary_out: BinaryIO | None,
+def _collect(chan: paramiko.Channel, out: Writer | None, binary_out: SupportsWrite[bytes] | None,
              deadline: float | None) -> CommandResult:
     decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
     stdout, stderr = bytearray(), bytearray()

@@ -28,6 +28,7 @@ from provision.cluster.providers.slurm.slurmcmd import srun_line
 from provision.model.errors import MgpuError
 from provision.model.inventory import Inventory, NodeRecord
 from provision.nodes import CommandResult, Connector, NodeConnection, Writer, ssh_connector
+from provision.nodes.unpack import CappedWriter
 
 JOB_KIND = "slurm-job"
 LOGIN_KIND = "slurm-login"
@@ -102,8 +103,8 @@ class SrunConnection:
         return res
 
     def run_to_file(self, command: str, local: Path) -> CommandResult:
-        with open(local, "wb") as fh:
-            res = self._session.run(self._line(command), binary_out=fh)
+        with open(local, "wb") as fh:  # UnsafeArchive past unpack.MAX_DOWNLOAD bytes
+            res = self._session.run(self._line(command), binary_out=CappedWriter(fh))
         if res.exit_code != 0:
             self._alloc.check(self._session)
         return res
