@@ -365,3 +365,26 @@ def test_what_changes_after_the_check_is_not_followed(planted: str, why: str, bo
     assert f"({CUT}: {LONG!r} is not a folder here ({why}))" in str(exc.value)
     assert sorted(p.name for p in (box / "victim").iterdir()) == ["secret"]
     assert not (dest / LONG / "new").exists()
+
+
+def test_a_download_is_refused_one_byte_past_its_cap_and_not_at_it() -> None:
+    """CappedWriter (the SSH and srun transports write a node's archive through it): exactly
+    `cap` bytes pass, in any pieces; one more is refused with the cap and the setting named,
+    and that byte is not written."""
+    out = io.BytesIO()
+    writer = unpack_mod.CappedWriter(out, cap=10)
+    assert writer.write(b"abcd") == 4 and writer.write(b"efghij") == 6
+    with pytest.raises(UnsafeArchive) as refusal:
+        writer.write(b"k")
+    assert out.getvalue() == b"abcdefghij"
+    assert str(refusal.value) == ("it sent more than 10 bytes for one archive: refused (a "
+                                  "bigger checkpoint: set MGPU_CLOUD_FETCH_MAX_BYTES)")
+
+
+def test_the_download_cap_covers_the_largest_archive_that_unpacks() -> None:
+    """MAX_DOWNLOAD: every byte of content, every member's headers, and gzip's overhead; the
+    cap is looked up when a writer is made (a setting read at import is what it is)."""
+    assert unpack_mod.MAX_DOWNLOAD == (unpack_mod.MAX_BYTES + unpack_mod.MAX_BYTES // 100
+                                       + unpack_mod.MAX_MEMBERS * unpack_mod.HEADER_ALLOWANCE
+                                       + (1 << 20))
+    assert unpack_mod.CappedWriter(io.BytesIO()).cap == unpack_mod.MAX_DOWNLOAD
