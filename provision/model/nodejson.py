@@ -15,6 +15,8 @@ marks a job failed.
     NodeEvent                `MGPU-EVENT {...}` (remote/supervise.py: preemption, maintenance)
     ResidentEvent            `MGPU-EVENT {"event": "resident", ...}` (remote/resident.py)
     GateLine                 a fabric gate's JSON line (remote/allreduce.py)
+    PreflightReport          `remote.pyz preflight --json` (remote/preflight.py collect): the
+                             fields nodes/checks.py judges typed; the others kept as sent
 """
 
 from __future__ import annotations
@@ -144,6 +146,51 @@ class GateLine(_Data):
         if self.pair is not None and self.round is None:
             raise ValueError("a pair without its round")
         return self
+
+
+class _Open(BaseModel):
+    """Typed where it is read; other fields kept as sent (shown raw only in `--json`)."""
+
+    model_config = ConfigDict(extra="allow", frozen=True)
+
+
+class PreflightGpu(_Open):
+    name: Text | None = None
+    driver_version: Text | None = None
+
+
+class PreflightTorch(_Open):
+    torch: Text | None = None
+    cuda: Text | None = None
+    nccl: Text | None = None
+
+
+class PreflightTopology(_Open):
+    summary: Text | None = None
+    nvlink_min: Count | None = None
+
+
+class PreflightDisk(_Open):
+    free_bytes: Count | None = None
+
+
+class PreflightPort(_Open):
+    addr: Text | None = None
+    port: Count | None = None
+    status: Text | None = None
+    reachable: StrictBool | None = None
+    bindable: StrictBool | None = None
+
+
+class PreflightReport(_Open):
+    error: Text | None = None
+    torch: PreflightTorch | None = None
+    torch_error: Text | None = None
+    gpus: list[PreflightGpu] | None = Field(default=None, max_length=4096)
+    gpu_error: Text | None = None
+    topology: PreflightTopology | None = None
+    disk: PreflightDisk | None = None
+    master_port: PreflightPort | None = None
 
 
 def _why(exc: ValidationError) -> str:

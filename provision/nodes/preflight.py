@@ -11,7 +11,7 @@ from typing import Any
 
 from provision.model import nodetext
 from provision.model.inventory import Inventory
-from provision.model.nodejson import MAX_ANSWER
+from provision.model.nodejson import MAX_ANSWER, PreflightReport, Unreadable, read_value, unreadable
 from provision.model.spec import DEFAULT_MASTER_PORT
 from provision.nodes import NodeGroup, borrowed
 
@@ -41,5 +41,16 @@ def gather_preflights(
                                     "--master-port", str(master_port))
         for name, res in nodes.run(cmd).items():
             report = parse_last_json(res.value.stdout) if res.value is not None else None
-            reports[name] = report if report is not None else {"error": res.why()[-500:]}
+            reports[name] = report_of(name, report) if report is not None else {
+                "error": res.why()[-500:]}
     return reports
+
+
+def report_of(node: str, value: dict[str, Any]) -> dict[str, Any]:
+    """A node's report as nodes/checks.py may read it (nodejson.PreflightReport: the fields
+    it judges typed, exactly the keys sent); an unreadable one is a preflight that did not
+    run, said so."""
+    try:
+        return read_value(PreflightReport, value).model_dump(exclude_unset=True)
+    except Unreadable as exc:
+        return {"error": unreadable(node, "preflight report", exc)}

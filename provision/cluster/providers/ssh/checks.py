@@ -30,7 +30,7 @@ from provision.model.spec import DEFAULT_MASTER_PORT
 from provision.nodes import Connector, NodeConnection, NodeGroup, NodeStepError, RemoteLayout
 from provision.nodes.checks import Finding, compare_preflights
 from provision.nodes.hostkeys import describe_connect_error
-from provision.nodes.preflight import parse_last_json
+from provision.nodes.preflight import parse_last_json, report_of
 from provision.nodes.sshconn import UnknownHostKeyError
 
 PREFLIGHT_TIMEOUT_S = 10.0
@@ -116,7 +116,7 @@ def check_host(conn: NodeConnection, inv: Inventory, node: NodeRecord, *, pyz: b
     report = parse_last_json(res.stdout) if res.ok else None
     if not report:
         raise HostProblem(f"preflight failed (exit {res.exit_code}): {res.tail()}")
-    return report
+    return report_of(node.name, report)
 
 
 def _finding_text(f: Finding) -> str:

@@ -1,0 +1,73 @@
+"""A node's preflight report is read through nodejson.PreflightReport before nodes/checks.py
+judges it (nodes/preflight.report_of): any JSON object a node sends is either judged or is
+"node-R sent an unreadable preflight report", never a crash of `up`, `check` or the spares'
+fitness check. Before, `{"gpus": "abc"}` or `{"torch": [1]}` raised AttributeError there."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from provision.nodes import checks
+from provision.nodes.preflight import report_of
+from remote import preflight as remote_preflight
+
+KEYS = ["error", "torch", "torch_error", "gpus", "gpu_error", "topology", "disk",
+        "master_port", "name", "driver_version", "summary", "nvlink_min", "free_bytes",
+        "addr", "port", "status", "reachable", "bindable", "cuda", "nccl"]
+scalars = st.none() | st.booleans() | st.integers(-2**70, 2**70) | st.floats() | st.text(
+    max_size=5)
+values = st.recursive(scalars, lambda inner: st.lists(inner, max_size=3) | st.dictionaries(
+    st.sampled_from(KEYS), inner, max_size=4), max_leaves=12)
+reports = st.dictionaries(st.sampled_from(KEYS), values, max_size=8)
+
+
+def _judged(report: dict[str, Any]) -> None:
+    """Everything that reads a report: the rules, the table, the interconnect guess."""
+    all_nodes = {"node-0": report, "node-1": report}
+    checks.compare_preflights(all_nodes, 8)
+    checks.compare_preflights(all_nodes, None)
+    checks.preflight_rows(all_nodes)
+    checks.guess_interconnect(report, 1)
+
+
+@settings(max_examples=400, deadline=None)
+@given(reports)
+def test_any_object_is_judged_or_said_unreadable(value: dict[str, Any]) -> None:
+    report = report_of("node-1", value)
+    if "gpus" not in report and str(report.get("error", "")).startswith(
+            "node-1 sent an unreadable preflight report ("):
+        findings = checks.compare_preflights({"node-1": report}, None)
+        assert findings[0].check == "preflight" and "unreadable preflight" in findings[0].message
+        return
+    _judged(report)
+
+
+@pytest.mark.parametrize("value", [
+    {"gpus": "abc"}, {"gpus": [1, 2]}, {"torch": [1]}, {"torch": {"torch": {"x": 1}}},
+    {"disk": {"free_bytes": "lots"}}, {"disk": {"free_bytes": -1}},
+    {"topology": "nvlink"}, {"topology": {"nvlink_min": "many"}},
+    {"master_port": {"port": 1, "reachable": "no"}}, {"master_port": [1]},
+    {"gpus": [{"name": "A100"}] * 4097},
+])
+def test_what_crashed_the_rules_is_an_unreadable_report(value: dict[str, Any]) -> None:
+    report = report_of("node-1", value)
+    assert set(report) == {"error"} and report["error"].startswith(
+        "node-1 sent an unreadable preflight report ("), report
+    [finding] = checks.compare_preflights({"node-1": report}, None)
+    assert finding.message.startswith("preflight did not run: node-1 sent an unreadable")
+
+
+def test_a_real_report_reads_as_itself() -> None:
+    """What remote/preflight.py collects on this machine passes unchanged: every key kept,
+    none added (a missing `reachable` must stay missing: checks reads it with a default)."""
+    real = json.loads(json.dumps(remote_preflight.collect(
+        ".", master_addr="127.0.0.1", master_port=1, timeout=2.0)))
+    assert report_of("node-0", real) == real
+    partial = {"gpus": [], "master_port": {"addr": "10.0.0.1", "port": 29500,
+                                           "status": "timeout"}}
+    assert report_of("node-0", partial) == partial
