@@ -105,18 +105,22 @@ def sweep(runs: Iterable[str], log: object = print) -> list[str]:
         return []
     client = docker.from_env(timeout=60)
     removed: list[str] = []
-    for c in client.containers.list(all=True):
+    gone = docker.errors.NotFound  # another run (or the test itself) removed it meanwhile
+    for c in client.containers.list(all=True, ignore_removed=True):
         if owner(c.name, c.labels) in runs:
-            c.remove(force=True)
-            removed.append(f"container {c.name}")
+            with contextlib.suppress(gone):
+                c.remove(force=True)
+                removed.append(f"container {c.name}")
     for n in client.networks.list():
         if owner(n.name, n.attrs.get("Labels")) in runs:
-            n.remove()
-            removed.append(f"network {n.name}")
+            with contextlib.suppress(gone):
+                n.remove()
+                removed.append(f"network {n.name}")
     for v in client.volumes.list():
         if owner(v.name, v.attrs.get("Labels")) in runs:
-            v.remove(force=True)
-            removed.append(f"volume {v.name}")
+            with contextlib.suppress(gone):
+                v.remove(force=True)
+                removed.append(f"volume {v.name}")
     for line in removed:
         log(f"removing {line}, left by a killed test run")  # type: ignore[operator]
     return removed

@@ -71,3 +71,47 @@ def test_a_real_report_reads_as_itself() -> None:
     partial = {"gpus": [], "master_port": {"addr": "10.0.0.1", "port": 29500,
                                            "status": "timeout"}}
     assert report_of("node-0", partial) == partial
+
+
+# --- monitor samples (`top`, the dashboard's charts): nodejson.MonitorSample -------------
+
+SAMPLE_KEYS = ["cpus", "cpu_pct", "mem_used_mib", "mem_total_mib", "load", "gpus", "error",
+               "index", "name", "util_pct", "sm_active", "power_w", "temp_c"]
+samples = st.dictionaries(st.sampled_from(SAMPLE_KEYS), st.recursive(
+    scalars, lambda inner: st.lists(inner, max_size=3) | st.dictionaries(
+        st.sampled_from(SAMPLE_KEYS), inner, max_size=4), max_leaves=12), max_size=8)
+
+
+@settings(max_examples=400, deadline=None)
+@given(samples)
+def test_any_sample_is_drawn_or_is_no_sample(value: dict[str, Any]) -> None:
+    from provision.model.nodejson import monitor_sample
+    from provision.operations.dashboard.metrics import sample_values
+    from provision.operations.monitor import table_rows
+
+    sample = monitor_sample(value)
+    if sample is None:
+        return
+    table_rows([{"node": "node-0", "rank": 0, **sample}])
+    sample_values(sample)
+
+
+@pytest.mark.parametrize("value", [
+    {"cpu_pct": "x"}, {"gpus": "ab"}, {"load": [None]}, {"gpus": [{"index": 0, "power_w": "hot"}]},
+    {"gpus": [{"util_pct": "high"}]}, {"mem_used_mib": [1]}, {"load": None},
+])
+def test_what_crashed_top_is_no_sample(value: dict[str, Any]) -> None:
+    from provision.model.nodejson import monitor_sample
+    from provision.operations.monitor import table_rows
+
+    assert monitor_sample(value) is None
+    with pytest.raises((TypeError, ValueError, AttributeError)):  # what `top` did before
+        table_rows([{"node": "node-0", "rank": 0, **value, "gpus": value.get("gpus", [])}])
+
+
+def test_a_real_sample_reads_as_itself() -> None:
+    from provision.model.nodejson import monitor_sample
+    from remote import monitor as remote_monitor
+
+    real = json.loads(json.dumps(remote_monitor.sample((0, 0))[0]))
+    assert monitor_sample(real) == real

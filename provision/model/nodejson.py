@@ -17,6 +17,8 @@ marks a job failed.
     GateLine                 a fabric gate's JSON line (remote/allreduce.py)
     PreflightReport          `remote.pyz preflight --json` (remote/preflight.py collect): the
                              fields nodes/checks.py judges typed; the others kept as sent
+    MonitorSample            a `remote.pyz monitor` line (remote/monitor.py sample): `top`,
+                             the dashboard's charts
 """
 
 from __future__ import annotations
@@ -191,6 +193,38 @@ class PreflightReport(_Open):
     topology: PreflightTopology | None = None
     disk: PreflightDisk | None = None
     master_port: PreflightPort | None = None
+
+
+class MonitorGpu(_Open):
+    index: Count = 0
+    name: Text | None = None
+    util_pct: Finite | None = None
+    sm_active: Finite | None = None
+    power_w: Finite | None = None
+    temp_c: Finite | None = None
+    mem_used_mib: Finite | None = None
+    mem_total_mib: Finite | None = None
+
+
+class MonitorSample(_Open):
+    cpus: Count | None = None
+    cpu_pct: Finite | None = None
+    mem_used_mib: Finite | None = None
+    mem_total_mib: Finite | None = None
+    load: list[Finite] = Field(default_factory=list, max_length=16)
+    gpus: list[MonitorGpu] = Field(default_factory=list, max_length=4096)
+    error: Text | None = None
+
+
+def monitor_sample(value: dict[str, Any] | None) -> dict[str, Any] | None:
+    """A monitor line's object as MonitorSample (the keys sent, typed); None when it is not
+    one: an unreadable sample is no sample (the node shows as not answering)."""
+    if value is None:
+        return None
+    try:
+        return MonitorSample.model_validate(value).model_dump(exclude_unset=True)
+    except ValidationError:
+        return None
 
 
 def _why(exc: ValidationError) -> str:

@@ -13,6 +13,7 @@ from concurrent.futures import Future
 from typing import Any
 
 from provision.model.inventory import Inventory, NodeRecord
+from provision.model.nodejson import monitor_sample
 from provision.model.nodetext import split_lines
 from provision.nodes import NodeConnection, NodeGroup
 from provision.nodes.preflight import parse_last_json
@@ -36,7 +37,7 @@ def snapshot(group: NodeGroup) -> list[dict[str, Any]]:
     for name, res in group.run(cmd, timeout=60).items():
         entry: dict[str, Any] = {"node": name, "rank": res.node.rank}
         if res.ok and res.value is not None:
-            sample = parse_last_json(res.value.stdout)  # an object of bounded size, or None
+            sample = monitor_sample(parse_last_json(res.value.stdout))  # typed, or None
             if sample is not None:
                 entry.update({k: v for k, v in sample.items() if k not in ("node", "rank")})
             else:
@@ -56,7 +57,7 @@ class _Lines:
     def write(self, data: str) -> int:
         lines, self.buf = split_lines(self.buf + data)
         for line in lines:
-            sample = parse_last_json(line) if line.strip() else None
+            sample = monitor_sample(parse_last_json(line)) if line.strip() else None
             if sample is not None:  # a stray line (e.g. a login banner) is not a sample
                 self.sink(sample)
         return len(data)

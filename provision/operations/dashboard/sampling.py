@@ -17,6 +17,7 @@ from collections.abc import Callable
 from typing import Any
 
 from provision.model.inventory import Inventory, NodeRecord
+from provision.model.nodejson import monitor_sample
 from provision.model.nodetext import split_lines
 from provision.nodes import NodeGroup, describe_exception
 from provision.nodes.preflight import parse_last_json
@@ -36,7 +37,7 @@ class JsonLines:
     def write(self, data: str) -> int:
         lines, self.buf = split_lines(self.buf + data)
         for line in lines:
-            rec = parse_last_json(line)  # an object of bounded size, or None
+            rec = monitor_sample(parse_last_json(line))  # typed (nodejson), or None
             if rec is not None:
                 self.sink(rec)
         return len(data)
