@@ -14,6 +14,7 @@ containers are paused (frozen: connections hang, as on a dead machine).
 from __future__ import annotations
 
 import base64
+import contextlib
 import io
 import tarfile
 import threading
@@ -76,14 +77,39 @@ class DockerKubelet(Kubelet):
                                             shm_size="1g" if shm else None)
         net = self.docker.create_networking_config(
             {self.network: self.docker.create_endpoint_config(aliases=aliases)})
+        name = self.container_name(ns, meta["name"])
+        self._drop_earlier(name, meta["uid"])
         return str(self.docker.create_container(
             c["image"], command=[*c.get("command", []), *c.get("args", [])],
-            name=self.container_name(ns, meta["name"]), hostname=host,
+            name=name, hostname=host,
             environment={**self.api.incluster.env(),
                          **{e["name"]: e.get("value", "") for e in c.get("env", [])}},
             labels={STANDIN_LABEL: self.sid, "mgpu-k8s-pod": f"{ns}.{meta['name']}",
+                    "mgpu-k8s-uid": meta["uid"],
                     LABEL_KEY: RUN},  # the test run (tests/engine.py)
             host_config=hc, networking_config=net, detach=True)["Id"])
+
+    def _drop_earlier(self, name: str, uid: str) -> None:
+        """The container an earlier pod of the same name left (killed: its node gone, and
+        not removed yet). A real kubelet names a pod's containers with the pod's UID
+        (`k8s_<container>_<pod>_<namespace>_<uid>_<attempt>`, kubelet/dockershim naming;
+        CRI sandboxes are keyed by UID), so a pod made again under that name never meets
+        them; here names are per pod name, so the earlier one goes first (seen: a remade
+        controller pod never started, its create refused 409 Conflict)."""
+        import docker.errors
+
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:  # until the name is free (or already this pod's)
+            try:
+                labels = self.docker.inspect_container(name)["Config"]["Labels"] or {}
+            except docker.errors.NotFound:
+                return
+            if labels.get("mgpu-k8s-uid") == uid:
+                return
+            # NotFound, or 409 "removal ... already in progress" (its housekeeping, meanwhile)
+            with contextlib.suppress(docker.errors.APIError):
+                self.docker.remove_container(name, force=True)
+            time.sleep(0.2)
 
     def _copy_secret(self, cid: str, pod: dict[str, Any], vol: dict[str, Any]) -> None:
         mount = next(m["mountPath"] for m in pod["spec"]["containers"][0]["volumeMounts"]
@@ -149,11 +175,15 @@ class DockerKubelet(Kubelet):
         self.containers.pop(uid, None)
         name = self.container_name(pod["metadata"]["namespace"], pod["metadata"]["name"])
         try:
-            running = self.docker.inspect_container(name)["State"]["Running"]
-            if running:
-                self.docker.stop(name, timeout=grace)
-            code = int(self.docker.inspect_container(name)["State"]["ExitCode"])
-            self.docker.remove_container(name, force=True)
+            info = self.docker.inspect_container(name)
+            if info["Config"]["Labels"].get("mgpu-k8s-uid") not in (None, uid):
+                return None  # a later pod's, made again under this name (_drop_earlier)
+            cid = info["Id"]  # by id from here: the name may be a later pod's any moment
+            if info["State"]["Running"]:
+                self.docker.stop(cid, timeout=grace)
+            code = int(self.docker.inspect_container(cid)["State"]["ExitCode"])
+            with contextlib.suppress(docker.errors.APIError):  # 409: its removal under way
+                self.docker.remove_container(cid, force=True)
         except docker.errors.NotFound:
             return None
         return code

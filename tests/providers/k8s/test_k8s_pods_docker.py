@@ -192,6 +192,48 @@ def test_a_quiet_session_outlives_the_streams_idle_timeout(
     down("dk-idle", store, standin)
 
 
+def test_a_pod_made_again_under_its_name_runs_though_the_earlier_ones_container_lingers(
+        standin: Standin, node_image: str) -> None:
+    """A lost controller pod is made again under its own name (k8s/controller.py) right
+    after its deletion with grace 0. A real kubelet keys containers by the pod's UID, so the
+    earlier pod's container (killed with its node, removed later by housekeeping) neither
+    blocks the new one nor takes it down with it when its removal finally comes. Seen in a
+    loaded suite run: the remade controller never started (409 Conflict on its name)."""
+    import subprocess
+
+    from kubernetes import client, config
+
+    core = client.CoreV1Api(config.new_client_from_config(config_file=str(standin.kubeconfig)))
+    body = {"apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": "dk-again", "labels": {"mgpu-cloud-cluster": "dk-again"}},
+            "spec": {"restartPolicy": "Never", "containers": [
+                {"name": "main", "image": node_image, "command": ["sleep", "600"]}]}}
+
+    def pod() -> dict[str, Any]:
+        found = standin.store.list("pods", "default", "mgpu-cloud-cluster=dk-again")
+        return found[0] if found else {}
+
+    core.create_namespaced_pod("default", body)
+    until(lambda: pod().get("status", {}).get("phase") == "Running")
+    earlier = pod()
+    container = standin.kubelet.container_name("default", "dk-again")
+    subprocess.run(["docker", "kill", container], check=True, capture_output=True)
+    until(lambda: pod().get("status", {}).get("phase") == "Failed")
+    core.delete_namespaced_pod("dk-again", "default", grace_period_seconds=0)
+    until(lambda: not pod(), 30)
+    core.create_namespaced_pod("default", body)  # at once, as the take-back does
+    until(lambda: pod().get("status", {}).get("phase") == "Running")
+    assert pod()["metadata"]["uid"] != earlier["metadata"]["uid"]
+    standin.kubelet.stop_pod(earlier, 1)  # the earlier pod's housekeeping, late
+    time.sleep(1)
+    state = subprocess.run(["docker", "inspect", "-f", "{{.State.Running}}", container],
+                           capture_output=True, text=True, check=True).stdout.strip()
+    assert state == "true" and pod()["status"]["phase"] == "Running"
+    core.delete_namespaced_pod("dk-again", "default", grace_period_seconds=0)
+    until(lambda: not pod() and subprocess.run(["docker", "inspect", container],
+                                               capture_output=True).returncode != 0, 30)
+
+
 def test_module_leaves_no_container(standin: Standin) -> None:
     """Run last in this module: every cluster above was taken down, and their pods'
     containers with it."""
