@@ -10,6 +10,7 @@ store credentials and logins. A kept cluster's controller: test_managed_controll
 from __future__ import annotations
 
 import json
+import re
 import secrets
 import subprocess
 import time
@@ -20,8 +21,10 @@ from engine import force_remove, leftovers, unique
 from kit import cli
 from managedkit import (
     events,
+    log_text,
     lose_and_resume,
     own_processes,
+    sealed_steps,
     steps_in,
     wait_for,
 )
@@ -77,7 +80,10 @@ def test_unattended_run_survives_lost_nodes_and_cleans_up(
             assert_secret_unseen(f"{name}-node-0", env["AWS_SECRET_ACCESS_KEY"])
         store = open_store(url)
         steps = [lose_and_resume(url, name, victim) for victim in victims]
-        assert 0 < steps[0] < steps[1], steps  # each restart from a newer saved step
+        assert 0 < steps[0] < steps[1], "\n".join([  # each restart from a newer saved step
+            f"resumed from {steps}; sealed {sealed_steps(url, f'{name}/data/jobs/1/checkpoints')}",
+            *(line for line in log_text(url, name).splitlines() if re.search(
+                r"resum|restor|skipped|saved|lost|replac|kept", line))])
         wait_for(lambda: "torn_down" in events(url, name) or "failed" in events(url, name),
                  420, "the run did not end")
         got = events(url, name)
@@ -146,9 +152,12 @@ def steal_store_credentials(container: str) -> str:
 
     try:
         wait_for(lambda: "AWS_" in got(), 120, "no store command came through the node")
-    finally:
+    finally:  # put back by an atomic replace that keeps remote.real.pyz: a command that
+        # started through THIEF a moment before execs it next (moving it away made that
+        # command fail, and the job restart once before the test's first kill)
         subprocess.run(["docker", "exec", container, "sh", "-c",
-                        f"mv ~/.mgpu-cloud/remote.real.pyz {pyz}"], check=True)
+                        f"cp ~/.mgpu-cloud/remote.real.pyz {pyz}.back && mv {pyz}.back {pyz}"],
+                       check=True)
     return got()
 
 
