@@ -222,8 +222,8 @@ def monitor_sample(value: dict[str, Any] | None) -> dict[str, Any] | None:
     if value is None:
         return None
     try:
-        return MonitorSample.model_validate(value).model_dump(exclude_unset=True)
-    except ValidationError:
+        return read_value(MonitorSample, value).model_dump(exclude_unset=True)
+    except Unreadable:
         return None
 
 
