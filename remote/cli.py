@@ -21,6 +21,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "store": ("remote.storesync", "push files to / pull a folder from a durable store (s3, gs, file)"),
     "injob": ("remote.injob", "the fabric gate in the job's own processes, then its script"),
     "resident": ("remote.resident", "tell this node's resident ranks to re-form with a newcomer"),
+    "warm": ("remote.warm", "a warm spare's launcher: torch imported, waiting for a lost rank"),
 }
 
 

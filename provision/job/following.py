@@ -12,7 +12,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable
 from concurrent.futures import FIRST_COMPLETED, Future, wait
-from typing import Protocol
+from typing import Any, Protocol
 
 from provision.model.inventory import NodeRecord
 from provision.model.logsink import Log
@@ -89,6 +89,12 @@ class Rejoin(Protocol):
         lost (a rank crash)."""
         ...
 
+    def warm(self, spares: Any) -> bool:
+        """Offered the ready spares' waiting launchers (job/warmspares.WarmSpares): a
+        newcomer that is one of them is promoted there instead of started cold. False: not
+        for this job (they are not started)."""
+        ...
+
 
 def stop_job(group: NodeGroup, nodes: list[NodeRecord] | None = None,
              grace: float = 10.0) -> None:
@@ -101,14 +107,17 @@ def stop_job(group: NodeGroup, nodes: list[NodeRecord] | None = None,
 
 def follow(futures: dict[Future[int], NodeRecord], stopper: NodeGroup, log: Log,
            monitor: JobMonitor | None, gate: JobGate | None, cancelled: threading.Event,
-           rejoin: Rejoin | None = None, start: Starter | None = None) -> int:
+           rejoin: Rejoin | None = None, start: Starter | None = None,
+           tend: Callable[[], None] | None = None) -> int:
     """Wait for every node's launcher; the first failure (or the monitor's reason) stops the
     others (a node the failed gate ended is not stopped: every node ends by itself). With
     `rejoin`, a lost node is first offered to it: its newcomer is started (`start`) and
-    followed like the others, which go on."""
+    followed like the others, which go on. `tend`: called every poll (warm spares kept)."""
     code = 0
     pending = set(futures)
     while pending:
+        if tend is not None and code == 0:
+            tend()
         done, pending = wait(pending, timeout=POLL_S, return_when=FIRST_COMPLETED)
         for fut in done:
             node_code = fut.result()

@@ -27,6 +27,7 @@ from provision.job.following import JobGate, JobMonitor, Rejoin, follow, stop_jo
 from provision.job.launchers import LaunchContext, get_launcher
 from provision.job.nodelines import Detach, adhoc_job_id, follow_command, supervisor_words
 from provision.job.output import PrefixWriter
+from provision.job.warmspares import WarmSpares
 from provision.model.errors import LaunchError
 from provision.model.inventory import Inventory, NodeRecord
 from provision.model.logsink import Log
@@ -147,6 +148,7 @@ def node_command(
     inv: Inventory, job: JobSpec, node: NodeRecord, program: list[str] | None = None, *,
     job_id: str | None = None, detach: Detach | None = None, restart_count: int = 0,
     entry: list[str] | None = None, survive: bool = False, join: Join | None = None,
+    warm: bool = False,
 ) -> str:
     """The full shell command line run on `node` (every value quoted). `program` words
     starting with "@root/" are paths in the node's remote folder. The job runs under
@@ -156,9 +158,10 @@ def node_command(
     processes (the in-job fabric gate); they learn their node as $MGPU_NODE_RANK. A launcher
     whose newcomers can join resident ranks gives the job's script MGPU_RESIDENT_DIR (where
     the word to re-form arrives: the job's folder) and MGPU_RESIDENT_PORT; `join`: this node
-    is such a newcomer (remote/resident.py)."""
+    is such a newcomer (remote/resident.py); `warm`: `node` is a ready spare, whose launcher
+    imports torch and waits to be promoted to a lost node's rank (remote/warm.py)."""
     home = RemoteLayout(HomePath(inv.remote_root))
-    if join is not None:  # forked from its launcher, which imported torch (remote/resident.py)
+    if join is not None or warm:  # forked from its launcher, which imported torch
         entry = ["@root/remote.pyz", "resident", "start", "--"]
     ctx = _context(inv, job, entry)
     node = launch_rank(inv, node)
@@ -169,7 +172,7 @@ def node_command(
     supervise = supervisor_words(home, job_id, detach, preempt, job_container(inv, job),
                                  survive)
     env = job_env(inv, job, ctx.layout, restart_count)
-    if entry and join is None:
+    if entry and join is None and not warm:
         env["MGPU_NODE_RANK"] = str(node.rank)
     if program is not None:
         program = _in_root(ctx.layout, program)
@@ -178,6 +181,8 @@ def node_command(
         env.update({"MGPU_RESIDENT_DIR": ctx.layout.job_dir(job_id),
                     "MGPU_RESIDENT_PORT": str(resident_port(job)), **(join.env() if join else {})})
     argv = launcher.rejoin_argv(ctx, node, join.alone) if join else launcher.argv(ctx, node, program)
+    if warm:
+        argv = ["python3", ctx.layout.pyz, "warm", "wait", "--word", warm_word(ctx.layout, job_id)]
     prefix, container_extra = launcher.prepare(ctx, env)
     if ctx.in_container:
         image = job_image(inv, job) or ""
@@ -191,6 +196,39 @@ def node_command(
     # exec: no shell stays behind with the values in its command line, whatever its version
     assignments = " ".join(assign(k, v) for k, v in env.items())
     return f"{prefix}exec env {assignments} {words(supervise + argv)}"
+
+
+def warm_word(layout: RemoteLayout, job_id: str) -> str:
+    """Where a warm spare's launcher waits for its word (remote/warm.py), in the job's folder."""
+    return layout.path("jobs", job_id, "warm.json")  # a HomePath stays one ("$HOME"/...)
+
+
+def can_warm(inv: Inventory, job: JobSpec) -> str | None:
+    """Why a ready spare's launcher cannot wait warm for this job (None: it can): torchrun with
+    static ranks whose newcomers join resident ranks, on the node itself (not in a container,
+    whose paths differ from the node's), with a numeric process count (the agent forks)."""
+    if not (get_launcher(job.launcher).resident(job) and job.launcher == "torchrun"):
+        return f"the {job.launcher} launcher{' with --rdzv' if job.rdzv else ''} has no warm start"
+    if job_image(inv, job):
+        return "the job runs in a container"
+    if job.nproc_per_node == "gpu":
+        return "--nproc-per-node gpu: the launcher would ask CUDA before it forks"
+    return None
+
+
+def promote_command(inv: Inventory, job: JobSpec, node: NodeRecord, *, job_id: str,
+                    restart_count: int, join: Join) -> str:
+    """`remote.pyz warm promote` on a warm spare that takes `node`'s rank: the words and the
+    variables its waiting launcher runs torchrun with (remote/warm.py) - those of node_command's
+    newcomer that differ from what the spare's launcher was started with."""
+    ctx = _context(inv, job, ["@root/remote.pyz", "resident", "start", "--"])
+    argv = get_launcher(job.launcher).rejoin_argv(ctx, launch_rank(inv, node), join.alone)
+    env = {**join.env(), "MGPU_RESTART_COUNT": str(restart_count)}
+    home = RemoteLayout(HomePath(inv.remote_root))
+    pairs = [w for k, v in env.items() for w in ("--env", f"{k}={v}")]
+    # words(): a HomePath is "$HOME"/..., so the word holds the paths the node's shell sees
+    return words(["python3", home.pyz, "warm", "promote", "--word", warm_word(home, job_id),
+                  *pairs, "--", *argv])
 
 
 def launch_rank(inv: Inventory, node: NodeRecord) -> NodeRecord:
@@ -221,23 +259,18 @@ def run_job(
 ) -> int:
     """Run `job` on the cluster; returns 0 or the first failing node's exit code (STOPPED when
     `monitor.poll()` asked to stop it). `gate`: the fabric gate runs first in the job's own
-    processes (provision/job/gate/injob.py; the caller asks it for the verdict afterwards).
-
-    `program` (words; a leading "@root/" means the node's remote folder) replaces the job's
-    script: `check --bandwidth` runs `@root/remote.pyz allreduce` this way. Each node keeps
-    the job's log under `job_id` (provision/job/jobs.py; default: an unrecorded ad hoc id).
-    The first line printed is the open timeline's "first output line" (model/timeline.py).
-    Without a monitor, a failure is explained here (job/cause.py: the first failing rank);
-    a monitor's owner explains it, knowing more (a lost node). `ends`: each node's last word
-    (job/ends.py). `survive`: the job outlives this process's channels (managed runs);
-    `take_back`: job `job_id` already runs on the nodes: followed, not started. `rejoin`: a
-    lost node is replaced while the others' resident ranks go on (job/resident.py)."""
+    processes (job/gate/injob.py; the caller asks it for the verdict afterwards). `program`
+    (words; "@root/" is the node's remote folder) replaces the job's script (`check
+    --bandwidth`: `@root/remote.pyz allreduce`). Each node keeps the job's log under `job_id`
+    (job/jobs.py; default: an unrecorded ad hoc id), its first line printed marks the open
+    timeline; without a monitor a failure is explained here. `ends`: each node's last word. `survive`: the job outlives this process's channels
+    (managed runs); `take_back`: job `job_id` already runs: followed, not started. `rejoin`:
+    a lost node is replaced while the others' resident ranks go on (job/resident.py), a
+    ready spare's launcher waiting warm for it (job/warmspares.py)."""
     job_id = ends.job_id if ends is not None else job_id or adhoc_job_id()
     ends = ends or JobEnds(job_id)
-    own_group = group is None
-    group = group or NodeGroup(inv)
-    nodes = launching_nodes(inv, job)
-    journal: deque[str] = deque(maxlen=20000)
+    own_group, group = group is None, group or NodeGroup(inv)
+    nodes, journal = launching_nodes(inv, job), deque[str](maxlen=20000)
     writers = _writers(inv, nodes, out or sys.stdout, monitor, gate, ends, journal)
     cancelled = threading.Event()
 
@@ -258,13 +291,16 @@ def run_job(
             monitor.finished(node, code)
         return code
 
+    warm = _warm_spares(inv, job, job_id, restart_count, group, writers, monitor, log, rejoin) \
+        if not take_back and program is None else None
     log(_starting(job, program, len(nodes), job_id if take_back else None, gate is not None))
     t0 = time.monotonic()
     # Stopping runs on connections of their own: the launch connections are busy streaming.
     stopper = NodeGroup(inv, connector=group.connector)
     try:
         code = follow(group.submit(one, nodes), stopper, log, monitor, gate, cancelled,
-                      rejoin, start=lambda node, command: _start(group, one, node, command))
+                      rejoin, start=lambda node, command: _start(group, one, node, command),
+                      tend=warm.keep if warm is not None else None)
     except BaseException as exc:
         cancelled.set()
         for w in writers.values():  # the ranks' noise after a stop the user asked for
@@ -273,6 +309,8 @@ def run_job(
         stop_job(stopper, nodes, grace=5.0)
         raise
     finally:
+        if warm is not None:
+            warm.close()
         stopper.close()
         if own_group:
             group.close()
@@ -280,7 +318,7 @@ def run_job(
         what = f"restart {restart_count}" if restart_count else "job"
         log(f"{what} finished on all {len(nodes)} node(s) in {time.monotonic() - t0:.1f} s")
     elif monitor is None and not (gate is not None and gate.stopped(nodes[0].name)):
-        _report_failure(journal, log)
+        _report_failure(journal, log)  # a monitor's owner explains it, knowing more
     return code
 
 
@@ -299,6 +337,19 @@ def _start(group: NodeGroup, one: Callable[[NodeConnection, NodeRecord, str], in
     that hangs), through a new connection (the name's old one led to the lost node)."""
     group.drop(node)
     return background(lambda: one(group.connection(node), node, command))
+
+
+def _warm_spares(inv: Inventory, job: JobSpec, job_id: str, restart_count: int,
+                 group: NodeGroup, writers: dict[str, PrefixWriter], monitor: JobMonitor | None,
+                 log: Log, rejoin: Rejoin | None) -> WarmSpares | None:
+    """The ready spares' launchers waiting warm (job/warmspares.py), where `rejoin` takes
+    them: resident restarts, a launcher that can wait warm (can_warm) and spares to run on."""
+    if rejoin is None or not inv.spares or can_warm(inv, job) is not None:
+        return None
+    warm = WarmSpares(inv, lambda spare: node_command(
+        inv, job, spare, job_id=job_id, restart_count=restart_count, warm=True),
+        group.connector, writers, monitor.finished if monitor is not None else None, log)
+    return warm if rejoin.warm(warm) else None
 
 
 def _stopping(exc: BaseException, cluster: str, job_id: str) -> str:

@@ -29,7 +29,7 @@ from typing import Any
 
 from provision.cluster.providers.contract import Recoverable
 from provision.job.following import SESSION_LOST, Starter, stop_job
-from provision.job.launch import Join, node_command
+from provision.job.launch import Join, node_command, promote_command
 from provision.job.launchers import get_launcher
 from provision.job.recovery import EVENT_PREFIX, Failure, Recovery, Watcher
 from provision.model.errors import MgpuError
@@ -123,6 +123,7 @@ class Rejoin:
     said: list[str] = field(default_factory=list)  # one line per restart, for the record
     alone: bool = False  # node 0's first launcher is gone: newcomers start alone
     busy: bool = False
+    warm_spares: Any = None  # job/warmspares.WarmSpares: ready spares' waiting launchers
 
     def gone(self, running: list[NodeRecord]) -> list[NodeRecord]:
         names = set(self.gone_names()) if self.gone_names is not None else set()
@@ -177,7 +178,24 @@ class Rejoin:
             "resident", "reform", "--dir", layout.job_dir(self.job_id), "--gen",
             str(self.ranks.gen), "--cut", *hosts), timeout=30)
 
+    def warm(self, spares: Any) -> bool:
+        """following.Rejoin.warm: the spares' waiting launchers, kept where a lost node can
+        take this path at all."""
+        if self._cannot() is not None:
+            return False
+        self.warm_spares = spares
+        return True
+
     def _why_not(self) -> str | None:
+        why = self._cannot()
+        if why is not None:
+            return why
+        if self.restarts + self.used >= self.run.job.max_restarts:
+            return f"no restart left (--max-restarts {self.run.job.max_restarts})"
+        return self.ranks.missing()
+
+    def _cannot(self) -> str | None:
+        """Why no loss in this attempt can take this path (the job and the provider)."""
         run, job = self.run, self.run.job
         if not get_launcher(job.launcher).resident(job):
             return f"the {job.launcher} launcher{' with --rdzv' if job.rdzv else ''} has no " \
@@ -188,9 +206,7 @@ class Rejoin:
             return f"the {run.inv.provider} provider cannot replace a node"
         if job.min_nodes is not None:
             return "--min-nodes may go on without the node"
-        if self.restarts + self.used >= job.max_restarts:
-            return f"no restart left (--max-restarts {job.max_restarts})"
-        return self.ranks.missing()
+        return None
 
     def _replace(self, nodes: list[NodeRecord], start: Starter,
                  started: dict[Future[int], NodeRecord],
@@ -224,9 +240,14 @@ class Rejoin:
                 with self.ranks.lock:
                     base = min(self.ranks.ranks.get(old.name) or {0})
                 join = Join(gen, master, base, self.ranks.world, self.alone)
-                command = node_command(run.inv, run.job, new, job_id=self.job_id,
-                                       restart_count=count, join=join, survive=run.survive)
-                started[start(new, command)] = new
+                fut = None if self.warm_spares is None else self.warm_spares.take(
+                    new, promote_command(run.inv, run.job, new, job_id=self.job_id,
+                                         restart_count=count, join=join))
+                if fut is None:  # no launcher waits warm there: started cold
+                    fut = start(new, node_command(run.inv, run.job, new, job_id=self.job_id,
+                                                  restart_count=count, join=join,
+                                                  survive=run.survive))
+                started[fut] = new
 
         self.recovery.bring_back(failure, bootstrapped=begin)
         keeper.start()

@@ -32,10 +32,14 @@ def _entries(out: str) -> list[tuple[str, int, int, int]]:
     return [(m[1], int(m[2]), int(m[3]), int(m[4])) for m in ENTRY.finditer(out)]
 
 
-def _resident_run(tmp_path: Path, name: str, kill: str, *more: str) -> str:
+def _resident_run(tmp_path: Path, name: str, kill: str, *more: str,
+                  before: list[str] | None = None) -> str:
+    """`before`: a command run (check=True) just before the kill."""
     run = Run(name, ["--nodes", "2", "--max-restarts", "1", *more, EXAMPLE, "--steps", "60",
                      "--save-every", "5", "--sleep", "0.2", "--log-every", "5"], tmp_path)
     run.wait_for(r"kept checkpoint from node-0: .*step_0000(09|14)")
+    if before is not None:
+        subprocess.run(before, check=True, capture_output=True)
     subprocess.run(["docker", "kill", f"{name}-{kill}"], check=True, capture_output=True)
     code = run.finish()
     assert code == 0, run.output
@@ -85,6 +89,9 @@ def test_with_a_warm_spare_the_lost_ranks_newcomer_is_the_spare(tmp_path: Path,
     and only the spare's processes start (node-0's keep theirs)."""
     out = _resident_run(tmp_path, cluster_name, "node-1", "--spares", "1")
     assert "node-1: its rank moves to the warm spare node-2 (node lost)" in out, out
+    # the spare's launcher was started with the job and imported torch: the word ran it
+    assert "node-1: the launcher waiting warm on node-2 takes its rank" in out, out
+    assert "warm launcher" not in out and "starting it cold" not in out, out
     assert "resident restart 1 of 1: node-1 replaced" in out, out
     entries = _entries(out)
     first = {(n, r): pid for n, r, pid, g in entries if g == 0}
@@ -93,4 +100,20 @@ def test_with_a_warm_spare_the_lost_ranks_newcomer_is_the_spare(tmp_path: Path,
     assert sorted(again) == [("node-0", 0), ("node-0", 1), ("node-1", 2), ("node-1", 3)], out
     assert re.search(r"\[node-1\] rank 2/4 on node-2: pid=\d+ generation=1", out), out
     assert all(again[("node-0", r)] == first[("node-0", r)] for r in (0, 1)), out
+    assert "[node-0] done: world_size=4" in out
+
+
+def test_a_spare_whose_warm_launcher_ended_takes_the_rank_cold(tmp_path: Path,
+                                                               cluster_name: str) -> None:
+    """The spare's waiting launcher killed before the loss (an OOM, a user's pkill): said,
+    and the newcomer starts cold under the same job id (the ended launcher's folder moved
+    aside on the spare, else `job start` finds it taken), and the run ends well."""
+    spare = f"{cluster_name}-node-2"
+    out = _resident_run(tmp_path, cluster_name, "node-1", "--spares", "1", before=[
+        "docker", "exec", spare, "pkill", "-KILL", "-f", "remote.pyz warm wait"])
+    assert "the warm launcher on spare node-2 ended (exit" in out, out
+    assert "node-1: its warm launcher did not take the rank" in out, out
+    assert "starting it cold" in out and "already holds a job" not in out, out
+    assert "resident restart 1 of 1: node-1 replaced" in out, out
+    assert re.search(r"\[node-1\] rank 2/4 on node-2: pid=\d+ generation=1", out), out
     assert "[node-0] done: world_size=4" in out
