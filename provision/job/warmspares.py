@@ -111,6 +111,9 @@ class WarmSpares:
         except Exception as exc:
             with self.lock:
                 node, closing = session.node, self.closing
+            if node is None and not closing:
+                self.log(f"the warm launcher on spare {session.spare.name} could not run "
+                         f"({nodetext.shown(str(exc))[:300]}): it takes a rank cold")
             if node is None or closing:
                 return SESSION_LOST
             raise LaunchError(f"{node.name}: could not run the job: {exc}") from exc

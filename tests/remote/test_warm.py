@@ -22,7 +22,8 @@ ENV = {"PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": 
 SCRIPT = """
 import os, sys
 print("child of", os.getppid(), "word", os.environ.get("MGPU_WORD_VALUE"),
-      "torch before the script:", "torch" in sys.modules, flush=True)
+      "torch before the script:", "torch" in sys.modules,
+      "preloaded:", "torch._dynamo" in sys.modules, "wave" in sys.modules, flush=True)
 sys.exit(int(os.environ.get("EXIT_WITH", "0")))
 """
 
@@ -85,15 +86,20 @@ def _launcher(tmp_path: Path) -> subprocess.Popen[str]:
     (tmp_path / "train.py").write_text(SCRIPT)
     return subprocess.Popen([sys.executable, "-m", "remote", "warm", "wait", "--word",
                              str(tmp_path / "warm.json")], cwd=tmp_path,
-                            env={**os.environ, **ENV}, stdout=subprocess.PIPE,
+                            env={**os.environ, **ENV,
+                                 "MGPU_WARM_IMPORTS": "wave, no_such_module_here,bad name"},
+                            stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True)
 
 
-def _ready(proc: subprocess.Popen[str]) -> dict[str, object]:
+def _ready(proc: subprocess.Popen[str]) -> tuple[dict[str, object], str]:
+    """The launcher's ready event, and what it said before it."""
     assert proc.stdout is not None
-    line = proc.stdout.readline()
-    assert line.startswith(warm.EVENT_PREFIX), line
-    return dict(json.loads(line[len(warm.EVENT_PREFIX):]))
+    before = ""
+    while not (line := proc.stdout.readline()).startswith(warm.EVENT_PREFIX):
+        assert line, before
+        before += line
+    return dict(json.loads(line[len(warm.EVENT_PREFIX):])), before
 
 
 @pytest.mark.parametrize("exit_with", [0, 3])
@@ -103,7 +109,7 @@ def test_the_launcher_runs_torchrun_in_its_own_process_with_the_words_variables(
     torch is there before the script's first line), the word's variables are theirs, and
     torchrun's exit status is the launcher's (a failed worker: 1, as the console script)."""
     proc = _launcher(tmp_path)
-    ready = _ready(proc)
+    ready, before = _ready(proc)
     assert ready["event"] == "warm" and ready["phase"] == "ready" and ready["pid"] == proc.pid
     time.sleep(0.3)  # it polls: the word comes while it waits
     assert warm.main("warm", [
@@ -112,7 +118,9 @@ def test_the_launcher_runs_torchrun_in_its_own_process_with_the_words_variables(
         "--nproc_per_node", "1", "--master_port", str(_free_port()), "--run_path",
         "--start_method", "fork", str(tmp_path / "train.py")]) == 0
     out, _ = proc.communicate(timeout=120)
-    assert f"child of {proc.pid} word seen torch before the script: True" in out, out
+    assert f"child of {proc.pid} word seen torch before the script: True preloaded: True " \
+           "True" in out, out
+    assert "could not import no_such_module_here" in before, before  # said, and it goes on
     assert proc.returncode == (0 if exit_with == 0 else 1), out
 
 
@@ -127,3 +135,9 @@ def test_a_launcher_stopped_before_its_word_ends_and_takes_no_word(tmp_path: Pat
     assert warm.main("warm", ["promote", "--word", str(tmp_path / "job" / "warm.json"), "--",
                               "torchrun", "x.py"]) == warm.NOT_WAITING
     assert (tmp_path / "job.warm" / "warm.json.pid").exists()
+
+
+def test_preloads_are_dynamo_and_the_jobs_module_names_nothing_else() -> None:
+    assert warm.preloads({}) == ["torch._dynamo"]
+    assert warm.preloads({"MGPU_WARM_IMPORTS": " transformers, datasets.load ,,os;rm -rf,a b"}) \
+        == ["torch._dynamo", "transformers", "datasets.load"]
