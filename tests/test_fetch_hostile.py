@@ -81,3 +81,23 @@ def test_a_crafted_checkpoint_copy_is_refused_the_same_way(tmp_path: Path) -> No
     assert (tmp_path / "ckpt" / "model.pt").read_bytes() == b"ok"  # node-0's own copy
     assert sorted(p.name for p in tmp_path.iterdir()) == ["ckpt", "outside"]
     assert "model.pt" not in keeper.synced.get("node-1", {})  # asked again next pass
+
+
+def test_the_last_copy_goes_on_when_a_node_goes_between_its_manifest_and_its_copy(
+        tmp_path: Path) -> None:
+    """Seen under Kueue (test_k8s_kueue): the evicted pod answered its manifest, then its
+    port-forward said 404; the last copy's exception ended the run with a traceback. Now the
+    other nodes are still copied, the failure is said, and stop() returns."""
+    fake = FakeConnector()
+    fake.on("ckpt-manifest", stdout='{"files": {"model.pt": [2, 1.0]}, "now": 100.0}\n')
+    fake.on(r"tar -czf - .*checkpoints", node="node-0",
+            raises=RuntimeError("Handshake status 404 Not Found"))
+    fake.send(r"tar -czf - .*checkpoints", _model(), node="node-1")
+    said: list[str] = []
+    keeper = CheckpointKeeper(_inv(), tmp_path / "ckpt", log=said.append, connector=fake)
+    keeper.stop()
+    assert (tmp_path / "ckpt" / "model.pt").read_bytes() == b"ok"  # node-1's, after node-0's
+    assert any("last checkpoint copy failed (Handshake status 404" in m for m in said), said
+    assert "model.pt" not in keeper.synced.get("node-0", {})
+    with pytest.raises(RuntimeError, match="404"):  # a pass says it (the loop logs it)
+        keeper.sync()

@@ -85,7 +85,10 @@ class CheckpointKeeper:
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout=60)
-        self.sync(settle_s=0.0, known=known, gone=gone)
+        try:  # best effort, like every pass: a node may go between its manifest and its copy
+            self.sync(settle_s=0.0, known=known, gone=gone)
+        except Exception as exc:  # noqa: BLE001 - said; what was kept before stays
+            self.log(f"the last checkpoint copy failed ({exc}); the copies kept before stay")
         if self._group is not None:
             self._group.close()
             self._group = None
@@ -133,6 +136,7 @@ class CheckpointKeeper:
         settle = self.settle_s if settle_s is None else settle_s
         with self._lock:
             group = self._group or NodeGroup(self.inv, connector=self.connector)
+            failed: list[Exception] = []  # one node's failure does not stop the others'
             try:
                 copied = 0
                 for name, (files, now) in self._manifests(group, known, gone).items():
@@ -145,13 +149,19 @@ class CheckpointKeeper:
                     if not changed:
                         continue
                     node = next(n for n in self.inv.nodes if n.name == name)
-                    self._copy(group, node, changed)
+                    try:
+                        self._copy(group, node, changed)
+                    except Exception as exc:  # noqa: BLE001 - raised once the others are copied
+                        failed.append(exc)
+                        continue
                     synced.update({rel: files[rel] for rel in changed})
                     copied += len(changed)
                     self.last_copy = time.monotonic()
                     shown = ", ".join(changed[:3]) + (" ..." if len(changed) > 3 else "")
                     self.log(f"kept checkpoint from {name}: {len(changed)} file(s) ({shown}) "
                              f"-> {self.where}")
+                if failed:
+                    raise failed[0]
                 return copied
             finally:
                 if group is not self._group:
