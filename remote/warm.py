@@ -36,6 +36,7 @@ import time
 from typing import Any
 
 from remote.files import write_atomic
+from remote.jobs import alive
 
 EVENT_PREFIX = "MGPU-EVENT "  # remote/supervise.py's: the controller reads one stream
 POLL_S = 0.02
@@ -43,15 +44,13 @@ NOT_WAITING = 3
 
 
 def _pid_alive(path: str) -> bool:
+    """Whether the process named in `path` runs (remote/jobs.alive: a zombie does not)."""
     try:
         with open(path) as fh:
             pid = int(fh.read().strip() or "0")
-        if pid <= 0:
-            return False
-        os.kill(pid, 0)
     except (OSError, ValueError):
         return False
-    return True
+    return pid > 0 and alive(pid)
 
 
 def preloads(env: dict[str, str] | os._Environ[str]) -> list[str]:

@@ -162,7 +162,7 @@ def node_command(
     imports torch and waits to be promoted to a lost node's rank (remote/warm.py)."""
     home = RemoteLayout(HomePath(inv.remote_root))
     if join is not None or warm:  # forked from its launcher, which imported torch
-        entry = ["@root/remote.pyz", "resident", "start", "--"]
+        entry = list(RESIDENT_ENTRY)
     ctx = _context(inv, job, entry)
     node = launch_rank(inv, node)
     job_id = job_id or adhoc_job_id()
@@ -198,6 +198,9 @@ def node_command(
     return f"{prefix}exec env {assignments} {words(supervise + argv)}"
 
 
+RESIDENT_ENTRY = ("@root/remote.pyz", "resident", "start", "--")  # a newcomer's forked ranks
+
+
 def warm_word(layout: RemoteLayout, job_id: str) -> str:
     """Where a warm spare's launcher waits for its word (remote/warm.py), in the job's folder."""
     return layout.path("jobs", job_id, "warm.json")  # a HomePath stays one ("$HOME"/...)
@@ -221,7 +224,7 @@ def promote_command(inv: Inventory, job: JobSpec, node: NodeRecord, *, job_id: s
     """`remote.pyz warm promote` on a warm spare that takes `node`'s rank: the words and the
     variables its waiting launcher runs torchrun with (remote/warm.py) - those of node_command's
     newcomer that differ from what the spare's launcher was started with."""
-    ctx = _context(inv, job, ["@root/remote.pyz", "resident", "start", "--"])
+    ctx = _context(inv, job, list(RESIDENT_ENTRY))
     argv = get_launcher(job.launcher).rejoin_argv(ctx, launch_rank(inv, node), join.alone)
     env = {**join.env(), "MGPU_RESTART_COUNT": str(restart_count)}
     home = RemoteLayout(HomePath(inv.remote_root))
@@ -263,10 +266,10 @@ def run_job(
     (words; "@root/" is the node's remote folder) replaces the job's script (`check
     --bandwidth`: `@root/remote.pyz allreduce`). Each node keeps the job's log under `job_id`
     (job/jobs.py; default: an unrecorded ad hoc id), its first line printed marks the open
-    timeline; without a monitor a failure is explained here. `ends`: each node's last word. `survive`: the job outlives this process's channels
-    (managed runs); `take_back`: job `job_id` already runs: followed, not started. `rejoin`:
-    a lost node is replaced while the others' resident ranks go on (job/resident.py), a
-    ready spare's launcher waiting warm for it (job/warmspares.py)."""
+    timeline; without a monitor a failure is explained here. `ends`: each node's last word.
+    `survive`: the job outlives this process's channels (managed runs); `take_back`: it runs
+    already: followed, not started. `rejoin`: a lost node replaced while the others' resident
+    ranks go on (job/resident.py; a spare's launcher waits warm: job/warmspares.py)."""
     job_id = ends.job_id if ends is not None else job_id or adhoc_job_id()
     ends = ends or JobEnds(job_id)
     own_group, group = group is None, group or NodeGroup(inv)
