@@ -196,7 +196,7 @@ class PreflightReport(_Open):
 
 
 class MonitorGpu(_Open):
-    index: Count = 0
+    index: Count  # remote/monitor.py always sends it (its place when nvidia-smi gives none)
     name: Text | None = None
     util_pct: Finite | None = None
     sm_active: Finite | None = None
