@@ -35,6 +35,27 @@ def test_explain_leads_with_the_cause_and_drops_the_consequences_hints() -> None
     assert all(len(line) <= 88 for line in lines)
 
 
+def test_a_cause_torchrun_stopped_as_it_ended_says_so() -> None:
+    """torchrun ends every local rank once it sees one end, then records the codes of those it
+    signalled (torch elastic SubprocessContext._poll). On a loaded node rank 2, still tearing
+    down after its traceback, read -15 because rank 3 (which it broke) ended first: the same
+    run as CRASH with node-1's Failures block as torchrun then prints it (seen in suite runs;
+    reproduced with a rank whose exit is slow)."""
+    text = "\n".join(CRASH)
+    swapped = (text.replace("rank      : 3 (local_rank: 1)", "rank      : @2")
+               .replace("rank      : 2 (local_rank: 0)", "rank      : 3 (local_rank: 1)")
+               .replace("rank      : @2", "rank      : 2 (local_rank: 0)"))
+    assert swapped != text
+    lines = explain(swapped.splitlines())
+    assert lines[0] == ("first failure: rank 2 (node-1), exit -15 (SIGTERM): ValueError: bad "
+                        "batch at step 3 (fail3.py:8)")
+    assert lines[3] == ("  it was ending with this exception when torchrun on node-1 stopped it "
+                        "(SIGTERM): rank 3 ended first")
+    assert lines[4].startswith("  then ranks 0, 1, 3 failed because of it")
+    assert explain(CRASH)[0].endswith("exit 1: ValueError: bad batch at step 3 (fail3.py:8)")
+    assert not any("stopped it" in line for line in explain(CRASH))
+
+
 def _traceback(node: int, rank: int, frames: list[tuple[str, int, str]], last: str) -> list[str]:
     out = ["Traceback (most recent call last):"]
     for path, line, code in frames:

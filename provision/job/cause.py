@@ -17,6 +17,7 @@ traceback, or in any output before it. Pure: no I/O.
 from __future__ import annotations
 
 import re
+import signal
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
@@ -49,6 +50,7 @@ class RankFailure:
     position: int  # index in the output of its "Traceback" line
     frames: list[tuple[str, int, str, str]] = field(default_factory=list)  # path, line, in, code
     exit_code: int | None = None  # what torchrun reported for the rank, when it did
+    node_first: int | None = None  # the rank its node's torchrun saw end first (Root Cause)
 
     @property
     def consequence(self) -> bool:
@@ -73,11 +75,38 @@ class RankFailure:
     def summary(self, *, with_node: bool = True) -> str:
         """'rank 2 (node-1), exit 1: ValueError: bad batch at step 3 (fail3.py:8)'"""
         code = f", exit {self.exit_code}" if self.exit_code is not None else ""
+        if self.signal_name:
+            code += f" ({self.signal_name})"
         who = self.who() if with_node else f"rank {self.rank}" if self.rank is not None else ""
         text = f"{self.exc_type}: {self.message}" if self.message else self.exc_type
         where = self.where
         at = f" ({where[0].rsplit('/', 1)[-1]}:{where[1]})" if where else ""
         return f"{who}{code}: {text}{at}" if who else f"{text}{at}"
+
+    @property
+    def signal_name(self) -> str | None:
+        """'SIGTERM' for exit code -15 (a process ended by a signal), else None."""
+        if self.exit_code is None or self.exit_code >= 0:
+            return None
+        try:
+            return signal.Signals(-self.exit_code).name
+        except ValueError:
+            return None
+
+    def stopped_while_ending(self) -> str | None:
+        """Why a rank that raised its own exception has a signal's exit code: torchrun ends
+        every local rank once it sees one end, and captures their codes after it signalled
+        them (torch/distributed/elastic/multiprocessing/api.py, SubprocessContext._poll: "log
+        sigterms and sigkill exit codes in the self._failures"). So a rank still tearing
+        down after its traceback (a loaded node) reads -15 when a local peer it broke ended
+        first."""
+        if self.signal_name is None or self.consequence:
+            return None
+        first = (f": rank {self.node_first} ended first" if self.node_first is not None
+                 and self.node_first != self.rank else "")
+        where = f" on {self.node}" if self.node else ""
+        return (f"  it was ending with this exception when torchrun{where} stopped it "
+                f"({self.signal_name}){first}")
 
     def last_lines(self) -> list[str]:
         """The traceback's last frames as Python printed them: the user's frame, and the
@@ -149,7 +178,9 @@ def rank_failures(lines: Iterable[str]) -> list[RankFailure]:
                 last[key] = failure
     for failure in done:
         reported = elastic.get(failure.node, [])
-        if failure.rank is None and reported:  # the node's Root Cause block comes last
+        if reported:  # the node's Root Cause block comes last
+            failure.node_first = reported[-1][0]
+        if failure.rank is None and reported:
             failure.rank = reported[-1][0]
         for rank, code in reported:
             if rank == failure.rank:
@@ -209,6 +240,8 @@ def explain(lines: Iterable[str], node_codes: dict[str, int] | None = None) -> l
             cause.exit_code = node_codes[cause.node]
         out.append(f"first failure: {cause.summary()}")
         out += cause.last_lines()
+        if (stopped := cause.stopped_while_ending()) is not None:
+            out.append(stopped)
         after = [f for f in failures if f is not cause and f.consequence]
         if after and not cause.consequence:
             out.append(f"  then {_ranks(after)} failed because of it: consequences, not causes")
