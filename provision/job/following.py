@@ -26,8 +26,9 @@ POLL_S = 0.5  # how often run_job asks its monitor whether to stop the job
 # fail), and each node's launcher then reports its own ranks' exit codes. Stopped at once, a
 # node whose crashed rank was still exiting reported the SIGTERM it got from the stop (-15)
 # instead of the crash's exit 1. A node that does not end (a hang) is stopped after this.
-# (10 s was tried for a -15 seen on a loaded host: it came all the same, so the settle is not
-# its cause; tests/integration/test_failure_story.py says so.)
+# (A -15 that still comes is torchrun's own: it ends every local rank once it sees one end,
+# so a crashed rank still ending when a peer it broke ended first reads SIGTERM; job/cause.py
+# says so in the output. 10 s of settle did not change it.)
 PEERS_SETTLE_S = 3.0
 # how follow starts a newcomer: (node, its command line) -> the future of its exit code
 Starter = Callable[[NodeRecord, str], "Future[int]"]
