@@ -284,3 +284,39 @@ def test_a_node_that_does_not_end_is_stopped_after_the_settle(cluster) -> None: 
 
     code, sent, _ = _follow_two(inv, hangs, settle=0.2)
     assert code == 1 and len(sent) == 1 and " stop --pidfile" in sent[0], sent
+
+
+def test_a_node_whose_job_started_after_the_stop_is_stopped_again(cluster) -> None:  # type: ignore[no-untyped-def]
+    """A cancel just after launch: the stop reached node-1 while its job was still starting
+    (no pidfile yet), found nothing, and the job ran on (a managed `down` then waited its
+    180 s for a controller that never ended the job: seen in a suite run). A node still
+    running RESTOP_S after its stop is stopped again."""
+    import concurrent.futures
+
+    from provision.job import following
+
+    inv, _ = cluster
+    fake = FakeConnector()
+    stops = threading.Semaphore(0)
+    logged: list[str] = []
+
+    def starts_late() -> int:  # the first stop finds no job; only a later one ends it
+        assert stops.acquire(timeout=30), "never stopped"
+        assert stops.acquire(timeout=10), "stopped once only: its job runs on"
+        return -15
+
+    polls = iter(["cancelled", *[None] * 10_000])
+    monitor = type("M", (), {"poll": lambda self: next(polls), "line": lambda *a: None,
+                             "finished": lambda *a: None})()
+    with concurrent.futures.ThreadPoolExecutor(1) as pool, \
+            pytest.MonkeyPatch.context() as mp:
+        mp.setattr(following, "RESTOP_S", 0.2, raising=False)
+        real_stop = following.stop_job
+        mp.setattr(following, "stop_job", lambda *a, **k: (real_stop(*a, **k), stops.release()))
+        futures = {pool.submit(starts_late): inv.nodes[1]}
+        code = following.follow(futures, NodeGroup(inv, connector=fake), logged.append,
+                                monitor, None, threading.Event())
+    sent = fake.commands("node-1")
+    assert code == following.STOPPED and len(sent) >= 2, sent
+    assert all(" stop --pidfile" in c for c in sent), sent
+    assert logged == ["cancelled; stopping the job on every node"], logged

@@ -10,6 +10,7 @@ a Rejoin.
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable
 from concurrent.futures import FIRST_COMPLETED, Future, wait
 from typing import Any, Protocol
@@ -30,6 +31,10 @@ POLL_S = 0.5  # how often run_job asks its monitor whether to stop the job
 # so a crashed rank still ending when a peer it broke ended first reads SIGTERM; job/cause.py
 # says so in the output. 10 s of settle did not change it.)
 PEERS_SETTLE_S = 3.0
+# A node still running this long after its stop is stopped again: a stop that came while its
+# job was still starting (no pidfile yet: a cancel just after launch, seen under load) found
+# nothing there, and the job would have run on with nobody stopping it.
+RESTOP_S = 5.0
 # how follow starts a newcomer: (node, its command line) -> the future of its exit code
 Starter = Callable[[NodeRecord, str], "Future[int]"]
 
@@ -106,6 +111,25 @@ def stop_job(group: NodeGroup, nodes: list[NodeRecord] | None = None,
               nodes=nodes, timeout=grace + 5)
 
 
+class _Stops:
+    """The stops sent, and sent again to nodes still running RESTOP_S later (stop_job is
+    idempotent: a node whose job ended meanwhile is not an error)."""
+
+    def __init__(self, group: NodeGroup) -> None:
+        self.group, self.at, self.sent = group, 0.0, set[str]()
+
+    def send(self, nodes: list[NodeRecord]) -> None:
+        if nodes:
+            stop_job(self.group, nodes)
+            self.at = time.monotonic()
+            self.sent |= {n.name for n in nodes}
+
+    def again(self, running: list[NodeRecord]) -> None:
+        due = [n for n in running if n.name in self.sent]
+        if due and time.monotonic() - self.at >= RESTOP_S:
+            self.send(due)
+
+
 def follow(futures: dict[Future[int], NodeRecord], stopper: NodeGroup, log: Log,
            monitor: JobMonitor | None, gate: JobGate | None, cancelled: threading.Event,
            rejoin: Rejoin | None = None, start: Starter | None = None,
@@ -116,6 +140,7 @@ def follow(futures: dict[Future[int], NodeRecord], stopper: NodeGroup, log: Log,
     followed like the others, which go on. `tend`: called every poll (warm spares kept)."""
     code = 0
     pending = set(futures)
+    stops = _Stops(stopper)
     while pending:
         if tend is not None and code == 0:
             tend()
@@ -134,9 +159,9 @@ def follow(futures: dict[Future[int], NodeRecord], stopper: NodeGroup, log: Log,
                 log(f"{futures[fut].name}{why}; stopping the other nodes")
                 if node_code != SESSION_LOST:  # a lost node's peers do not end by themselves
                     wait(pending, timeout=PEERS_SETTLE_S)  # (their results: the next rounds)
-                running = [futures[f] for f in pending if not f.done()]
-                if running:
-                    stop_job(stopper, running)
+                stops.send([futures[f] for f in pending if not f.done()])
+        if code != 0:
+            stops.again([futures[f] for f in pending if not f.done()])
         if rejoin is not None and pending and code == 0:
             hung = rejoin.gone([futures[f] for f in pending])
             left = {f for f in pending if futures[f] in hung}
@@ -149,7 +174,7 @@ def follow(futures: dict[Future[int], NodeRecord], stopper: NodeGroup, log: Log,
             code = STOPPED
             log(f"{reason}; stopping the job on every node")
             cancelled.set()
-            stop_job(stopper, [futures[f] for f in pending])
+            stops.send([futures[f] for f in pending])
     return code
 
 
