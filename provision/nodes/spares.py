@@ -6,6 +6,8 @@ spare only what any node's restart costs (the job's folder, the peers' new addre
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from provision.model.errors import BootstrapError
 from provision.model.inventory import Inventory, InventoryStore, NodeRecord
 from provision.model.logsink import Log
@@ -20,20 +22,35 @@ def prepare_spares(inv: Inventory, store: InventoryStore, spares: list[NodeRecor
     training would pay for). BootstrapError names every spare that is not fit (unreachable,
     an upload failing, a preflight error such as another torch or fewer GPUs); nothing is
     changed in `inv.spares`."""
+    known = {s.name for s in inv.spares}
+    adding = [s for s in spares if s.name not in known]
+    view = inv.model_copy(update={"spares": [*inv.spares, *adding]})
+    if adding:  # made during a run: pinned in a file of their own until they are in `inv`
+        # (the cluster's file is rewritten from `inv` meanwhile, e.g. by a recovery's
+        # refresh_peers: the spare's key would be gone before its preflight logs in)
+        view.known_hosts_path = str(store.keys_dir(inv.name) / (
+            "known_hosts.preparing-" + "-".join(s.name for s in adding)))
+    try:
+        _ready(view, store, spares, log, beside_master)
+    finally:
+        if adding and view.known_hosts_path:
+            Path(view.known_hosts_path).unlink(missing_ok=True)
+
+
+def _ready(view: Inventory, store: InventoryStore, spares: list[NodeRecord], log: Log,
+           beside_master: bool) -> None:
+    """prepare_spares' bootstrap and preflight gate, in the inventory `view` holding them."""
     from provision.nodes.bootstrap import bootstrap_cluster
     from provision.nodes.checks import compare_preflights
     from provision.nodes.preflight import gather_preflights
 
-    known = {s.name for s in inv.spares}
-    view = inv.model_copy(update={"spares": [*inv.spares,
-                                             *(s for s in spares if s.name not in known)]})
     with NodeGroup(view, spares) as nodes:
         bootstrap_cluster(view, store, log=lambda m: log(f"spare(s): {m}"), group=nodes)
-    judged = [inv.master, *spares] if beside_master else spares
+    judged = [view.master, *spares] if beside_master else spares
     with NodeGroup(view, judged) as nodes:
         reports = gather_preflights(view, group=nodes)
     names = {s.name for s in spares}
-    gpus = inv.spec.gpus_per_node if inv.spec is not None else None
+    gpus = view.spec.gpus_per_node if view.spec is not None else None
     bad = [f for f in compare_preflights(reports, gpus)
            if f.severity == "error" and names & set(f.nodes)]
     if bad:

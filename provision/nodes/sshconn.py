@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import shlex
 import socket
+import threading
 from functools import cache
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -46,15 +47,23 @@ if TYPE_CHECKING:
     from fabric import Connection
 
 
+# Read-and-write of a known_hosts is one step: a spare made in the background adds itself to
+# the inventory and writes, while a recovery writes from the same inventory; the last writer
+# read the inventory last.
+_WRITING = threading.Lock()
+
+
 def write_cluster_known_hosts(inv: Inventory, store: InventoryStore) -> Path:
-    """(Re)write KEYS/known_hosts from the inventory's pinned host keys."""
+    """(Re)write KEYS/known_hosts (or `inv.known_hosts_path`) from the inventory's pinned
+    host keys."""
     path = Path(inv.known_hosts_path or store.keys_dir(inv.name) / "known_hosts")
-    lines = [known_hosts_line([n.address], n.port, n.host_key)  # warm spares too (issue 44)
-             for n in [*inv.nodes, *inv.spares] if n.host_key]
-    # Jump hosts that are not nodes themselves (ssh provider `proxy_jump`): pinned the same way.
-    lines += [known_hosts_line([r.name or r.id], int(r.extra["port"]), r.extra["key"])
-              for r in inv.resources_of("pinned-host-key")]
-    write_known_hosts(path, lines)
+    with _WRITING:
+        lines = [known_hosts_line([n.address], n.port, n.host_key)  # warm spares too (44)
+                 for n in [*inv.nodes, *inv.spares] if n.host_key]
+        # Jump hosts that are not nodes themselves (ssh provider `proxy_jump`): pinned alike.
+        lines += [known_hosts_line([r.name or r.id], int(r.extra["port"]), r.extra["key"])
+                  for r in inv.resources_of("pinned-host-key")]
+        write_known_hosts(path, lines)
     if inv.known_hosts_path != str(path):
         inv.known_hosts_path = str(path)
         store.save(inv)
