@@ -139,9 +139,18 @@ sys.exit(subprocess.run([sys.executable, real, *sys.argv[1:]], input=data).retur
 
 def steal_store_credentials(container: str) -> str:
     """Plant THIEF as the node's remote.pyz until a store command came through it; put the
-    real one back; what it read on stdin."""
+    real one back; what it read on stdin.
+
+    THIEF is the real zip with a `__main__.py` appended: every entry keeps its offset, so a
+    process of the job that runs from remote.pyz (its supervisor) and imports from it later
+    reads what it read before. (A plain script in its place made such an import fail now and
+    then: the job restarted once before the test's first kill, `resumed from [14, 14]`.)"""
     pyz = "~/.mgpu-cloud/remote.pyz"
-    plant = (f"cp {pyz} ~/.mgpu-cloud/remote.real.pyz && cat > {pyz}.new && mv {pyz}.new {pyz}")
+    append = ("import sys, warnings, zipfile; warnings.simplefilter('ignore'); "
+              "z = zipfile.ZipFile(sys.argv[1], 'a'); "
+              "z.writestr('__main__.py', sys.stdin.read()); z.close()")
+    plant = (f"cp {pyz} ~/.mgpu-cloud/remote.real.pyz && cp {pyz} {pyz}.new && "
+             f"python3 -c \"{append}\" {pyz}.new && mv {pyz}.new {pyz}")
     subprocess.run(["docker", "exec", "-i", container, "sh", "-c", plant], input=THIEF,
                    text=True, check=True)
 
