@@ -180,8 +180,8 @@ def rank_failures(lines: Iterable[str]) -> list[RankFailure]:
         reported = elastic.get(failure.node, [])
         if reported:  # the node's Root Cause block comes last
             failure.node_first = reported[-1][0]
-        if failure.rank is None and reported:
-            failure.rank = reported[-1][0]
+            if failure.rank is None:
+                failure.rank = failure.node_first
         for rank, code in reported:
             if rank == failure.rank:
                 failure.exit_code = code

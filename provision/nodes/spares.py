@@ -6,8 +6,6 @@ spare only what any node's restart costs (the job's folder, the peers' new addre
 
 from __future__ import annotations
 
-from pathlib import Path
-
 from provision.model.errors import BootstrapError
 from provision.model.inventory import Inventory, InventoryStore, NodeRecord
 from provision.model.logsink import Log
@@ -25,16 +23,18 @@ def prepare_spares(inv: Inventory, store: InventoryStore, spares: list[NodeRecor
     known = {s.name for s in inv.spares}
     adding = [s for s in spares if s.name not in known]
     view = inv.model_copy(update={"spares": [*inv.spares, *adding]})
-    if adding:  # made during a run: pinned in a file of their own until they are in `inv`
-        # (the cluster's file is rewritten from `inv` meanwhile, e.g. by a recovery's
-        # refresh_peers: the spare's key would be gone before its preflight logs in)
-        view.known_hosts_path = str(store.keys_dir(inv.name) / (
-            "known_hosts.preparing-" + "-".join(s.name for s in adding)))
+    if not adding:
+        _ready(view, store, spares, log, beside_master)
+        return
+    # Made during a run: pinned in a file of their own until they are in `inv` (the cluster's
+    # file is rewritten from `inv` meanwhile, e.g. by a recovery's refresh_peers: the spare's
+    # key would be gone before its preflight logs in).
+    own = store.keys_dir(inv.name) / ("known_hosts.preparing-" + "-".join(s.name for s in adding))
+    view.known_hosts_path = str(own)
     try:
         _ready(view, store, spares, log, beside_master)
     finally:
-        if adding and view.known_hosts_path:
-            Path(view.known_hosts_path).unlink(missing_ok=True)
+        own.unlink(missing_ok=True)
 
 
 def _ready(view: Inventory, store: InventoryStore, spares: list[NodeRecord], log: Log,
