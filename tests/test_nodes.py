@@ -117,3 +117,31 @@ def test_streaming_calls_start_on_every_node_at_once_beyond_the_pool_cap() -> No
         barrier.reset()
         res = group.each(meet, streaming=True)
     assert [r.value for r in res.values()] == list(range(n))
+
+
+def test_a_subset_runs_on_its_owners_connections_and_only_the_owner_closes_them() -> None:
+    fake = FakeConnector()
+    inv = _inv(3)
+    owner = NodeGroup(inv, inv.nodes[:2], connector=fake)
+    owner.run("cut")
+    sub = owner.subset(inv.nodes)  # node-2 is not the owner's: made in it, kept there
+    sub.run("restore")
+    assert fake.connected == ["node-0", "node-1", "node-2"]
+    sub.subset([inv.nodes[2]]).run("again")  # a subset's subset: the same owner
+    sub.close()
+    assert fake.connected == ["node-0", "node-1", "node-2"] and fake.closed == []
+    assert fake.commands("node-2") == ["restore", "again"]
+    owner.close()
+    assert sorted(fake.closed) == ["node-0", "node-1", "node-2"]
+
+
+def test_a_transport_that_failed_in_a_subset_is_not_reused_by_its_owner() -> None:
+    fake = FakeConnector()
+    fake.on("flaky", node="node-0", raises=EOFError("session dropped"))
+    inv = _inv(1)
+    owner = NodeGroup(inv, connector=fake)
+    owner.run("first")
+    assert not owner.subset(inv.nodes).run("flaky")["node-0"].ok
+    assert fake.closed == ["node-0"]
+    owner.run("again")
+    assert fake.connected == ["node-0", "node-0"]

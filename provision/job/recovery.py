@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 from provision.cluster.providers.contract import AnyProvider, Recoverable
 from provision.job.checkpoints import CheckpointKeeper
 from provision.job.elastic import Grower
-from provision.job.launch import job_container
+from provision.job.launch import job_container, workdir_of
 from provision.job.notices import maintenance_message
 from provision.job.sparepool import SparePool
 from provision.job.stragglers import Slow, StragglerWatch
@@ -45,7 +45,8 @@ from provision.model.logsink import Log
 from provision.model.nodejson import NodeEvent, Unreadable, read, unreadable
 from provision.model.nodetext import lines, shown
 from provision.model.spec import JobSpec
-from provision.nodes import NodeGroup, fan_out
+from provision.nodes import NodeGroup, borrowed, fan_out
+from provision.nodes.bootstrap import bootstrap_cluster, refresh_peers
 
 # A managed run's record sink (provision/job/managed/): (event, message, node names).
 OnEvent = Callable[[str, str, list[str]], None]
@@ -287,11 +288,14 @@ class Recovery:
         self.pool = SparePool(self.provider, self.inv, self.store, self.log)
 
     def bring_back(self, failure: Failure,
-                   bootstrapped: Callable[[list[NodeRecord]], None] | None = None) -> None:
+                   bootstrapped: Callable[[list[NodeRecord]], None] | None = None,
+                   group: NodeGroup | None = None) -> None:
         """Make the cluster whole again for a restart (replaced nodes bootstrapped, the
         others told about them, the checkpoint on every node). Raises MgpuError if not.
         Its phases begin a "recovery" timeline (the relaunch adds gate, first output line).
-        `bootstrapped`: the new nodes, before the restore (job/resident.py starts them)."""
+        `bootstrapped`: the new nodes, before the restore (job/resident.py starts them).
+        `group`: open connections to the nodes that stay (job/resident.py's), used for
+        every step (NodeGroup.subset): each node is logged in to once per recovery."""
         timeline.begin(self.inv, "recovery")
         t0 = time.monotonic()
         nodes = failure.nodes if failure.kind in REPLACED_KINDS else []
@@ -306,21 +310,19 @@ class Recovery:
                 else:
                     self._wait_for(nodes)
         t1 = time.monotonic()
-        if replaced:
-            from provision.job.launch import workdir_of
-            from provision.nodes.bootstrap import bootstrap_cluster, refresh_peers
-
-            with NodeGroup(self.inv, replaced) as group, timeline.timed(self.inv, "bootstrap"):
-                bootstrap_cluster(self.inv, self.store, workdir=workdir_of(self.inv, self.job),
-                                  log=self.log, group=group)
-            others = [n for n in self.inv.nodes if n not in replaced]
-            with NodeGroup(self.inv, others) as group:
-                refresh_peers(self.inv, self.store, group)
-            if bootstrapped is not None:
-                bootstrapped(replaced)
-        t2 = time.monotonic()
-        with NodeGroup(self.inv) as group, timeline.timed(self.inv, "restore"):
-            restored = self.keeper.restore(group)
+        with borrowed(self.inv, group) as conns:
+            if replaced:
+                with timeline.timed(self.inv, "bootstrap"):
+                    bootstrap_cluster(self.inv, self.store, log=self.log,
+                                      workdir=workdir_of(self.inv, self.job),
+                                      group=conns.subset(replaced))
+                refresh_peers(self.inv, self.store,
+                              conns.subset([n for n in self.inv.nodes if n not in replaced]))
+                if bootstrapped is not None:
+                    bootstrapped(replaced)
+            t2 = time.monotonic()
+            with timeline.timed(self.inv, "restore"):
+                restored = self.keeper.restore(conns.subset(self.inv.nodes))
         self.store.save(self.inv)
         t3 = time.monotonic()
         self.log(f"ready to restart in {t3 - t0:.1f} s: replacement {t1 - t0:.1f} s, "
@@ -373,8 +375,6 @@ class Recovery:
     def grow_in(self, nodes: list[NodeRecord]) -> None:
         """Dropped nodes made again (job/elastic.Grower) join: the others learn them, every
         node restores the checkpoint."""
-        from provision.nodes.bootstrap import refresh_peers
-
         others = list(self.inv.nodes)
         self.inv.nodes = sorted([*others, *nodes], key=lambda n: n.rank)
         # made anew like any replacement: counted, so the user's machine adopts the
@@ -382,9 +382,8 @@ class Recovery:
         self.inv.replacements.extend(Replacement(rank=n.rank, old=None, new=n.resource_id,
                                                  reason="grown back") for n in nodes)
         self.store.save(self.inv)
-        with NodeGroup(self.inv, others) as group:
-            refresh_peers(self.inv, self.store, group)
-        with NodeGroup(self.inv) as group:
+        with NodeGroup(self.inv) as group:  # one login per node for both
+            refresh_peers(self.inv, self.store, group.subset(others))
             restored = self.keeper.restore(group)
         names = ", ".join(n.name for n in nodes)
         self.log(f"growing back to {len(self.inv.nodes)} node(s) with {names} "

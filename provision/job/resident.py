@@ -9,7 +9,8 @@ imported, model and data built) and re-form the process group with the newcomer.
                    replaced, bootstrapped, the checkpoint back on every node
                    (Recovery.bring_back) -> `remote.pyz resident reform` on every other node
                    at once -> the newcomer's launcher started (launch.Join), its ranks
-                   joining generation G+1 with the same ranks
+                   joining generation G+1 with the same ranks; one login per node for all
+                   of it (the cut's connections, NodeGroup.subset)
 It says which path a loss took: "resident restart ..." (the run's output, the `resumed`
 record, JobRecord.resident_restarts) or "full relaunch: WHY", after which the job is stopped
 on every node and relaunched as for any script (job/attached.supervise): a script that does
@@ -249,7 +250,7 @@ class Rejoin:
                                                   survive=run.survive))
                 started[fut] = new
 
-        self.recovery.bring_back(failure, bootstrapped=begin)
+        self.recovery.bring_back(failure, bootstrapped=begin, group=group)  # its logins
         keeper.start()
         layout = group.layout
         group.run(layout.remote_command(

@@ -5,6 +5,7 @@
     res.failed / res.succeeded                      # like Fabric's GroupResult
     group.upload(archive, steps)                    # one channel per node: archive -> stdin
     group.each(fn)                                  # fn(conn, node) on every node, in parallel
+    group.subset(nodes).run(...)                    # some nodes, on the same connections
     group.close()
 
 A result for EVERY node is returned, never the first failure only (`GroupResult.raise_for`
@@ -97,6 +98,7 @@ class NodeGroup:
         self.connector = connector or default_connector(inv)
         self._conns: dict[str, NodeConnection] = {}
         self._pool: ThreadPoolExecutor | None = None
+        self._owner: NodeGroup | None = None  # subset(): whose connections these are
 
     def __enter__(self) -> NodeGroup:
         return self
@@ -104,7 +106,18 @@ class NodeGroup:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
+    def subset(self, nodes: Iterable[NodeRecord]) -> NodeGroup:
+        """A group of `nodes` (any of the cluster's, not only this group's) on this group's
+        connections: an open one is used, a missing one is made here and kept here, and
+        only this group closes them (a recovery logs in to each node once, not once per
+        step: issue 44)."""
+        sub = NodeGroup(self.inv, nodes, connector=self.connector)
+        sub._owner = self._owner or self
+        return sub
+
     def connection(self, node: NodeRecord) -> NodeConnection:
+        if self._owner is not None:
+            return self._owner.connection(node)
         conn = self._conns.get(node.name)
         if conn is None:
             conn = self._conns[node.name] = self.connector(self.inv, node)
@@ -112,6 +125,9 @@ class NodeGroup:
 
     def drop(self, node: NodeRecord) -> None:
         """Close and forget a node's connection (the next use connects again)."""
+        if self._owner is not None:
+            self._owner.drop(node)
+            return
         conn = self._conns.pop(node.name, None)
         if conn is not None:
             conn.close()
