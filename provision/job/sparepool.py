@@ -143,8 +143,8 @@ class SparePool:
                 self.inv.replacements.append(Replacement(rank=made.rank, old=None,
                                                          new=made.resource_id, reason="spare"))
                 self.store.save(self.inv)
-            if made.host_key:  # pinned for every later login (it was prepared on a file
-                from provision.nodes.sshconn import write_cluster_known_hosts  # of its own)
+            if made.host_key:  # pinned for every later login (prepared on a file of its own)
+                from provision.nodes.sshconn import write_cluster_known_hosts  # paramiko: lazy
 
                 write_cluster_known_hosts(self.inv, self.store)
             self.log(f"spare {made.name} {'made' if self._stopped else 'ready'} "
