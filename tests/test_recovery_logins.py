@@ -2,11 +2,13 @@
 connections its cut opened to the nodes that stay (job/resident.py); bring_back bootstraps the
 newcomer, updates the others and restores the checkpoint on those connections and one new
 one (the newcomer's), instead of a group of its own per step (3 logins per kept node before:
-the cut, the peers' update, the restore). A fake transport counts every login."""
+the cut, the peers' update, the restore); the last checkpoint copy goes on meanwhile and the
+restore waits for it. A fake transport counts every login."""
 
 from __future__ import annotations
 
 import io
+import re
 import tarfile
 from pathlib import Path
 from typing import Any
@@ -22,6 +24,7 @@ from provision.model.spec import build_job_spec
 from provision.nodes import NodeGroup
 
 EXAMPLE = str(Path(__file__).resolve().parents[1] / "examples" / "train_ddp.py")
+BOOTSTRAP = re.compile(r"^rm -rf \.mgpu-cloud/work && ")  # its one command per node
 MANIFEST = '{"files": {"step_000010.pt": [12, 1.0]}, "incomplete": [], "now": 5.0}'
 
 
@@ -65,20 +68,27 @@ def test_a_recovery_logs_in_to_each_node_once(kept_open: bool, tmp_path: Path,
     if kept_open:
         kept.run("cut")  # the resident path's word to the others: their logins
     started: list[str] = []
-    recovery.keeper.connector = fake
+    waited: list[list[str]] = []  # what the nodes had been asked when the restore waited
+
+    def copying() -> None:  # the resident path's last checkpoint copy, still going
+        waited.append([cmd for _, cmd, _ in fake.log])
+
     with pytest.MonkeyPatch.context() as mp:  # bring_back's own group, when it makes one
         mp.setattr("provision.nodes.group.default_connector", lambda inv: fake)
         recovery.bring_back(Failure("node lost", [lost], -1),
                             bootstrapped=lambda new: started.extend(n.name for n in new),
-                            group=kept if kept_open else None)
+                            group=kept if kept_open else None, copying=copying)
     assert started == ["node-1"]
+    [asked] = waited  # the newcomer readied while the copy went on; the restore after it
+    assert any(BOOTSTRAP.match(c) for c in asked) and not any("checkpoints &&" in c for c in asked)
     assert sorted(fake.connected) == ["node-0", "node-1", "node-2"]  # one login each
     for name in ("node-0", "node-2"):  # told about the newcomer, then the checkpoint
         fake.assert_ran(name, r"^mkdir -p ~/.ssh && .*tar -xzf -")
         assert any(b"ssh-ed25519 BBBB" in _unpacked(data) for data in fake.stdin(name))
         fake.assert_ran(name, r"^rm -rf .*checkpoints && .*tar -xzf -")
     assert any(b"checkpoint" in _unpacked(data) for data in fake.stdin("node-1"))
-    fake.assert_ran("node-1", r"remote\.pyz")  # bootstrapped
+    fake.assert_ran("node-1", BOOTSTRAP.pattern)  # bootstrapped, the others not
+    assert not any(BOOTSTRAP.match(c) for c in fake.commands("node-0") + fake.commands("node-2"))
     if kept_open:  # the caller's connections stay open for its next word (the re-form)
         assert fake.closed == []
         kept.run("reform")

@@ -289,13 +289,12 @@ class Recovery:
 
     def bring_back(self, failure: Failure,
                    bootstrapped: Callable[[list[NodeRecord]], None] | None = None,
-                   group: NodeGroup | None = None) -> None:
-        """Make the cluster whole again for a restart (replaced nodes bootstrapped, the
-        others told about them, the checkpoint on every node). Raises MgpuError if not.
-        Its phases begin a "recovery" timeline (the relaunch adds gate, first output line).
-        `bootstrapped`: the new nodes, before the restore (job/resident.py starts them).
-        `group`: open connections to the nodes that stay (job/resident.py's), used for
-        every step (NodeGroup.subset): each node is logged in to once per recovery."""
+                   group: NodeGroup | None = None,
+                   copying: Callable[[], object] | None = None) -> None:
+        """Make the cluster whole again (new nodes bootstrapped, the others told, the
+        checkpoint on every node) or raise MgpuError; a "recovery" timeline. job/resident.py
+        gives `bootstrapped` (called before the restore), `group` (its connections to the
+        nodes that stay: one login per node) and `copying` (waits for its last copy)."""
         timeline.begin(self.inv, "recovery")
         t0 = time.monotonic()
         nodes = failure.nodes if failure.kind in REPLACED_KINDS else []
@@ -322,6 +321,8 @@ class Recovery:
                     bootstrapped(replaced)
             t2 = time.monotonic()
             with timeline.timed(self.inv, "restore"):
+                if copying is not None:
+                    copying()
                 restored = self.keeper.restore(conns.subset(self.inv.nodes))
         self.store.save(self.inv)
         t3 = time.monotonic()

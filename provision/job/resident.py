@@ -36,7 +36,7 @@ from provision.job.recovery import EVENT_PREFIX, Failure, Recovery, Watcher
 from provision.model.errors import MgpuError
 from provision.model.inventory import NodeRecord
 from provision.model.nodejson import ResidentEvent, Unreadable, read, unreadable
-from provision.nodes import NodeGroup
+from provision.nodes import NodeGroup, background
 
 STOP_WAIT_S = 30.0  # for every rank left to stop on the lost peer (gloo: at once)
 GRACE_S = 6.0  # ranks stopped and no node lost after this: a rank crash (relaunch)
@@ -225,8 +225,8 @@ class Rejoin:
         run.event("node_lost", f"{failure.describe()}: resident restart", names)
         if self.on_failure is not None:
             self.on_failure(failure)
-        keeper = self.recovery.keeper
-        keeper.stop(gone=frozenset(names))  # one last copy from the nodes still here
+        keeper = self.recovery.keeper  # one last copy from the nodes still here, while
+        copying = background(lambda: keeper.stop(gone=frozenset(names)))  # a node is readied
         gen = self.ranks.next_generation()
         self.alone = self.alone or any(n.rank == 0 for n in nodes)
         count = self.restarts + self.used + 1  # this restart's number (counted once it worked)
@@ -250,7 +250,10 @@ class Rejoin:
                                                   survive=run.survive))
                 started[fut] = new
 
-        self.recovery.bring_back(failure, bootstrapped=begin, group=group)  # its logins
+        try:
+            self.recovery.bring_back(failure, bootstrapped=begin, group=group, copying=copying.result)
+        finally:  # ended before a full relaunch stops the keeper again
+            copying.result()
         keeper.start()
         layout = group.layout
         group.run(layout.remote_command(
