@@ -7,6 +7,7 @@ per-cluster known_hosts; paramiko's RejectPolicy refuses anything else.
 
 from __future__ import annotations
 
+import logging
 import os
 import shlex
 import socket
@@ -20,6 +21,13 @@ import paramiko
 from provision.model.errors import MgpuError, UserInputError
 from provision.model.inventory import Inventory, InventoryStore, NodeRecord
 from provision.model.keys import known_hosts_line, write_known_hosts
+
+# paramiko's transport thread logs a failed connection with its traceback (a booting node that
+# resets it before sshd's banner) and then raises it to the caller, who says it once
+# (transport.retry_open, NodeResult). With no logging set up, Python would print those records
+# on stderr in the middle of a run's output: a handler that drops them keeps them out, and a
+# handler the user sets up on the root logger still gets them.
+logging.getLogger("paramiko").addHandler(logging.NullHandler())
 
 
 class UnknownHostKeyError(paramiko.SSHException):  # type: ignore[misc]
