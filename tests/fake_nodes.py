@@ -8,6 +8,8 @@
     fake.assert_ran("node-0", r"tar -xzf -")
     fake.commands("node-0"), fake.stdin("node-0"), fake.connected
 
+`archive_files(fake.stdin(node)[0])`: the files of an archive a node was sent.
+
 Unscripted commands succeed with empty output. What `run_to_file` writes comes from
 `fake.files[(node, command)]` (or `fake.send(pattern, data)`: any command matching), and a file copied with transport.get_file from `fake.files[(node,
 remote path)]`. Everything a node was asked is recorded, in order, per node.
@@ -15,8 +17,10 @@ remote path)]`. Everything a node was asked is recorded, in order, per node.
 
 from __future__ import annotations
 
+import io
 import re
 import shlex
+import tarfile
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -139,3 +143,10 @@ class FakeConnection:
     def close(self) -> None:
         with self.fake.lock:
             self.fake.closed.append(self.node)
+
+
+def archive_files(archive: bytes) -> dict[str, bytes]:
+    """name -> bytes (b"" for a folder) of a gzip tar a node was sent (`fake.stdin(node)`)."""
+    with tarfile.open(fileobj=io.BytesIO(archive), mode="r:gz") as tar:
+        return {m.name: (tar.extractfile(m).read() if m.isfile() else b"")  # type: ignore[union-attr]
+                for m in tar.getmembers()}

@@ -11,7 +11,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from fake_nodes import FakeConnector
+from fake_nodes import FakeConnector, archive_files
 
 from provision.job.collect import fetch_outputs
 from provision.job.launch import run_job, workdir_of
@@ -39,11 +39,6 @@ def cluster(mgpu_home: Path) -> tuple[Inventory, InventoryStore]:
     return inv, store
 
 
-def _members(archive: bytes) -> dict[str, bytes]:
-    with tarfile.open(fileobj=io.BytesIO(archive), mode="r:gz") as tar:
-        return {m.name: (tar.extractfile(m).read() if m.isfile() else b"")  # type: ignore[union-attr]
-                for m in tar.getmembers()}
-
 
 def test_bootstrap_sends_one_archive_and_one_command_per_node(cluster) -> None:  # type: ignore[no-untyped-def]
     inv, store = cluster
@@ -54,7 +49,7 @@ def test_bootstrap_sends_one_archive_and_one_command_per_node(cluster) -> None: 
     for node in ("node-0", "node-1"):
         [command] = fake.commands(node)
         assert "tar -xzf - -C ~" in command and "authorized_keys" in command
-        files = _members(fake.stdin(node)[0])
+        files = archive_files(fake.stdin(node)[0])
         assert {".mgpu-cloud/remote.pyz", ".mgpu-cloud/hostfile", ".mgpu-cloud/ds_config.json",
                 ".mgpu-cloud/work/train_ddp.py", ".ssh/mgpu-cloud_demo_ed25519"} <= set(files)
         assert files[".mgpu-cloud/hostfile"].decode().split("\n")[:2] == [
@@ -120,7 +115,7 @@ def test_sync_replaces_the_workdir_everywhere(cluster) -> None:  # type: ignore[
         assert fake.commands(node)[0].startswith(
             "python3 .mgpu-cloud/remote.pyz job idle --pidfile .mgpu-cloud/job.pid && "
             "rm -rf .mgpu-cloud/work && mkdir -p"), "no job may run where the workdir goes"
-        assert ".mgpu-cloud/work/train_ddp.py" in _members(fake.stdin(node)[0])
+        assert ".mgpu-cloud/work/train_ddp.py" in archive_files(fake.stdin(node)[0])
 
 
 def test_the_state_folder_and_key_files_are_never_synced(
@@ -146,7 +141,7 @@ def test_the_state_folder_and_key_files_are_never_synced(
     fake = FakeConnector()
     sync_workdir(inv, workdir_of(inv, build_job_spec({}, {"script": str(project / "train.py")})),
                  log=lambda m: None, group=NodeGroup(inv, connector=fake))
-    files = set(_members(fake.stdin("node-0")[0]))
+    files = set(archive_files(fake.stdin("node-0")[0]))
     assert {".mgpu-cloud/work/train.py", ".mgpu-cloud/work/data/a.txt"} <= files
     leaked = [f for f in files if "/state" in f or "key" in f or "history" in f]
     assert leaked == [], leaked

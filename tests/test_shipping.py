@@ -4,13 +4,11 @@ controller's own syncs to the nodes), and wherever they lie under that folder.""
 
 from __future__ import annotations
 
-import io
 import os
-import tarfile
 from pathlib import Path
 
 import pytest
-from fake_nodes import FakeConnector
+from fake_nodes import FakeConnector, archive_files
 
 from provision.job.launch import workdir_of
 from provision.job.managed.handoff import controller_layout, controller_payload
@@ -45,11 +43,6 @@ def _secrets(home: Path) -> dict[str, bytes]:
             if p.is_file() and not p.name.endswith(".pub")}
 
 
-def _members(data: bytes) -> dict[str, bytes]:
-    with tarfile.open(fileobj=io.BytesIO(data), mode="r:gz") as tar:
-        return {m.name: (tar.extractfile(m).read() if m.isfile() else b"")  # type: ignore[union-attr]
-                for m in tar.getmembers()}
-
 
 def _leaks(members: dict[str, bytes], secrets: dict[str, bytes], work: str) -> list[str]:
     """Members under `work` that hold a key's bytes (or are named like one)."""
@@ -79,7 +72,7 @@ def test_the_hand_off_to_the_controller_ships_no_key_of_any_cluster(
     said: list[str] = []
     job = build_job_spec({}, {"script": str(root / "train.py")})
     data = controller_payload(inv, job, "1", {}, controller_layout(inv), said.append)
-    members = _members(data)
+    members = archive_files(data)
     work = ".mgpu-cloud/controller/jobs/1/work"
     assert {f"{work}/train.py", f"{work}/data/a.txt"} <= set(members)
     assert _leaks(members, _secrets(root / "state"), work) == []
@@ -99,7 +92,7 @@ def test_the_attached_sync_ships_no_key_and_says_so(
     said: list[str] = []
     sync_workdir(inv, workdir_of(inv, build_job_spec({}, {"script": str(root / "train.py")})),
                  log=said.append, group=NodeGroup(inv, connector=fake))
-    members = _members(fake.stdin("node-0")[0])
+    members = archive_files(fake.stdin("node-0")[0])
     assert ".mgpu-cloud/work/train.py" in members
     assert _leaks(members, _secrets(root / "state"), ".mgpu-cloud/work") == []
     assert any(line.startswith(f"left out of {root}") and line.endswith(": state")
@@ -118,7 +111,7 @@ def test_the_script_in_home_with_the_default_state_folder(
     inv = _cluster(InventoryStore(), "c1")
     assert Path(inv.key_path or "").is_relative_to(home / ".mgpu-cloud")
     job = build_job_spec({}, {"script": str(home / "train.py")})
-    members = _members(controller_payload(inv, job, "1", {}, controller_layout(inv)))
+    members = archive_files(controller_payload(inv, job, "1", {}, controller_layout(inv)))
     work = ".mgpu-cloud/controller/jobs/1/work"
     assert f"{work}/train.py" in members
     assert _leaks(members, _secrets(home / ".mgpu-cloud"), work) == []
@@ -138,7 +131,7 @@ def test_keys_elsewhere_under_the_folder_are_matched_by_what_they_are(
     (root / "data" / "link-to-state").symlink_to(root / "state")
     said: list[str] = []
     data = workdir_archive(root, [], inv, said.append)
-    names = set(_members(data))
+    names = set(archive_files(data))
     assert names >= {"train.py", "data/a.txt"}
     assert not names & {"state", "data/weights.bin", "keys-of-my-hosts/hosts_key",
                         "data/link-to-state"}, names
@@ -169,5 +162,5 @@ def test_the_controller_sends_the_nodes_nothing_of_its_own_state(
     work.mkdir(parents=True)
     (work / "train.py").write_text("print('hi')\n")
     os.link(inv.key_path or "", work / "copied_key")  # the same file under the job's folder
-    members = _members(workdir_archive(work, [], inv, None))
+    members = archive_files(workdir_archive(work, [], inv, None))
     assert set(members) == {"train.py"}, set(members)

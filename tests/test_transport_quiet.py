@@ -15,6 +15,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 PROGRAM = r"""
 import socket, struct, sys, threading
+from pathlib import Path
 from provision.model.inventory import Inventory, NodeRecord
 from provision.model.keys import generate_ed25519, write_private_key
 from provision.nodes import SshConnection, retry_open
@@ -30,7 +31,6 @@ def reset_every_connection():
         conn.close()  # an RST before any banner
 
 threading.Thread(target=reset_every_connection, daemon=True).start()
-from pathlib import Path
 key_file = Path(sys.argv[1])
 write_private_key(key_file, generate_ed25519("controller"))
 node = NodeRecord(name="node-0", rank=0, address="127.0.0.1", port=server.getsockname()[1],
