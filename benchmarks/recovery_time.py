@@ -16,6 +16,11 @@ here as it arrives):
                  rendezvous of every rank; resident: the word to re-form, the newcomer's
                  start, the group formed again)
     total        kill -> "resumed from step"
+    cpu, in nodes  CPU-seconds the whole machine was busy over "total" (/proc/stat), and how
+                 much of it the node containers used (docker's cpuacct cgroup, their sum).
+                 On one machine every node's work shares its cores: "total" cannot go below
+                 cpu / cores, so a recovery whose CPU grows with N grows with N here, however
+                 parallel its steps (a real node has its own cores)
 
 Baseline beside it, same run: `mgpu-cloud up` of N fresh nodes (what replacing the whole
 cluster would cost before the job could even start again; the relaunch comes on top).
@@ -43,6 +48,18 @@ from revisions import Tree, current, trees  # noqa: E402
 EXAMPLE = str(ROOT / "examples" / "train_ddp.py")
 SCRIPTS = {"relaunch": EXAMPLE, "resident": str(ROOT / "examples" / "train_resident.py")}
 DETECTED = re.compile(r"failure: node lost|node-1 lost: the ranks of")
+NODES_CPU = Path("/sys/fs/cgroup/cpuacct/docker/cpuacct.usage")  # cgroup v1, cgroupfs driver
+
+
+def cpu_now() -> tuple[float, float]:
+    """(machine busy, node containers) CPU-seconds so far; containers NaN if not readable."""
+    fields = [int(x) for x in Path("/proc/stat").read_text().split("\n")[0].split()[1:]]
+    busy = (sum(fields[:8]) - fields[3] - fields[4]) / os.sysconf("SC_CLK_TCK")  # not idle, iowait
+    try:
+        nodes = int(NODES_CPU.read_text()) / 1e9
+    except (OSError, ValueError):
+        nodes = float("nan")
+    return busy, nodes
 
 
 def one(n: int, home: str, cwd: str, tree: Tree, script: str = EXAMPLE,
@@ -64,6 +81,7 @@ def one(n: int, home: str, cwd: str, tree: Tree, script: str = EXAMPLE,
                 subprocess.run(["docker", "kill", f"{name}-node-1"], check=True,
                                capture_output=True)
                 marks["kill"] = time.monotonic()
+                cpu0 = cpu_now()
             elif DETECTED.search(line) and "detected" not in marks:
                 marks["detected"] = now
             elif m := re.search(r"ready to restart in [\d.]+ s: replacement ([\d.]+) s, "
@@ -73,6 +91,7 @@ def one(n: int, home: str, cwd: str, tree: Tree, script: str = EXAMPLE,
                                  map(float, m.groups()), strict=True))
             elif "resumed from step" in line:
                 marks["resumed"] = now
+                cpu1 = cpu_now()
                 break
     finally:
         proc.terminate()  # SIGTERM: the run tears the cluster down (after a spare being made)
@@ -83,7 +102,8 @@ def one(n: int, home: str, cwd: str, tree: Tree, script: str = EXAMPLE,
         raise SystemExit(f"N={n}: the run did not recover: {sorted(marks)}")
     return {"detection": marks["detected"] - marks["kill"], **split,
             "relaunch": marks["resumed"] - marks["ready"],
-            "total": marks["resumed"] - marks["kill"]}
+            "total": marks["resumed"] - marks["kill"],
+            "cpu": cpu1[0] - cpu0[0], "in nodes": cpu1[1] - cpu0[1]}
 
 
 def baseline_up(n: int, home: str) -> float:
@@ -108,7 +128,8 @@ def main() -> None:
     ap.add_argument("--against", metavar="REV", help="also time the recovery of git revision REV")
     args = ap.parse_args()
     more = ("--spares", str(args.spares)) if args.spares else ()
-    cols = ["detection", "replacement", "bootstrap", "restore", "relaunch", "total"]
+    cols = ["detection", "replacement", "bootstrap", "restore", "relaunch", "total", "cpu",
+            "in nodes"]
     print(f"medians of {args.repeat} run(s); {os.cpu_count()} CPUs; load "
           f"{os.getloadavg()[0]:.1f}; spares {args.spares}; seconds")
     print(f"{'N':>3} {'tree':>10} {'how':>9} " + " ".join(f"{c:>11}" for c in cols)

@@ -19,6 +19,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "monitor": ("remote.monitor", "GPU/CPU/memory/load samples, one JSON line each"),
     "job": ("remote.jobs", "start / follow / status / cancel a job that outlives its session"),
     "store": ("remote.storesync", "push files to / pull a folder from a durable store (s3, gs, file)"),
+    "script": ("remote.script", "the job's script in this process, as python would run it"),
     "injob": ("remote.injob", "the fabric gate in the job's own processes, then its script"),
     "resident": ("remote.resident", "tell this node's resident ranks to re-form with a newcomer"),
     "warm": ("remote.warm", "a warm spare's launcher: torch imported, waiting for a lost rank"),

@@ -37,15 +37,11 @@ Stdlib only at import; torch is imported when the gate runs.
 from __future__ import annotations
 
 import argparse
-import atexit
 import ctypes
 import datetime
 import gc
-import itertools
 import json
 import os
-import runpy
-import signal
 import sys
 import threading
 import time
@@ -53,6 +49,7 @@ from typing import Any
 
 from remote.allreduce import Mesh, emit, gate_measure, resolve
 from remote.gatejudge import judge, merge_pairs
+from remote.script import as_a_new_process, forked, run_script, run_script_forked
 from remote.transport import Transport, relevant, transport_of
 
 EXIT_GATE_FAILED = 8  # the controller's launch-error code: the job was not started
@@ -274,74 +271,6 @@ def _mark_node(store: Any, mesh: Mesh, verdict: dict[str, Any]) -> None:
         keys.set(key, "1")
     else:
         keys.wait([key])
-
-
-def run_script(argv: list[str]) -> None:
-    """SCRIPT ARGS in this process, as `python SCRIPT ARGS` would run it."""
-    script = argv[0]
-    sys.argv = list(argv)
-    sys.path[0] = os.path.dirname(os.path.abspath(script))
-    runpy.run_path(script, run_name="__main__")
-
-
-def forked() -> bool:
-    """True in a worker that torchrun's agent forked (`--run_path --start_method fork`, what
-    provision/job/launchers/torchrun.py asks for with the gate), not in one it started as a new
-    interpreter: then the agent's `import torch` is this process's too."""
-    mp = sys.modules.get("multiprocessing")  # a new interpreter has not imported it
-    return mp is not None and mp.parent_process() is not None
-
-
-def as_a_new_process() -> None:
-    """What a forked worker inherits of the agent and a new interpreter would not have: its
-    signal handlers (elastic's, which turn SIGTERM into an exception in the script), its
-    exit handlers (they are the agent's, and a forked worker ends with os._exit, so they would
-    not run anyway) and multiprocessing's idea that this is a child. The tool's own
-    sitecustomize handlers are registered again."""
-    for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT):
-        signal.signal(sig, signal.SIG_DFL)
-    signal.signal(signal.SIGINT, signal.default_int_handler)
-    atexit._clear()
-    # multiprocessing's view: the main process, no parent (a library may check either to
-    # tell whether it runs in a worker of its own), no children
-    from multiprocessing import process
-
-    this = process.current_process()
-    this._identity, this.name = (), "MainProcess"
-    process._parent_process = None  # type: ignore[attr-defined]
-    process._children = set()  # type: ignore[attr-defined]
-    process._process_counter = itertools.count(1)  # type: ignore[attr-defined]
-    register = getattr(sys.modules.get("sitecustomize"), "register_exit_handlers", None)
-    if register is not None:
-        register()
-
-
-def run_script_forked(argv: list[str]) -> None:
-    """run_script, then what a new interpreter does at its end, which a forked worker would
-    skip (multiprocessing ends it with os._exit): the traceback of an exception on stderr
-    (torch's wrapper would only hand it to the agent), the wait for non-daemon threads and the
-    exit handlers. The exit code is the interpreter's: sys.exit's, 1 after an exception."""
-    try:
-        run_script(argv)
-    except SystemExit:
-        _at_exit()
-        raise
-    except BaseException as exc:
-        sys.excepthook(type(exc), exc, exc.__traceback__)
-        _at_exit()
-        if isinstance(exc, KeyboardInterrupt):  # as the interpreter: killed by SIGINT
-            signal.signal(signal.SIGINT, signal.SIG_DFL)
-            os.kill(os.getpid(), signal.SIGINT)
-        raise SystemExit(1) from None
-    _at_exit()
-
-
-def _at_exit() -> None:
-    main = threading.current_thread()
-    for thread in threading.enumerate():
-        if thread is not main and not thread.daemon:
-            thread.join()
-    atexit._run_exitfuncs()
 
 
 def main(cmd: str, argv: list[str]) -> int:

@@ -312,22 +312,8 @@ def run(fn: Callable[[World], T], *, backend: str | None = None) -> T:
 def main(command: str, argv: list[str]) -> int:
     """`resident reform --dir D --gen G [--master ADDR] [--cut HOST ...]`: the controller's
     word to the resident ranks of this node (written atomically; they poll it): a later
-    generation to form, or the hosts to cut the current one's connections to. `resident start -- SCRIPT ARGS`:
-    a newcomer's rank, SCRIPT run in this process as `python SCRIPT ARGS` would; a worker its
-    launcher forked (torch imported already) first made to look like a new interpreter
-    (remote/injob.py's, as for the fabric gate)."""
-    if argv[:1] == ["start"]:
-        from remote.injob import as_a_new_process, forked, run_script, run_script_forked
-
-        script = argv[argv.index("--") + 1:] if "--" in argv else argv[1:]
-        if not script:
-            print(f"remote.pyz {command} start: no script after `--`", file=sys.stderr)
-            return 2
-        in_fork = forked()
-        if in_fork:
-            as_a_new_process()
-        (run_script_forked if in_fork else run_script)(script)
-        return 0
+    generation to form, or the hosts to cut the current one's connections to. (A newcomer's
+    ranks start as every forked rank does: `remote.pyz script -- SCRIPT ARGS`.)"""
     ap = argparse.ArgumentParser(prog=f"remote.pyz {command}")
     sub = ap.add_subparsers(dest="action", required=True)
     reform = sub.add_parser("reform", help="tell this node's resident ranks to re-form")

@@ -175,14 +175,16 @@ def test_in_a_container_the_entry_is_the_mounted_copy_and_the_node_rank_is_passe
         assert "MGPU_NODE_RANK=1" in words
 
 
-def test_torchrun_forks_the_gated_workers_from_its_agent_where_it_can() -> None:
-    """With the gate in the launch, torchrun's agent forks the workers (its `import torch`
-    is theirs); not without the gate, nor where the agent asks CUDA for the count ("gpu")."""
+def test_torchrun_forks_the_workers_from_its_agent_where_it_can() -> None:
+    """torchrun's agent forks the workers (its `import torch` is theirs), gated or not: each
+    starts through its entry (the gate's `injob`, else `script`); not where the agent asks CUDA
+    for the count ("gpu"), nor under a launcher that has no agent forking (DeepSpeed,
+    accelerate: the script is theirs as given). Only the gate's ranks learn their node rank."""
     import shlex
 
     from provision.job.launch import node_command
 
-    def torchrun_words(options: dict[str, object], gated: bool) -> list[str]:
+    def launch_words(options: dict[str, object], gated: bool) -> list[str]:
         job = build_job_spec({}, {"script": EXAMPLE, "fabric_check": "on", **options})
         inv = inventory(2)
         line = node_command(inv, job, inv.nodes[1], entry=entry_words(inv, job) if gated
@@ -190,14 +192,21 @@ def test_torchrun_forks_the_gated_workers_from_its_agent_where_it_can() -> None:
         return shlex.split(line)
 
     nvml = "PYTORCH_NVML_BASED_CUDA_CHECK=1"  # else the agent's CUDA check poisons the fork
-    forked = torchrun_words({"nproc_per_node": 2}, gated=True)
-    start = forked.index("--run_path")
-    assert forked[start:start + 4] == ["--run_path", "--start_method", "fork",
-                                       "/h/.mgpu-cloud/remote.pyz"]
-    assert nvml in forked[:forked.index("torchrun")]
-    for words in (torchrun_words({"nproc_per_node": 2}, gated=False),
-                  torchrun_words({"nproc_per_node": "gpu"}, gated=True)):
+    for gated, entry in ((True, "injob"), (False, "script")):
+        forked = launch_words({"nproc_per_node": 2}, gated=gated)
+        start = forked.index("--run_path")
+        assert forked[start:start + 5] == ["--run_path", "--start_method", "fork",
+                                           "/h/.mgpu-cloud/remote.pyz", entry], forked
+        assert nvml in forked[:forked.index("torchrun")]
+        assert ("MGPU_NODE_RANK=1" in forked) is gated
+    for words in (launch_words({"nproc_per_node": "gpu"}, gated=True),
+                  launch_words({"nproc_per_node": "gpu"}, gated=False)):
         assert "--run_path" not in words and nvml not in words
-    own = torchrun_words({"nproc_per_node": 2, "env": {"PYTORCH_NVML_BASED_CUDA_CHECK": "0"}},
-                         gated=True)
+    assert "remote.pyz script" not in " ".join(launch_words({"nproc_per_node": "gpu"}, False))
+    for launcher in ("deepspeed", "accelerate"):
+        words = launch_words({"nproc_per_node": 2, "launcher": launcher}, gated=False)
+        assert "remote.pyz script" not in " ".join(words) and nvml not in words, words
+        assert "--run_path" not in words and EXAMPLE.rsplit("/", 1)[-1] in " ".join(words)
+    own = launch_words({"nproc_per_node": 2, "env": {"PYTORCH_NVML_BASED_CUDA_CHECK": "0"}},
+                       gated=True)
     assert "PYTORCH_NVML_BASED_CUDA_CHECK=0" in own and nvml not in own  # the job's own value

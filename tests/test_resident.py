@@ -143,9 +143,9 @@ def test_a_newcomers_command_joins_or_starts_alone() -> None:
                           join=Join(2, "10.0.0.1", 2, 4, alone=False))
     for word in ("MGPU_RESIDENT_GEN=2", "MGPU_RESIDENT_MASTER=10.0.0.1",
                  "MGPU_RESIDENT_BASE=2", "MGPU_RESIDENT_WORLD=4", "--node_rank 1",
-                 "--run_path --start_method fork", "/remote.pyz resident start -- "):
+                 "--run_path --start_method fork", "/remote.pyz script -- "):
         assert word in joined, joined  # its ranks forked from the agent: torch imported once
-    assert "--run_path" not in plain and "MGPU_NODE_RANK" not in joined
+    assert "MGPU_RESIDENT_GEN" not in plain and "MGPU_NODE_RANK" not in joined
     alone = node_command(inv, job, inv.nodes[0], job_id="7",
                          join=Join(1, "10.0.0.1", 0, 4, alone=True))
     assert "torchrun --standalone --nnodes 1 --nproc_per_node 2 --run_path --start_method " \

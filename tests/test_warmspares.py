@@ -81,7 +81,7 @@ def test_the_spares_launcher_is_the_jobs_part_there_and_the_word_names_the_newco
         "--env", "MGPU_RESTART_COUNT=2", "--",
         "torchrun", "--nnodes", "2", "--nproc_per_node", "2", "--node_rank", "1",
         "--master_addr", "10.0.0.1", "--master_port", "29500", "--run_path", "--start_method",
-        "fork", "/h/.mgpu-cloud/remote.pyz", "resident", "start", "--", "train_resident.py",
+        "fork", "/h/.mgpu-cloud/remote.pyz", "script", "--", "train_resident.py",
         "--steps", "60"]
     alone = _as_the_node_sees(promote_command(inv, job, promoted, job_id="7", restart_count=2,
                                               join=Join(1, "10.0.0.2", 0, 4, True)), "python3 ")

@@ -161,8 +161,9 @@ def node_command(
     is such a newcomer (remote/resident.py); `warm`: `node` is a ready spare, whose launcher
     imports torch and waits to be promoted to a lost node's rank (remote/warm.py)."""
     home = RemoteLayout(HomePath(inv.remote_root))
-    if join is not None or warm:  # forked from its launcher, which imported torch
-        entry = list(RESIDENT_ENTRY)
+    gated = bool(entry) and join is None and not warm
+    if join is not None or warm or (entry is None and get_launcher(job.launcher).forks(job)):
+        entry = list(SCRIPT_ENTRY)  # the ranks forked from their launcher, which imported torch
     ctx = _context(inv, job, entry)
     node = launch_rank(inv, node)
     job_id = job_id or adhoc_job_id()
@@ -172,7 +173,7 @@ def node_command(
     supervise = supervisor_words(home, job_id, detach, preempt, job_container(inv, job),
                                  survive)
     env = job_env(inv, job, ctx.layout, restart_count)
-    if entry and join is None and not warm:
+    if gated:
         env["MGPU_NODE_RANK"] = str(node.rank)
     if program is not None:
         program = _in_root(ctx.layout, program)
@@ -198,7 +199,7 @@ def node_command(
     return f"{prefix}exec env {assignments} {words(supervise + argv)}"
 
 
-RESIDENT_ENTRY = ("@root/remote.pyz", "resident", "start", "--")  # a newcomer's forked ranks
+SCRIPT_ENTRY = ("@root/remote.pyz", "script", "--")  # a forked rank's start (remote/script.py)
 
 
 def warm_word(layout: RemoteLayout, job_id: str) -> str:
@@ -224,7 +225,7 @@ def promote_command(inv: Inventory, job: JobSpec, node: NodeRecord, *, job_id: s
     """`remote.pyz warm promote` on a warm spare that takes `node`'s rank: the words and the
     variables its waiting launcher runs torchrun with (remote/warm.py) - those of node_command's
     newcomer that differ from what the spare's launcher was started with."""
-    ctx = _context(inv, job, list(RESIDENT_ENTRY))
+    ctx = _context(inv, job, list(SCRIPT_ENTRY))
     argv = get_launcher(job.launcher).rejoin_argv(ctx, launch_rank(inv, node), join.alone)
     env = {**join.env(), "MGPU_RESTART_COUNT": str(restart_count)}
     home = RemoteLayout(HomePath(inv.remote_root))

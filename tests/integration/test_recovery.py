@@ -89,7 +89,7 @@ def test_a_stopped_rank_is_a_hang_with_stacks_then_a_restart(tmp_path: Path,
     stopped = time.monotonic()
     # SIGSTOP one rank (a Python training process, not the torchrun agent) on node-1
     subprocess.run(["docker", "exec", f"{cluster_name}-node-1", "sh", "-c",
-                    "kill -STOP $(pgrep -f -- '-u [t]rain_ddp.py' | sort -n | tail -1)"],
+                    "kill -STOP $(pgrep -f -- '[t]rain_ddp.py' | sort -n | tail -1)"],
                    check=True)
     run.wait_for(r"the job looks hung")
     detected = time.monotonic() - stopped

@@ -85,6 +85,12 @@ class Launcher(ABC):
         reaches every rank when the launcher starts processes itself on other nodes."""
         return "", []
 
+    def forks(self, job: JobSpec) -> bool:
+        """Whether the launcher forks the job's workers from its own process (torch imported
+        once per node, not once per rank) when each starts the script through `remote.pyz
+        script --` (provision/job/launch.py's SCRIPT_ENTRY, remote/script.py)."""
+        return False
+
     def resident(self, job: JobSpec) -> bool:
         """Whether a lost node's newcomer can join the other nodes' resident ranks (issue 44:
         remote/resident.py) with `rejoin_argv`; False: a lost node relaunches every rank."""

@@ -1,11 +1,15 @@
 """torchrun on every node: static ranks (--node_rank, --master_addr node-0), or c10d
 rendezvous (--rdzv) where ranks are assigned as nodes join.
 
-With the fabric gate in the job's launch (ctx.entry: `remote.pyz injob ... --`), the agent
-forks its workers (`--run_path --start_method fork`) instead of starting a new interpreter
-for each: the agent has imported torch already, so the gate's `import torch` costs nothing
-and neither does the script's. remote/injob.py makes the forked worker start the script as
-a new interpreter would (signal and exit handlers, traceback, exit code). A forked child can
+The agent forks its workers (`--run_path --start_method fork`) instead of starting a new
+interpreter for each, wherever a node's process count is a number: every rank starts the
+script through ctx.entry (`remote.pyz script --`, or with the fabric gate in the job's launch
+`remote.pyz injob ... --`), and the agent has imported torch already, so neither the gate's
+`import torch` nor the script's costs anything. A rank started as a new interpreter costs
+~1.9 s of CPU on a docker node here, ~0.75 of it `import torch` and ~0.45 the interpreter's
+shutdown (a torchrun of 2 ranks, DDP, 5 steps: 4.6 -> 2.9 CPU-s for the node). remote/script.py
+makes the forked worker start the script as a new interpreter would and end like one (signal
+and exit handlers, traceback, exit code, its files flushed). A forked child can
 use CUDA only if the agent never initialised it: the agent checks CUDA through NVML
 (PYTORCH_NVML_BASED_CUDA_CHECK=1, unless the job sets it), and there is no fork where a node's
 process count is "gpu": the agent would ask CUDA for the count."""
@@ -33,6 +37,11 @@ class Torchrun(Launcher):
             argv += ["--run_path", "--start_method", "fork"]
         return argv + ctx.script(program)
 
+    def forks(self, job: JobSpec) -> bool:
+        """Not with --nproc-per-node gpu: the agent would ask CUDA for the count before it
+        forks, and a child forked after that cannot use CUDA."""
+        return job.nproc_per_node != "gpu"
+
     def resident(self, job: JobSpec) -> bool:
         """Static ranks only: with --rdzv the agents' rendezvous would wait for the lost
         agent at the end (its exit barrier) and a newcomer cannot take its place."""
@@ -44,7 +53,7 @@ class Torchrun(Launcher):
         its store (the ranks it assigned are still there), and at the end that agent's exit
         barrier counts the newcomer in place of the lost agent (else it would wait 300 s
         for it). Without it (node 0 lost) the agent runs alone (--standalone). Its workers
-        are forked from the agent (ctx.entry: `remote.pyz resident start --`), which has
+        are forked from the agent (ctx.entry: `remote.pyz script --`), which has
         imported torch: one import on the newcomer instead of one per rank."""
         if alone:
             forks = ["--run_path", "--start_method", "fork"] if _forks(ctx, node) else []
@@ -67,8 +76,8 @@ class Torchrun(Launcher):
 
 
 def _forks(ctx: LaunchContext, node: NodeRecord) -> bool:
-    """The agent forks the job's workers: with the gate in the launch, on a node whose
-    process count is a number."""
+    """The agent forks the job's workers: when they start through an entry (the script's or
+    the gate's), on a node whose process count is a number."""
     return bool(ctx.entry) and ctx.nproc(node).isdigit()
 
 

@@ -74,8 +74,9 @@ def test_images_run_with_the_runtime_the_nodes_have() -> None:
     assert (" -- env MGPU_CLUSTER=c1 MGPU_OUTPUT_DIR=/mgpu/outputs "
             "MGPU_CHECKPOINT_DIR=/mgpu/checkpoints MGPU_RESTART_COUNT=0 PYTHONPATH=/mgpu/py "
             "PYTHONUNBUFFERED=1 A=x,y MGPU_RESIDENT_DIR=/mgpu/jobs/7 MGPU_RESIDENT_PORT=29501 "
-            "apptainer exec --bind \"$HOME\"/.mgpu-cloud/slurm/c1:/mgpu --pwd /mgpu/work --nv "
+            "PYTORCH_NVML_BASED_CUDA_CHECK=1 apptainer exec --bind \"$HOME\"/.mgpu-cloud/slurm/c1:/mgpu --pwd /mgpu/work --nv "
             "docker://nvcr.io/nvidia/pytorch:24.06-py3 torchrun ") in line, line
+    assert line.endswith(" --run_path --start_method fork /mgpu/remote.pyz script -- train_ddp.py")
     assert "docker run" not in line and "sudo" not in line
     assert "--container" not in line  # apptainer's processes are the supervisor's own
     inv.container_runtime = "none"
