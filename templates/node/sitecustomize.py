@@ -19,6 +19,13 @@
 #   end of every launch (a process that imports torch and exits, in a node container: 1.38 ->
 #   1.00 s, medians of 4). Launchers only: a user's script may count on cyclic garbage
 #   being finalised at exit (a file in a cycle is flushed then). MGPU_EXIT_FREEZE=0: off;
+# - torchrun's agent that forks the ranks (`--run_path --start_method fork`, what the tool asks
+#   for: provision/job/launchers/torchrun.py) imports torchrun here with the collector off and
+#   hands those objects to the permanent generation (as remote/injob.py does for the gate):
+#   the ranks it forks inherit them, and their collections (their end's too: remote/script.py
+#   flushes files and collects, 0.2 s of CPU per rank over torch's 300,000 objects) walk only
+#   what the script made. Nothing more is imported than torchrun imports anyway
+#   (MGPU_EXIT_FREEZE=0: off too);
 # - the tool's node package (remote.pyz, beside this folder) is importable, last on the path
 #   (a module of the job's own named `remote` comes first): a script opts in to resident
 #   restarts with `from remote.resident import run` (issue 44).
@@ -39,11 +46,32 @@ _LAUNCHERS = ("torchrun", "accelerate", "deepspeed", "torch/distributed/run.py",
               "deepspeed/launcher/launch.py", "deepspeed/launcher/runner.py")
 
 
+def _launcher(names=_LAUNCHERS):
+    program = (sys.argv[0] if sys.argv else "").replace(os.sep, "/")
+    return os.environ.get("MGPU_EXIT_FREEZE", "1") != "0" and any(
+        program == name or program.endswith("/" + name) for name in names)
+
+
+def _import_frozen_in_a_forking_agent():
+    argv = sys.argv[1:]
+    forks = "--start_method" in argv and argv[argv.index("--start_method") + 1:][:1] == ["fork"]
+    if not (forks and "--run_path" in argv and _launcher(("torchrun", "torch/distributed/run.py"))):
+        return
+    import gc
+
+    gc.disable()
+    try:
+        import torch.distributed.run  # noqa: F401
+    except Exception:  # torchrun itself says what is wrong with its torch
+        return
+    finally:
+        gc.enable()
+    gc.freeze()
+
+
 def _freeze_a_launcher_at_exit():
     # run last: after every other exit handler
-    program = (sys.argv[0] if sys.argv else "").replace(os.sep, "/")
-    if os.environ.get("MGPU_EXIT_FREEZE", "1") == "0" or not any(
-            program == name or program.endswith("/" + name) for name in _LAUNCHERS):
+    if not _launcher():
         return
     import gc
 
@@ -84,3 +112,4 @@ def register_exit_handlers():
 
 
 register_exit_handlers()
+_import_frozen_in_a_forking_agent()

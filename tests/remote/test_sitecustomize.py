@@ -150,3 +150,32 @@ def test_the_node_package_beside_it_is_importable_after_the_jobs_own_modules(
     (job / "remote" / "__init__.py").write_text("")
     (job / "remote" / "resident.py").write_text("")
     assert probe() == str(job / "remote" / "resident.py")
+
+
+# --- torchrun's agent that forks the ranks: torchrun imported with the collector off, frozen ----
+FORKED_RANK = """import gc, os, sys
+print("rank", os.environ["RANK"], "torch before the script:", "torch" in sys.modules,
+      "frozen:", gc.get_freeze_count() > 10000, flush=True)
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("fork", [True, False], ids=["forked", "spawned"])
+def test_a_forking_agents_torch_is_frozen_for_its_ranks(tmp_path: Path, fork: bool) -> None:
+    """Forked (`--run_path --start_method fork`, the tool's torchrun): the ranks start with
+    torch imported and frozen by their agent, so their collections (and remote/script.py's at
+    their end) skip it; spawned ranks are new interpreters, nothing frozen."""
+    pytest.importorskip("torch.distributed")
+    (tmp_path / "rank.py").write_text(FORKED_RANK)
+    root = NODE_TEMPLATES.parents[1]
+    program = (["--run_path", "--start_method", "fork", str(root / "remote" / "__main__.py"),
+                "script", "--"] if fork else [])
+    torchrun = str(Path(sys.executable).parent / "torchrun")  # its program name, as on a node
+    res = subprocess.run(
+        [torchrun, "--standalone", "--nproc_per_node", "2", *program, "rank.py"], capture_output=True, text=True, timeout=240, cwd=tmp_path,
+        env={**os.environ, "OMP_NUM_THREADS": "1",
+             "PYTHONPATH": f"{NODE_TEMPLATES}{os.pathsep}{root}"})
+    assert res.returncode == 0, res.stderr[-3000:]
+    for rank in (0, 1):
+        assert f"rank {rank} torch before the script: {fork} frozen: {fork}" in res.stdout, \
+            res.stdout
