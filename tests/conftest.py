@@ -38,10 +38,10 @@ def _engine_share(request: pytest.FixtureRequest) -> Iterator[None]:
     timeout) runs while no other test of this run uses the engine; engine tests share the
     engine with each other (xdist workers). A lock file of this run (tests/engine.py)."""
     order = _start_order(request.node)
-    if order == 2:  # not on the engine
+    if order == 3:  # not on the engine
         yield
         return
-    with engine.engine_lock(exclusive=order == 3):
+    with engine.engine_lock(exclusive=order == 2):
         yield
 
 
@@ -100,15 +100,17 @@ def pytest_collection_finish(session: pytest.Session) -> None:
 
 def _start_order(item: pytest.Item) -> int:
     """0: long scenarios (`slow`) and groups sharing one cluster (an xdist_group runs as one
-    unit); 1: the other tests on the engine; 2: the rest; 3: `serial` tests, last (they wait
-    for the engine to be theirs alone, which it is once the others are done)."""
+    unit); 1: the other tests on the engine; 2: `serial` tests (they wait for the engine to be
+    theirs alone, which it is once the others are done); 3: the rest, not on the engine, last:
+    they keep the other workers busy while a serial test runs (when serial tests came last,
+    the suite ended with ~90 s of one scenario at a time on a half-idle machine)."""
     if item.get_closest_marker("serial"):
-        return 3
+        return 2
     if item.get_closest_marker("slow") or item.get_closest_marker("xdist_group"):
         return 0
     engine_test = item.get_closest_marker("docker") or "node_image" in getattr(
         item, "fixturenames", ())
-    return 1 if engine_test else 2
+    return 1 if engine_test else 3
 
 
 def pytest_sessionstart(session: pytest.Session) -> None:
