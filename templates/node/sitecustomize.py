@@ -20,11 +20,14 @@
 #   1.00 s, medians of 4). Launchers only: a user's script may count on cyclic garbage
 #   being finalised at exit (a file in a cycle is flushed then). MGPU_EXIT_FREEZE=0: off;
 # - torchrun's agent that forks the ranks (`--run_path --start_method fork`, what the tool asks
-#   for: provision/job/launchers/torchrun.py) imports torchrun here with the collector off and
-#   hands those objects to the permanent generation (as remote/injob.py does for the gate):
-#   the ranks it forks inherit them, and their collections (their end's too: remote/script.py
-#   flushes files and collects, 0.2 s of CPU per rank over torch's 300,000 objects) walk only
-#   what the script made. Nothing more is imported than torchrun imports anyway
+#   for: provision/job/launchers/torchrun.py) imports here, with the collector off, torchrun
+#   and what a warm spare's launcher imports (remote/warm.py's preloads: torch._dynamo, which
+#   DDP's constructor and the first optimizer import in every rank, and the job's
+#   MGPU_WARM_IMPORTS), then hands those objects to the permanent generation (as
+#   remote/injob.py does for the gate): the ranks it forks inherit them, and their collections
+#   (their end's too: remote/script.py flushes files and collects, 0.2 s of CPU per rank over
+#   torch's 300,000 objects) walk only what the script made. A node's torchrun of 2 DDP ranks:
+#   4.2 CPU-s spawned, 2.8 forked, 1.9 forked from a frozen agent, 1.4 with torch._dynamo too
 #   (MGPU_EXIT_FREEZE=0: off too);
 # - the tool's node package (remote.pyz, beside this folder) is importable, last on the path
 #   (a module of the job's own named `remote` comes first): a script opts in to resident
@@ -58,10 +61,19 @@ def _import_frozen_in_a_forking_agent():
     if not (forks and "--run_path" in argv and _launcher(("torchrun", "torch/distributed/run.py"))):
         return
     import gc
+    import importlib
 
     gc.disable()
     try:
         import torch.distributed.run  # noqa: F401
+
+        from remote.warm import preloads  # what a warm spare's launcher imports too
+
+        for name in preloads(os.environ):
+            try:
+                importlib.import_module(name)
+            except Exception:  # the script's own import of it says what is wrong
+                pass
     except Exception:  # torchrun itself says what is wrong with its torch
         return
     finally:

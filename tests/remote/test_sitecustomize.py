@@ -154,7 +154,8 @@ def test_the_node_package_beside_it_is_importable_after_the_jobs_own_modules(
 
 # --- torchrun's agent that forks the ranks: torchrun imported with the collector off, frozen ----
 FORKED_RANK = """import gc, os, sys
-print("rank", os.environ["RANK"], "torch before the script:", "torch" in sys.modules,
+before = all(m in sys.modules for m in ("torch", "torch._dynamo", "xml.dom.minidom"))
+print("rank", os.environ["RANK"], "torch before the script:", before,
       "frozen:", gc.get_freeze_count() > 10000, flush=True)
 """
 
@@ -163,8 +164,9 @@ print("rank", os.environ["RANK"], "torch before the script:", "torch" in sys.mod
 @pytest.mark.parametrize("fork", [True, False], ids=["forked", "spawned"])
 def test_a_forking_agents_torch_is_frozen_for_its_ranks(tmp_path: Path, fork: bool) -> None:
     """Forked (`--run_path --start_method fork`, the tool's torchrun): the ranks start with
-    torch imported and frozen by their agent, so their collections (and remote/script.py's at
-    their end) skip it; spawned ranks are new interpreters, nothing frozen."""
+    torch, torch._dynamo and the job's MGPU_WARM_IMPORTS imported and frozen by their agent,
+    so their collections (and remote/script.py's at their end) skip them; spawned ranks are
+    new interpreters, nothing imported or frozen."""
     pytest.importorskip("torch.distributed")
     (tmp_path / "rank.py").write_text(FORKED_RANK)
     root = NODE_TEMPLATES.parents[1]
@@ -173,7 +175,7 @@ def test_a_forking_agents_torch_is_frozen_for_its_ranks(tmp_path: Path, fork: bo
     torchrun = str(Path(sys.executable).parent / "torchrun")  # its program name, as on a node
     res = subprocess.run(
         [torchrun, "--standalone", "--nproc_per_node", "2", *program, "rank.py"], capture_output=True, text=True, timeout=240, cwd=tmp_path,
-        env={**os.environ, "OMP_NUM_THREADS": "1",
+        env={**os.environ, "OMP_NUM_THREADS": "1", "MGPU_WARM_IMPORTS": "xml.dom.minidom,no_such",
              "PYTHONPATH": f"{NODE_TEMPLATES}{os.pathsep}{root}"})
     assert res.returncode == 0, res.stderr[-3000:]
     for rank in (0, 1):

@@ -7,9 +7,10 @@ script through ctx.entry (`remote.pyz script --`, or with the fabric gate in the
 `remote.pyz injob ... --`), and the agent has imported torch already, so neither the gate's
 `import torch` nor the script's costs anything. A rank started as a new interpreter costs
 ~1.9 s of CPU on a docker node here, ~0.75 of it `import torch` and ~0.45 the interpreter's
-shutdown; the agent imports torch with the collector off and freezes it (the node's
-sitecustomize), so the ranks' collections skip it (a torchrun of 2 ranks, DDP, 5 steps: 4.2
-CPU-s for the node spawned, 2.8 forked, 1.9 forked from a frozen agent). remote/script.py
+shutdown; the agent imports torch and torch._dynamo (which DDP and the first optimizer import)
+with the collector off and freezes them (the node's sitecustomize), so the ranks neither import
+them nor walk them in their collections (a torchrun of 2 ranks, DDP, 5 steps: 4.2 CPU-s for the
+node spawned, 2.8 forked, 1.4 forked from such an agent). remote/script.py
 makes the forked worker start the script as a new interpreter would and end like one (signal
 and exit handlers, traceback, exit code, its files flushed). A forked child can
 use CUDA only if the agent never initialised it: the agent checks CUDA through NVML
