@@ -15,7 +15,8 @@ from pathlib import Path
 import engine
 import pytest
 
-pytestmark = [pytest.mark.docker]
+# on the engine (docker): only the tests that make objects there or hold its lock; the rest
+# would wait as engine tests while a serial test has it (one did, 48 s)
 
 
 def token() -> str:
@@ -49,6 +50,7 @@ def lease(run: str, pid: int, start: str | None) -> Path:
     return path
 
 
+@pytest.mark.docker
 def test_a_killed_runs_objects_go_and_nothing_else(made: list[str], node_image: str) -> None:
     killed, live, unleased = token(), token(), token()
     # a killed run: a lease whose process is gone (a pid's start time that is not its own)
@@ -97,6 +99,7 @@ def test_owner(name: str, labels: dict[str, str], owner: str | None) -> None:
     assert engine.owner(name, labels) == owner
 
 
+@pytest.mark.docker
 def test_a_serial_test_waits_for_every_engine_test_and_they_share() -> None:
     def try_lock(kind: int) -> bool:
         with (engine.LEASES / f"{engine.RUN}.lock").open("a") as f:
