@@ -41,7 +41,7 @@ def run_script(argv: list[str]) -> None:
 
 def forked() -> bool:
     """True in a worker that torchrun's agent forked (`--run_path --start_method fork`, what
-    provision/job/launchers/torchrun.py asks for with the gate), not in one it started as a new
+    provision/job/launchers/torchrun.py asks for), not in one it started as a new
     interpreter: then the agent's `import torch` is this process's too."""
     mp = sys.modules.get("multiprocessing")  # a new interpreter has not imported it
     return mp is not None and mp.parent_process() is not None
