@@ -49,7 +49,7 @@ from typing import Any
 
 from remote.allreduce import Mesh, emit, gate_measure, resolve
 from remote.gatejudge import judge, merge_pairs
-from remote.script import as_a_new_process, forked, run_script, run_script_forked
+from remote.script import made_new
 from remote.transport import Transport, relevant, transport_of
 
 EXIT_GATE_FAILED = 8  # the controller's launch-error code: the job was not started
@@ -282,9 +282,7 @@ def main(cmd: str, argv: list[str]) -> int:
     if not script:
         print(f"remote.pyz {cmd}: no script after `--`", file=sys.stderr)
         return 2
-    in_agent_fork = forked()
-    if in_agent_fork:
-        as_a_new_process()
+    run = made_new()
     try:
         verdict = gate(args)
     except Exception as exc:  # the gate could not finish: the job does not start
@@ -294,6 +292,6 @@ def main(cmd: str, argv: list[str]) -> int:
         return 1
     if verdict["verdict"] != "pass" and not args.allow_slow:
         return EXIT_GATE_FAILED
-    (run_script_forked if in_agent_fork else run_script)(script)
+    run(script)
     return 0
 

@@ -17,6 +17,7 @@ import runpy
 import signal
 import sys
 import threading
+from collections.abc import Callable
 
 
 def main(command: str, argv: list[str]) -> int:
@@ -24,11 +25,18 @@ def main(command: str, argv: list[str]) -> int:
     if not script:
         print(f"remote.pyz {command}: no script after `--`", file=sys.stderr)
         return 2
-    in_fork = forked()
-    if in_fork:
-        as_a_new_process()
-    (run_script_forked if in_fork else run_script)(script)
+    made_new()(script)
     return 0
+
+
+def made_new() -> Callable[[list[str]], None]:
+    """This process made ready to run a script as a new interpreter would, and how to run it:
+    a worker torchrun's agent forked is first made to look like a new interpreter and runs it
+    with `run_script_forked` (which ends like one); a new interpreter with `run_script`."""
+    if forked():
+        as_a_new_process()
+        return run_script_forked
+    return run_script
 
 
 def run_script(argv: list[str]) -> None:

@@ -49,7 +49,8 @@ _LAUNCHERS = ("torchrun", "accelerate", "deepspeed", "torch/distributed/run.py",
               "deepspeed/launcher/launch.py", "deepspeed/launcher/runner.py")
 
 
-def _launcher(names=_LAUNCHERS):
+def _freezing_in(names=_LAUNCHERS):
+    # this process is one of these launchers, and MGPU_EXIT_FREEZE is not 0
     program = (sys.argv[0] if sys.argv else "").replace(os.sep, "/")
     return os.environ.get("MGPU_EXIT_FREEZE", "1") != "0" and any(
         program == name or program.endswith("/" + name) for name in names)
@@ -58,7 +59,8 @@ def _launcher(names=_LAUNCHERS):
 def _import_frozen_in_a_forking_agent():
     argv = sys.argv[1:]
     forks = "--start_method" in argv and argv[argv.index("--start_method") + 1:][:1] == ["fork"]
-    if not (forks and "--run_path" in argv and _launcher(("torchrun", "torch/distributed/run.py"))):
+    agent = _freezing_in(("torchrun", "torch/distributed/run.py"))
+    if not (forks and "--run_path" in argv and agent):
         return
     import gc
     import importlib
@@ -83,7 +85,7 @@ def _import_frozen_in_a_forking_agent():
 
 def _freeze_a_launcher_at_exit():
     # run last: after every other exit handler
-    if not _launcher():
+    if not _freezing_in():
         return
     import gc
 
