@@ -21,6 +21,10 @@ What every kubelet here does as a real one (each with its upstream source):
   then another try; transient failures (`pull_failures[image]`) succeed on a later try
 - activeDeadlineSeconds from the pod's start (pkg/kubelet/active_deadline.go): Failed,
   reason DeadlineExceeded
+- a terminal phase is final: a status the kubelet computes later never takes a Succeeded or
+  Failed pod back to Pending or Running (pkg/kubelet/kubelet_pods.go generateAPIPodStatus,
+  "pods are not allowed to transition out of terminal phases"). Seen without it: a container
+  that exited at once was reported Running after its Succeeded, and lived on in the store
 """
 
 from __future__ import annotations
@@ -35,6 +39,7 @@ from standin_store import ApiError, now
 
 NODE_PREFIX = "standin-node"
 STANDIN_LABEL = "mgpu-k8s-standin"
+TERMINAL = ("Succeeded", "Failed")
 MIN_GRACE_S = 2  # pkg/kubelet/kuberuntime/kuberuntime_container.go minimumGracePeriodInSeconds
 # a reference as the container runtime parses it (distribution/reference, simplified):
 # lowercase path components, an optional :tag and @digest
@@ -114,13 +119,22 @@ class Kubelet:
         return [{"name": c["name"], "image": c["image"], "imageID": "", "ready": ready,
                  "restartCount": 0, "state": state}]
 
+    def _set_live(self, pod: dict[str, Any], status: dict[str, Any], merge: bool) -> None:
+        """A Pending or Running status (over the stored one: `merge`), unless the pod is
+        terminal by now (the module's last rule)."""
+        def change(o: dict[str, Any]) -> None:
+            if o.get("status", {}).get("phase") not in TERMINAL:
+                o["status"] = {**o.get("status", {}), **status} if merge else status
+
+        self._set(pod, change)
+
     def running(self, pod: dict[str, Any], ip: str) -> None:
-        status = {"phase": "Running", "podIP": ip, "podIPs": [{"ip": ip}],
-                  "hostIP": "127.0.0.1", "startTime": now(),
-                  "conditions": [{"type": "Ready", "status": "True"}],
-                  "containerStatuses": self._container_status(
-                      pod, {"running": {"startedAt": now()}}, ready=True)}
-        self._set(pod, lambda o: o.update(status=status))
+        self._set_live(pod, {"phase": "Running", "podIP": ip, "podIPs": [{"ip": ip}],
+                             "hostIP": "127.0.0.1", "startTime": now(),
+                             "conditions": [{"type": "Ready", "status": "True"}],
+                             "containerStatuses": self._container_status(
+                                 pod, {"running": {"startedAt": now()}}, ready=True)},
+                       merge=False)
 
     def ended(self, pod: dict[str, Any], code: int, reason: str, message: str = "") -> None:
         """The pod's final phase, from its container's exit code (restartPolicy Never)."""
@@ -128,7 +142,7 @@ class Kubelet:
             pod, {"terminated": {"exitCode": code, "reason": reason}})
 
         def change(o: dict[str, Any]) -> None:
-            if o.get("status", {}).get("phase") in ("Failed", "Succeeded"):
+            if o.get("status", {}).get("phase") in TERMINAL:
                 return
             o["status"] = {**o.get("status", {}), "phase": "Succeeded" if code == 0 else "Failed",
                            "reason": reason, "containerStatuses": statuses}
@@ -143,7 +157,7 @@ class Kubelet:
     def waiting(self, pod: dict[str, Any], reason: str, message: str) -> None:
         status = {"phase": "Pending", "containerStatuses": self._container_status(
             pod, {"waiting": {"reason": reason, "message": message}})}
-        self._set(pod, lambda o: o.update(status={**o.get("status", {}), **status}))
+        self._set_live(pod, status, merge=True)
 
     def _terminate(self, pod: dict[str, Any]) -> None:
         """TERM, the grace period, the final phase from the exit code, DELETE grace 0."""

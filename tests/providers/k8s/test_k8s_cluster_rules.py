@@ -84,6 +84,21 @@ def test_standin_graceful_deletion_on_a_lost_node_never_completes_podgc_frees_it
           and len(pods_of(standin)) == 2)  # PodGC failed it, deleted it; a new pod came
 
 
+def test_standin_a_terminal_phase_is_final(
+        standin: Standin, make_spec: Callable[..., ClusterSpec],
+        up: Callable[[ClusterSpec], Inventory]) -> None:
+    """A container that exits at once may be seen ended before its start is reported: the
+    later Running (or an image wait's Pending) must not take the pod out of Succeeded, or
+    it would live on in the store until a deadline (a suite run's failure, kubelet_pods.go)."""
+    inv = up(make_spec(k8s={"api": "pods"}))
+    pod = standin.store.get("pods", "default", inv.nodes[0].address)
+    standin.kubelet.ended(pod, 0, "Completed")
+    standin.kubelet.running(pod, "10.244.0.99")
+    standin.kubelet.waiting(pod, "ImagePullBackOff", "Back-off pulling image")
+    status = standin.store.get("pods", "default", inv.nodes[0].address)["status"]
+    assert status["phase"] == "Succeeded" and status.get("podIP") != "10.244.0.99", status
+
+
 # --- 1, 2: a lost pod is freed and replaced ------------------------------------------------
 @pytest.mark.parametrize("mode", ["jobset", "pods"])
 def test_a_pod_on_a_lost_node_is_not_alive_and_is_forced_and_replaced(
@@ -118,7 +133,8 @@ def test_freeing_a_pod_leaves_another_pod_made_under_its_name(
         up: Callable[[ClusterSpec], Inventory], monkeypatch: pytest.MonkeyPatch) -> None:
     """A pod read, then made again under its name (plain pods; someone's replace) before the
     DELETE: the DELETE carries the uid read as its precondition, the API answers 409, and
-    the new pod stays (by name alone it would be deleted)."""
+    the new pod stays as it was (by name alone it would be deleted; waited on as if it were
+    the old one, it would be forced Failed FORCE_AFTER_S later)."""
     import copy
 
     from provision.cluster.providers.k8s import deletion
@@ -128,17 +144,24 @@ def test_freeing_a_pod_leaves_another_pod_made_under_its_name(
     name = inv.nodes[1].address
     k = kube("default", None)
     read = deletion.read_pod
+    reads = []
 
-    def read_before_it_was_made_again(k: Any, pod_name: str) -> Any:
-        pod = copy.deepcopy(read(k, pod_name))
-        pod.metadata.uid = "uid-of-the-pod-deleted-meanwhile"
+    def first_read_before_it_was_made_again(k: Any, pod_name: str) -> Any:
+        pod = read(k, pod_name)
+        if not reads:  # the first read is of the earlier pod; later ones see the new one
+            pod = copy.deepcopy(pod)
+            pod.metadata.uid = "uid-of-the-pod-deleted-meanwhile"
+        reads.append(pod.metadata.uid)
         return pod
 
-    monkeypatch.setattr(deletion, "read_pod", read_before_it_was_made_again)
+    monkeypatch.setattr(deletion, "read_pod", first_read_before_it_was_made_again)
     deletion.free_pod(k, name, "c1", lambda m: None)
     pod = standin.store.get("pods", "default", name)
     assert pod["metadata"]["uid"] == inv.nodes[1].resource_id
     assert not pod["metadata"].get("deletionTimestamp")
+    assert pod["status"]["phase"] == "Running" and not any(
+        c["type"] == "DisruptionTarget" for c in pod["status"].get("conditions", [])), pod
+    assert reads[1:] == [inv.nodes[1].resource_id], reads  # seen as another pod: left alone
     deletes = [r for r in standin.api.requests if r.method == "DELETE" and name in r.path]
     assert deletes and all(r.body["preconditions"] == {"uid": "uid-of-the-pod-deleted-meanwhile"}
                            for r in deletes)
