@@ -17,7 +17,7 @@ demo: setup
 TEST_WORKERS ?= 4
 test: setup
 	$(PY) -m compileall -q provision remote
-	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadgroup --durations=15
+	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadgroup --no-loadscope-reorder --durations=15
 
 unit:
 	$(PY) -m pytest -q --ignore=tests/integration

@@ -79,31 +79,48 @@ def _main_process(config: pytest.Config) -> bool:
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Tests that wait on the Docker engine first (stable: a file's tests keep their order):
-    xdist hands work out in collection order, so the long ones start while the many short
-    ones fill the gaps, instead of one long test starting last and running alone."""
-    items.sort(key=_start_order)
+    """Tests that wait on the Docker engine first, in `_start_order`, the larger groups first
+    within it (stable: a file's tests keep their order). xdist hands work out in this order
+    (`--no-loadscope-reorder`, the Makefile: its own reorder would put every group, `serial`
+    too, before every single test), so the long ones start while the many short ones fill
+    the gaps, instead of one long test starting last and running alone."""
+    sizes: dict[str, int] = {}
+    for item in items:
+        sizes[_group(item)] = sizes.get(_group(item), 0) + 1
+    items.sort(key=lambda item: (_start_order(item), -sizes[_group(item)]))
+
+
+def _group(item: pytest.Item) -> str:
+    marker = item.get_closest_marker("xdist_group")
+    return f"@{marker.args[0]}" if marker else item.nodeid
 
 
 @pytest.hookimpl(trylast=True)
 def pytest_collection_finish(session: pytest.Session) -> None:
     """An xdist worker under `--dist loadgroup` whose grouped tests lost their group (the
     scheduler reads it from the node id's `@GROUP`; pytest-xdist#1386) would split a shared
-    cluster's tests across workers: stop before anything runs."""
-    if getattr(session.config.option, "loadgroup", False):
-        lost = [i.nodeid for i in session.items
-                if i.get_closest_marker("xdist_group") and "@" not in i.nodeid]
-        if lost:
-            print(f"\n{LOADGROUP_BROKEN}", file=sys.__stderr__)  # a worker's exit is not shown
-            pytest.exit(LOADGROUP_BROKEN, returncode=3)
+    cluster's tests across workers, and a serial test outside the `serial` group would keep
+    a worker of its own waiting for the engine: stop before anything runs."""
+    if not getattr(session.config.option, "loadgroup", False):
+        return
+    lost = [i.nodeid for i in session.items
+            if i.get_closest_marker("xdist_group") and "@" not in i.nodeid]
+    alone = [i.nodeid for i in session.items
+             if i.get_closest_marker("serial") and not i.nodeid.endswith("@serial")]
+    why = LOADGROUP_BROKEN if lost else (
+        f'mark these serial tests xdist_group("serial") too: {alone}' if alone else "")
+    if why:
+        print(f"\n{why}", file=sys.__stderr__)  # a worker's exit is not shown
+        pytest.exit(why, returncode=3)
 
 
 def _start_order(item: pytest.Item) -> int:
     """0: long scenarios (`slow`) and groups sharing one cluster (an xdist_group runs as one
-    unit); 1: the other tests on the engine; 2: `serial` tests (they wait for the engine to be
-    theirs alone, which it is once the others are done); 3: the rest, not on the engine, last:
-    they keep the other workers busy while a serial test runs (when serial tests came last,
-    the suite ended with ~90 s of one scenario at a time on a half-idle machine)."""
+    unit); 1: the other tests on the engine; 2: `serial` tests, one group (they wait for the
+    engine to be theirs alone, which it is once the others are done; as one group they keep
+    one worker waiting, not one each); 3: the rest, not on the engine, last: they keep the
+    other workers busy while the serial tests run (when serial tests came last, the suite
+    ended with ~90 s of one scenario at a time on a half-idle machine)."""
     if item.get_closest_marker("serial"):
         return 2
     if item.get_closest_marker("slow") or item.get_closest_marker("xdist_group"):

@@ -76,6 +76,7 @@ def _compute(lines: list[str], node: str) -> list[float]:
             for m in [re.search(r"compute=([\d.]+)", line)] if m]
 
 
+@pytest.mark.xdist_group("serial")  # one worker runs the serial tests (tests/conftest.py)
 @pytest.mark.serial  # node-1's compute against node-0's: other tests' load would blur it
 def test_a_slowed_node_is_named_then_swapped_and_the_run_speeds_up_again(
         tmp_path: Path, cluster_name: str) -> None:

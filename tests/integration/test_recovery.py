@@ -79,6 +79,7 @@ def test_a_killed_node_is_replaced_and_the_run_resumes(tmp_path: Path, cluster_n
     assert "[node-0] " in first and "resumed from step" in second, second
 
 
+@pytest.mark.xdist_group("serial")  # one worker runs the serial tests (tests/conftest.py)
 @pytest.mark.serial  # --stall-timeout 15 also counts the ranks' start (torch's import)
 def test_a_stopped_rank_is_a_hang_with_stacks_then_a_restart(tmp_path: Path,
                                                              cluster_name: str) -> None:

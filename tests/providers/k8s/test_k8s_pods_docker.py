@@ -19,7 +19,8 @@ from provision.cluster.providers.contract import Recoverable
 from provision.model.inventory import Inventory, InventoryStore
 from provision.model.spec import ClusterSpec
 
-pytestmark = [pytest.mark.docker, pytest.mark.usefixtures("node_image")]
+pytestmark = [pytest.mark.docker, pytest.mark.usefixtures("node_image"),
+              pytest.mark.xdist_group("k8s_pods_docker")]  # one stand-in, tests in file order
 INDEX = "batch.kubernetes.io/job-completion-index"
 JOBSETS = "jobset.x-k8s.io/v1alpha2/jobsets"
 
