@@ -37,11 +37,11 @@ def _engine_share(request: pytest.FixtureRequest) -> Iterator[None]:
     """A `serial` test (it measures the machine's speed: CPU ratios between nodes, a stall
     timeout) runs while no other test of this run uses the engine; engine tests share the
     engine with each other (xdist workers). A lock file of this run (tests/engine.py)."""
-    order = _start_order(request.node)
-    if order == 3:  # not on the engine
+    serial = request.node.get_closest_marker("serial") is not None
+    if not serial and not _on_engine(request.node):
         yield
         return
-    with engine.engine_lock(exclusive=order == 2):
+    with engine.engine_lock(exclusive=serial):
         yield
 
 
@@ -79,11 +79,11 @@ def _main_process(config: pytest.Config) -> bool:
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Tests that wait on the Docker engine first, in `_start_order`, the larger groups first
-    within it (stable: a file's tests keep their order). xdist hands work out in this order
-    (`--no-loadscope-reorder`, the Makefile: its own reorder would put every group, `serial`
-    too, before every single test), so the long ones start while the many short ones fill
-    the gaps, instead of one long test starting last and running alone."""
+    """The tests in `_start_order`, the larger groups first within it (stable: a file's
+    tests keep their order). xdist hands work out in this order (`--no-loadscope-reorder`,
+    the Makefile: its own reorder would put every group before every single test), so the
+    long ones start early and short ones fill the gaps at the end, instead of one long test
+    starting last and running alone."""
     sizes: dict[str, int] = {}
     for item in items:
         sizes[_group(item)] = sizes.get(_group(item), 0) + 1
@@ -115,19 +115,23 @@ def pytest_collection_finish(session: pytest.Session) -> None:
 
 
 def _start_order(item: pytest.Item) -> int:
-    """0: long scenarios (`slow`) and groups sharing one cluster (an xdist_group runs as one
-    unit); 1: the other tests on the engine; 2: `serial` tests, one group (they wait for the
-    engine to be theirs alone, which it is once the others are done; as one group they keep
-    one worker waiting, not one each); 3: the rest, not on the engine, last: they keep the
-    other workers busy while the serial tests run (when serial tests came last, the suite
-    ended with ~90 s of one scenario at a time on a half-idle machine)."""
+    """0: the `serial` tests, one group, first: they need the engine to be theirs alone, and
+    at the start it is (at the end they waited for the last engine tests, then ran alone);
+    1: the tests that do not use the engine and are not `slow`: they keep the other workers
+    busy meanwhile; 2: long scenarios (`slow`) and groups sharing one cluster (an xdist_group
+    runs as one unit), the larger first; 3: the other tests on the engine, short ones that
+    fill the gaps at the end."""
     if item.get_closest_marker("serial"):
-        return 2
-    if item.get_closest_marker("slow") or item.get_closest_marker("xdist_group"):
         return 0
-    engine_test = item.get_closest_marker("docker") or "node_image" in getattr(
+    long = item.get_closest_marker("slow") or item.get_closest_marker("xdist_group")
+    if not long and not _on_engine(item):
+        return 1
+    return 2 if long else 3
+
+
+def _on_engine(item: pytest.Item) -> bool:
+    return bool(item.get_closest_marker("docker")) or "node_image" in getattr(
         item, "fixturenames", ())
-    return 1 if engine_test else 3
 
 
 def pytest_sessionstart(session: pytest.Session) -> None:
