@@ -117,16 +117,15 @@ def pytest_collection_finish(session: pytest.Session) -> None:
 def _start_order(item: pytest.Item) -> int:
     """0: the `serial` tests, one group, first: they need the engine to be theirs alone, and
     at the start it is (at the end they waited for the last engine tests, then ran alone);
-    1: the tests that do not use the engine and are not `slow`: they keep the other workers
-    busy meanwhile; 2: long scenarios (`slow`) and groups sharing one cluster (an xdist_group
-    runs as one unit), the larger first; 3: the other tests on the engine, short ones that
-    fill the gaps at the end."""
+    1: the tests that do not use the engine: they keep the other workers busy meanwhile;
+    2: long scenarios (`slow`) and groups sharing one cluster (an xdist_group runs as one
+    unit), the larger first; 3: the other tests on the engine, short ones that fill the
+    gaps at the end."""
     if item.get_closest_marker("serial"):
         return 0
-    long = item.get_closest_marker("slow") or item.get_closest_marker("xdist_group")
-    if not long and not _on_engine(item):
+    if not _on_engine(item):
         return 1
-    return 2 if long else 3
+    return 2 if item.get_closest_marker("slow") or item.get_closest_marker("xdist_group") else 3
 
 
 def _on_engine(item: pytest.Item) -> bool:

@@ -23,7 +23,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "providers" / "k8s"
 
 from standin import Standin, checked  # noqa: E402
 
-pytestmark = [pytest.mark.docker, pytest.mark.usefixtures("node_image")]
+pytestmark = [pytest.mark.docker, pytest.mark.slow, pytest.mark.usefixtures("node_image")]
 ROOT = Path(__file__).resolve().parents[2]
 CLASSES = "kueue.x-k8s.io/v1beta2/workloadpriorityclasses"
 

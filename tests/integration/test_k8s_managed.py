@@ -31,7 +31,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "providers" / "k8s"
 from standin import Standin, checked  # noqa: E402
 from standin_kubelet import STANDIN_LABEL  # noqa: E402
 
-pytestmark = [pytest.mark.docker, pytest.mark.usefixtures("node_image")]
+pytestmark = [pytest.mark.docker, pytest.mark.slow, pytest.mark.usefixtures("node_image")]
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = str(ROOT / "examples" / "train_ddp.py")
 

@@ -30,7 +30,7 @@ import rbac  # noqa: E402
 from standin import Standin  # noqa: E402
 from standin_kubelet import STANDIN_LABEL  # noqa: E402
 
-pytestmark = [pytest.mark.docker, pytest.mark.usefixtures("node_image")]
+pytestmark = [pytest.mark.docker, pytest.mark.slow, pytest.mark.usefixtures("node_image")]
 ROOT = Path(__file__).resolve().parents[2]
 
 

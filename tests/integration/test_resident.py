@@ -18,7 +18,7 @@ from provision.model.jobstore import JobStore
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = str(ROOT / "examples" / "train_resident.py")
-pytestmark = [pytest.mark.docker, pytest.mark.usefixtures("node_image")]
+pytestmark = [pytest.mark.docker, pytest.mark.slow, pytest.mark.usefixtures("node_image")]
 ENTRY = re.compile(r"\[(node-\d)\] rank (\d)/4 on \S+: pid=(\d+) generation=(\d)")
 
 

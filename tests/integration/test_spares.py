@@ -24,7 +24,7 @@ from provision.model.jobstore import JobStore
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = str(ROOT / "examples" / "train_ddp.py")
-pytestmark = [pytest.mark.docker, pytest.mark.usefixtures("node_image")]
+pytestmark = [pytest.mark.docker, pytest.mark.slow, pytest.mark.usefixtures("node_image")]
 
 
 @pytest.fixture
