@@ -45,6 +45,21 @@ def wait_for(path: Path, timeout: float = 10) -> str:
     raise AssertionError(f"{path} never appeared")
 
 
+def usr1_handler(saved: Path, ready: Path, exit_after: bool) -> str:
+    """A rank that saves on SIGUSR1 (touches `saved`, then exits 0 if `exit_after`), in one
+    process that never forks: a shell's `sleep` child holds the shell's trap between its fork
+    and its exec, and is then one more process that handles the signal (seen in CI). `ready`
+    is written once the handler is set."""
+    return ("import pathlib, signal, sys, time\n"
+            "def saved(*_):\n"
+            f"    pathlib.Path({str(saved)!r}).touch()\n"
+            + ("    sys.exit(0)\n" if exit_after else "")
+            + "signal.signal(signal.SIGUSR1, saved)\n"
+            f"pathlib.Path({str(ready)!r}).write_text('1')\n"
+            "while True:\n"
+            "    time.sleep(0.1)\n")
+
+
 def test_stop_reaches_processes_in_their_own_session_and_stopped_ones(tmp_path: Path) -> None:
     pidfile, pids = tmp_path / "job.pid", tmp_path / "pids"
     # a child in a new session (like torchrun's workers) that is then SIGSTOPped
@@ -107,12 +122,12 @@ def test_signal_reaches_every_process_of_the_job(tmp_path: Path) -> None:
 
 
 def test_a_preemption_notice_signals_the_job_and_tells_the_controller(tmp_path: Path) -> None:
-    standin, saved = tmp_path / "metadata", tmp_path / "saved"
+    standin, saved, ready = tmp_path / "metadata", tmp_path / "saved", tmp_path / "ready"
     standin.mkdir()
-    script = f"trap 'touch {saved}; exit 0' USR1; while true; do sleep 0.1; done"
-    run = start(tmp_path, tmp_path / "job.pid", "sh", "-c", script,
+    script = usr1_handler(saved, ready, exit_after=True)
+    run = start(tmp_path, tmp_path / "job.pid", sys.executable, "-c", script,
                 extra=("--preempt", "file", str(standin), "SIGUSR1"))
-    time.sleep(0.5)
+    wait_for(ready, timeout=30)  # its handler is set: a notice now finds it
     before = time.time()
     (standin / "instance-action").write_text(
         json.dumps({"action": "terminate", "time": "2026-11-30T12:00:00Z"}))
@@ -132,13 +147,14 @@ def test_a_preemption_notice_signals_the_job_and_tells_the_controller(tmp_path: 
 def test_processes_without_a_handler_are_not_signalled(tmp_path: Path) -> None:
     """A launcher (like torchrun) that does not handle SIGUSR1 would die of it: spared."""
     pidfile, pids, saved = tmp_path / "job.pid", tmp_path / "pids", tmp_path / "saved"
-    worker = tmp_path / "worker.sh"
-    worker.write_text(f"trap 'touch {saved}' USR1\nwhile true; do sleep 0.1; done\n")
+    worker, ready = tmp_path / "worker.py", tmp_path / "ready"
+    worker.write_text(usr1_handler(saved, ready, exit_after=False))
     # the outer shell (the "launcher") has no handler for USR1
-    run = start(tmp_path, pidfile, "sh", "-c", f"sh {worker} & echo $! > {pids}; wait")
+    run = start(tmp_path, pidfile, "sh", "-c",
+                f"{sys.executable} {worker} & echo $! > {pids}; wait")
     wait_for(pids)
     wait_for(pidfile)
-    time.sleep(0.3)  # the worker's trap is set
+    wait_for(ready, timeout=30)  # the worker's handler is set
     out = subprocess.run([sys.executable, "-m", "remote", "signal", "--pidfile", str(pidfile),
                           "--signal", "SIGUSR1"], cwd=ROOT, capture_output=True, text=True,
                          check=True, timeout=30).stdout
