@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from sparekit import MemoryCloud, make_cluster, make_pool
 
 from provision.model.inventory import Inventory, InventoryStore, NodeRecord
 from provision.model.keys import generate_ed25519, known_hosts_line
@@ -50,3 +51,46 @@ def test_a_spare_being_prepared_stays_pinned_while_the_cluster_file_is_rewritten
     keys = store.keys_dir(inv.name)
     assert sorted(p.name for p in keys.glob("known_hosts*")) == ["known_hosts"]  # its own: gone
     assert inv.spares == []  # the pool adds it (and pins it in the cluster's file) once ready
+
+
+class _KeyedCloud(MemoryCloud):
+    """Spares with a host key (a real provider reads one off every machine it makes)."""
+
+    def _make_spare(self, inv: Inventory, store: InventoryStore,
+                    spare: NodeRecord) -> NodeRecord:
+        made = super()._make_spare(inv, store, spare)
+        return made.model_copy(update={"host_key": generate_ed25519(made.name).public_openssh})
+
+
+class _Watching(InventoryStore):
+    """Every save: the spares then in the inventory whose keys the cluster's file lacks."""
+
+    unpinned: list[str]
+
+    def save(self, inv: Inventory) -> None:
+        path = Path(inv.known_hosts_path or self.keys_dir(inv.name) / "known_hosts")
+        text = path.read_text() if path.exists() else ""
+        self.unpinned += [s.name for s in inv.spares if s.host_key and known_hosts_line(
+            [s.address], s.port, s.host_key) not in text.splitlines()]
+        super().save(inv)
+
+
+def test_a_spare_made_during_a_run_is_pinned_before_it_is_in_the_inventory(
+        tmp_path: Path) -> None:
+    """A warm launcher is started on a spare as soon as Inventory.spares has it (WarmSpares.
+    keep, every poll): its login loads the cluster's file, so the key must be there first
+    (seen in CI: the new spare's launcher 'could not run (... presented an unknown ssh-ed25519
+    host key ...)', the pool wrote the file after adding it)."""
+    cloud = _KeyedCloud()
+    inv, _ = make_cluster(tmp_path, cloud)
+    store = _Watching(tmp_path)
+    store.unpinned = []
+    pool, said = make_pool(cloud, inv, store, [])
+    pool.node_for(inv.nodes[1], "node lost").result()
+    pool.wait()
+    assert [s.name for s in inv.spares] == ["node-3"], said
+    assert store.unpinned == [], "a spare was in the inventory before its key was pinned"
+    path = Path(inv.known_hosts_path or store.keys_dir(inv.name) / "known_hosts")
+    new = inv.spares[0]
+    assert known_hosts_line([new.address], new.port, new.host_key or "") in \
+        path.read_text().splitlines()

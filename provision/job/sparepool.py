@@ -137,20 +137,31 @@ class SparePool:
         else:
             with self._lock:
                 self._making -= 1
-                self.inv.spares = [*self.inv.spares, made]
-                # counted like a replacement: the user's machine adopts a managed run's copy
-                # of the cluster (Inventory.adopt) with its resources
-                self.inv.replacements.append(Replacement(rank=made.rank, old=None,
-                                                         new=made.resource_id, reason="spare"))
-                self.store.save(self.inv)
-            if made.host_key:  # pinned for every later login (prepared on a file of its own)
-                from provision.nodes.sshconn import write_cluster_known_hosts  # paramiko: lazy
-
-                write_cluster_known_hosts(self.inv, self.store)
+                self._publish(made)
             self.log(f"spare {made.name} {'made' if self._stopped else 'ready'} "
                      f"({time.monotonic() - t0:.1f} s after it was ordered)")
         if self.on_change is not None:
             self.on_change()
+
+    def _publish(self, made: NodeRecord) -> None:
+        """`made` added to Inventory.spares, its host key pinned in the cluster's file first
+        (it was prepared on a file of its own): a warm launcher is started on a spare as soon
+        as it is there (job/warmspares.py), and a login before the key would be refused (seen
+        in CI: 'presented an unknown ssh-ed25519 host key')."""
+        def add() -> None:
+            self.inv.spares = [*self.inv.spares, made]
+            # counted like a replacement: the user's machine adopts a managed run's copy of
+            # the cluster (Inventory.adopt) with its resources
+            self.inv.replacements.append(Replacement(rank=made.rank, old=None,
+                                                     new=made.resource_id, reason="spare"))
+            self.store.save(self.inv)
+
+        if not made.host_key:
+            add()
+            return
+        from provision.nodes.sshconn import write_cluster_known_hosts  # paramiko: lazy
+
+        write_cluster_known_hosts(self.inv, self.store, adding=[made], then=add)
 
     def _prepare(self, inv: Inventory, store: InventoryStore, made: list[NodeRecord]) -> None:
         from provision.nodes.spares import prepare_spares

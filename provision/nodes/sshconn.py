@@ -12,6 +12,7 @@ import os
 import shlex
 import socket
 import threading
+from collections.abc import Callable, Sequence
 from functools import cache
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -61,17 +62,23 @@ if TYPE_CHECKING:
 _WRITING = threading.Lock()
 
 
-def write_cluster_known_hosts(inv: Inventory, store: InventoryStore) -> Path:
+def write_cluster_known_hosts(inv: Inventory, store: InventoryStore,
+                              adding: Sequence[NodeRecord] = (),
+                              then: Callable[[], None] | None = None) -> Path:
     """(Re)write KEYS/known_hosts (or `inv.known_hosts_path`) from the inventory's pinned
-    host keys."""
+    host keys. `adding`: nodes not in the inventory yet, pinned too; `then` (which adds them
+    to it) runs before any other rewrite, so that no thread can see them in the inventory
+    before their keys are in the file (a spare made during a run: job/sparepool.py)."""
     path = Path(inv.known_hosts_path or store.keys_dir(inv.name) / "known_hosts")
     with _WRITING:
         lines = [known_hosts_line([n.address], n.port, n.host_key)  # warm spares too (44)
-                 for n in [*inv.nodes, *inv.spares] if n.host_key]
+                 for n in [*inv.nodes, *inv.spares, *adding] if n.host_key]
         # Jump hosts that are not nodes themselves (ssh provider `proxy_jump`): pinned alike.
         lines += [known_hosts_line([r.name or r.id], int(r.extra["port"]), r.extra["key"])
                   for r in inv.resources_of("pinned-host-key")]
         write_known_hosts(path, lines)
+        if then is not None:
+            then()
     if inv.known_hosts_path != str(path):
         inv.known_hosts_path = str(path)
         store.save(inv)
