@@ -5,15 +5,19 @@ JUnit report, then prints per folder the sum of its tests' times (setup + call +
 its test count and the whole run's wall time. With `--against REV` the suite of git revision
 REV (a temporary worktree, benchmarks/revisions.py) runs too, AFTER this tree's (two suites
 at once would measure each other), and the figures stand side by side.
-`--report A.xml [B.xml]` prints the same table from JUnit reports already made.
+`--report A.xml [B.xml]` prints the same table from JUnit reports already made; with
+`--durations-out tests/durations.json` it also writes the mean time of every test of those
+reports that took DURATION_MIN_S or more: the order the workers take the tests in reads it
+(tests/conftest.py, the longest first), so write it again when tests are added or change.
 
 Usage: python benchmarks/test_time.py [--workers 4] [--against REV] [-- PYTEST ARGS]
-       python benchmarks/test_time.py --report run.xml [older.xml]
+       python benchmarks/test_time.py --report run.xml [older.xml] [--durations-out FILE]
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import subprocess
 import sys
 import tempfile
@@ -56,6 +60,32 @@ def read_report(label: str, report: Path, root: Path, wall_s: float = 0.0) -> Ti
     return times
 
 
+DURATION_MIN_S = 3.0
+
+
+def node_id(classname: str, name: str, root: Path) -> str:
+    """A JUnit case's pytest node id (tests.x.test_y.Class + name -> tests/x/test_y.py::Class::
+    name), its xdist group's `@GROUP` suffix dropped."""
+    parts = classname.split(".")
+    for cut in range(len(parts), 0, -1):
+        path = Path(*parts[:cut]).with_suffix(".py")
+        if (root / path).is_file():
+            return "::".join([path.as_posix(), *parts[cut:], name.split("@")[0]])
+    return "::".join([*parts, name.split("@")[0]])
+
+
+def durations(reports: list[Path], root: Path) -> dict[str, float]:
+    """{node id: mean seconds} of the tests that took DURATION_MIN_S or more (mean over the
+    reports that ran them)."""
+    seen: dict[str, list[float]] = {}
+    for report in reports:
+        for case in ET.parse(report).getroot().iter("testcase"):
+            nid = node_id(case.get("classname", ""), case.get("name", ""), root)
+            seen.setdefault(nid, []).append(float(case.get("time", 0)))
+    means = {nid: sum(t) / len(t) for nid, t in seen.items()}
+    return {nid: round(t, 1) for nid, t in sorted(means.items()) if t >= DURATION_MIN_S}
+
+
 def default_args(tree: Tree, workers: int) -> list[str]:
     """`make test`'s workers for a tree whose suite keeps its workers apart (tests/engine.py);
     one process for an older tree, whose tests share fixed names."""
@@ -96,11 +126,18 @@ def main() -> None:
     ap.add_argument("--workers", type=int, default=4)
     ap.add_argument("--against", metavar="REV")
     ap.add_argument("--report", nargs="+", type=Path, metavar="JUNIT")
+    ap.add_argument("--durations-out", type=Path, metavar="FILE")
     ap.add_argument("pytest_args", nargs="*")
     opts = ap.parse_args()
+    if opts.durations_out and not opts.report:
+        ap.error("--durations-out reads the reports given with --report")
     root = current().path
     if opts.report:
         runs = [read_report(p.name, p, root) for p in opts.report]
+        if opts.durations_out:
+            found = durations(opts.report, root)
+            opts.durations_out.write_text(json.dumps(found, indent=0, sort_keys=True) + "\n")
+            print(f"{opts.durations_out}: {len(found)} test(s) of {DURATION_MIN_S:.0f} s or more")
     else:
         runs = [run_suite(current(), opts.workers, opts.pytest_args)]
         if opts.against:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import signal
 import sys
 import time
@@ -21,6 +22,10 @@ SESSION: dict[str, float] = {}
 LOADGROUP_BROKEN = ("--dist loadgroup is not grouping tests marked xdist_group: this pytest and "
                     "pytest-xdist disagree on node ids (pytest-xdist#1386; pyproject.toml pins "
                     "pytest below 9.2 for it)")
+
+# The tests' mean times in earlier runs (benchmarks/test_time.py --durations-out): the order
+# the workers take them in (pytest_collection_modifyitems); a test not in it counts 1 s.
+DURATIONS: dict[str, float] = json.loads((ROOT / "tests" / "durations.json").read_text())
 
 pytest_plugins = ["storekit"]  # object stores and a webhook receiver (issue 18)
 
@@ -79,15 +84,20 @@ def _main_process(config: pytest.Config) -> bool:
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """The tests in `_start_order`, the larger groups first within it (stable: a file's
-    tests keep their order). xdist hands work out in this order (`--no-loadscope-reorder`,
-    the Makefile: its own reorder would put every group before every single test), so the
-    long ones start early and short ones fill the gaps at the end, instead of one long test
-    starting last and running alone."""
-    sizes: dict[str, int] = {}
+    """The tests in `_start_order`, the longest first within it (a group: its tests' times
+    together, tests/durations.json; stable: a file's tests keep their order). xdist hands
+    work out in this order (`--no-loadscope-reorder`, the Makefile: its own reorder would put
+    every group before every single test), so the long ones start early and short ones fill
+    the gaps at the end, instead of one long test starting last and running alone."""
+    seconds: dict[str, float] = {}
     for item in items:
-        sizes[_group(item)] = sizes.get(_group(item), 0) + 1
-    items.sort(key=lambda item: (_start_order(item), -sizes[_group(item)]))
+        seconds[_group(item)] = seconds.get(_group(item), 0.0) + _took(item)
+    items.sort(key=lambda item: (_start_order(item), -seconds[_group(item)],
+                                 _took(item) if _start_order(item) == 0 else 0.0))
+
+
+def _took(item: pytest.Item) -> float:
+    return DURATIONS.get(item.nodeid.split("@")[0], 1.0)  # a worker's id ends in @GROUP
 
 
 def _group(item: pytest.Item) -> str:
@@ -117,6 +127,9 @@ def pytest_collection_finish(session: pytest.Session) -> None:
 def _start_order(item: pytest.Item) -> int:
     """0: the `serial` tests, one group, first: they need the engine to be theirs alone, and
     at the start it is (at the end they waited for the last engine tests, then ran alone);
+    the shortest first: the tests beside them run out meanwhile, and the last (test_goodput's
+    slowed node, four ranks computing) then keeps the machine busy by itself, where a test
+    that mostly waits (test_recovery's stall) left it half idle (run 40: 40 s at ~50%);
     1: the tests that do not use the engine: they keep the other workers busy meanwhile;
     2: long scenarios (`slow`) and groups sharing one cluster (an xdist_group runs as one
     unit), the larger first; 3: the other tests on the engine, short ones that fill the
