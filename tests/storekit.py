@@ -163,7 +163,8 @@ def webhook() -> Iterator[Webhook]:
 
     server = ThreadingHTTPServer((host, 0), Handler)
     hook.url = f"http://{host}:{server.server_address[1]}/hook"
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread = threading.Thread(target=server.serve_forever, args=(0.02,),  # shutdown waits a poll
+                              daemon=True)
     thread.start()
     yield hook
     server.shutdown()

@@ -62,7 +62,8 @@ def metadata() -> Iterator[tuple[Metadata, str]]:
         do_GET = do_PUT = _serve  # noqa: N815
 
     server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
+    threading.Thread(target=server.serve_forever, args=(0.02,),  # shutdown waits a poll
+                     daemon=True).start()
     yield state, f"http://127.0.0.1:{server.server_address[1]}"
     server.shutdown()
     server.server_close()

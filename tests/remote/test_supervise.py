@@ -223,7 +223,8 @@ def test_a_maintenance_notice_an_hour_ahead_lets_the_job_run_until_close_to_it(
             self.wfile.write(body)
 
     server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
+    threading.Thread(target=server.serve_forever, args=(0.02,),  # shutdown waits a poll
+                     daemon=True).start()
     saved = tmp_path / "saved"
     script = f"trap 'date +%s.%N > {saved}; exit 0' USR1; while true; do sleep 0.1; done"
     try:

@@ -125,7 +125,8 @@ class FakeIam:
 
         self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self.url = f"http://127.0.0.1:{self._server.server_address[1]}"
-        threading.Thread(target=self._server.serve_forever, daemon=True).start()
+        threading.Thread(target=self._server.serve_forever, args=(0.02,),  # stop() waits a poll
+                         daemon=True).start()
 
     def stop(self) -> None:
         self._server.shutdown()

@@ -91,7 +91,8 @@ class ApiServer:
         self.url = f"http://127.0.0.1:{self._server.server_address[1]}"
 
     def start(self) -> None:
-        threading.Thread(target=self._server.serve_forever, daemon=True).start()
+        threading.Thread(target=self._server.serve_forever, args=(0.02,),  # stop() waits a poll
+                         daemon=True).start()
 
     def stop(self) -> None:
         self._server.shutdown()
@@ -213,6 +214,11 @@ def _route(path: str) -> tuple[str, str | None, str | None, str | None, str]:
 def _handler(api: ApiServer) -> type[BaseHTTPRequestHandler]:
     class Handler(BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"
+        # kube-apiserver is Go, whose TCP connections send each write at once (net.TCPConn:
+        # "The default is true (no delay)", SetNoDelay's doc). With Nagle's algorithm on, a
+        # reply's body (a write after its headers) would wait for the client's delayed ACK:
+        # ~40 ms on every request of a keep-alive connection, which no real cluster has.
+        disable_nagle_algorithm = True
 
         def log_message(self, *args: Any) -> None:
             return None

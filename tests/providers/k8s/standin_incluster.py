@@ -75,7 +75,8 @@ class InCluster:
                                         do_handshake_on_connect=False)
         self._server = server
         self.endpoint = (host, int(server.server_address[1]))
-        threading.Thread(target=server.serve_forever, daemon=True).start()
+        threading.Thread(target=server.serve_forever, args=(0.02,),  # shutdown waits a poll
+                         daemon=True).start()
 
     def _certificates(self, host: str) -> tuple[str, str]:
         from cryptography import x509
