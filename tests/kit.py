@@ -5,6 +5,8 @@ tests/conftest.py, so a test file says `from kit import cli, IN_CI`).
   elsewhere (scripts/setup.sh installs everything CI needs).
 - `cli(...)`: `python -m provision.cli ARGS` as a separate process, so exit codes, stdout and
   stderr are the real ones, with the code of THIS checkout first on PYTHONPATH.
+- `until(check)`: what happens in the background (a kubelet's housekeeping, a controller's
+  resync), waited for: check()'s first truthy answer, or a failure after `timeout` s.
 """
 
 from __future__ import annotations
@@ -12,7 +14,10 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
@@ -40,3 +45,11 @@ def cli_env(home: Path | None = None, env: dict[str, str] | None = None) -> dict
     if home is not None:
         full["MGPU_CLOUD_HOME"] = str(home)
     return full
+
+
+def until(check: Callable[[], Any], timeout: float = 90, what: str = "never happened") -> Any:
+    deadline = time.monotonic() + timeout
+    while not (found := check()):
+        assert time.monotonic() < deadline, what
+        time.sleep(0.05)
+    return found

@@ -91,8 +91,7 @@ class ApiServer:
         self.url = f"http://127.0.0.1:{self._server.server_address[1]}"
 
     def start(self) -> None:
-        threading.Thread(target=self._server.serve_forever, args=(0.02,),  # stop() waits a poll
-                         daemon=True).start()
+        threading.Thread(target=self._server.serve_forever, args=(0.02,), daemon=True).start()
 
     def stop(self) -> None:
         self._server.shutdown()
@@ -214,11 +213,7 @@ def _route(path: str) -> tuple[str, str | None, str | None, str | None, str]:
 def _handler(api: ApiServer) -> type[BaseHTTPRequestHandler]:
     class Handler(BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"
-        # kube-apiserver is Go, whose TCP connections send each write at once (net.TCPConn:
-        # "The default is true (no delay)", SetNoDelay's doc). With Nagle's algorithm on, a
-        # reply's body (a write after its headers) would wait for the client's delayed ACK:
-        # ~40 ms on every request of a keep-alive connection, which no real cluster has.
-        disable_nagle_algorithm = True
+        disable_nagle_algorithm = True  # as Go's kube-apiserver; Nagle: +40 ms per reply
 
         def log_message(self, *args: Any) -> None:
             return None
@@ -258,20 +253,10 @@ def _handler(api: ApiServer) -> type[BaseHTTPRequestHandler]:
         def store_get(self, res: str, ns: str, name: str | None) -> dict[str, Any]:
             return api.store.get(res, ns, name or "")
 
-        def do_GET(self) -> None:  # noqa: N802
-            self._serve("GET")
+        def _any(self) -> None:
+            self._serve(self.command)
 
-        def do_POST(self) -> None:  # noqa: N802
-            self._serve("POST")
-
-        def do_PATCH(self) -> None:  # noqa: N802
-            self._serve("PATCH")
-
-        def do_PUT(self) -> None:  # noqa: N802
-            self._serve("PUT")
-
-        def do_DELETE(self) -> None:  # noqa: N802
-            self._serve("DELETE")
+        do_GET = do_POST = do_PATCH = do_PUT = do_DELETE = _any  # noqa: N815 - http.server's
 
     return Handler
 

@@ -11,6 +11,7 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
+from kit import until
 from standin import OnLog, Standin
 
 from provision.cluster.providers import get_provider
@@ -26,14 +27,6 @@ def provider() -> Recoverable[Any]:
     prov = get_provider("k8s")
     assert isinstance(prov, Recoverable)
     return prov
-
-
-def until(check: Callable[[], Any], timeout: float = 20) -> Any:
-    deadline = time.monotonic() + timeout
-    while not (found := check()):
-        assert time.monotonic() < deadline, "never happened"
-        time.sleep(0.02)
-    return found
 
 
 def pods_of(s: Standin, cluster: str = "c1") -> list[dict[str, Any]]:

@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 import rbac
 import yaml
+from kit import until
 from standin import Standin
 
 from provision.cluster import pipeline
@@ -199,8 +200,10 @@ def test_from_inside_it_replaces_a_pod_and_removes_the_cluster_then_itself(
     left = sorted(x.split("/")[-3] for x in standin.labelled("c1"))
     assert left == ["pods", "rolebindings", "roles", "secrets", "serviceaccounts"], left
     prov.remove_controller_from_inside(inside)  # type: ignore[attr-defined]
+    # its pod is deleted gracefully: the kubelet stops it, then it is gone (no pod: no token)
+    until(lambda: "pods" not in [x.split("/")[-3] for x in standin.labelled("c1")], 30)
     left = sorted(x.split("/")[-3] for x in standin.labelled("c1"))
-    assert left == ["rolebindings", "roles", "serviceaccounts"], left  # no pod: no token
+    assert left == ["rolebindings", "roles", "serviceaccounts"], left
     monkeypatch.setenv("KUBECONFIG", user_kubeconfig)  # the user's next `down` ends it
     pipeline.down("c1", store=store, log=lambda m: None)
     assert standin.labelled("c1") == []

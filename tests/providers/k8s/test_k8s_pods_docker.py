@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 import rbac
+from kit import until
 from standin import Standin
 
 from provision.cluster.providers import get_provider
@@ -55,14 +56,6 @@ def phases(s: Standin, uid: str) -> list[str]:
 def live(s: Standin, cluster: str) -> list[dict[str, Any]]:
     return [p for p in s.store.list("pods", "default", f"mgpu-cloud-cluster={cluster}")
             if p.get("status", {}).get("phase") in ("Pending", "Running")]
-
-
-def until(check: Callable[[], Any], timeout: float = 90) -> Any:
-    deadline = time.monotonic() + timeout
-    while not (found := check()):
-        assert time.monotonic() < deadline, "never happened"
-        time.sleep(0.2)
-    return found
 
 
 def connected(inv: Inventory, rank: int, store: InventoryStore) -> Any:
