@@ -132,8 +132,8 @@ def _start_order(item: pytest.Item) -> int:
     that mostly waits (test_recovery's stall) left it half idle (run 40: 40 s at ~50%);
     1: the tests that do not use the engine: they keep the other workers busy meanwhile;
     2: long scenarios (`slow`) and groups sharing one cluster (an xdist_group runs as one
-    unit), the larger first; 3: the other tests on the engine, short ones that fill the
-    gaps at the end."""
+    unit); 3: the other tests on the engine, short ones that fill the gaps at the end.
+    Within each, the longest first (pytest_collection_modifyitems)."""
     if item.get_closest_marker("serial"):
         return 0
     if not _on_engine(item):
