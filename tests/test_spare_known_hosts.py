@@ -24,6 +24,11 @@ def _node(rank: int, name: str) -> NodeRecord:
                       private_address=f"10.1.0.{rank}", host_key=key, resource_id=name)
 
 
+def _cluster_file(inv: Inventory, store: InventoryStore) -> Path:
+    """The cluster's known_hosts, where write_cluster_known_hosts writes it."""
+    return Path(inv.known_hosts_path or store.keys_dir(inv.name) / "known_hosts")
+
+
 def test_a_spare_being_prepared_stays_pinned_while_the_cluster_file_is_rewritten(
         mgpu_home: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     store = InventoryStore()
@@ -39,8 +44,7 @@ def test_a_spare_being_prepared_stays_pinned_while_the_cluster_file_is_rewritten
 
     def gather_preflights(view: Inventory, **_: Any) -> dict[str, Any]:
         write_cluster_known_hosts(inv, store)  # the recovery's refresh_peers, meanwhile
-        path = view.known_hosts_path or store.keys_dir(inv.name) / "known_hosts"
-        seen.append(Path(path).read_text())  # what the preflight's logins load
+        seen.append(_cluster_file(view, store).read_text())  # what the preflight's logins load
         return {}
 
     monkeypatch.setattr(bootstrap, "bootstrap_cluster", bootstrap_cluster)
@@ -68,7 +72,7 @@ class _Watching(InventoryStore):
     unpinned: list[str]
 
     def save(self, inv: Inventory) -> None:
-        path = Path(inv.known_hosts_path or self.keys_dir(inv.name) / "known_hosts")
+        path = _cluster_file(inv, self)
         text = path.read_text() if path.exists() else ""
         self.unpinned += [s.name for s in inv.spares if s.host_key and known_hosts_line(
             [s.address], s.port, s.host_key) not in text.splitlines()]
@@ -90,7 +94,6 @@ def test_a_spare_made_during_a_run_is_pinned_before_it_is_in_the_inventory(
     pool.wait()
     assert [s.name for s in inv.spares] == ["node-3"], said
     assert store.unpinned == [], "a spare was in the inventory before its key was pinned"
-    path = Path(inv.known_hosts_path or store.keys_dir(inv.name) / "known_hosts")
     new = inv.spares[0]
     assert known_hosts_line([new.address], new.port, new.host_key or "") in \
-        path.read_text().splitlines()
+        _cluster_file(inv, store).read_text().splitlines()
