@@ -54,10 +54,14 @@ class DockerKubelet(Kubelet):
     def _run(self, pod: dict[str, Any]) -> None:
         meta, spec = pod["metadata"], pod["spec"]
         cid = self._create(pod)
-        for vol in spec.get("volumes", []):
-            if "secret" in vol:
-                self._copy_secret(cid, pod, vol)
-        self.api.incluster.project(self.docker, cid, pod)  # its ServiceAccount's token
+        try:
+            for vol in spec.get("volumes", []):
+                if "secret" in vol:
+                    self._copy_secret(cid, pod, vol)
+            self.api.incluster.project(self.docker, cid, pod)  # its ServiceAccount's token
+        except ApiError:  # its Secret deleted meanwhile (the cluster taken down): a kubelet's
+            self.docker.remove_container(cid, force=True)  # mount fails, nothing starts
+            return
         self.docker.start(cid)
         self.pods[meta["uid"]] = pod
         self.containers[meta["uid"]] = cid  # watched from now on (not before it started)
