@@ -231,7 +231,7 @@ def watch_preemption(protocol: str, url: str, signame: str, pgid: int, me: int,
 
 
 def _event(event: dict[str, object]) -> None:
-    """One line into the job's output that the controller reads (recovery.Watcher)."""
+    """One line into the job's output that the controller reads (provision/job/watcher.Watcher)."""
     import json
 
     sys.stdout.write("\n" + EVENT_PREFIX + json.dumps(event) + "\n")

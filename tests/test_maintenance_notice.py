@@ -9,7 +9,7 @@ import time
 from pathlib import Path
 
 from provision.job.checkpoints import CheckpointKeeper
-from provision.job.recovery import EVENT_PREFIX, Watcher
+from provision.job.watcher import EVENT_PREFIX, Watcher
 from provision.model.inventory import Inventory, NodeRecord
 from provision.model.spec import JobSpec
 

@@ -24,7 +24,7 @@ from provision.job.attached import Attached
 from provision.job.checkpoints import CheckpointKeeper
 from provision.job.ends import JobEnds
 from provision.job.programs import json_lines
-from provision.job.recovery import EVENT_PREFIX, Watcher
+from provision.job.watcher import EVENT_PREFIX, Watcher
 from provision.model.inventory import Inventory, NodeRecord
 from provision.model.nodejson import JobStatus, NodeEvent, Unreadable, read
 from provision.model.spec import JobSpec

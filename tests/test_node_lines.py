@@ -123,7 +123,8 @@ def test_a_failure_story_and_a_command_tail_are_escaped() -> None:
 
 def test_a_crash_cause_recorded_and_recapped_is_escaped(tmp_path: Path) -> None:
     from provision.job.checkpoints import CheckpointKeeper
-    from provision.job.recovery import Watcher, _crash
+    from provision.job.recovery import _crash
+    from provision.job.watcher import Watcher
     from provision.model.inventory import Inventory, NodeRecord
     from provision.model.spec import JobSpec
 

@@ -11,7 +11,7 @@ import json
 from pathlib import Path
 
 from provision.job.checkpoints import CheckpointKeeper
-from provision.job.recovery import EVENT_PREFIX, Watcher
+from provision.job.watcher import EVENT_PREFIX, Watcher
 from provision.model.inventory import Inventory, NodeRecord
 from provision.model.spec import JobSpec
 

@@ -56,6 +56,7 @@ JOB_OPTIONS = [
     Opt("deepspeed_config", str | None, typer.Option(None, "--deepspeed-config", help="ds_config JSON"), ("deepspeed_config",)),
     Opt("max_restarts", int | None, typer.Option(None, "--max-restarts", help="restart after a lost node, a crash, a hang or a preemption, from the last checkpoint (0)"), ("max_restarts",)),
     Opt("stall_timeout", float | None, typer.Option(None, "--stall-timeout", help="seconds without output or checkpoint = a hang (off)"), ("stall_timeout",)),
+    Opt("start_timeout", float | None, typer.Option(None, "--start-timeout", help="seconds from a launch to its first output or checkpoint (imports, rendezvous, data loading) = a hang (with --stall-timeout: the larger of it and 300; else off)"), ("start_timeout",)),
     Opt("on_node_loss", str | None, typer.Option(None, "--on-node-loss", help="replace (default) | restart | fail"), ("on_node_loss",)),
     Opt("preempt_signal", str | None, typer.Option(None, "--preempt-signal", help="sent to every rank on a preemption notice (SIGUSR1)"), ("preempt_signal",)),
     Opt("replace_slow", bool | None, typer.Option(None, "--replace-slow", help="a node whose ranks compute slower than the others' (the job's `compute=` markers) is replaced: save, replace, resume"), ("replace_slow",)),
@@ -93,8 +94,8 @@ def in_panel(title: str, options: list[Opt]) -> list[Opt]:
     return options
 
 
-_RECOVERY = {"max_restarts", "stall_timeout", "on_node_loss", "preempt_signal", "notify",
-             "replace_slow", "slow_fraction", "min_nodes", "replace_timeout",
+_RECOVERY = {"max_restarts", "stall_timeout", "start_timeout", "on_node_loss", "preempt_signal",
+             "notify", "replace_slow", "slow_fraction", "min_nodes", "replace_timeout",
              "allow_broad_node_credentials"}
 _FABRIC = {"fabric_check", "allow_slow_network"}
 in_panel(JOB, [o for o in JOB_OPTIONS if o.name not in _RECOVERY | _FABRIC])

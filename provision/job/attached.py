@@ -10,7 +10,7 @@ failure, recovers and starts it again, records every attempt and copies rank 0's
 
     start, follow    job.launch      every node at once, `[node-R]` output, stop on failure
       keep checkpoints  job.checkpoints   $MGPU_CHECKPOINT_DIR copied off the nodes as it changes
-      detect         job.recovery    node lost / rank crash / hang / preemption (a Watcher)
+      detect         job.watcher     node lost / rank crash / hang / preemption (a Watcher)
       recover        job.recovery    replace only what failed, restore, start again
     record           job.jobs        every attempt is a job record of its own, linked to the
                                      one it restarts; a lost node's log kept as streamed
@@ -44,19 +44,11 @@ from provision.job.launch import SESSION_LOST, launching_nodes, run_job
 from provision.job.ledger import Ledger, from_timeline, queued_in, render
 from provision.job.liveness import gone_nodes
 from provision.job.recap import Recap
-from provision.job.recovery import (
-    CANCELLED,
-    FAILURE_EVENTS,
-    Failure,
-    OnEvent,
-    Outcome,
-    Recovery,
-    Watcher,
-    classify,
-)
+from provision.job.recovery import CANCELLED, FAILURE_EVENTS, Failure, Outcome, Recovery, classify
 from provision.job.resident import rejoin_for
 from provision.job.resumecheck import ResumeCheck, step_in
 from provision.job.supervision import Ready, Started, Supervision, Target
+from provision.job.watcher import OnEvent, Watcher
 from provision.model import timeline
 from provision.model.errors import LaunchError, MgpuError
 from provision.model.inventory import Inventory, InventoryStore, NodeRecord

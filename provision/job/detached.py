@@ -35,6 +35,7 @@ from provision.nodes import NodeGroup
 
 # What only a supervisor acts on: an attached run's own process, or a managed run's controller.
 SUPERVISION_FLAGS = {"max_restarts": "--max-restarts", "stall_timeout": "--stall-timeout",
+                     "start_timeout": "--start-timeout",
                      "on_node_loss": "--on-node-loss", "preempt_signal": "--preempt-signal",
                      "notify": "--notify",
                      "replace_slow": "--replace-slow", "min_nodes": "--min-nodes"}

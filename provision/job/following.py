@@ -3,7 +3,7 @@
 others' resident ranks keep running (a `Rejoin`, provision/job/resident.py).
 
 `provision/job/launch.py` starts the nodes' commands and calls `follow`; the protocols here
-are what it is given: a JobMonitor (job/recovery.Watcher), a JobGate (the in-job fabric gate),
+are what it is given: a JobMonitor (job/watcher.Watcher), a JobGate (the in-job fabric gate),
 a Rejoin.
 """
 
@@ -40,7 +40,7 @@ Starter = Callable[[NodeRecord, str], "Future[int]"]
 
 
 class JobMonitor(Protocol):
-    """Watches a running job for run_job (provision/job/recovery.py implements it)."""
+    """Watches a running job for run_job (provision/job/watcher.py implements it)."""
 
     def line(self, node: NodeRecord, text: str) -> None:
         """Every output line of every node, as it arrives (any thread)."""

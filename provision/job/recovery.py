@@ -1,19 +1,8 @@
 """Supervise a running job; on a failure replace only what failed, resume from the last
 checkpoint (a lost node under resident ranks without a relaunch: job/resident.py).
 
-Detection (a Watcher is the launch.JobMonitor of the run):
-    node lost    a node's session dropped or the job could not start there, and the node is
-                 gone: the provider says so (contract.Recoverable.node_alive), or, for a
-                 provider that cannot tell, a fresh SSH login fails
-    rank crash   a launcher exited non-zero (launch has run the diagnosis on its output)
-    hang         no output line from any node and no checkpoint change for --stall-timeout s;
-                 every rank's Python stack is dumped into the run's output first
-    preemption   a node's supervisor saw a notice (remote/preempt.py) and signalled its ranks;
-                 the other nodes' ranks get the same signal, the save is copied, then stop
-    slow node    (issue 36) a node whose ranks compute slower than the others' for a while
-                 (job/stragglers.py, from the job's `compute=` markers) is named; with
-                 --replace-slow it is handled like a preemption notice: every rank saves,
-                 the save is copied, the node is replaced and the job resumes
+Detection is job/watcher.py (node lost, rank crash, hang, preemption, slow node); here:
+    node lost    which nodes are gone (classify: the provider, else a fresh SSH login)
     resume       (issue 36) after a restore, the job's first step line below the restored
                  step is flagged: `resume regression: saved S, restarted at F`
 Recovery (the loop is provision/job/attached.supervise), at most --max-restarts times:
@@ -24,9 +13,7 @@ Recovery (the loop is provision/job/attached.supervise), at most --max-restarts 
 
 from __future__ import annotations
 
-import threading
 import time
-from collections import deque
 from collections.abc import Callable
 from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass, field
@@ -34,27 +21,22 @@ from dataclasses import dataclass, field
 from provision.cluster.providers.contract import AnyProvider, Recoverable
 from provision.job.checkpoints import CheckpointKeeper
 from provision.job.elastic import Grower
-from provision.job.launch import job_container, workdir_of
-from provision.job.notices import maintenance_message
+from provision.job.launch import workdir_of
 from provision.job.sparepool import SparePool
-from provision.job.stragglers import Slow, StragglerWatch
+from provision.job.watcher import OnEvent, Watcher
 from provision.model import timeline
 from provision.model.errors import LaunchError, MgpuError
 from provision.model.inventory import Inventory, InventoryStore, NodeRecord, Replacement
 from provision.model.logsink import Log
-from provision.model.nodejson import NodeEvent, Unreadable, read, unreadable
-from provision.model.nodetext import lines, shown
+from provision.model.nodetext import shown
 from provision.model.spec import JobSpec
 from provision.nodes import NodeGroup, borrowed, fan_out
 from provision.nodes.bootstrap import bootstrap_cluster, refresh_peers
 
-# A managed run's record sink (provision/job/managed/): (event, message, node names).
-OnEvent = Callable[[str, str, list[str]], None]
 FAILURE_EVENTS = {"node lost": "node_lost", "preemption": "preempted", "hang": "hang",
                   "rank crash": "crashed", "slow node": "slow_node", "grow": "growing"}
 REPLACED_KINDS = ("node lost", "preemption", "slow node")  # failures whose nodes are replaced
-CANCELLED, EVENT_PREFIX = 130, "MGPU-EVENT "  # a cancel's code; remote/supervise.py's prefix
-PREEMPT_SAVE_DEADLINE_S = 90.0  # AWS gives ~120 s, GCP ~30 s: what a save may take at most
+CANCELLED = 130  # a cancel's exit code
 REACHABLE_DEADLINE_S = 10.0  # a fresh login to a node said to be alive
 RETURN_DEADLINE_S = 600.0  # --on-node-loss restart: how long to wait for the same host
 
@@ -75,144 +57,6 @@ class Failure:
         if not max_restarts:
             return f"not restarting: {self.describe()} (use --max-restarts N to recover)"
         return f"giving up: {self.describe()}; {restarts} of {max_restarts} restart(s) used"
-
-
-@dataclass
-class Watcher:
-    """launch.JobMonitor: hang and preemption detection, per-node exit codes."""
-
-    inv: Inventory
-    job: JobSpec
-    keeper: CheckpointKeeper
-    log: Log
-    codes: dict[str, int] = field(default_factory=dict)
-    first_failed: list[str] = field(default_factory=list)  # the node that failed first
-    preempted: dict[str, dict[str, str]] = field(default_factory=dict)
-    reason: str | None = None
-    last_output: float = field(default_factory=time.monotonic)
-    lock: threading.Lock = field(default_factory=threading.Lock)
-    stop: Callable[[], bool] | None = None  # True: stop the job for good (a managed cancel)
-    # every node's lines, `[node-R] `-prefixed, in the order they arrived (for the diagnosis)
-    output: deque[str] = field(default_factory=lambda: deque(maxlen=20000))
-    on_line: Callable[[NodeRecord, str], None] | None = None  # resume check, ledger ...
-    stragglers: StragglerWatch | None = None
-    on_event: OnEvent | None = None
-    grow: Callable[[], bool] | None = None  # True: a dropped node is back (job/elastic.py)
-    gone: Callable[[], list[str]] | None = None  # nodes the provider says are gone (liveness)
-
-    def __post_init__(self) -> None:
-        if self.stragglers is None and len(self.inv.nodes) > 1:
-            self.stragglers = StragglerWatch([n.name for n in self.inv.nodes],
-                                             fraction=self.job.slow_fraction,
-                                             on_slow=self._slow)
-
-    def _slow(self, slow: Slow) -> None:
-        self.log(f"{slow}" + ("; replacing it (--replace-slow)" if self.job.replace_slow else
-                              " (--replace-slow would replace it)"))
-        if self.on_event is not None:
-            self.on_event("straggler", str(slow), [slow.node])
-        if self.job.replace_slow:
-            with self.lock:  # the preemption path: save, copy, stop, replace, resume
-                self.preempted.setdefault(slow.node, {"action": "slow", "signalled": "no"})
-
-    def line(self, node: NodeRecord, text: str) -> None:
-        self.last_output = time.monotonic()
-        self.output.append(f"[{node.name}] {text}")
-        if self.on_line is not None:
-            self.on_line(node, text)
-        if self.stragglers is not None:
-            self.stragglers.feed(node.name, text)
-        if text.startswith(EVENT_PREFIX):
-            try:
-                event = read(NodeEvent, text[len(EVENT_PREFIX):]).fields()
-            except Unreadable as exc:  # said (a line, an event), and the job goes on
-                self.log(said := unreadable(node.name, "event", exc))
-                if self.on_event is not None:
-                    self.on_event("unreadable", said, [node.name])
-                return
-            if event.get("event") == "preemption":
-                with self.lock:
-                    self.preempted.setdefault(node.name, event)
-            elif event.get("event") in ("maintenance-scheduled", "maintenance-cleared"):
-                self.log(maintenance_message(node, event))
-
-    def finished(self, node: NodeRecord, code: int) -> None:
-        with self.lock:
-            self.codes[node.name] = code
-            if code != 0 and not self.first_failed and self.reason is None:
-                self.first_failed.append(node.name)
-
-    def poll(self) -> str | None:
-        if self.stop is not None and self.reason is None and self.stop():
-            self.reason = "cancelled"
-            return "cancelled"
-        if self.preempted and self.reason is None:
-            self.reason = "preemption"
-            return self._preemption()
-        lost = self.gone() if self.gone is not None and self.reason is None else []
-        if lost:
-            self.reason = "node lost"
-            return f"node lost: {', '.join(lost)} is gone (the provider says so)"
-        if self.grow is not None and self.reason is None and self.grow():
-            self.reason = "grow"
-            return "grow: a replacement is ready, after a checkpoint"
-        timeout = self.job.stall_timeout
-        if timeout is not None and self.reason is None:
-            quiet = time.monotonic() - max(self.last_output, self.keeper.last_change)
-            if quiet > timeout:
-                self.reason = "hang"
-                self.log(f"no output and no checkpoint for {quiet:.0f} s (--stall-timeout "
-                         f"{timeout:g}): the job looks hung; dumping every rank's stack")
-                dump_stacks(self.inv, self.job, self.log)
-                return f"hang: no progress for {quiet:.0f} s"
-        return None
-
-    def _preemption(self) -> str:
-        names = sorted(self.preempted)
-        first = self.preempted[names[0]]
-        signame = self.job.preempt_signal
-        what = ("slow" if first.get("action") == "slow" else
-                f"preemption notice ({first.get('action', '?')}"
-                f"{' at ' + first['time'] if first.get('time') else ''})")
-        self.log(f"{', '.join(names)}: {what}; every rank is asked to save now ({signame}); "
-                 "waiting for the checkpoint")
-        # the notice's save is newer than the first signal (node clock) or than each node's now
-        ats = [float(e["at"]) for e in self.preempted.values() if e.get("at")]
-        since = {n.name: min(ats) for n in self.inv.nodes} if ats else self.keeper.clocks()
-        with NodeGroup(self.inv) as group:  # the notified nodes signalled their own ranks
-            others = [n for n in self.inv.nodes if n.name not in self.preempted
-                      or self.preempted[n.name].get("signalled") == "no"]
-            layout = group.layout
-            group.run(layout.remote_command("signal", "--pidfile", layout.pidfile,
-                                            "--signal", signame,
-                                            *_container_words(self.inv, self.job)),
-                      nodes=others, timeout=60)
-        if self.keeper.wait_for_save(since, deadline_s=PREEMPT_SAVE_DEADLINE_S):
-            self.log("the checkpoint saved after the notice is kept")
-        else:
-            self.log(f"no checkpoint was saved within {PREEMPT_SAVE_DEADLINE_S:.0f} s of the "
-                     "notice; the last one kept will be used")
-        if first.get("action") == "slow":
-            return f"slow node {', '.join(names)}"
-        return f"preemption notice on {', '.join(names)}"
-
-
-def _container_words(inv: Inventory, job: JobSpec) -> list[str]:
-    container = job_container(inv, job)
-    return ["--container", container] if container else []
-
-
-def dump_stacks(inv: Inventory, job: JobSpec, log: Log) -> None:
-    """Every rank's Python stack: py-spy output comes back here; faulthandler's goes to the
-    job's own output (already streamed with its [node-R] prefix)."""
-    with NodeGroup(inv) as group:
-        layout = group.layout
-        res = group.run(layout.remote_command("stacks", "--pidfile", layout.pidfile,
-                                              *_container_words(inv, job)), timeout=150)
-    for name, r in res.items():
-        text = r.value.stdout if r.value is not None else r.why()
-        for line in lines(text):
-            log(f"[{name}] {shown(line)}")
 
 
 def _lost(provider: AnyProvider, inv: Inventory, gone: frozenset[str]) -> list[NodeRecord]:

@@ -32,7 +32,8 @@ from provision.cluster.providers.contract import Recoverable
 from provision.job.following import SESSION_LOST, Starter, stop_job
 from provision.job.launch import Join, node_command, promote_command
 from provision.job.launchers import get_launcher
-from provision.job.recovery import EVENT_PREFIX, Failure, Recovery, Watcher
+from provision.job.recovery import Failure, Recovery
+from provision.job.watcher import EVENT_PREFIX, Watcher
 from provision.model.errors import MgpuError
 from provision.model.inventory import NodeRecord
 from provision.model.nodejson import ResidentEvent, Unreadable, read, unreadable

@@ -166,6 +166,8 @@ class JobSpec(StrictModel):
     max_restarts: int = Field(0, ge=0, le=1000, description="restarts after a failure")
     stall_timeout: float | None = Field(
         None, gt=0, description="seconds without output or checkpoint save = a hang")
+    start_timeout: float | None = Field(  # default: max(stall_timeout, 300) (job/watcher.py)
+        None, gt=0, description="seconds from a launch to its first output or save = a hang")
     on_node_loss: Literal["replace", "restart", "fail"] = "replace"
     preempt_signal: str = Field("SIGUSR1", description="sent to every rank on a notice")
     # issue 36: a node slower than the others (job/stragglers.py), from the job's markers

@@ -80,7 +80,7 @@ def test_a_killed_node_is_replaced_and_the_run_resumes(tmp_path: Path, cluster_n
 
 
 @pytest.mark.xdist_group("serial")  # one worker runs the serial tests (tests/conftest.py)
-@pytest.mark.serial  # --stall-timeout 15 also counts the ranks' start (torch's import)
+@pytest.mark.serial  # its detection time is asserted: the machine is not shared with much
 def test_a_stopped_rank_is_a_hang_with_stacks_then_a_restart(tmp_path: Path,
                                                              cluster_name: str) -> None:
     run = Run(cluster_name, ["--nodes", "2", "--max-restarts", "1", "--stall-timeout", "15",

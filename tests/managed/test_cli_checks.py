@@ -36,10 +36,11 @@ def test_only_flags_set_away_from_their_defaults_count() -> None:
     assert unsupervised_flags(build_job_spec({}, {"script": EXAMPLE, "max_restarts": 0,
                                                   "on_node_loss": "replace"})) == []
     job = build_job_spec({}, {"script": EXAMPLE, "max_restarts": 2, "stall_timeout": 30,
+                              "start_timeout": 120,
                               "on_node_loss": "fail", "preempt_signal": "SIGTERM",
                               "notify": "https://hooks.example.com/x"})
-    assert unsupervised_flags(job) == ["--max-restarts", "--stall-timeout", "--on-node-loss",
-                                       "--preempt-signal", "--notify"]
+    assert unsupervised_flags(job) == ["--max-restarts", "--stall-timeout", "--start-timeout",
+                                       "--on-node-loss", "--preempt-signal", "--notify"]
 
 
 def test_run_detach_without_a_store_refuses_supervision_flags_first(home: Path) -> None:

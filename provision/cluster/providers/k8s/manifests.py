@@ -35,11 +35,11 @@ GPU_RESOURCE = "nvidia.com/gpu"
 # A pod's TERM is its notice (the kubelet deleting it: Kueue's eviction or preemption, a
 # drain, the scheduler's preemption): the start shell writes it where the node's job
 # supervisor looks for notices (remote/preempt.py "file": instance-action, AWS's JSON), so it
-# signals the ranks to save and the run takes the preemption path (job/recovery.py); the
+# signals the ranks to save and the run takes the preemption path (job/watcher.py); the
 # shell then waits while the job runs (the run stops it once the save is kept; the kubelet
 # kills at the end of the grace period, PREEMPT_GRACE_S) and ends with 143 (START).
 NOTICE_DIR = "/run/mgpu-notice"
-PREEMPT_GRACE_S = 120  # a save (recovery.PREEMPT_SAVE_DEADLINE_S: 90 s), its copy, the stop
+PREEMPT_GRACE_S = 120  # a save (watcher.PREEMPT_SAVE_DEADLINE_S: 90 s), its copy, the stop
 JOB_PIDFILE = "${HOME:-/root}/" + RemoteLayout(Inventory.model_fields["remote_root"].default
                                                ).pidfile  # "PGID PID" while a job runs
 ON_TERM = (
