@@ -101,4 +101,6 @@ def lose_and_resume(url: str, name: str, victim: int, job: str = "1") -> int:
     kill(f"{name}-node-{victim}")
     wait_for(lambda: len(resumed_steps(url, name, job)) > len(before)
              or "failed" in events(url, name, job), 300, f"no resume after node-{victim}")
-    return resumed_steps(url, name, job)[-1]
+    after = resumed_steps(url, name, job)
+    assert len(after) > len(before), f"job {job} failed: {log_text(url, name, job)[-3000:]}"
+    return after[-1]
