@@ -309,7 +309,8 @@ def state_of(job_dir: str) -> dict[str, Any]:
 
 
 def cancel(job_dir: str, grace: float) -> int:
-    """TERM to every process of the job, KILL after `grace` s. Idempotent."""
+    """TERM to every process of the job, KILL after `grace` s; returns once its supervisor
+    wrote the exit record (`status` says cancelled), or is gone. Idempotent."""
     if not os.path.isdir(job_dir):
         return 0
     with contextlib.suppress(OSError):
@@ -317,6 +318,10 @@ def cancel(job_dir: str, grace: float) -> int:
     pids = _read_pids(job_dir)
     if pids is not None and exit_status(job_dir) is None:
         stop_job(pids[0], pids[1], grace)
+        deadline = time.monotonic() + 30  # its sweep and reap after the group ended: < 1 s
+        while (exit_status(job_dir) is None and alive(pids[1])
+               and time.monotonic() < deadline):
+            time.sleep(0.05)
     return 0
 
 
