@@ -50,10 +50,16 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--fail-at-step", type=int, default=-1, help="raise on rank 0 (testing)")
     p.add_argument("--fail-once-at-step", type=int, default=-1,
                    help="raise on rank 0, first attempt only (testing recovery)")
+    p.add_argument("--hold-once-at-step", type=int, default=-1,
+                   help="every rank stops at this step until killed, first attempt only "
+                        "(testing: a node lost mid-run is lost before the job can end)")
     p.add_argument("--sleep", type=float, default=0.0, help="seconds per step (testing)")
     p.add_argument("--compute-every", type=int, default=0,
                    help="every N steps each rank prints `step S compute=SECONDS` (its forward "
                         "pass, which waits for no other rank: how mgpu-cloud tells a slow node)")
+    p.add_argument("--start-after", default="",
+                   help="wait (at most 10 min) for this file on the node before starting "
+                        "(testing: a job that cannot end before its test lets it)")
     p.add_argument("--ignore-checkpoint", action="store_true",
                    help="start at step 0 even with a checkpoint there (testing the resume check)")
     return p.parse_args()
@@ -136,6 +142,8 @@ def train(args: argparse.Namespace, model: DDP, opt: torch.optim.Optimizer,
     loss = torch.tensor(0.0)
     t_warm = t0  # after the first step: connection set-up and first-step costs are not throughput
     for step in range(start, args.steps):
+        while step == args.hold_once_at_step and RESTART == 0:
+            time.sleep(0.1)  # until the test's kill makes the tool stop this attempt
         x = torch.randn(args.batch_size, 16, generator=gen)
         y = x @ true_w + 0.01 * torch.randn(args.batch_size, 1, generator=gen)
         x, y = x.to(device), y.to(device)
@@ -186,6 +194,11 @@ def report(args: argparse.Namespace, model: DDP, world: int, final: torch.Tensor
 def main() -> None:
     args = parse_args()
     signal.signal(signal.SIGUSR1, request_save)  # mgpu-cloud's preemption signal
+    waited = time.monotonic()
+    while args.start_after and not os.path.exists(args.start_after):
+        if time.monotonic() - waited > 600:
+            raise SystemExit(f"--start-after: {args.start_after} never appeared")
+        time.sleep(0.1)
     rank, world, local_rank, device = init_distributed()
 
     torch.manual_seed(0)  # same initial weights everywhere (DDP also broadcasts them)

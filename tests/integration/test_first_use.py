@@ -53,11 +53,15 @@ def home(project: Path, node_image: str) -> Iterator[Path]:
         force_remove(NAME)
 
 
-# A job that reads a file of its workdir (relative to its cwd) after a while: it fails if
-# anything replaced the workdir under it.
+# A job that reads a file of its workdir (relative to its cwd) once the file named by its
+# argument exists on its node ("-": at once): it fails if anything replaced the workdir
+# under it. It cannot end before its test lets it.
 SLOW_READER = """\
 import os, sys, time
-time.sleep(float(sys.argv[1]))
+waited = time.monotonic()
+while sys.argv[1] != "-" and not os.path.exists(sys.argv[1]):
+    assert time.monotonic() - waited < 600, "never let go"
+    time.sleep(0.1)
 with open("data.txt") as fh:
     print("rank", os.environ["RANK"], "read", fh.read().strip(), flush=True)
 """
@@ -69,26 +73,28 @@ def test_a_refused_second_launch_leaves_the_running_job_alone(home: Path,
     work.mkdir()
     (work / "reader.py").write_text(SLOW_READER)
     (work / "data.txt").write_text("first\n")
-    first = cli("launch", NAME, "--detach", "--nproc-per-node", "1", "--", "reader.py", "12",
+    go = f"/tmp/{NAME}-go"  # noqa: S108 (a node's)
+    first = cli("launch", NAME, "--detach", "--nproc-per-node", "1", "--", "reader.py", go,
                 home=home, cwd=work)
     assert first.returncode == 0, first.stderr
     job_id = first.stdout.strip()
     (work / "data.txt").write_text("second\n")
-    second = cli("launch", NAME, "--detach", "--nproc-per-node", "1", "--", "reader.py", "0",
+    second = cli("launch", NAME, "--detach", "--nproc-per-node", "1", "--", "reader.py", "-",
                  home=home, cwd=work)
     assert second.returncode != 0, second.stdout
-    assert f"job {job_id} (reader.py 12) is still running" in second.stderr, second.stderr
+    assert f"job {job_id} (reader.py {go}) is still running" in second.stderr, second.stderr
     assert "synced" not in second.stderr, "refused before any node was touched"
     # Without the controller's record (another machine, a lost state folder), the nodes
     # themselves refuse to replace the workdir of a running job.
     record = home / "jobs" / NAME / job_id / "job.json"
     saved = record.read_text()
     record.unlink()
-    third = cli("launch", NAME, "--nproc-per-node", "1", "--", "reader.py", "0",
+    third = cli("launch", NAME, "--nproc-per-node", "1", "--", "reader.py", "-",
                 home=home, cwd=work)
     record.write_text(saved)
     assert third.returncode != 0, third.stdout
     assert "a job is still running on node-0" in third.stderr, third.stderr
+    assert cli("exec", NAME, "--", "touch", go, home=home).returncode == 0
     followed = cli("logs", NAME, job_id, "--follow", home=home)
     assert followed.returncode == 0, followed.stdout + followed.stderr
     assert "[node-0] rank 0 read first" in followed.stdout

@@ -147,7 +147,8 @@ def test_a_killed_pod_is_replaced_alone_and_the_run_resumes(standin: Standin,
     name = unique("k8s-lost")
     run = K8sRun(standin, name, ["--max-restarts", "1", "--max-hours", "1",
                                  str(ROOT / "examples" / "train_ddp.py"), "--steps", "40",
-                                 "--save-every", "5", "--sleep", "0.25"], tmp_path)
+                                 "--save-every", "5", "--sleep", "0.25",
+                                 "--hold-once-at-step", "20"], tmp_path)  # lost before its end
     run.wait_for(r"kept checkpoint from node-0: .*step_0000(09|14)")
     pods = standin.store.list("pods", "default", f"mgpu-cloud-cluster={name}")
     assert all(p["spec"]["activeDeadlineSeconds"] == 3600 for p in pods)
@@ -185,7 +186,8 @@ def test_a_pod_deleted_under_a_running_job_is_replaced_and_the_run_resumes(
     name = "k8s-deleted"
     run = K8sRun(standin, name, ["--max-restarts", "1", str(ROOT / "examples" /
                                                             "train_ddp.py"),
-                                 "--steps", "40", "--save-every", "5", "--sleep", "0.25"],
+                                 "--steps", "40", "--save-every", "5", "--sleep", "0.25",
+                                 "--hold-once-at-step", "20"],  # lost before its end
                  tmp_path)
     run.wait_for(r"kept checkpoint from node-0: .*step_0000(09|14)")
     pods = standin.store.list("pods", "default", f"mgpu-cloud-cluster={name}")

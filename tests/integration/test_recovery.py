@@ -33,7 +33,8 @@ def metrics(tmp_path: Path, name: str) -> dict[str, object]:
 
 def test_a_killed_node_is_replaced_and_the_run_resumes(tmp_path: Path, cluster_name: str) -> None:
     run = Run(cluster_name, ["--nodes", "2", "--max-restarts", "1", EXAMPLE, "--steps", "40",
-                             "--save-every", "5", "--sleep", "0.25"], tmp_path)
+                             "--save-every", "5", "--sleep", "0.25",
+                             "--hold-once-at-step", "20"], tmp_path)  # killed before its end
     run.wait_for(r"kept checkpoint from node-0: .*step_0000(09|14)")
     # what a kill in the middle of a save leaves: the newest step's file, cut in half (issue
     # 36): it is not kept, so the restart loads the newest whole one instead of crashing
