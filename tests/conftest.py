@@ -61,7 +61,7 @@ def docker_available() -> tuple[bool, str]:
     try:
         import docker
 
-        docker.from_env(timeout=5).ping()
+        docker.from_env(timeout=30).ping()
         return True, ""
     except Exception as exc:  # noqa: BLE001
         return False, str(exc)

@@ -60,7 +60,7 @@ def test_a_killed_runs_objects_go_and_nothing_else(made: list[str], node_image: 
     by_label = container(made, f"squatter-{secrets.token_hex(2)}", node_image,
                          f"{engine.LABEL_KEY}={killed}")
     # a live run: a process of its own, alive
-    sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(3600)"])
     try:
         alive = lease(live, sleeper.pid, engine._start_time(sleeper.pid))
         theirs = container(made, f"it-up-{live}-node-0", node_image,

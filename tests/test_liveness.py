@@ -75,15 +75,17 @@ def test_a_provider_that_raises_cannot_tell_and_looking_goes_on(
 
 def test_a_look_begun_before_a_reset_says_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
     provider = get_provider("docker")
-    release = threading.Event()
+    release, entered = threading.Event(), threading.Event()
 
     def alive(inv: Inventory, node: NodeRecord) -> bool:
+        entered.set()
         release.wait(5)  # a slow look, under way while the node is replaced
         return node.name != "node-1"
 
     monkeypatch.setattr(provider, "node_alive", alive)
     gone = GoneNodes(provider, _inv(2), every_s=3600.0)  # type: ignore[arg-type]
-    assert gone() == []  # the first look starts
+    assert gone() == []  # the first look starts (its thread: not yet begun, maybe)
+    assert entered.wait(90)  # it has begun: it read the nodes and asks the provider
     gone.reset()  # node-1 replaced meanwhile
     release.set()
     end = time.monotonic() + 5

@@ -213,11 +213,18 @@ def test_follow_without_a_newcomer_stops_the_others_as_before() -> None:
     stops: list[list[str]] = []
     rejoin = _FakeRejoin(None)
     layout = SimpleNamespace(remote_command=lambda *w: " ".join(w), pidfile="p")
-    stopper = SimpleNamespace(layout=layout, run=lambda cmd, nodes=None, timeout=None:
-                              stops.append([n.name for n in nodes or []]))
+    node_0: Future[int] = Future()  # its launcher ends (143) once it is stopped, not before
+
+    def stop(cmd: str, nodes: list[NodeRecord] | None = None, timeout: float | None = None
+             ) -> None:
+        stops.append([n.name for n in nodes or []])
+        if not node_0.done():
+            node_0.set_result(143)
+
+    stopper = SimpleNamespace(layout=layout, run=stop)
     import threading
 
-    futures = {_done(143, after=0.5): inv.nodes[0], _done(following.SESSION_LOST): inv.nodes[1]}
+    futures = {node_0: inv.nodes[0], _done(following.SESSION_LOST): inv.nodes[1]}
     code = following.follow(futures, stopper, print, None, None, threading.Event(),  # type: ignore[arg-type]
                             rejoin, lambda n, c: pytest.fail("no newcomer"))
     assert code == following.SESSION_LOST and rejoin.asked == [["node-1"]]

@@ -102,6 +102,7 @@ def test_a_slowed_node_is_named_then_swapped_and_the_run_speeds_up_again(
                    capture_output=True)
     throttled_at = len(run.lines)
     named = run.wait_for(r"node-1 is slow: compute")
+    slow1 = _compute(run.lines[throttled_at:], "node-1")  # the throttled node's markers
     reports = sum("[node-1]" in line and "compute=" in line for line in run.lines[throttled_at:])
     assert reports <= 2 * 40, f"named after {reports} of node-1's markers"  # 40 steps' worth
     code = run.finish(timeout=600)
@@ -113,8 +114,12 @@ def test_a_slowed_node_is_named_then_swapped_and_the_run_speeds_up_again(
     after = run.output[run.output.index("resumed from step"):].splitlines()
     fast0, fast1 = _compute(after, "node-0"), _compute(after, "node-1")
     assert len(fast1) >= 6, out
+    # the replacement is not the throttled node: its median is a fraction of what node-1's
+    # was (the throttle: 12-20x), and the product did not name it slow (exit 0 above: the
+    # one restart was the swap). Not against node-0's at the same moment: two containers on
+    # 2 shared cores differ by 3x at times while other tests run.
     med = sorted(fast1)[len(fast1) // 2]
-    assert med < 2 * sorted(fast0)[len(fast0) // 2] + 0.01, (fast0, fast1)
+    assert slow1 and med < sorted(slow1)[len(slow1) // 2] / 4, (slow1, fast1, fast0)
     kept = json.loads((Path(os.environ["MGPU_CLOUD_HOME"]) / "blocklist.json").read_text())
     assert any(h["resource"] == old and h["cluster"] == cluster_name for h in kept["docker"])
     plan = subprocess.run([sys.executable, "-m", "provision.cli", "up", "--provider", "docker",

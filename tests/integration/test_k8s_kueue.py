@@ -39,7 +39,8 @@ class Lines:
 
     def __init__(self, proc: subprocess.Popen[str]) -> None:
         self.proc, self.seen = proc, list[str]()
-        threading.Thread(target=self._read, daemon=True).start()
+        self.reader = threading.Thread(target=self._read, daemon=True)
+        self.reader.start()
 
     def _read(self) -> None:
         assert self.proc.stdout is not None
@@ -57,6 +58,9 @@ class Lines:
 
     @property
     def text(self) -> str:
+        """Everything so far; all of it once the process ended (its pipe read to the end)."""
+        if self.proc.poll() is not None:
+            self.reader.join(60)
         return "".join(self.seen)
 
 

@@ -89,7 +89,7 @@ def test_unattended_run_survives_lost_nodes_and_cleans_up(
         got = events(url, name)
         assert got == ["submitted", "started", "node_lost", "replaced", "resumed", "node_lost",
                        "replaced", "resumed", "ledger", "finished", "torn_down"], got
-        wait_for(lambda: leftovers(name) == [], 30, f"left behind: {leftovers(name)}")
+        wait_for(lambda: leftovers(name) == [], 90, f"left behind: {leftovers(name)}")
         # the outputs and checkpoints are in the store, pushed by the nodes
         metrics = json.loads(store.get_bytes(f"{name}/data/jobs/1/outputs/metrics.json")
                              or b"{}")

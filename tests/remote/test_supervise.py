@@ -12,6 +12,8 @@ import sys
 import time
 from pathlib import Path
 
+from kit import until
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -36,7 +38,7 @@ def alive(pid: int) -> bool:
         return False
 
 
-def wait_for(path: Path, timeout: float = 10) -> str:
+def wait_for(path: Path, timeout: float = 90) -> str:
     end = time.monotonic() + timeout
     while time.monotonic() < end:
         if path.exists() and path.read_text().strip():
@@ -107,15 +109,11 @@ def test_signal_reaches_every_process_of_the_job(tmp_path: Path) -> None:
                        "while true; do sleep 0.1; done\n")
     script = f"setsid sh {handler} & sh {handler} & wait"  # one in a session of its own
     run = start(tmp_path, pidfile, "sh", "-c", script)
-    end = time.monotonic() + 10
-    while len(list(marks.glob("ready.*"))) < 2 and time.monotonic() < end:
-        time.sleep(0.05)
+    until(lambda: len(list(marks.glob("ready.*"))) == 2, 90, what="the traps never set")
     subprocess.run([sys.executable, "-m", "remote", "signal", "--pidfile", str(pidfile),
                     "--signal", "USR1"], cwd=ROOT, check=True, timeout=30)
-    end = time.monotonic() + 10
-    while len([p for p in marks.iterdir() if not p.name.startswith("ready")]) < 2:
-        assert time.monotonic() < end, list(marks.iterdir())
-        time.sleep(0.05)
+    until(lambda: len([p for p in marks.iterdir() if not p.name.startswith("ready")]) == 2,
+          90, what="not both processes signalled")
     subprocess.run([sys.executable, "-m", "remote", "stop", "--pidfile", str(pidfile),
                     "--grace", "1"], cwd=ROOT, check=True, timeout=30)
     run.wait(timeout=30)
@@ -203,11 +201,10 @@ def test_a_maintenance_notice_an_hour_ahead_lets_the_job_run_until_close_to_it(
     import threading
     from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
-    window = time.time() + 4
-    stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(window))
+    ready = tmp_path / "ready"  # the job's trap is set: the notice is announced from then on
     answers = {"preempted": "FALSE", "maintenance-event": "NONE",
-               "upcoming-maintenance": json.dumps({"maintenance_status": "PENDING",
-                                                   "window_start_time": stamp})}
+               "upcoming-maintenance": "{ }"}  # none yet (GCP's answer without one)
+    window: list[float] = []
 
     class Handler(BaseHTTPRequestHandler):
         def log_message(self, *args: object) -> None:
@@ -215,6 +212,11 @@ def test_a_maintenance_notice_an_hour_ahead_lets_the_job_run_until_close_to_it(
 
         def do_GET(self) -> None:  # noqa: N802
             key = self.path.split("?")[0].rsplit("/", 1)[-1]
+            if key == "upcoming-maintenance" and not window and ready.exists():
+                window.append(time.time() + 8)  # its save is due >= 5 s after this answer
+                answers[key] = json.dumps({"maintenance_status": "PENDING",
+                                           "window_start_time": time.strftime(
+                                               "%Y-%m-%dT%H:%M:%SZ", time.gmtime(window[0]))})
             ok = self.headers.get("Metadata-Flavor") == "Google" and key in answers
             body = answers.get(key, "").encode() if ok else b""
             self.send_response(200 if ok else 404)
@@ -226,7 +228,8 @@ def test_a_maintenance_notice_an_hour_ahead_lets_the_job_run_until_close_to_it(
     threading.Thread(target=server.serve_forever, args=(0.02,),  # shutdown waits a poll
                      daemon=True).start()
     saved = tmp_path / "saved"
-    script = f"trap 'date +%s.%N > {saved}; exit 0' USR1; while true; do sleep 0.1; done"
+    script = (f"trap 'date +%s.%N > {saved}; exit 0' USR1; echo set > {ready}; "
+              "while true; do sleep 0.1; done")
     try:
         run = start(tmp_path, tmp_path / "job.pid", "sh", "-c", script,
                     extra=("--preempt", "gcp", f"http://127.0.0.1:{server.server_address[1]}",
@@ -242,8 +245,9 @@ def test_a_maintenance_notice_an_hour_ahead_lets_the_job_run_until_close_to_it(
               if line.startswith("MGPU-EVENT ")]
     assert [e["event"] for e in events] == ["maintenance-scheduled", "preemption"], out
     scheduled = events[0]
-    assert scheduled["deadline"] == int(window) and scheduled["time"] == stamp
-    assert scheduled["save_at"] == int(window) - 2
+    stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(window[0]))
+    assert scheduled["deadline"] == int(window[0]) and scheduled["time"] == stamp
+    assert scheduled["save_at"] == int(window[0]) - 2
     # the job was asked to save no earlier than SAVE_LEAD_S before the deadline
     assert float(saved.read_text()) >= scheduled["save_at"] - 0.05
     assert events[1]["action"] == "TERMINATE_ON_HOST_MAINTENANCE"

@@ -219,7 +219,7 @@ def test_a_pod_made_again_under_its_name_runs_though_the_earlier_ones_container_
     subprocess.run(["docker", "kill", container], check=True, capture_output=True)
     until(lambda: pod().get("status", {}).get("phase") == "Failed")
     core.delete_namespaced_pod("dk-again", "default", grace_period_seconds=0)
-    until(lambda: not pod(), 30)
+    until(lambda: not pod())
     core.create_namespaced_pod("default", body)  # at once, as the take-back does
     until(lambda: pod().get("status", {}).get("phase") == "Running")
     assert pod()["metadata"]["uid"] != earlier["metadata"]["uid"]
@@ -230,7 +230,7 @@ def test_a_pod_made_again_under_its_name_runs_though_the_earlier_ones_container_
     assert state == "true" and pod()["status"]["phase"] == "Running"
     core.delete_namespaced_pod("dk-again", "default", grace_period_seconds=0)
     until(lambda: not pod() and subprocess.run(["docker", "inspect", container],
-                                               capture_output=True).returncode != 0, 30)
+                                               capture_output=True).returncode != 0)
 
 
 def test_module_leaves_no_container(standin: Standin) -> None:
