@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 from fake_nodes import FakeConnector, archive_files
+from kit import until
 
 from provision.job.collect import fetch_outputs
 from provision.job.launch import run_job, workdir_of
@@ -232,11 +233,11 @@ def test_preflight_gather_keeps_a_report_or_the_reason_for_every_node(cluster) -
     assert "--master-addr node-0 --master-port 29500" in fake.assert_ran("node-1", "preflight")
 
 
-def _follow_two(inv: Inventory, node_1: Callable[[threading.Event], int],
+def _follow_two(inv: Inventory, node_1: Callable[[threading.Event, list[str]], int],
                 settle: float) -> tuple[int, list[str], list[str]]:
     """following.follow (split out of launch.py) with node-0 failing at once and node-1
-    as scripted (handed an event that the stop sets); (code, what node-1 was sent, log
-    lines)."""
+    as scripted (handed an event that the stop sets, and the log so far); (code, what
+    node-1 was sent, log lines)."""
     import concurrent.futures
 
     from provision.job import following
@@ -251,7 +252,7 @@ def _follow_two(inv: Inventory, node_1: Callable[[threading.Event], int],
         mp.setattr(following, "stop_job",
                    lambda *a, **k: (real_stop(*a, **k), stopped.set()))
         futures = {pool.submit(lambda: 1): inv.nodes[0],
-                   pool.submit(node_1, stopped): inv.nodes[1]}
+                   pool.submit(node_1, stopped, logged): inv.nodes[1]}
         code = following.follow(futures, NodeGroup(inv, connector=fake), logged.append, None,
                                 None, threading.Event())
     return code, fake.commands("node-1"), logged
@@ -262,7 +263,9 @@ def test_after_a_node_fails_the_others_may_end_by_themselves_first(cluster) -> N
     was exiting from its crash reported -15, not its exit 1)."""
     inv, _ = cluster
 
-    def ends_soon(stopped: threading.Event) -> int:
+    def ends_soon(stopped: threading.Event, logged: list[str]) -> int:
+        until(lambda: any(line.startswith("node-0 exited") for line in logged), 60,
+              what="node-0's failure never seen")  # node-0 ends first, whatever the load
         return 0 if stopped.wait(0.3) else 1  # ends by itself, unless stopped first
 
     code, sent, logged = _follow_two(inv, ends_soon, settle=30.0)
@@ -273,7 +276,7 @@ def test_after_a_node_fails_the_others_may_end_by_themselves_first(cluster) -> N
 def test_a_node_that_does_not_end_is_stopped_after_the_settle(cluster) -> None:  # type: ignore[no-untyped-def]
     inv, _ = cluster
 
-    def hangs(stopped: threading.Event) -> int:
+    def hangs(stopped: threading.Event, logged: list[str]) -> int:
         assert stopped.wait(60), "never stopped"
         return -15
 

@@ -1,10 +1,9 @@
 """Supervise a running job; on a failure replace only what failed, resume from the last
 checkpoint (a lost node under resident ranks without a relaunch: job/resident.py).
 
-Detection is job/watcher.py (node lost, rank crash, hang, preemption, slow node); here:
-    node lost    which nodes are gone (classify: the provider, else a fresh SSH login)
-    resume       (issue 36) after a restore, the job's first step line below the restored
-                 step is flagged: `resume regression: saved S, restarted at F`
+Detection is job/watcher.py (node lost, rank crash, hang, preemption, slow node); here, which
+nodes are gone after a dropped session (classify: the provider, else a fresh SSH login), and
+what follows. A resume below the restored step is flagged by job/resumecheck.py.
 Recovery (the loop is provision/job/attached.supervise), at most --max-restarts times:
     keep the last checkpoint -> lost / preempted nodes: a warm spare or a replacement (the
     pool, job/sparepool.py), or wait for the same hosts (--on-node-loss restart), or stop
