@@ -181,10 +181,11 @@ def test_a_quiet_session_outlives_the_streams_idle_timeout(
     monkeypatch.setattr(transport, "KEEPALIVE_S", 1)
     conn = connected(inv, 0, store)
     conn.close()
-    monkeypatch.setattr(standin.api, "stream_idle_timeout_s", 2.5)
+    # a keepalive every 1 s against 5 s idle: 4 s for a busy machine to send one late
+    monkeypatch.setattr(standin.api, "stream_idle_timeout_s", 5)
     conn = transport.connector(inv)(inv, inv.nodes[0])
     try:
-        res = conn.run("sleep 6; echo quiet-done", timeout=60)
+        res = conn.run("sleep 12; echo quiet-done", timeout=60)
     finally:
         conn.close()
     assert res.exit_code == 0 and "quiet-done" in res.stdout, res
