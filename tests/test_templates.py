@@ -75,6 +75,24 @@ def test_deepspeed_config_template_is_valid_json() -> None:
     import json
 
     cfg = json.loads(render("deepspeed/ds_config.json.j2", micro_batch=8, grad_accum=2, lr=3e-4,
-                            zero_stage=2, bf16=True))
+                            zero_stage=2, bf16=True, torch_adam=False))
     assert cfg["zero_optimization"]["stage"] == 2 and cfg["bf16"]["enabled"] is True
     assert cfg["train_micro_batch_size_per_gpu"] == 8
+
+
+@pytest.mark.parametrize("gpus", [False, True])
+def test_the_shipped_deepspeed_config_asks_for_torchs_adamw_only_without_gpus(
+        gpus: bool) -> None:
+    """CPU nodes: torch's AdamW, not DeepSpeed's FusedAdam (whose op every rank JIT-loads at
+    its start there); GPU nodes: FusedAdam's kernel. A user's own config is sent as it is."""
+    import json
+
+    from provision.job.launchers.deepspeed import config_bytes
+    from provision.model.spec import JobSpec
+
+    script = Path(__file__).resolve().parents[1] / "examples" / "train_deepspeed.py"
+    cfg = json.loads(config_bytes(JobSpec(script=str(script), launcher="deepspeed"), gpus=gpus))
+    params = cfg["optimizer"]["params"]
+    assert cfg["optimizer"]["type"] == "AdamW" and params["lr"] == 1e-3
+    assert params.get("torch_adam", False) is (not gpus)
+    assert cfg["bf16"]["enabled"] is gpus
