@@ -7,6 +7,7 @@ import json
 import os
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -205,3 +206,37 @@ def test_idle_says_whether_a_job_runs_on_the_node(tmp_path: Path) -> None:
     assert f"a job is still running on this node (process group {int(res.stdout)})" in busy.stderr
     assert job("cancel", "--dir", str(tmp_path / "jobs" / "1"), "--grace", "1").returncode == 0
     wait_for(lambda: job("idle", "--pidfile", str(pidfile)).returncode == 0)
+
+
+@pytest.mark.parametrize("supervisor_writes", [True, False])
+def test_cancel_returns_once_the_exit_record_is_written_or_the_supervisor_is_gone(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, supervisor_writes: bool) -> None:
+    """After its TERM/KILL, cancel waits for the supervisor's last sweep: its exit record
+    (then `status` says cancelled at once, never "running"), or its end without one. The
+    supervisor here is a process this test ends when it says; the job's group is already gone
+    (stop_job does nothing)."""
+    d = tmp_path / "jobs" / "9"
+    d.mkdir(parents=True)
+    sup = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()"],
+                           stdin=subprocess.PIPE)
+    (d / remote_jobs.PID).write_text(f"{sup.pid} {sup.pid}\n")
+    monkeypatch.setattr(remote_jobs, "stop_job", lambda *a: None)
+    returned = threading.Event()
+    waiter = threading.Thread(target=lambda: (remote_jobs.cancel(str(d), 1.0), returned.set()))
+    waiter.start()
+    try:
+        # still waiting while the supervisor lives without a record (any time: 0.5 s here)
+        assert not returned.wait(0.5), "cancel returned before the supervisor's exit record"
+        if supervisor_writes:
+            (d / remote_jobs.EXIT).write_text(json.dumps({"code": -15, "ended": time.time()}))
+        else:
+            assert sup.stdin is not None
+            sup.stdin.close()
+            sup.wait(timeout=30)
+        assert returned.wait(20), "cancel did not return after the record or the end"
+        assert (d / remote_jobs.CANCELLED).exists()
+    finally:
+        if sup.poll() is None:
+            sup.kill()
+            sup.wait()
+        waiter.join(timeout=35)
