@@ -62,11 +62,30 @@ class DockerKubelet(Kubelet):
         except ApiError:  # its Secret deleted meanwhile (the cluster taken down): a kubelet's
             self.docker.remove_container(cid, force=True)  # mount fails, nothing starts
             return
-        self.docker.start(cid)
+        if not self._start_container(cid, pod):
+            return
         self.pods[meta["uid"]] = pod
         self.containers[meta["uid"]] = cid  # watched from now on (not before it started)
         info = self.docker.inspect_container(cid)
         self.running(pod, info["NetworkSettings"]["Networks"][self.network]["IPAddress"])
+
+    def _start_container(self, cid: str, pod: dict[str, Any]) -> bool:
+        """Start the pod's container; False when the pod was deleted while it was made (its
+        container then removed, or marked for removal by a pod remade under its name:
+        `_drop_earlier`, 409 "marked for removal"). A kubelet starts no container for a pod
+        that is terminating (pkg/kubelet/pod_workers.go: a pod whose worker is terminating
+        is never started again); a start that fails for a pod still there is an error."""
+        import docker.errors
+
+        try:
+            self.docker.start(cid)
+        except docker.errors.APIError:
+            if self._exists(pod):
+                raise
+            with contextlib.suppress(docker.errors.APIError):
+                self.docker.remove_container(cid, force=True)
+            return False
+        return True
 
     def _create(self, pod: dict[str, Any]) -> str:
         meta, spec = pod["metadata"], pod["spec"]

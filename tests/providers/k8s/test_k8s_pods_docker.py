@@ -234,6 +234,32 @@ def test_a_pod_made_again_under_its_name_runs_though_the_earlier_ones_container_
                                                capture_output=True).returncode != 0)
 
 
+def test_a_pod_deleted_while_its_container_is_made_starts_nothing(
+        standin: Standin, node_image: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The pod is deleted (and made again under its name) between its container's create and
+    start: the remade pod's kubelet removes the earlier container first, so the start meets
+    409 "marked for removal" (seen in a suite run: the start thread died). A kubelet starts
+    nothing for a pod that is terminating; the container is gone, no error. For a pod still
+    there, the start's error is an error."""
+    import docker
+    from standin_kubelet import STANDIN_LABEL
+
+    api, kubelet = docker.from_env().api, standin.kubelet
+    pod = {"metadata": {"name": "dk-made", "namespace": "default", "uid": "uid-dk-made"},
+           "spec": {"containers": [{"name": "main", "image": node_image}]}}  # not in the API
+
+    def made_then_removed() -> str:
+        cid = str(api.create_container(node_image, command=["sleep", "600"],
+                                       labels={STANDIN_LABEL: standin.sid})["Id"])
+        api.remove_container(cid, force=True)
+        return cid
+
+    assert kubelet._start_container(made_then_removed(), pod) is False
+    monkeypatch.setattr(kubelet, "_exists", lambda p: True)  # the pod is still there
+    with pytest.raises(docker.errors.APIError):
+        kubelet._start_container(made_then_removed(), pod)
+
+
 def test_module_leaves_no_container(standin: Standin) -> None:
     """Run last in this module: every cluster above was taken down, and their pods'
     containers with it."""
