@@ -93,3 +93,17 @@ def test_a_look_begun_before_a_reset_says_nothing(monkeypatch: pytest.MonkeyPatc
         time.sleep(0.02)
     assert not gone.busy and gone.gone == [], "the old look's node-1 is not the new node-1"
     assert _until(gone, ["node-1"]) == ["node-1"]  # a look begun after it counts
+
+
+def test_the_first_look_starts_at_once_whatever_the_clocks_origin(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """time.monotonic()'s origin is unspecified (on Linux: the boot). An interval longer than
+    the clock has run (a machine booted less than every_s ago, as a fresh controller is) must
+    not put the first look off (before: "last looked" was 0.0, so it waited until then)."""
+    provider = get_provider("docker")
+    monkeypatch.setattr(provider, "node_alive", lambda inv, node: node.name != "node-1")
+    gone = GoneNodes(provider, _inv(2), every_s=time.monotonic() + 3600.0)  # type: ignore[arg-type]
+    assert _until(gone, ["node-1"]) == ["node-1"]
+    gone.reset()  # and again at once after a replacement
+    assert gone() == [] and gone.busy
+    assert _until(gone, ["node-1"]) == ["node-1"]

@@ -23,6 +23,7 @@ from provision.model.inventory import Inventory, NodeRecord
 from provision.nodes import fan_out
 
 EVERY_S = 3.0
+NEVER = float("-inf")  # a time.monotonic() for "not yet": any interval has passed since
 
 
 class GoneNodes:
@@ -31,7 +32,9 @@ class GoneNodes:
 
     def __init__(self, provider: Recoverable[Any], inv: Inventory, every_s: float) -> None:
         self.provider, self.inv, self.every_s = provider, inv, every_s
-        self.at, self.busy, self.gone = 0.0, False, list[str]()
+        # never looked: -inf, not 0.0 (monotonic's origin is unspecified; on a machine booted
+        # less than every_s ago, 0.0 would put the first look off until then)
+        self.at, self.busy, self.gone = NEVER, False, list[str]()
         self.lock = threading.Lock()
         self.reset_at = 0.0
 
@@ -58,7 +61,7 @@ class GoneNodes:
         """The nodes changed (a lost one replaced while the job runs: job/resident.py):
         forget what was found, and what a look under way will find; look again now."""
         with self.lock:
-            self.gone, self.reset_at, self.at = [], time.monotonic(), 0.0
+            self.gone, self.reset_at, self.at = [], time.monotonic(), NEVER
 
     def __call__(self) -> list[str]:
         with self.lock:

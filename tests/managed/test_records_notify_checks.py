@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import os
+import time
 from pathlib import Path
 
 import pytest
@@ -13,6 +14,7 @@ from provision.job.managed.checks import check_reach, check_store, store_env
 from provision.job.managed.client import all_jobs, print_logs
 from provision.job.managed.notify import Notifier, message
 from provision.job.managed.records import JobLog, JobView, job_ids, next_job_id
+from provision.job.managed.supervisor import _throttled
 from provision.model.errors import MgpuError, UserInputError
 from provision.model.spec import build_cluster_spec, build_job_spec
 from remote.store import open_store, parse_url
@@ -131,3 +133,13 @@ def test_a_bucket_without_write_permission_is_named(s3_store: StoreServer) -> No
             "Resource": f"arn:aws:s3:::{bucket}/*"}]}))
     with pytest.raises(UserInputError, match="no permission to write"):
         check_store("docker", s3_store.url, store_env())
+
+
+def test_the_controllers_first_cancel_check_is_at_once_whatever_the_clocks_origin() -> None:
+    """The controller is a machine just booted: time.monotonic() (since the boot) may be less
+    than the interval, and the first check must not wait for it (before: "last asked" was
+    0.0); the next one waits the interval."""
+    asked: list[int] = []
+    ask = _throttled(lambda: bool(asked.append(1)), every_s=time.monotonic() + 3600.0)
+    assert ask() is False and asked == [1]
+    assert ask() is False and asked == [1]  # within the interval: not asked again

@@ -210,7 +210,7 @@ class JobLog:
 
     def start(self) -> None:
         def loop() -> None:
-            beat = 0.0
+            beat = float("-inf")  # never (monotonic: maybe booted < HEARTBEAT_S ago)
             while not self._stop.wait(FLUSH_S):
                 try:
                     self.flush()

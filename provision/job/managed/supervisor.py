@@ -165,7 +165,7 @@ class InsideProvider(Recoverable[Any], KeepsSpares[Any]):
 
 
 def _throttled(check: Callable[[], bool], every_s: float) -> Callable[[], bool]:
-    last = [0.0, False]
+    last = [float("-inf"), False]  # never asked (monotonic's origin: maybe < every_s ago)
 
     def ask() -> bool:
         if not last[1] and time.monotonic() - float(last[0]) >= every_s:

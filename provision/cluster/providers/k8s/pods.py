@@ -90,7 +90,7 @@ class Watching:
     said: dict[int, str] = field(default_factory=dict)
     pulls: dict[str, int] = field(default_factory=dict)  # pod uid -> failed pulls seen
     last_reason: dict[str, str] = field(default_factory=dict)  # pod uid -> waiting reason
-    events_at: float = 0.0
+    events_at: float = float("-inf")  # never read (monotonic: its origin unspecified)
     events_seen: set[str] = field(default_factory=set)
 
     def say(self, rank: int, text: str, log: Log) -> None:
