@@ -25,6 +25,7 @@ EXAMPLE = str(ROOT / "examples" / "train_ddp.py")
 RUN_NAME, FAIL, UP, HOSTKEY, GONE, CRASH, OWN, TAKEN, LEFTOVER = map(unique, (
     "it-run", "it-fail", "it-up", "it-hostkey", "it-gone", "it-crash", "it-own", "taken",
     "leftover"))
+RACE = unique("gc-race")
 
 
 def popen_cli(*args: str, cwd: Path) -> subprocess.Popen[str]:
@@ -370,3 +371,30 @@ def test_docker_not_reachable(tmp_path: Path) -> None:
     assert res.returncode == 4, res.stderr
     assert "Docker engine is not reachable" in res.stderr and "hint:" in res.stderr
     assert not (Path(os.environ["MGPU_CLOUD_HOME"]) / "clusters" / "nodocker.yaml").exists()
+
+
+def test_gc_lists_past_a_container_removed_while_it_lists(node_image: str,
+                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """Another cluster's `down` between the engine's list and the SDK's inspect of each listed
+    container: gone is no orphan, nor an error (before: gc failed, "No such container")."""
+    from provision.cluster.providers.docker.engine import docker_client
+    from provision.cluster.providers.docker.removal import orphans
+
+    for n in ("node-0", "node-1"):
+        subprocess.run(["docker", "create", "--name", f"{RACE}-{n}", "--label", LABEL, "--label",
+                        f"mgpu-cloud-cluster={RACE}", node_image, "true"], check=True,
+                       capture_output=True)
+    client = docker_client()
+    listing = client.api.containers
+
+    def then_one_removed(*args: object, **kwargs: object) -> object:
+        found = listing(*args, **kwargs)
+        subprocess.run(["docker", "rm", f"{RACE}-node-0"], check=True, capture_output=True)
+        return found
+
+    monkeypatch.setattr(client.api, "containers", then_one_removed)
+    try:
+        names = {r.name for r in orphans(client, set()) if r.extra.get("cluster") == RACE}
+        assert names == {f"{RACE}-node-1"}
+    finally:
+        force_remove(RACE)

@@ -161,7 +161,8 @@ class FakeEngine:
     def containers_api(self) -> Any:
         return self
 
-    def list(self, all: bool = False, filters: dict[str, str] | None = None) -> list[Any]:  # noqa: A002
+    def list(self, all: bool = False, filters: dict[str, str] | None = None,  # noqa: A002
+             ignore_removed: bool = False) -> list[Any]:  # listed and read at once here
         key, _, value = (filters or {}).get("label", "").partition("=")
         out = []
         for cid, c in self.containers.items():

@@ -187,7 +187,9 @@ def retire_node(api: Any, inv: Inventory, store: Forgetting, node: NodeRecord) -
 def orphans(client: Any, known: set[str]) -> list[ResourceRecord]:
     """Containers and networks labelled with a cluster that no inventory here knows."""
     found: list[ResourceRecord] = []
-    for c in client.containers.list(all=True, filters={"label": CLUSTER_TAG}):
+    # the SDK inspects each container the engine listed: one removed meanwhile (another
+    # cluster's `down`) is gone, not an error
+    for c in client.containers.list(all=True, filters={"label": CLUSTER_TAG}, ignore_removed=True):
         owner = c.labels.get(CLUSTER_TAG, "")
         if owner not in known:
             found.append(ResourceRecord(kind="container", id=c.id, name=c.name,
