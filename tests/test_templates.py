@@ -82,7 +82,7 @@ def test_deepspeed_config_template_is_valid_json() -> None:
 
 @pytest.mark.parametrize("gpus", [False, True])
 def test_the_shipped_deepspeed_config_asks_for_torchs_adamw_only_without_gpus(
-        gpus: bool) -> None:
+        gpus: bool, tmp_path: Path) -> None:
     """CPU nodes: torch's AdamW, not DeepSpeed's FusedAdam (whose op every rank JIT-loads at
     its start there); GPU nodes: FusedAdam's kernel. A user's own config is sent as it is."""
     import json
@@ -94,5 +94,9 @@ def test_the_shipped_deepspeed_config_asks_for_torchs_adamw_only_without_gpus(
     cfg = json.loads(config_bytes(JobSpec(script=str(script), launcher="deepspeed"), gpus=gpus))
     params = cfg["optimizer"]["params"]
     assert cfg["optimizer"]["type"] == "AdamW" and params["lr"] == 1e-3
-    assert params.get("torch_adam", False) is (not gpus)
+    assert params["torch_adam"] is (not gpus)
     assert cfg["bf16"]["enabled"] is gpus
+    own = tmp_path / "ds.json"
+    own.write_bytes(b'{"optimizer": {"type": "Adam"},\n "train_batch_size": 4}')
+    job = JobSpec(script=str(script), launcher="deepspeed", deepspeed_config=str(own))
+    assert config_bytes(job, gpus=gpus) == own.read_bytes()  # byte for byte, whatever the node
