@@ -84,15 +84,18 @@ def test_a_killed_node_is_replaced_and_the_run_resumes(tmp_path: Path, cluster_n
 @pytest.mark.serial  # its detection time is asserted: the machine is not shared with much
 def test_a_stopped_rank_is_a_hang_with_stacks_then_a_restart(tmp_path: Path,
                                                              cluster_name: str) -> None:
+    # the first attempt cannot end before the rank is stopped: it holds at its last step (run
+    # 68: on a busy machine the first kept checkpoint was said after the 6 s job had ended)
     run = Run(cluster_name, ["--nodes", "2", "--max-restarts", "1", "--stall-timeout", "15",
                              EXAMPLE, "--steps", "30", "--save-every", "5", "--sleep", "0.2",
-                             "--log-every", "1"], tmp_path)
+                             "--log-every", "1", "--hold-once-at-step", "29"], tmp_path)
     run.wait_for(r"kept checkpoint from node-0")
     stopped = time.monotonic()
     # SIGSTOP one rank (a Python training process, not the torchrun agent) on node-1
-    subprocess.run(["docker", "exec", f"{cluster_name}-node-1", "sh", "-c",
-                    "kill -STOP $(pgrep -f -- '[t]rain_ddp.py' | sort -n | tail -1)"],
-                   check=True)
+    res = subprocess.run(["docker", "exec", f"{cluster_name}-node-1", "sh", "-c",
+                          "kill -STOP $(pgrep -f -- '[t]rain_ddp.py' | sort -n | tail -1)"],
+                         capture_output=True, text=True)
+    assert res.returncode == 0, res.stderr + run.output
     run.wait_for(r"the job looks hung")
     detected = time.monotonic() - stopped
     code = run.finish()
