@@ -23,7 +23,9 @@ from provision.model.inventory import Inventory, NodeRecord
 from provision.nodes import fan_out
 
 EVERY_S = 3.0
-NEVER = float("-inf")  # a time.monotonic() for "not yet": any interval has passed since
+# "never looked", as a time.monotonic(): any interval has passed since. Not 0.0: monotonic's
+# origin is the boot, and on a machine up less than every_s 0.0 put the first look off
+NEVER = float("-inf")
 
 
 class GoneNodes:
@@ -32,8 +34,6 @@ class GoneNodes:
 
     def __init__(self, provider: Recoverable[Any], inv: Inventory, every_s: float) -> None:
         self.provider, self.inv, self.every_s = provider, inv, every_s
-        # never looked: -inf, not 0.0 (monotonic's origin is unspecified; on a machine booted
-        # less than every_s ago, 0.0 would put the first look off until then)
         self.at, self.busy, self.gone = NEVER, False, list[str]()
         self.lock = threading.Lock()
         self.reset_at = 0.0
