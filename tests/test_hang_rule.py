@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from provision.job import checkpoints as keeping
 from provision.job import watcher as watching
 from provision.job.checkpoints import CheckpointKeeper
 from provision.job.watcher import START_TIMEOUT_S, Watcher
@@ -85,6 +86,27 @@ def test_a_checkpoint_before_any_line_ends_the_start(tmp_path: Path, clock: Cloc
     clock.now += 4
     watcher.keeper.last_change = clock.now  # a job that saves and prints nothing
     assert _quiet_for(watcher, clock, 16, watcher.keeper.last_change) is not None
+    assert "(--stall-timeout 15)" in said[0], said
+
+
+def test_the_keepers_first_look_at_a_node_is_no_progress(tmp_path: Path, clock: Clock,
+                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """CI, stop 53: the keeper's first pass found no checkpoint on a node yet; that "none"
+    differed from "never looked", so it counted as a checkpoint and ended the start: the
+    ranks' 20 s import under load was a hang by --stall-timeout 15. A first look is the
+    node's baseline (here an earlier job's file); only a change from it is progress."""
+    monkeypatch.setattr(keeping, "time", types.SimpleNamespace(monotonic=clock.monotonic))
+    said: list[str] = []
+    watcher = _watcher(tmp_path, said, monkeypatch, clock, stall_timeout=15)
+    watcher.keeper.settle_s = 1e9  # nothing is copied here: only what the nodes hold counts
+    launched = clock.now
+    clock.now += 2
+    watcher.keeper.sync(known={NODE.name: ({"step_000004.pt": [10.0, 5.0]}, 7.0)})
+    assert _quiet_for(watcher, clock, 27, launched) is None and said == []
+    watcher.keeper.sync(known={NODE.name: ({"step_000004.pt": [10.0, 5.0],
+                                            "step_000009.pt": [10.0, 30.0]}, 32.0)})
+    saved = clock.now
+    assert _quiet_for(watcher, clock, 16, saved) == "hang: no progress for 16 s"
     assert "(--stall-timeout 15)" in said[0], said
 
 

@@ -140,9 +140,11 @@ class CheckpointKeeper:
             try:
                 copied = 0
                 for name, (files, now) in self._manifests(group, known, gone).items():
-                    if files != self._seen.get(name):
-                        self._seen[name] = files
+                    # a node's first look is its baseline (no file yet, or an earlier job's),
+                    # not progress: CI's false hang of a slow start (tests/test_hang_rule.py)
+                    if name in self._seen and files != self._seen[name]:
                         self.last_change = time.monotonic()
+                    self._seen[name] = files
                     synced = self.synced.setdefault(name, {})
                     changed = sorted(rel for rel, (size, mtime) in files.items()
                                      if synced.get(rel) != [size, mtime] and now - mtime >= settle)
