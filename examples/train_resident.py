@@ -54,6 +54,10 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--save-every", type=int, default=10)
     p.add_argument("--log-every", type=int, default=10)
     p.add_argument("--sleep", type=float, default=0.0, help="seconds per step (testing)")
+    p.add_argument("--hold-once-at-step", type=int, default=-1,
+                   help="every rank waits at this step in barriers (a lost peer fails them) "
+                        "until a node is lost, generation 0 only (testing: the loss comes "
+                        "before the job can end)")
     return p.parse_args()
 
 
@@ -82,6 +86,9 @@ def main() -> None:
         gen = torch.Generator().manual_seed(1000 + world.rank + 7919 * start)
         loss = torch.tensor(0.0)
         for step in range(start, args.steps):
+            while step == args.hold_once_at_step and world.generation == 0:
+                dist.barrier()  # raises once a peer is lost: the resident restart
+                time.sleep(0.1)
             x = torch.randn(args.batch_size, 16, generator=gen)
             loss = nn.functional.mse_loss(model(x), x @ true_w)
             opt.zero_grad()

@@ -120,6 +120,36 @@ def test_ranks_that_do_not_stop_send_a_loss_to_the_full_relaunch(
     assert fake.commands("node-1") == []
 
 
+def test_a_loss_after_the_kept_nodes_ranks_ended_is_said_at_once(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A node lost after the last step (the ranks said done): no rank of the kept node will
+    stop on it, and the full relaunch says so at once instead of waiting STOP_WAIT_S for them
+    (a repro of CI stop 53's kill that came after the end waited 30 s)."""
+    from fake_nodes import FakeConnector
+
+    class Clock:  # the wait's clock: a wait that is not cut short runs out at once here
+        now = 0.0
+
+        def monotonic(self) -> float:
+            return self.now
+
+        def sleep(self, seconds: float) -> None:
+            self.now += seconds
+
+    monkeypatch.setattr("provision.nodes.group.default_connector", lambda inv: FakeConnector())
+    monkeypatch.setattr(resident, "time", Clock())
+    logged: list[str] = []
+    rejoin = _rejoin(logged)
+    rejoin.ranks.feed("node-0", line("done", 1, gen=1))  # not this generation's
+    rejoin.ranks.feed("node-0", line("interrupted", 0))
+    assert rejoin.ranks.stopped(["node-0"], 60.0) == [1] and resident.time.now >= 60.0
+    rejoin.ranks.feed("node-0", line("done", 1))
+    assert rejoin.lost([rejoin.run.inv.nodes[1]], _no_start) is None
+    assert logged == ["node-1 lost; full relaunch: rank(s) [1] had ended their training "
+                      "(done)"], logged
+    assert resident.time.now < 60.0 + resident.STOP_WAIT_S, "it did not wait for them"
+
+
 def test_stopped_ranks_and_no_lost_node_is_a_crash_after_the_grace(
         monkeypatch: pytest.MonkeyPatch) -> None:
     rejoin = _rejoin([])

@@ -16,7 +16,8 @@ record, JobRecord.resident_restarts) or "full relaunch: WHY", after which the jo
 on every node and relaunched as for any script (job/attached.supervise): a script that does
 not call remote.resident.run, a launcher without resident restarts (deepspeed, accelerate,
 torchrun --rdzv), --on-node-loss other than replace, --min-nodes, no restarts left, ranks
-that did not all stop within STOP_WAIT_S, or any failure on the way.
+that did not all stop within STOP_WAIT_S (or had ended their training: a loss after the last
+step), or any failure on the way.
 """
 
 from __future__ import annotations
@@ -51,6 +52,7 @@ class ResidentRanks:
     gen: int = 0
     ranks: dict[str, set[int]] = field(default_factory=dict)  # node -> its global ranks
     waiting: dict[int, float] = field(default_factory=dict)  # rank -> when it stopped (gen)
+    done: set[int] = field(default_factory=set)  # ranks whose training ended (gen)
     lock: threading.Lock = field(default_factory=threading.Lock)
     say: Callable[[str], None] | None = None  # an unreadable line, said
 
@@ -72,6 +74,8 @@ class ResidentRanks:
                 self.ranks.setdefault(node, set()).add(event.rank)
             elif event.phase == "interrupted" and event.gen == self.gen:
                 self.waiting.setdefault(event.rank, time.monotonic())
+            elif event.phase == "done" and event.gen == self.gen:
+                self.done.add(event.rank)
 
     def missing(self) -> str | None:
         """Why not every rank can be re-formed (None: all are known to be resident)."""
@@ -86,20 +90,28 @@ class ResidentRanks:
 
     def stopped(self, nodes: list[str], deadline_s: float) -> list[int]:
         """Wait until every rank of `nodes` has stopped on the failure; the ranks that did
-        not within `deadline_s` (empty: all did)."""
+        not within `deadline_s` (empty: all did), at once when one of them has ended its
+        training instead (it waits for no word: a loss after the last step)."""
         end = time.monotonic() + deadline_s
         while True:
             with self.lock:
                 left = sorted(r for n in nodes for r in self.ranks.get(n, set())
                               if r not in self.waiting)
-            if not left or time.monotonic() >= end:
+                ended = self.done.intersection(left)
+            if not left or ended or time.monotonic() >= end:
                 return left
             time.sleep(0.05)
+
+    def ended(self, ranks: list[int]) -> list[int]:
+        """Those of `ranks` that said their training ended, in this generation."""
+        with self.lock:
+            return sorted(self.done.intersection(ranks))
 
     def next_generation(self) -> int:
         with self.lock:
             self.gen += 1
             self.waiting.clear()
+            self.done.clear()
             return self.gen
 
     def oldest_wait(self) -> float | None:
@@ -152,7 +164,9 @@ class Rejoin:
         if why is None:
             self._cut(group, nodes)
             left = self.ranks.stopped([n.name for n in group.nodes], STOP_WAIT_S)
-            why = f"rank(s) {left} did not stop within {STOP_WAIT_S:.0f} s" if left else None
+            ended = self.ranks.ended(left)
+            why = (f"rank(s) {ended} had ended their training (done)" if ended else
+                   f"rank(s) {left} did not stop within {STOP_WAIT_S:.0f} s" if left else None)
         if why is not None:
             self.run.log(f"{', '.join(names)} lost; full relaunch: {why}")
             return None

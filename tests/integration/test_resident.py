@@ -34,9 +34,12 @@ def _entries(out: str) -> list[tuple[str, int, int, int]]:
 
 def _resident_run(tmp_path: Path, name: str, kill: str, *more: str,
                   before: list[str] | None = None) -> str:
-    """`before`: a command run (check=True) just before the kill."""
+    """`before`: a command run (check=True) just before the kill. The first generation holds
+    at its last step: the kill cannot come after the job's end (CI stop 53: on a busy
+    machine the first kept checkpoint was said after it, and the loss took the relaunch)."""
     run = Run(name, ["--nodes", "2", "--max-restarts", "1", *more, EXAMPLE, "--steps", "60",
-                     "--save-every", "5", "--sleep", "0.2", "--log-every", "5"], tmp_path)
+                     "--save-every", "5", "--sleep", "0.2", "--log-every", "5",
+                     "--hold-once-at-step", "59"], tmp_path)
     run.wait_for(r"kept checkpoint from node-0: .*step_0000(09|14)")
     if before is not None:
         subprocess.run(before, check=True, capture_output=True)
@@ -76,11 +79,11 @@ def test_node_0_lost_its_newcomer_hosts_the_ranks_store(tmp_path: Path,
     entries = _entries(out)
     first = {(n, r): pid for n, r, pid, g in entries if g == 0}
     again = {(n, r): pid for n, r, pid, g in entries if g == 1}
-    assert all(again[("node-1", r)] == first[("node-1", r)] for r in (2, 3)), out
     # node-0's ranks enter again in its newcomer, a new container (their pids prove nothing:
     # a fresh pid namespace that starts the same processes in the same order repeats them)
     assert sorted(again) == sorted(first) == [("node-0", 0), ("node-0", 1), ("node-1", 2),
-                                              ("node-1", 3)], out
+                                              ("node-1", 3)], out  # first: CI said no more
+    assert all(again[("node-1", r)] == first[("node-1", r)] for r in (2, 3)), out
     assert "resident restart 1 of 1: node-0 replaced" in out, out
     assert re.search(r"\[node-0\] resumed from step \d+ .*generation 1", out), out
     assert "[node-0] done: world_size=4" in out
