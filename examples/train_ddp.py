@@ -53,6 +53,8 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--hold-once-at-step", type=int, default=-1,
                    help="every rank stops at this step until killed, first attempt only "
                         "(testing: a node lost mid-run is lost before the job can end)")
+    p.add_argument("--hold-in-restart", type=int, default=0,
+                   help="the attempt (MGPU_RESTART_COUNT) that --hold-once-at-step holds")
     p.add_argument("--sleep", type=float, default=0.0, help="seconds per step (testing)")
     p.add_argument("--compute-every", type=int, default=0,
                    help="every N steps each rank prints `step S compute=SECONDS` (its forward "
@@ -142,7 +144,7 @@ def train(args: argparse.Namespace, model: DDP, opt: torch.optim.Optimizer,
     loss = torch.tensor(0.0)
     t_warm = t0  # after the first step: connection set-up and first-step costs are not throughput
     for step in range(start, args.steps):
-        while step == args.hold_once_at_step and RESTART == 0:
+        while step == args.hold_once_at_step and RESTART == args.hold_in_restart:
             time.sleep(0.1)  # until the test's kill makes the tool stop this attempt
         x = torch.randn(args.batch_size, 16, generator=gen)
         y = x @ true_w + 0.01 * torch.randn(args.batch_size, 1, generator=gen)

@@ -47,7 +47,8 @@ def test_a_killed_nodes_rank_moves_to_the_warm_spare_and_a_new_spare_is_made(
     `run`'s teardown removes every container, the new spare's included."""
     name = cluster_name
     run = Run(name, ["--nodes", "2", "--spares", "1", "--max-restarts", "1", EXAMPLE,
-                     "--steps", "60", "--save-every", "5", "--sleep", "0.25"], tmp_path)
+                     "--steps", "60", "--save-every", "5", "--sleep", "0.25",
+                     "--hold-once-at-step", "59"], tmp_path)  # killed before its end
     run.wait_for(r"kept checkpoint from node-0: .*step_0000(09|14)", timeout=400)
     inv = InventoryStore().load(name)
     assert [n.name for n in inv.nodes] == ["node-0", "node-1"]
