@@ -51,7 +51,13 @@ def test_the_first_failing_rank_ends_the_output(tmp_path: Path, cluster_name: st
     stopped = "when torchrun on node-1 stopped it (SIGTERM): rank 3 ended first"
     assert (stopped in tail) == (m.group(1) != "1"), tail
     assert 'raise ValueError(f"bad batch at step {step}")' in tail, tail
-    assert "then ranks 0, 1, 3 failed because of it" in tail, tail
+    # the ranks whose own error came are named: a rank its torchrun stopped (SIGTERM) before
+    # its collective failed prints none and is not (run 73: rank 3 on a busy machine); each
+    # node has a rank whose collective failed first (node-0's are stopped 3 s later)
+    after = re.search(r"then ranks? ([\d, ]+) failed because of it: consequences", tail)
+    assert after, tail
+    named = {int(r) for r in after.group(1).split(", ")}
+    assert named <= {0, 1, 3} and named & {0, 1}, tail
     # the peers' dropped connections and torchrun's SIGTERMs are consequences, not causes
     assert "GLOO_SOCKET_IFNAME" not in out and "likely cause" not in out, out
     assert "failure: rank crash (node-1)" in tail, tail
