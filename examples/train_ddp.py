@@ -51,10 +51,12 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--fail-once-at-step", type=int, default=-1,
                    help="raise on rank 0, first attempt only (testing recovery)")
     p.add_argument("--hold-once-at-step", type=int, default=-1,
-                   help="every rank stops at this step until killed, first attempt only "
-                        "(testing: a node lost mid-run is lost before the job can end)")
+                   help="every rank stops at this step until killed, in one attempt only "
+                        "(--hold-in-restart; testing: a node lost mid-run is lost before the "
+                        "job can end)")
     p.add_argument("--hold-in-restart", type=int, default=0,
-                   help="the attempt (MGPU_RESTART_COUNT) that --hold-once-at-step holds")
+                   help="the attempt (MGPU_RESTART_COUNT) that --hold-once-at-step holds "
+                        "(the first)")
     p.add_argument("--sleep", type=float, default=0.0, help="seconds per step (testing)")
     p.add_argument("--compute-every", type=int, default=0,
                    help="every N steps each rank prints `step S compute=SECONDS` (its forward "
