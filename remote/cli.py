@@ -23,6 +23,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "injob": ("remote.injob", "the fabric gate in the job's own processes, then its script"),
     "resident": ("remote.resident", "tell this node's resident ranks to re-form with a newcomer"),
     "warm": ("remote.warm", "a warm spare's launcher: torch imported, waiting for a lost rank"),
+    "warmhost": ("remote.warmhost", "the node's warm launcher: torchrun agents forked, not started"),
 }
 
 

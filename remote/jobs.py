@@ -46,6 +46,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from typing import Any, NoReturn
 
 from remote.ckpt import report as checkpoints_report
@@ -55,6 +56,7 @@ from remote.files import write_atomic
 from remote.streams import LineEnd as _LineEnd
 from remote.streams import Sink
 from remote.supervise import become_subreaper, reap, stop_job, watch_preemption
+from remote.warmstart import hand_over
 
 LOG = "node.log"  # provision.nodes.RemoteLayout.job_log spells the same name
 EXIT = "exit"
@@ -114,8 +116,10 @@ def alive(pid: int) -> bool:
 
 
 # --- the supervisor --------------------------------------------------------------------------
-def _supervise(args: argparse.Namespace, cmd: list[str], report: int) -> NoReturn:
-    """Runs in the double-forked child: never returns. `report` gets "ok PGID" or an error."""
+def supervise(args: argparse.Namespace, cmd: list[str], report: int,
+              spawn: Callable[[list[str]], Any] | None = None) -> NoReturn:
+    """Runs in the double-forked child (or one a warm launcher forked, whose `spawn` forks the
+    agent: remote/warmhost.py): never returns. `report` gets "ok PGID" or an error."""
     job_dir = args.dir
     log_fd = os.open(os.path.join(job_dir, LOG), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
     null = os.open(os.devnull, os.O_RDONLY)
@@ -126,8 +130,8 @@ def _supervise(args: argparse.Namespace, cmd: list[str], report: int) -> NoRetur
     os.close(log_fd)
     become_subreaper()
     try:
-        proc = subprocess.Popen(cmd, cwd=args.cwd, start_new_session=True,
-                                stdin=subprocess.DEVNULL)
+        proc = spawn(cmd) if spawn else subprocess.Popen(
+            cmd, cwd=args.cwd, start_new_session=True, stdin=subprocess.DEVNULL)
     except OSError as exc:
         os.write(2, f"job: cannot start {cmd[0]!r}: {exc}\n".encode())
         _write_atomic(os.path.join(job_dir, EXIT), json.dumps({"code": 127, "ended": time.time()}))
@@ -197,18 +201,19 @@ def _start(args: argparse.Namespace) -> int:
     sys.stdout.flush()
     sys.stderr.flush()
     read_end, write_end = os.pipe()
-    child = os.fork()
-    if child == 0:  # pragma: no cover - runs in the forked processes
-        os.close(read_end)
-        try:
-            os.setsid()
-            if os.fork() != 0:
-                os._exit(0)
-            _supervise(args, cmd, write_end)
-        finally:
-            os._exit(1)
+    if not hand_over(args, cmd, write_end):  # no warm launcher forked its supervisor: here
+        child = os.fork()
+        if child == 0:  # pragma: no cover - runs in the forked processes
+            os.close(read_end)
+            try:
+                os.setsid()
+                if os.fork() != 0:
+                    os._exit(0)
+                supervise(args, cmd, write_end)
+            finally:
+                os._exit(1)
+        os.waitpid(child, 0)
     os.close(write_end)
-    os.waitpid(child, 0)
     with os.fdopen(read_end, "rb") as fh:
         answer = fh.read().decode(errors="replace").strip()
     if not answer.startswith("ok "):
