@@ -118,7 +118,8 @@ def test_the_late_variables_are_the_only_ones_a_launcher_overlooks() -> None:
 
 
 def test_only_a_bare_torchrun_line_from_remote_pyz_and_not_switched_off_is_planned(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+        node: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    tmp_path = node / "root"  # short, as a node's ~/.mgpu-cloud
     pyz = tmp_path / "remote.pyz"
     monkeypatch.setattr(sys, "argv", [str(pyz), "job", "start"])
     env = {"PATH": VENV_BIN}
