@@ -211,23 +211,12 @@ def _agent(cmd: list[str], env: dict[str, str], cwd: str, python: str, report: i
     pid = os.fork()
     if pid:
         return pid
-    code = 1  # pragma: no cover - below runs in the forked agent
+    code = 127  # pragma: no cover - below runs in the forked agent
     try:
-        os.close(report)
-        os.setsid()
-        for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGCHLD):
-            signal.signal(sig, signal.SIG_DFL)
-        signal.signal(signal.SIGINT, signal.default_int_handler)
-        os.chdir(cwd)
-        os.environ.clear()
-        os.environ.update(env)
-        torchrun = shutil.which("torchrun", path=env.get("PATH")) or "torchrun"
-        sys.argv = [torchrun, *cmd[1:]]
-        pyz, sys.path[0] = sys.path[0], os.path.dirname(torchrun)  # as torchrun's own start
-        if pyz not in sys.path:  # last, as the node's sitecustomize puts it
-            sys.path.append(pyz)
-        set_cmdline([python, torchrun, *cmd[1:]], "torchrun")
-        importlib.invalidate_caches()  # zipimport reads remote.pyz's table of contents again
+        _become_torchrun(cmd, env, cwd, python, report)
+    except OSError as exc:  # as a Popen that cannot start it: said in the job's log
+        sys.stderr.write(f"job: cannot start {cmd[0]!r}: {exc}\n")
+    else:
         code = _console(cmd[1:])
     finally:
         with contextlib.suppress(BaseException):
@@ -236,6 +225,26 @@ def _agent(cmd: list[str], env: dict[str, str], cwd: str, python: str, report: i
             sys.stdout.flush()
             sys.stderr.flush()
         os._exit(code)
+
+
+def _become_torchrun(cmd: list[str], env: dict[str, str], cwd: str, python: str,
+                     report: int) -> None:
+    """This forked process, made what `torchrun ARGS` started afresh in `cwd` would be."""
+    os.close(report)
+    os.setsid()
+    for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGCHLD):
+        signal.signal(sig, signal.SIG_DFL)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    os.chdir(cwd)
+    os.environ.clear()
+    os.environ.update(env)
+    torchrun = shutil.which("torchrun", path=env.get("PATH")) or "torchrun"
+    sys.argv = [torchrun, *cmd[1:]]
+    pyz, sys.path[0] = sys.path[0], os.path.dirname(torchrun)  # as torchrun's own start
+    if pyz not in sys.path:  # last, as the node's sitecustomize puts it
+        sys.path.append(pyz)
+    set_cmdline([python, torchrun, *cmd[1:]], "torchrun")
+    importlib.invalidate_caches()  # zipimport reads remote.pyz's table of contents again
 
 
 def _console(argv: list[str]) -> int:

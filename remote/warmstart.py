@@ -75,13 +75,18 @@ def plan(cmd: list[str], env: dict[str, str]) -> tuple[str, str, str] | None:
 def hand_over(args: argparse.Namespace, cmd: list[str], report: int) -> bool:
     """Ask a warm launcher (started here when none runs) to fork this job's supervisor, which
     reports on `report` as remote/jobs.py's own does. False: nothing was started (no launcher
-    for this job, or it could not come up): the caller starts the job afresh."""
+    for this job, it could not come up, or it said no): the caller starts the job afresh.
+    Once the request is sent, only the launcher's own "no" is False: whatever else (no answer,
+    a launcher that died) the report pipe tells, so a job is never started twice."""
     env = dict(os.environ)
     where = plan(cmd, env)
     if where is None:
         return False
     path, python, pyz = where
-    conn = _connect(path) or _start(path, python, pyz)
+    try:
+        conn = _connect(path) or _start(path, python, pyz)
+    except OSError:  # its folder cannot be made, the python cannot run: afresh
+        return False
     if conn is None:
         return False
     request = {"args": vars(args), "cmd": cmd, "env": env, "title": sys.orig_argv,
@@ -91,10 +96,13 @@ def hand_over(args: argparse.Namespace, cmd: list[str], report: int) -> bool:
             conn.settimeout(60)
             conn.sendmsg([json.dumps(request).encode() + b"\n"],
                           [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", [report]))])
+        except OSError:
+            return False  # not sent: nothing started
+        try:
             reply = json.loads(conn.makefile("rb").readline() or b"{}")
         except (OSError, ValueError):
-            return False
-    return isinstance(reply, dict) and reply.get("ok") is True
+            return True
+    return not (isinstance(reply, dict) and reply.get("ok") is False)
 
 
 def _connect(path: str) -> socket.socket | None:

@@ -195,6 +195,17 @@ def test_other_variables_a_changed_pyz_or_the_switch_off_never_share_a_launcher(
     assert launchers(node)[name] != pid
 
 
+def test_a_folder_that_is_gone_fails_the_job_as_a_start_afresh_would(node: Path) -> None:
+    """The forked agent cannot enter the job's folder: the job's log says it could not start
+    torchrun and why, and the job's code is 127, as when Popen cannot start it."""
+    assert start(node, "1", 29892).returncode == 0
+    shutil.rmtree(node / "work")
+    res = start(node, "2", 29893)
+    assert res.returncode == 127, res.stdout + res.stderr
+    assert "job: cannot start 'torchrun': [Errno 2]" in res.stdout, res.stdout
+    assert len(launchers(node)) == 1
+
+
 def test_a_job_cancelled_while_its_launcher_started_never_runs(node: Path) -> None:
     """The first job waits for the launcher's imports; a `job cancel` meanwhile (the
     controller gave up) leaves its mark, and the supervisor starts nothing."""
@@ -223,3 +234,45 @@ def test_a_request_from_another_user_is_not_answered(monkeypatch: pytest.MonkeyP
         theirs.setblocking(False)
         with pytest.raises(BlockingIOError):
             theirs.recv(1)  # no reply
+
+
+@pytest.mark.parametrize(("answer", "handed"), [
+    (b'{"ok": false, "why": "stale"}\n', False),  # its own no: nothing started, start afresh
+    (b"", True),  # no answer: what it did is for the report pipe to tell, never a 2nd start
+    (b"garbage\n", True),
+    (b'{"ok": true, "pid": 1}\n', True),
+])
+def test_once_sent_only_the_launchers_own_no_starts_the_job_afresh(
+        node: Path, monkeypatch: pytest.MonkeyPatch, answer: bytes, handed: bool) -> None:
+    import argparse
+    import socket
+    import threading
+
+    path = str(node / "root" / "w.sock")
+    srv = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    srv.bind(path)
+    srv.listen(1)
+    got: list[bytes] = []
+
+    def serve() -> None:
+        conn, _ = srv.accept()
+        with conn:
+            data, ancdata, _, _ = conn.recvmsg(1 << 16, socket.CMSG_SPACE(4))
+            got.append(data)
+            for _, _, raw in ancdata:
+                os.close(int.from_bytes(raw[:4], sys.byteorder))
+            conn.sendall(answer)
+
+    thread = threading.Thread(target=serve)
+    thread.start()
+    monkeypatch.setattr(warmstart, "plan", lambda cmd, env: (path, sys.executable, "x.pyz"))
+    read, write = os.pipe()
+    try:
+        args = argparse.Namespace(cwd=str(node), dir=str(node / "j"))
+        assert warmstart.hand_over(args, ["torchrun", "x.py"], write) is handed
+    finally:
+        thread.join(10)
+        srv.close()
+        os.close(read)
+        os.close(write)
+    assert json.loads(got[0])["cmd"] == ["torchrun", "x.py"]
