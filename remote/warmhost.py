@@ -147,7 +147,7 @@ def _answer(conn: socket.socket, srv: socket.socket, lock: int, fresh: bool) -> 
     if not fresh or len(fds) != 1:
         for fd in fds:
             os.close(fd)
-        why = "torch or remote.pyz changed since it started" if not fresh else "no report"
+        why = "what it imported changed on disk since it started" if not fresh else "no report"
         conn.sendall(json.dumps({"ok": False, "why": why}).encode() + b"\n")
         return fresh
     sys.stdout.flush()

@@ -89,7 +89,8 @@ def hand_over(args: argparse.Namespace, cmd: list[str], report: int) -> bool:
         return False
     if conn is None:
         return False
-    request = {"args": vars(args), "cmd": cmd, "env": env, "title": sys.orig_argv,
+    title = getattr(sys, "orig_argv", None) or [sys.executable, *sys.argv]  # 3.10+: as typed
+    request = {"args": vars(args), "cmd": cmd, "env": env, "title": title,
                "cwd": args.cwd or os.getcwd(), "python": python}
     with conn:
         try:
@@ -120,6 +121,9 @@ def _start(path: str, python: str, pyz: str) -> socket.socket | None:
     (None: it ended, e.g. torch does not import, or READY_S passed)."""
     folder = os.path.dirname(path)
     os.makedirs(folder, mode=0o700, exist_ok=True)
+    if os.stat(folder).st_uid != os.getuid():
+        return None  # not ours: nobody else's folder holds our launchers
+    os.chmod(folder, 0o700)
     with open(path[:-len(".sock")] + ".log", "ab") as log:
         proc = subprocess.Popen([python, pyz, "warmhost", "serve", "--socket", path, PAD],
                                 stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,

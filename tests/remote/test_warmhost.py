@@ -276,3 +276,23 @@ def test_once_sent_only_the_launchers_own_no_starts_the_job_afresh(
         os.close(read)
         os.close(write)
     assert json.loads(got[0])["cmd"] == ["torchrun", "x.py"]
+
+
+def test_launchers_live_only_in_a_folder_of_the_users_own_closed_to_others(node: Path) -> None:
+    """A `warm` folder open to others is closed (0700) before a launcher's socket goes in it;
+    one owned by someone else is not used at all: the job starts afresh."""
+    warm = node / "root" / "warm"
+    warm.mkdir(mode=0o755)
+    warm.chmod(0o777)
+    assert start(node, "1", 29894).returncode == 0
+    assert len(launchers(node)) == 1 and (warm.stat().st_mode & 0o777) == 0o700
+    other = node / "other"
+    (other / "root").mkdir(parents=True)
+    shutil.copy(node / "root" / "remote.pyz", other / "root")
+    shutil.copytree(node / "root" / "py", other / "root" / "py")
+    shutil.copytree(node / "work", other / "work")
+    (other / "root" / "warm").mkdir()
+    os.chown(other / "root" / "warm", os.getuid() + 4242, -1)
+    res = start(other, "1", 29895)
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert list((other / "root" / "warm").iterdir()) == []  # nothing of ours went in there
