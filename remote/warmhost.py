@@ -15,8 +15,9 @@ for `torchrun` run afresh (the same 2-rank job).
         each request forks a supervisor (remote/jobs.py, in a session of its own) whose job
         is torchrun's main() in a child that looks like `torchrun ARGS` run afresh: its own
         session, the job's folder, variables, argv and /proc cmdline (PAD: spaces that keep
-        room for it), stdin /dev/null. Ends after IDLE_S without a request, or when torch or
-        remote.pyz changed on disk since it imported them (that request is refused).
+        room for it), stdin /dev/null. Ends after IDLE_S without a request, when its socket
+        is gone (the cluster's folder removed: `down` of an ssh cluster), or when what it
+        imported changed on disk (torch, remote.pyz, sitecustomize: that request is refused).
 
 Which launcher serves a job is decided by its variables: every one but LATE (the session's,
 and the tool's per-launch ones that only the job's own code reads) is part of the socket's
@@ -101,7 +102,7 @@ def serve(path: str) -> int:
     srv.listen(16)
     print(f"warm launcher ready in {time.monotonic() - t0:.2f} s (pid {os.getpid()})", flush=True)
     idle_until = time.monotonic() + IDLE_S
-    while time.monotonic() < idle_until:
+    while time.monotonic() < idle_until and _still_ours(path, bound):
         _reap()
         if not select.select([srv], [], [], 1.0)[0]:
             continue
@@ -114,6 +115,16 @@ def serve(path: str) -> int:
         if os.stat(path).st_ino == bound:  # not a newer launcher's
             os.unlink(path)
     return 0
+
+
+def _still_ours(path: str, bound: int) -> bool:
+    """Whether our socket is still where starts look for it: `down` of an ssh cluster removes
+    the cluster's folder (and so ends its launchers within a second), a newer launcher may
+    have replaced it."""
+    try:
+        return os.stat(path).st_ino == bound
+    except OSError:
+        return False
 
 
 def _reap() -> None:

@@ -296,3 +296,15 @@ def test_launchers_live_only_in_a_folder_of_the_users_own_closed_to_others(node:
     res = start(other, "1", 29895)
     assert res.returncode == 0, res.stdout + res.stderr
     assert list((other / "root" / "warm").iterdir()) == []  # nothing of ours went in there
+
+
+def test_a_launcher_ends_when_its_folder_is_removed(node: Path) -> None:
+    """`down` of an ssh cluster stops the job, then removes the cluster's folder on the
+    user's machine: its launchers end with it, nothing of the tool is left running there."""
+    assert start(node, "1", 29896).returncode == 0
+    (_, pid), = launchers(node).items()
+    shutil.rmtree(node / "root")
+    deadline = time.monotonic() + 20
+    while alive(pid) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not alive(pid)
