@@ -49,6 +49,7 @@ from typing import Any
 
 from remote import jobs
 from remote.files import write_atomic
+from remote.supervise import reap
 from remote.warmstart import BUSY
 
 IDLE_S = 300.0  # a launcher nobody asked for this long ends (its memory: ~300 MB)
@@ -103,7 +104,7 @@ def serve(path: str) -> int:
     print(f"warm launcher ready in {time.monotonic() - t0:.2f} s (pid {os.getpid()})", flush=True)
     idle_until = time.monotonic() + IDLE_S
     while time.monotonic() < idle_until and _still_ours(path, bound):
-        _reap()
+        reap()  # the supervisors it forked, once they end
         if not select.select([srv], [], [], 1.0)[0]:
             continue
         conn, _ = srv.accept()
@@ -125,12 +126,6 @@ def _still_ours(path: str, bound: int) -> bool:
         return os.stat(path).st_ino == bound
     except OSError:
         return False
-
-
-def _reap() -> None:
-    with contextlib.suppress(ChildProcessError):
-        while os.waitpid(-1, os.WNOHANG)[0]:
-            pass
 
 
 def _answer(conn: socket.socket, srv: socket.socket, lock: int, fresh: bool) -> bool:
@@ -207,11 +202,7 @@ class Forked:
         self.pid = pid
 
     def wait(self) -> int:
-        while True:
-            try:
-                return os.waitstatus_to_exitcode(os.waitpid(self.pid, 0)[1])
-            except InterruptedError:
-                continue
+        return os.waitstatus_to_exitcode(os.waitpid(self.pid, 0)[1])  # EINTR: retried (PEP 475)
 
 
 def _agent(cmd: list[str], env: dict[str, str], cwd: str, python: str, report: int) -> int:
