@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
+import botocache
 import pytest
 
 FAKE_CREDENTIALS = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
@@ -61,6 +62,7 @@ class StoreServer:
 def _moto_server() -> Iterator[str]:
     from moto.server import ThreadedMotoServer
 
+    botocache.install()
     host = container_reachable_host()
     server = ThreadedMotoServer(ip_address=host, port=free_port(host), verbose=False)
     server.start()

@@ -141,10 +141,12 @@ def aws_rules_layer(monkeypatch: pytest.MonkeyPatch) -> Iterator[RulesLayer]:
 @pytest.fixture
 def fakes(aws_env: Path, aws_rules_layer: RulesLayer) -> Iterator[AwsFakes]:
     """moto's mock_aws + the fakes above on every client the provider makes; no retry waits."""
+    import botocache
     from moto import mock_aws
 
     from provision.cluster.providers.aws import clients, retry
 
+    botocache.install()
     with mock_aws(), retry.using(retry.NO_WAIT):
         aws_rules_layer.moto = True
         aws_rules_layer.prepare(REGION)
