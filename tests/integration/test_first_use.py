@@ -189,9 +189,12 @@ def test_a_finished_accelerate_job_without_teardown_exits_cleanly(home: Path) ->
     sitecustomize's exit hook about one run in ten of it fails at exit on these nodes
     (benchmarks/exit_abort_rate.py). Five runs of it on every rank, in one job."""
     runs = 5
+    # 20 fresh interpreters that import torch and accelerate (~3.7 CPU-s each): ~180 s in one
+    # suite on 2 cores, and over 600 s with two suites at once (run 88, both clones). The
+    # limit only guards against a hang.
     res = cli("launch", NAME, "--launcher", "accelerate", "--master-port", "29650", "--",
               "repeat_script.py", "accelerate_no_teardown.py", str(runs), home=home,
-              cwd=SCRIPTS, timeout=600)
+              cwd=SCRIPTS, timeout=1800)
     out = res.stdout + res.stderr
     assert res.returncode == 0, out
     codes = re.findall(r"rank (\d) exit codes \[([-\d, ]+)\]", out)
