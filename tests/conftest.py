@@ -14,9 +14,10 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # tests/fake_nodes.py and friends
 # pytest keeps the test modules it rewrites (and the helpers they import) as bytecode in
 # __pycache__ only where the interpreter may write bytecode. On machines with
-# PYTHONDONTWRITEBYTECODE=1 (these) the main process and every worker rewrote and compiled every
-# test module again on every run: 7.3 CPU-s of collection each, 3.1 with the bytecode kept
-# (`pytest --collect-only`, second run). This process only: what the tests start keeps the
+# PYTHONDONTWRITEBYTECODE=1 (these) every process that collects (each xdist worker) rewrote and
+# compiled every test module again on every run: 7.3 CPU-s each, 3.1 with the bytecode kept
+# (`pytest --collect-only`, second run; a fresh clone gains nothing, its workers collect at
+# once). This process only: what the tests start keeps the
 # machine's setting. Writing is atomic (pytest: a temporary file, then a rename), so workers
 # and concurrent runs may share a folder; where it cannot write, pytest goes on without.
 sys.dont_write_bytecode = False
