@@ -24,11 +24,9 @@ from typing import Any
 
 def install() -> None:
     """Idempotent: the first call patches; later calls find the patches in place."""
-    try:
-        import botocore.client
-        import moto.core.responses
-    except ImportError:  # a machine without the AWS test dependencies: nothing to cache
-        return
+    import botocore.client
+    import moto.core.responses
+
     creator = botocore.client.ClientCreator
     if not getattr(creator._create_client_class, "_mgpu_cached", False):
         creator._create_client_class = _cached_class(creator._create_client_class)

@@ -17,9 +17,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))  # tests/fake_nodes.py 
 # PYTHONDONTWRITEBYTECODE=1 (these) every process that collects (each xdist worker) rewrote and
 # compiled every test module again on every run: 7.3 CPU-s each, 3.1 with the bytecode kept
 # (`pytest --collect-only`, second run; a fresh clone gains nothing, its workers collect at
-# once). This process only: what the tests start keeps the
-# machine's setting. Writing is atomic (pytest: a temporary file, then a rename), so workers
-# and concurrent runs may share a folder; where it cannot write, pytest goes on without.
+# once). This process only: what the tests start keeps the machine's setting. Writing is
+# atomic (pytest: a temporary file, then a rename), so workers and concurrent runs may share a
+# folder; where it cannot write, pytest goes on without.
 sys.dont_write_bytecode = False
 
 ROOT = Path(__file__).resolve().parent.parent
