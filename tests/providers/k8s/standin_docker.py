@@ -74,7 +74,11 @@ class DockerKubelet(Kubelet):
         container then removed, or marked for removal by a pod remade under its name:
         `_drop_earlier`, 409 "marked for removal"). A kubelet starts no container for a pod
         that is terminating (pkg/kubelet/pod_workers.go: a pod whose worker is terminating
-        is never started again); a start that fails for a pod still there is an error."""
+        is never started again); a start that fails for a pod still there is an error.
+        A start that succeeds for a pod deleted before its container existed (the deletion's
+        `stop_pod` found nothing to stop: run 92, two suites at once, left one running) is
+        undone: a kubelet's housekeeping kills the containers of pods it no longer knows
+        (pkg/kubelet/kubelet_pods.go HandlePodCleanups)."""
         import docker.errors
 
         try:
@@ -82,6 +86,10 @@ class DockerKubelet(Kubelet):
         except docker.errors.APIError:
             if self._exists(pod):
                 raise
+            with contextlib.suppress(docker.errors.APIError):
+                self.docker.remove_container(cid, force=True)
+            return False
+        if not self._exists(pod):  # deleted before the start: a stop_pod after it finds it
             with contextlib.suppress(docker.errors.APIError):
                 self.docker.remove_container(cid, force=True)
             return False

@@ -239,7 +239,8 @@ def test_a_pod_deleted_while_its_container_is_made_starts_nothing(
     """The pod is deleted (and made again under its name) between its container's create and
     start: the remade pod's kubelet removes the earlier container first, so the start meets
     409 "marked for removal" (seen in a suite run: the start thread died). A kubelet starts
-    nothing for a pod that is terminating; the container is gone, no error. For a pod still
+    nothing for a pod that is terminating; the container is gone, no error. Nor when the pod
+    was deleted before its container was made and the start succeeds. For a pod still
     there, the start's error is an error."""
     import docker
     from standin_kubelet import STANDIN_LABEL
@@ -255,6 +256,12 @@ def test_a_pod_deleted_while_its_container_is_made_starts_nothing(
         return cid
 
     assert kubelet._start_container(made_then_removed(), pod) is False
+    # deleted before its container was made: the deletion's stop_pod found nothing to stop,
+    # and the start itself succeeds; the container must not stay (run 92: one left running)
+    made = str(api.create_container(node_image, command=["sleep", "600"],
+                                    labels={STANDIN_LABEL: standin.sid})["Id"])
+    assert kubelet._start_container(made, pod) is False
+    assert api.containers(all=True, filters={"id": made}) == []
     monkeypatch.setattr(kubelet, "_exists", lambda p: True)  # the pod is still there
     with pytest.raises(docker.errors.APIError):
         kubelet._start_container(made_then_removed(), pod)
