@@ -83,6 +83,16 @@ def dead_runs() -> set[str]:
             if TOKEN.fullmatch(p.name) and p.name != RUN and not _alive(p)}
 
 
+def other_live_runs() -> set[str]:
+    """Tokens of the other runs of the suite on this machine whose main process lives: a
+    `serial` test has the engine to itself within its run (conftest's engine lock), not
+    against another run's load."""
+    if not LEASES.is_dir():
+        return set()
+    return {p.name for p in LEASES.iterdir()
+            if TOKEN.fullmatch(p.name) and p.name != RUN and _alive(p)}
+
+
 def owner(name: str, labels: dict[str, str] | None) -> str | None:
     """The run token an engine object carries: its test label, else one in its name (or its
     cluster's name)."""

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 import runkit
-from engine import LABEL
+from engine import LABEL, other_live_runs
 from runkit import Run
 
 from provision.job.ledger import availability_interval
@@ -95,6 +95,7 @@ def test_a_slowed_node_is_named_then_swapped_and_the_run_speeds_up_again(
     # cores was seen at 3.2x its peer's (a suite run: the fresh replacement named slow at
     # "0.017 s vs 0.005 s", the one restart used, exit 143). The rule is the product's; the
     # threshold sits above the machine's noise and far below the throttle.
+    shared = other_live_runs()  # another suite's load (conftest's lock is per run)
     run = Run(cluster_name, ["--nodes", "2", "--max-restarts", "1", "--replace-slow",
                              "--slow-fraction", "4", EXAMPLE, "--steps", "260", "--batch-size",
                              "2048", "--hidden", "2048", "--compute-every", "5"], tmp_path)
@@ -117,12 +118,18 @@ def test_a_slowed_node_is_named_then_swapped_and_the_run_speeds_up_again(
     after = run.output[run.output.index("resumed from step"):].splitlines()
     fast0, fast1 = _compute(after, "node-0"), _compute(after, "node-1")
     assert len(fast1) >= 6, out
+    # the product did not name the replacement slow against node-0 in the same window (its
+    # own rule; exit 0 above: the one restart was the swap)
+    assert len(re.findall(r"node-1 is slow: compute", out)) == 1, out
     # the replacement is not the throttled node: its median is a fraction of what node-1's
-    # was (the throttle: 12-20x), and the product did not name it slow (exit 0 above: the
-    # one restart was the swap). Not against node-0's at the same moment: two containers on
-    # 2 shared cores differ by 3x at times while other tests run.
+    # was (the throttle: 12-20x). Not against node-0's at the same moment: two containers on
+    # 2 shared cores differ by 3x at times while other tests run. Two windows' medians only
+    # compare while this suite is the machine's only one: beside a second suite (run 92:
+    # 0.18 s throttled, then 0.057 s replaced, while node-0 took 0.13 s) the blocklist's
+    # `old` below says which container was swapped out.
     med = sorted(fast1)[len(fast1) // 2]
-    assert slow1 and med < sorted(slow1)[len(slow1) // 2] / 4, (slow1, fast1, fast0)
+    if not (shared or other_live_runs()):
+        assert slow1 and med < sorted(slow1)[len(slow1) // 2] / 4, (slow1, fast1, fast0)
     kept = json.loads((Path(os.environ["MGPU_CLOUD_HOME"]) / "blocklist.json").read_text())
     assert any(h["resource"] == old and h["cluster"] == cluster_name for h in kept["docker"])
     plan = subprocess.run([sys.executable, "-m", "provision.cli", "up", "--provider", "docker",
