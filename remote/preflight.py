@@ -233,7 +233,9 @@ def _torch(run: Runner, python: str, timeout: float) -> dict[str, Any]:
         probe: dict[str, Any] = json.loads(_last_line(out))
     except ValueError:
         reason = _last_line(err) or f"exit code {rc}"
-        return {"torch": None, "torch_error": f"{python}: {reason}"}
+        # not finished in time (run_command's 124; the probe itself always exits 0): a busy
+        # node, or torch read for the first time from a cold disk, not a missing torch
+        return {"torch": None, "torch_error": f"{python}: {reason}", "torch_timed_out": rc == 124}
     error = probe.pop("error", None)
     if probe.get("torch") is None:
         return {"torch": None, "torch_error": error}

@@ -188,6 +188,7 @@ class PreflightReport(_Open):
     error: Text | None = None
     torch: PreflightTorch | None = None
     torch_error: Text | None = None
+    torch_timed_out: StrictBool | None = None
     gpus: list[PreflightGpu] | None = Field(default=None, max_length=4096)
     gpu_error: Text | None = None
     topology: PreflightTopology | None = None

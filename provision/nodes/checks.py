@@ -75,14 +75,25 @@ def _one(severity: str, check: str, message: str, nodes: Sequence[str],
 
 
 def no_torch(ns: Nodes) -> list[Finding]:
-    """Each node's own reason (node text: escaped, bounded): a missing module reads unlike
-    an import that took longer than the probe's time (a busy node)."""
-    missing = [n for n, r in ns.reports.items() if not r.get("torch")]
-    why = "; ".join(f"{n}: {shown(str(err))[:200]}" for n in missing
-                    if (err := ns.reports[n].get("torch_error")))
-    return _one("error", "torch", "torch cannot be imported by the node's python"
-                + (f" ({why})" if why else ""), missing,
-                "install torch on these nodes (or run in the training image)") if missing else []
+    """Each node's own reason (node text: escaped, bounded). A missing or broken torch fails
+    its import at once: an error. An import that took longer than the probe's time is no
+    sign of either (a busy node; torch's first read from a cold disk, e.g. an EBS volume
+    made from a snapshot, takes minutes): a warning, and the launch says the rest."""
+    def why(nodes: list[str]) -> str:
+        text = "; ".join(f"{n}: {shown(str(err))[:200]}" for n in nodes
+                         if (err := ns.reports[n].get("torch_error")))
+        return f" ({text})" if text else ""
+
+    absent = [n for n, r in ns.reports.items() if not r.get("torch")]
+    slow = [n for n in absent if ns.reports[n].get("torch_timed_out") is True]
+    missing = [n for n in absent if n not in slow]
+    out = _one("error", "torch", "torch cannot be imported by the node's python" + why(missing),
+               missing, "install torch on these nodes (or run in the training image)"
+               ) if missing else []
+    return out + (_one("warning", "torch", "torch's import did not finish in the probe's time, "
+                       "so it was not checked" + why(slow), slow,
+                       "a busy node, or a first read from a cold disk; a node without torch "
+                       "fails at the launch") if slow else [])
 
 
 def same_versions(ns: Nodes) -> list[Finding]:

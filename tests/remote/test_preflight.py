@@ -193,6 +193,20 @@ def test_collect_node_without_nvidia_smi_does_not_fail(tmp_path: Path) -> None:
     assert report["disk"]["measured_at"] == str(tmp_path)  # nearest existing parent
 
 
+def test_a_torch_import_that_runs_past_the_probes_time_is_told_apart(tmp_path: Path) -> None:
+    """run_command's timeout (124, its own words) is flagged; a probe that exits otherwise
+    without its line is not, whatever it printed."""
+    slow = collect(str(tmp_path), run=ScriptedRunner({"-c": (124, "", "timed out after 30s")}),
+                   which=lambda name: None)
+    assert slow["torch"] is None and slow["torch_timed_out"] is True
+    assert slow["torch_error"].endswith(": timed out after 30s")
+    crashed = collect(str(tmp_path), run=ScriptedRunner(
+        {"-c": (139, "", "timed out after 30s")}), which=lambda name: None)
+    assert crashed["torch_timed_out"] is False
+    real = preflight.run_command(["sleep", "5"], timeout=0.2)
+    assert real == (124, "", "timed out after 0.2s")
+
+
 def test_collect_driver_broken() -> None:
     broken = "NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver."
     run = ScriptedRunner({"--query-gpu": (9, broken, ""), "-c": (0, TORCH_JSON, "")})
