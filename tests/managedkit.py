@@ -10,6 +10,7 @@ import os
 import re
 import subprocess
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from provision.job.managed.records import JobView
@@ -38,13 +39,22 @@ def own_processes(home: Path, name: str) -> list[str]:
     return found
 
 
-def wait_for(check: object, timeout: float, what: str) -> None:
+def wait_for(check: object, timeout: float, what: str,
+             detail: Callable[[], str] | None = None) -> None:
+    """Until check() is true; else an AssertionError saying `what`, and `detail()`: what the
+    store showed then (a failure under load must say where the run was)."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if check():  # type: ignore[operator]
             return
         time.sleep(0.5)
-    raise AssertionError(f"{what} within {timeout:.0f} s")
+    raise AssertionError(f"{what} within {timeout:.0f} s" + (f"\n{detail()}" if detail else ""))
+
+
+def where_it_was(url: str, name: str, job: str) -> str:
+    """The job's events and its log's tail, as the store has them."""
+    return (f"events: {events(url, name, job)}\n"
+            f"log (its end):\n{log_text(url, name, job)[-3000:]}")
 
 
 def events(url: str, name: str, job: str = "1") -> list[str]:
@@ -97,10 +107,12 @@ def lose_and_resume(url: str, name: str, victim: int, job: str = "1") -> int:
     floor = before[-1] if before else -1
     wait_for(lambda: any(s > floor for s in sealed_steps(
         url, f"{name}/data/jobs/{job}/checkpoints", since)),
-             180, f"no sealed checkpoint after step {floor} reached the store")
+             180, f"no sealed checkpoint after step {floor} reached the store",
+             lambda: where_it_was(url, name, job))
     kill(f"{name}-node-{victim}")
     wait_for(lambda: len(resumed_steps(url, name, job)) > len(before)
-             or "failed" in events(url, name, job), 300, f"no resume after node-{victim}")
+             or "failed" in events(url, name, job), 300, f"no resume after node-{victim}",
+             lambda: where_it_was(url, name, job))
     after = resumed_steps(url, name, job)
     assert len(after) > len(before), f"job {job} failed: {log_text(url, name, job)[-3000:]}"
     return after[-1]
