@@ -75,25 +75,20 @@ def _one(severity: str, check: str, message: str, nodes: Sequence[str],
 
 
 def no_torch(ns: Nodes) -> list[Finding]:
-    """Each node's own reason (node text: escaped, bounded). A missing or broken torch fails
-    its import at once: an error. An import that took longer than the probe's time is no
-    sign of either (a busy node; torch's first read from a cold disk, e.g. an EBS volume
-    made from a snapshot, takes minutes): a warning, and the launch says the rest."""
-    def why(nodes: list[str]) -> str:
-        text = "; ".join(f"{n}: {shown(str(err))[:200]}" for n in nodes
-                         if (err := ns.reports[n].get("torch_error")))
-        return f" ({text})" if text else ""
-
+    """A missing or broken torch fails its import at once: an error, each node's reason shown.
+    An import past the probe's time (a busy node; a cold disk's first read): a warning."""
     absent = [n for n, r in ns.reports.items() if not r.get("torch")]
     slow = [n for n in absent if ns.reports[n].get("torch_timed_out") is True]
-    missing = [n for n in absent if n not in slow]
-    out = _one("error", "torch", "torch cannot be imported by the node's python" + why(missing),
-               missing, "install torch on these nodes (or run in the training image)"
-               ) if missing else []
-    return out + (_one("warning", "torch", "torch's import did not finish in the probe's time, "
-                       "so it was not checked" + why(slow), slow,
-                       "a busy node, or a first read from a cold disk; a node without torch "
-                       "fails at the launch") if slow else [])
+    out: list[Finding] = []
+    for severity, nodes, message, hint in (
+            ("error", [n for n in absent if n not in slow], "torch cannot be imported by the "
+             "node's python", "install torch on these nodes (or run in the training image)"),
+            ("warning", slow, "torch's import did not finish in the probe's time: not checked",
+             "a busy node, or a first read from a cold disk; without torch, the launch fails")):
+        why = "; ".join(f"{n}: {shown(str(err))[:200]}" for n in nodes
+                        if (err := ns.reports[n].get("torch_error")))
+        out += _one(severity, "torch", f"{message} ({why})" if why else message, nodes, hint)
+    return [f for f in out if f.nodes]
 
 
 def same_versions(ns: Nodes) -> list[Finding]:
