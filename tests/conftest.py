@@ -64,7 +64,7 @@ def _children_tmpdir(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]
     """What the tests start keeps its temporary files in this run's folder, which pytest
     removes (it keeps the last 3 runs): torchrun's agent makes /tmp/torchelastic_* for every
     job and never removes it (torch.distributed.elastic's DefaultLogsSpecs without --log-dir),
-    35 left per run by the tests that run torchrun on this machine. This process keeps its own
+    35-75 left per run by the tests that run torchrun here. This process keeps its own
     (tempfile cached /tmp when pytest made its base folder)."""
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("TMPDIR", str(tmp_path_factory.mktemp("tmp")))

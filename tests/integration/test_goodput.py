@@ -125,7 +125,7 @@ def test_a_slowed_node_is_named_then_swapped_and_the_run_speeds_up_again(
     # was (the throttle: 12-20x). Not against node-0's at the same moment: two containers on
     # 2 shared cores differ by 3x at times while other tests run. Two windows' medians only
     # compare while this suite is the machine's only one: beside a second suite (run 92:
-    # 0.18 s throttled, then 0.057 s replaced, while node-0 took 0.13 s) the blocklist's
+    # 0.18 s throttled, then 0.057 s replaced, node-0 meanwhile 0.06-0.45 s) the blocklist's
     # `old` below says which container was swapped out.
     med = sorted(fast1)[len(fast1) // 2]
     if not (shared or other_live_runs()):
