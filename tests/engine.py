@@ -75,22 +75,24 @@ def _alive(lease: Path) -> bool:
         return False
 
 
-def dead_runs() -> set[str]:
-    """Tokens of runs whose lease holder is gone (never this run's)."""
+def _other_runs(alive: bool) -> set[str]:
+    """Tokens of the other runs' leases whose holder lives (`alive`), or is gone."""
     if not LEASES.is_dir():
         return set()
     return {p.name for p in LEASES.iterdir()
-            if TOKEN.fullmatch(p.name) and p.name != RUN and not _alive(p)}
+            if TOKEN.fullmatch(p.name) and p.name != RUN and _alive(p) == alive}
+
+
+def dead_runs() -> set[str]:
+    """Tokens of runs whose lease holder is gone (never this run's)."""
+    return _other_runs(alive=False)
 
 
 def other_live_runs() -> set[str]:
     """Tokens of the other runs of the suite on this machine whose main process lives: a
     `serial` test has the engine to itself within its run (conftest's engine lock), not
     against another run's load."""
-    if not LEASES.is_dir():
-        return set()
-    return {p.name for p in LEASES.iterdir()
-            if TOKEN.fullmatch(p.name) and p.name != RUN and _alive(p)}
+    return _other_runs(alive=True)
 
 
 def owner(name: str, labels: dict[str, str] | None) -> str | None:

@@ -69,6 +69,8 @@ def test_a_killed_runs_objects_go_and_nothing_else(made: list[str], node_image: 
         mine = container(made, f"exp-{unleased}-node-0", node_image,
                          f"{engine.CLUSTER_LABEL}=exp-{unleased}")
         assert killed in engine.dead_runs() and live not in engine.dead_runs()
+        assert live in engine.other_live_runs() and killed not in engine.other_live_runs()
+        assert engine.RUN not in engine.other_live_runs(), "this run is not another"
         engine.sweep_killed_runs()
         assert not exists(by_name) and not exists(by_label) and not gone.exists()
         assert exists(theirs) and exists(mine) and alive.exists()
