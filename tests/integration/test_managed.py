@@ -14,6 +14,7 @@ import re
 import secrets
 import subprocess
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -27,6 +28,7 @@ from managedkit import (
     sealed_steps,
     steps_in,
     wait_for,
+    where_it_was,
 )
 from storekit import StoreServer, Webhook
 
@@ -74,7 +76,8 @@ def test_unattended_run_survives_lost_nodes_and_cleans_up(
         assert "started" in at_return and not TERMINAL & set(at_return), at_return
         assert own_processes(home, name) == [], own_processes(home, name)
         if kind == "s3":
-            stolen = steal_store_credentials(f"{name}-node-0")
+            stolen = steal_store_credentials(f"{name}-node-0",
+                                             lambda: where_it_was(url, name, "1"))
             assert "AWS_SECRET_ACCESS_KEY" in stolen and "AWS_SESSION_TOKEN" in stolen
             assert env["AWS_SECRET_ACCESS_KEY"] not in stolen  # STS's, narrowed, not the user's
             assert_secret_unseen(f"{name}-node-0", env["AWS_SECRET_ACCESS_KEY"])
@@ -137,9 +140,9 @@ sys.exit(subprocess.run([sys.executable, real, *sys.argv[1:]], input=data).retur
 """
 
 
-def steal_store_credentials(container: str) -> str:
+def steal_store_credentials(container: str, detail: Callable[[], str]) -> str:
     """Plant THIEF as the node's remote.pyz until a store command came through it; put the
-    real one back; what it read on stdin.
+    real one back; what it read on stdin. `detail`: where the job was, if none came.
 
     THIEF is the real zip with a `__main__.py` appended: every entry keeps its offset, so a
     process of the job that runs from remote.pyz (its supervisor) and imports from it later
@@ -160,7 +163,9 @@ def steal_store_credentials(container: str) -> str:
                               text=True).stdout
 
     try:
-        wait_for(lambda: "AWS_" in got(), 120, "no store command came through the node")
+        # the first push follows the job's first save: none came within 120 s in either clone
+        # of run 98 (two suites at once); the wait now says where the job was
+        wait_for(lambda: "AWS_" in got(), 300, "no store command came through the node", detail)
     finally:  # put back by an atomic replace that keeps remote.real.pyz: a command that
         # started through THIEF a moment before execs it next (moving it away made that
         # command fail, and the job restart once before the test's first kill)
