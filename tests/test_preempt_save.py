@@ -10,10 +10,13 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
+
 from provision.job.checkpoints import CheckpointKeeper
 from provision.job.watcher import EVENT_PREFIX, Watcher
 from provision.model.inventory import Inventory, NodeRecord
 from provision.model.spec import JobSpec
+from provision.nodes.layout import layout_of
 
 SIGNAL_AT = 1_000.0  # node-1's clock as its ranks were signalled
 
@@ -67,3 +70,82 @@ def test_the_notice_event_carries_the_node_clock_of_its_signal(tmp_path: Path) -
         "event": "preemption", "action": "terminate", "signal": "SIGUSR1", "processes": 2,
         "at": SIGNAL_AT}))
     assert float(watcher.preempted["node-1"]["at"]) == SIGNAL_AT
+
+
+def _counted(keeper: CheckpointKeeper, most: int) -> list[int]:
+    """Counts the keeper's syncs; a wait that goes on past `most` of them fails at once
+    (instead of waiting out a deadline of an hour)."""
+    calls, real = [0], keeper.sync
+
+    def sync(settle_s: float | None = None, **kw: object) -> int:
+        calls[0] += 1
+        assert calls[0] <= most, "the wait went on after it was hopeless"
+        return real(settle_s, **kw)  # type: ignore[arg-type]
+
+    keeper.sync = sync  # type: ignore[method-assign,assignment]
+    return calls
+
+
+def test_a_hopeless_wait_ends_after_one_last_sync(tmp_path: Path) -> None:
+    """The noticed node is gone (a kubelet killed the deleted pod at its grace period's
+    end): its ranks can take part in no save any more, so the wait ends after the sync
+    that follows, not at its deadline (found: a held job's notice waited out 90 s)."""
+    older = {"step_000024.pt": [10.0, SIGNAL_AT - 2.0]}
+    keeper = _keeper(tmp_path, [older, older, older])
+    calls = _counted(keeper, most=3)
+    looks = iter([False, True])
+    assert not keeper.wait_for_save({"node-0": SIGNAL_AT}, deadline_s=3600,
+                                    hopeless=lambda: next(looks))
+    assert calls[0] == 2  # one sync while there was hope, and the last one
+
+
+def test_a_save_copied_by_the_last_sync_still_counts(tmp_path: Path) -> None:
+    keeper = _keeper(tmp_path, [{"step_000033.pt": [10.0, SIGNAL_AT + 1.5]}])
+    assert keeper.wait_for_save({"node-0": SIGNAL_AT}, deadline_s=3600, hopeless=lambda: True)
+
+
+class _Group:
+    """NodeGroup's stand-in for the watcher's signal to the other nodes: records them."""
+
+    def __init__(self, inv: Inventory) -> None:
+        self.layout = layout_of(inv)
+        self.signalled: list[str] = []
+
+    def __enter__(self) -> _Group:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        return None
+
+    def run(self, command: str, *, nodes: list[NodeRecord], timeout: float) -> None:
+        self.signalled += [n.name for n in nodes]
+
+
+@pytest.mark.parametrize("gone", [["node-1"], []])
+def test_the_watcher_stops_waiting_once_the_noticed_node_is_gone(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, gone: list[str]) -> None:
+    """Liveness says node-1 (noticed) is gone: the preemption path says so and goes on at
+    once. While it lives, the wait is the deadline's (made 1.5 s here)."""
+    import provision.job.watcher as watcher_mod
+
+    nodes = [NodeRecord(name=f"node-{i}", rank=i, address="x", private_address="x")
+             for i in range(2)]
+    inv = Inventory(name="c1", provider="gcp", nodes=nodes)
+    keeper = _keeper(tmp_path, [{"step_000024.pt": [10.0, SIGNAL_AT - 2.0]}] * 8)
+    calls = _counted(keeper, most=2 if gone else 8)
+    monkeypatch.setattr(watcher_mod, "NodeGroup", _Group)
+    monkeypatch.setattr(watcher_mod, "PREEMPT_SAVE_DEADLINE_S", 1.5)
+    said: list[str] = []
+    (tmp_path / "train.py").write_text("pass\n")
+    watcher = Watcher(inv, JobSpec(script=str(tmp_path / "train.py")), keeper, said.append,
+                      gone=lambda: list(gone))
+    watcher.line(nodes[1], EVENT_PREFIX + json.dumps({
+        "event": "preemption", "action": "terminate", "signal": "SIGUSR1", "processes": 2,
+        "at": SIGNAL_AT}))
+    assert watcher.poll() == "preemption notice on node-1"
+    if gone:
+        assert calls[0] == 1
+        assert "no checkpoint was saved before node-1 was gone" in said[-1], said
+    else:
+        assert calls[0] >= 2
+        assert "no checkpoint was saved within 2 s of the notice" in said[-1], said

@@ -16,6 +16,7 @@ import shlex
 import tarfile
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from provision.model.errors import BootstrapError
@@ -187,21 +188,25 @@ class CheckpointKeeper:
                 if group is not self._group:
                     group.close()
 
-    def wait_for_save(self, since: dict[str, float], deadline_s: float) -> bool:
+    def wait_for_save(self, since: dict[str, float], deadline_s: float,
+                      hopeless: Callable[[], bool] | None = None) -> bool:
         """Until a file a node wrote at or after `since[node]` (that node's clock: e.g. when
         its ranks were asked to save) is kept here, syncing at once instead of every
         interval. A copy of an older save that comes late does not count (the copy of a
         step saved before a preemption notice, made just after it, is not the notice's
-        save). False at the deadline."""
+        save). False at the deadline, or once `hopeless()` says no save can come any more
+        (the watcher: the noticed nodes are gone); either way after one last sync."""
         end = time.monotonic() + deadline_s
-        while time.monotonic() < end:
+        while True:
+            last = time.monotonic() >= end or (hopeless is not None and hopeless())
             self.sync()
             with self._lock:
                 if any(mtime >= since[name] for name, files in self.synced.items()
                        if name in since for _, mtime in files.values()):
                     return True
+            if last:
+                return False
             time.sleep(0.5)
-        return False
 
     # --- restoring ---------------------------------------------------------------------------
     def restore(self, group: NodeGroup) -> int:

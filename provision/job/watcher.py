@@ -168,14 +168,28 @@ class Watcher:
                                             "--signal", signame,
                                             *_container_words(self.inv, self.job)),
                       nodes=others, timeout=60)
-        if self.keeper.wait_for_save(since, deadline_s=PREEMPT_SAVE_DEADLINE_S):
+        began = time.monotonic()
+        if self.keeper.wait_for_save(since, deadline_s=PREEMPT_SAVE_DEADLINE_S,
+                                     hopeless=lambda: self._noticed_gone(names)):
             self.log("the checkpoint saved after the notice is kept")
+        elif self._noticed_gone(names):
+            self.log(f"no checkpoint was saved before {', '.join(names)} was gone "
+                     f"({time.monotonic() - began:.0f} s after the notice); the last one "
+                     "kept will be used")
         else:
             self.log(f"no checkpoint was saved within {PREEMPT_SAVE_DEADLINE_S:.0f} s of the "
                      "notice; the last one kept will be used")
         if first.get("action") == "slow":
             return f"slow node {', '.join(names)}"
         return f"preemption notice on {', '.join(names)}"
+
+
+    def _noticed_gone(self, names: list[str]) -> bool:
+        """Every noticed node is gone (the provider says so: liveness): no save the notice
+        asked for can come any more (its ranks took part in it; a kubelet kills a deleted
+        pod at its grace period's end, 5 s for a pod outside a queue), so the wait for it
+        ends here, not at PREEMPT_SAVE_DEADLINE_S."""
+        return self.gone is not None and set(names) <= set(self.gone())
 
 
 def _container_words(inv: Inventory, job: JobSpec) -> list[str]:
