@@ -173,7 +173,8 @@ class Watcher:
                                      hopeless=lambda: self._noticed_gone(names)):
             self.log("the checkpoint saved after the notice is kept")
         elif self._noticed_gone(names):
-            self.log(f"no checkpoint was saved before {', '.join(names)} was gone "
+            self.log(f"no checkpoint was saved before {', '.join(names)} "
+                     f"{'was' if len(names) == 1 else 'were'} gone "
                      f"({time.monotonic() - began:.0f} s after the notice); the last one "
                      "kept will be used")
         else:
@@ -182,7 +183,6 @@ class Watcher:
         if first.get("action") == "slow":
             return f"slow node {', '.join(names)}"
         return f"preemption notice on {', '.join(names)}"
-
 
     def _noticed_gone(self, names: list[str]) -> bool:
         """Every noticed node is gone (the provider says so: liveness): no save the notice
