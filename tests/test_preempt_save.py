@@ -11,12 +11,12 @@ import json
 from pathlib import Path
 
 import pytest
+from fake_nodes import FakeConnector
 
 from provision.job.checkpoints import CheckpointKeeper
 from provision.job.watcher import EVENT_PREFIX, Watcher
 from provision.model.inventory import Inventory, NodeRecord
 from provision.model.spec import JobSpec
-from provision.nodes.layout import layout_of
 
 SIGNAL_AT = 1_000.0  # node-1's clock as its ranks were signalled
 
@@ -104,23 +104,6 @@ def test_a_save_copied_by_the_last_sync_still_counts(tmp_path: Path) -> None:
     assert keeper.wait_for_save({"node-0": SIGNAL_AT}, deadline_s=3600, hopeless=lambda: True)
 
 
-class _Group:
-    """NodeGroup's stand-in for the watcher's signal to the other nodes: records them."""
-
-    def __init__(self, inv: Inventory) -> None:
-        self.layout = layout_of(inv)
-        self.signalled: list[str] = []
-
-    def __enter__(self) -> _Group:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        return None
-
-    def run(self, command: str, *, nodes: list[NodeRecord], timeout: float) -> None:
-        self.signalled += [n.name for n in nodes]
-
-
 @pytest.mark.parametrize("gone", [["node-1"], []])
 def test_the_watcher_stops_waiting_once_the_noticed_node_is_gone(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, gone: list[str]) -> None:
@@ -128,12 +111,13 @@ def test_the_watcher_stops_waiting_once_the_noticed_node_is_gone(
     once. While it lives, the wait is the deadline's (made 1.5 s here)."""
     import provision.job.watcher as watcher_mod
 
+    fake = FakeConnector()
+    monkeypatch.setattr("provision.nodes.group.default_connector", lambda inv: fake)
     nodes = [NodeRecord(name=f"node-{i}", rank=i, address="x", private_address="x")
              for i in range(2)]
     inv = Inventory(name="c1", provider="gcp", nodes=nodes)
     keeper = _keeper(tmp_path, [{"step_000024.pt": [10.0, SIGNAL_AT - 2.0]}] * 8)
     calls = _counted(keeper, most=2 if gone else 8)
-    monkeypatch.setattr(watcher_mod, "NodeGroup", _Group)
     monkeypatch.setattr(watcher_mod, "PREEMPT_SAVE_DEADLINE_S", 1.5)
     said: list[str] = []
     (tmp_path / "train.py").write_text("pass\n")
@@ -143,6 +127,7 @@ def test_the_watcher_stops_waiting_once_the_noticed_node_is_gone(
         "event": "preemption", "action": "terminate", "signal": "SIGUSR1", "processes": 2,
         "at": SIGNAL_AT}))
     assert watcher.poll() == "preemption notice on node-1"
+    fake.assert_ran("node-0", r"remote\.pyz signal ")  # the other node's ranks: save too
     if gone:
         assert calls[0] == 1
         assert "no checkpoint was saved before node-1 was gone" in said[-1], said
