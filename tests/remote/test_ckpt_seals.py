@@ -48,6 +48,27 @@ def test_steps_and_whole_files(tmp_path: Path) -> None:
     assert report(str(tmp_path))["incomplete"] == ["ckpt-1.safetensors", "step_000005.pt"]
 
 
+def test_a_zip_whose_end_record_zipfile_refuses_is_not_whole_and_the_rest_is_listed(
+        tmp_path: Path) -> None:
+    """A zip64 locator naming a second disk makes zipfile raise BadZipFile, not answer False:
+    a job's file with those bytes failed the whole `ckpt-manifest`, so the node's other,
+    whole checkpoints were not kept either while it was there."""
+    import io
+    import zipfile
+
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w") as z:
+        z.writestr("data.pkl", b"x" * 64)
+    good = buf.getvalue()
+    end = good.rfind(b"PK\x05\x06")
+    locator = struct.pack("<4sLQL", b"PK\x06\x07", 1, 0, 2)  # disk 1 of 2
+    (tmp_path / "step_000002.pt").write_bytes(good[:end] + locator + good[end:])
+    (tmp_path / "step_000001.pt").write_bytes(good)
+    got = report(str(tmp_path))
+    assert sorted(got["files"]) == ["step_000001.pt", "step_000002.pt"]
+    assert got["incomplete"] == ["step_000002.pt"]
+
+
 def _sealed_restore(url: str, tmp_path: Path) -> None:
     node = tmp_path / "node-0"
     for step in (5, 10):
