@@ -294,8 +294,11 @@ def follow(job_dir: str, offset: int, out: Sink, *, wait: bool = True) -> int:
 def state_of(job_dir: str) -> dict[str, Any]:
     """One job's state on this node: running | exited | cancelled | lost."""
     meta = _read_json(os.path.join(job_dir, META)) or {}
-    ended = _read_json(os.path.join(job_dir, EXIT))
     pids = _read_pids(job_dir)
+    # The supervisor's life before its exit record (written before it ends): read the other
+    # way round, a job that ended between the two reads was "lost" (its follower exited 255).
+    running = pids is not None and alive(pids[1])
+    ended = _read_json(os.path.join(job_dir, EXIT))
     cancelled = os.path.exists(os.path.join(job_dir, CANCELLED))
     try:
         log_bytes = os.path.getsize(os.path.join(job_dir, LOG))
@@ -307,7 +310,7 @@ def state_of(job_dir: str) -> dict[str, Any]:
         # between `start` writing meta.json and the supervisor writing its pids (a moment)
         state = "running" if time.time() - float(meta.get("started", 0)) < 30 else "lost"
     else:
-        state = "running" if alive(pids[1]) else "lost"
+        state = "running" if running else "lost"
     return {"state": state, "exit_code": None if ended is None else ended.get("code"),
             "started": meta.get("started"), "ended": None if ended is None else ended.get("ended"),
             "log_bytes": log_bytes}

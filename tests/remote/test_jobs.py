@@ -240,3 +240,22 @@ def test_cancel_returns_once_the_exit_record_is_written_or_the_supervisor_is_gon
             sup.kill()
             sup.wait()
         waiter.join(timeout=35)
+
+
+def test_a_job_that_ends_while_its_state_is_read_is_exited_not_lost(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The supervisor writes the exit record, then ends. A state read between the two (the
+    record not there yet, the supervisor gone by its liveness check) said "lost", and an
+    attached start's follower exited 255 for a job that had exited 0 (seen once, a k8s run)."""
+    d = tmp_path / "jobs" / "7"
+    d.mkdir(parents=True)
+    (d / "meta.json").write_text(json.dumps({"argv": ["x"], "started": time.time()}))
+    (d / "pid").write_text("999999 999999\n")
+
+    def ends_now(pid: int) -> bool:  # the supervisor writes its record and ends, just now
+        (d / "exit").write_text(json.dumps({"code": 0, "ended": time.time()}))
+        return False
+
+    monkeypatch.setattr(remote_jobs, "alive", ends_now)
+    assert remote_jobs.state_of(str(d))["state"] == "exited"
+    assert remote_jobs.state_of(str(d))["exit_code"] == 0
