@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import json
 import signal
 import sys
@@ -124,6 +125,20 @@ def _took(item: pytest.Item) -> float:
 def _group(item: pytest.Item) -> str:
     marker = item.get_closest_marker("xdist_group")
     return f"@{marker.args[0]}" if marker else item.nodeid
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Iterator[None]:
+    """After a test file's last test (its module fixtures gone): collect, then freeze what is
+    left. A worker's heap grows from ~0.2 to ~0.9 M objects as the tests import the clients,
+    service models and protobuf descriptors they use, and the collector's full passes walked all
+    of it again and again: 33.5 CPU-s of the unit tests' 4 workers went to the collector, 15.9
+    with this (gc.callbacks timing, one run each). Only what lives on past its file is frozen;
+    the garbage of a test is collected as before."""
+    yield
+    if nextitem is None or getattr(nextitem, "module", None) is not getattr(item, "module", None):
+        gc.collect()
+        gc.freeze()
 
 
 @pytest.hookimpl(trylast=True)
