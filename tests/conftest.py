@@ -23,6 +23,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))  # tests/fake_nodes.py 
 # folder; where it cannot write, pytest goes on without.
 sys.dont_write_bytecode = False
 
+import rewritelock  # noqa: E402 - after the sys.path line above
+
+rewritelock.install()  # one worker rewrites each test module, the others read its copy
+
 ROOT = Path(__file__).resolve().parent.parent
 import engine  # noqa: E402 - after the sys.path line above
 import timekit  # noqa: E402
