@@ -76,3 +76,15 @@ def test_a_source_that_differs_from_its_bytecode_is_imported_from_the_source(
                           "import remote.ckpt; print(remote.ckpt.EDITED)"],
                          capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "True"
+
+
+def test_a_controller_run_with_python_oo_still_ships_the_docstrings(tmp_path: Path) -> None:
+    """The node's help texts are docstrings: -OO on this machine must not strip them there."""
+    pyz = tmp_path / "remote.pyz"
+    subprocess.run([sys.executable, "-OO", "-c", "from provision.nodes.bootstrap import "
+                    f"remote_zipapp; open({str(pyz)!r}, 'wb').write(remote_zipapp())"],
+                   check=True)
+    out = subprocess.run([sys.executable, "-c", f"import sys; sys.path.insert(0, {str(pyz)!r}); "
+                          "import remote.jobs as j; print(j.__file__); print(bool(j.__doc__))"],
+                         capture_output=True, text=True, check=True)
+    assert out.stdout.split() == [f"{pyz}/remote/jobs.pyc", "True"], out.stdout

@@ -63,7 +63,8 @@ def remote_zipapp() -> bytes:
     of calls per test suite, every rank of a gated job included. The bytecode is this
     python's and checked against its source (PEP 552 checked-hash .pyc): a node whose python
     differs (another magic number) or a source that differs from it imports the source, as
-    before (zipimport skips a .pyc it refuses). Tracebacks name `remote.pyz/remote/NAME.py`."""
+    before (zipimport skips a .pyc it refuses). Unoptimised whatever this python's -O: a node's
+    help texts are docstrings. Tracebacks name `remote.pyz/remote/NAME.py`."""
     src = remote_package_dir()
     with tempfile.TemporaryDirectory() as tmp:
         stage = Path(tmp) / "stage"
@@ -72,7 +73,7 @@ def remote_zipapp() -> bytes:
             (stage / "remote" / f.name).write_bytes(f.read_bytes())
             py_compile.compile(str(stage / "remote" / f.name),
                                cfile=str(stage / "remote" / f"{f.stem}.pyc"),
-                               dfile=f"remote.pyz/remote/{f.name}", doraise=True,
+                               dfile=f"remote.pyz/remote/{f.name}", doraise=True, optimize=0,
                                invalidation_mode=py_compile.PycInvalidationMode.CHECKED_HASH)
         (stage / "__main__.py").write_text("from remote.cli import main\nraise SystemExit(main())\n")
         out = Path(tmp) / "remote.pyz"
